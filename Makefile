@@ -1,0 +1,46 @@
+# berth: a Kubernetes CRI runtime.
+#   make run     install what berthd needs, build, run berthd in the foreground
+#   make test    install what tests need, lint, run the whole suite
+#   make bench   benchmarks: tables on stdout, JSON under bench/out
+GO        ?= go
+VERSION   ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
+LDFLAGS   := -X main.version=$(VERSION)
+BIN       := $(CURDIR)/bin
+STATICCHECK_VERSION := v0.8.2
+# Extra berthd flags for make run, e.g. make run ARGS="--log-level debug".
+ARGS      ?=
+# go test flags for make test, e.g. TESTFLAGS="-run TestImage -v".
+TESTFLAGS ?=
+
+.PHONY: all build run test test-unit test-integration lint deps test-deps bench clean
+
+all: build
+
+build:
+	$(GO) build -ldflags "$(LDFLAGS)" -o $(BIN)/ ./cmd/...
+
+deps:
+	hack/install-deps.sh run
+
+test-deps:
+	hack/install-deps.sh test
+
+run: deps build
+	$(BIN)/berthd $(ARGS)
+
+lint:
+	$(GO) vet ./...
+	$(GO) run honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK_VERSION) ./...
+	@unformatted=$$(gofmt -l $$(git ls-files '*.go')); \
+	  if [ -n "$$unformatted" ]; then echo "gofmt needed:"; echo "$$unformatted"; exit 1; fi
+
+test: test-deps lint build
+	BERTHD_BIN=$(BIN)/berthd BERTH_BIN_DIR=$(BIN) $(GO) test -count=1 -timeout 60m $(TESTFLAGS) ./...
+
+bench: test-deps build
+	mkdir -p bench/out
+	BERTHD_BIN=$(BIN)/berthd BERTH_BIN_DIR=$(BIN) BENCH_OUT=$(CURDIR)/bench/out \
+	  $(GO) test -count=1 -timeout 60m -run '^$$' -bench . -benchtime 1x ./bench/...
+
+clean:
+	rm -rf $(BIN) bench/out

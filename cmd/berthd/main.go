@@ -1,0 +1,171 @@
+// Command berthd is the berth CRI runtime daemon.
+//
+//	berthd [flags]          serve CRI on --listen
+//	berthd config [flags]   print the effective configuration as TOML
+//	berthd version          print the version
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+
+	"github.com/berthcri/berth/internal/config"
+	"github.com/berthcri/berth/internal/daemon"
+)
+
+// version is set at build time with -ldflags "-X main.version=...".
+var version = "dev"
+
+func main() {
+	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
+}
+
+func run(args []string, stdout, stderr io.Writer) int {
+	cmd := "serve"
+	if len(args) > 0 && !strings.HasPrefix(args[0], "-") {
+		cmd, args = args[0], args[1:]
+	}
+	switch cmd {
+	case "version":
+		fmt.Fprintf(stdout, "berthd %s\n", version)
+		return 0
+	case "serve", "config":
+	default:
+		fmt.Fprintf(stderr, "berthd: unknown command %q (want serve, config or version)\n", cmd)
+		return 2
+	}
+	cfg, err := loadConfig(args, stderr)
+	if err != nil {
+		if err == flag.ErrHelp {
+			return 0
+		}
+		fmt.Fprintf(stderr, "berthd: %v\n", err)
+		return 2
+	}
+	if cmd == "config" {
+		out, err := cfg.TOML()
+		if err != nil {
+			fmt.Fprintf(stderr, "berthd: %v\n", err)
+			return 1
+		}
+		stdout.Write(out)
+		return 0
+	}
+	return serve(cfg, stderr)
+}
+
+// loadConfig layers defaults, the TOML file and then only the flags the user
+// actually set, so a flag's default never overrides a file value.
+func loadConfig(args []string, stderr io.Writer) (*config.Config, error) {
+	fs := flag.NewFlagSet("berthd", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	flagCfg := config.Default()
+	configPath := fs.String("config", config.DefaultConfigPath, "TOML config file (absent file: defaults)")
+	fs.StringVar(&flagCfg.Listen, "listen", flagCfg.Listen, "CRI endpoint (unix:///path)")
+	fs.StringVar(&flagCfg.Root, "root", flagCfg.Root, "persistent state directory")
+	fs.StringVar(&flagCfg.State, "state", flagCfg.State, "runtime state directory")
+	fs.StringVar(&flagCfg.Runtime, "runtime", flagCfg.Runtime, "default OCI runtime binary")
+	fs.StringVar(&flagCfg.CNIConfDir, "cni-conf-dir", flagCfg.CNIConfDir, "CNI network config directory")
+	fs.Var((*stringList)(&flagCfg.CNIBinDirs), "cni-bin-dir", "CNI plugin directory (repeat or comma-separate)")
+	fs.StringVar(&flagCfg.RegistryConfigDir, "registry-config-dir", flagCfg.RegistryConfigDir, "registry hosts.toml directory")
+	fs.StringVar(&flagCfg.StreamingAddress, "streaming-address", flagCfg.StreamingAddress, "exec/attach/port-forward server address")
+	fs.StringVar(&flagCfg.MetricsAddress, "metrics-address", flagCfg.MetricsAddress, "Prometheus metrics address (empty: off)")
+	fs.StringVar(&flagCfg.LogLevel, "log-level", flagCfg.LogLevel, "debug, info, warn or error")
+	fs.StringVar(&flagCfg.LogFormat, "log-format", flagCfg.LogFormat, "text or json")
+	fs.StringVar(&flagCfg.CgroupDriver, "cgroup-driver", flagCfg.CgroupDriver, "cgroupfs or systemd (empty: detect)")
+	if err := fs.Parse(args); err != nil {
+		return nil, err
+	}
+	if fs.NArg() > 0 {
+		return nil, fmt.Errorf("unexpected arguments: %v", fs.Args())
+	}
+
+	cfg := config.Default()
+	if err := config.LoadFile(cfg, *configPath); err != nil {
+		return nil, err
+	}
+	var cniBinDirsSet bool
+	fs.Visit(func(f *flag.Flag) {
+		switch f.Name {
+		case "listen":
+			cfg.Listen = flagCfg.Listen
+		case "root":
+			cfg.Root = flagCfg.Root
+		case "state":
+			cfg.State = flagCfg.State
+		case "runtime":
+			cfg.Runtime = flagCfg.Runtime
+		case "cni-conf-dir":
+			cfg.CNIConfDir = flagCfg.CNIConfDir
+		case "cni-bin-dir":
+			cniBinDirsSet = true
+		case "registry-config-dir":
+			cfg.RegistryConfigDir = flagCfg.RegistryConfigDir
+		case "streaming-address":
+			cfg.StreamingAddress = flagCfg.StreamingAddress
+		case "metrics-address":
+			cfg.MetricsAddress = flagCfg.MetricsAddress
+		case "log-level":
+			cfg.LogLevel = flagCfg.LogLevel
+		case "log-format":
+			cfg.LogFormat = flagCfg.LogFormat
+		case "cgroup-driver":
+			cfg.CgroupDriver = flagCfg.CgroupDriver
+		}
+	})
+	if cniBinDirsSet {
+		// The flag replaces the list; its first use drops the defaults.
+		cfg.CNIBinDirs = flagCfg.CNIBinDirs[len(config.DefaultCNIBinDirs):]
+	}
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	return cfg, nil
+}
+
+// stringList is a repeatable, comma-separated list flag that appends.
+type stringList []string
+
+func (l *stringList) String() string { return strings.Join(*l, ",") }
+
+func (l *stringList) Set(v string) error {
+	for _, s := range strings.Split(v, ",") {
+		if s = strings.TrimSpace(s); s != "" {
+			*l = append(*l, s)
+		}
+	}
+	return nil
+}
+
+func serve(cfg *config.Config, stderr io.Writer) int {
+	log := newLogger(cfg, stderr)
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+	d, err := daemon.New(ctx, cfg, version, log)
+	if err != nil {
+		log.Error("berthd failed to start", "error", err)
+		return 1
+	}
+	if err := d.Serve(ctx); err != nil {
+		log.Error("berthd failed", "error", err)
+		return 1
+	}
+	return 0
+}
+
+func newLogger(cfg *config.Config, w io.Writer) *slog.Logger {
+	var level slog.Level
+	_ = level.UnmarshalText([]byte(cfg.LogLevel))
+	opts := &slog.HandlerOptions{Level: level}
+	if cfg.LogFormat == "json" {
+		return slog.New(slog.NewJSONHandler(w, opts))
+	}
+	return slog.New(slog.NewTextHandler(w, opts))
+}

@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Installs the Debian packages berth needs when they are missing.
+#   hack/install-deps.sh run    what berthd needs: runc, CNI plugins, iptables
+#   hack/install-deps.sh test   also what the tests need: busybox-static
+# Nothing is installed when everything is present, so it is cheap to call.
+set -euo pipefail
+
+want=(runc:runc iptables:iptables)
+cni_plugins=containernetworking-plugins
+[ "${1:-run}" = test ] && want+=(busybox:busybox-static)
+
+missing=()
+for pair in "${want[@]}"; do
+  bin=${pair%%:*} pkg=${pair#*:}
+  command -v "$bin" >/dev/null 2>&1 || missing+=("$pkg")
+done
+if [ "${1:-run}" = test ] && [ ! -x /bin/busybox ]; then
+  missing+=(busybox-static)
+fi
+if [ ! -x /usr/lib/cni/bridge ] && [ ! -x /opt/cni/bin/bridge ]; then
+  missing+=("$cni_plugins")
+fi
+[ ${#missing[@]} -eq 0 ] && exit 0
+
+if [ "$(id -u)" -ne 0 ]; then
+  echo "berth needs these Debian packages: ${missing[*]}; run as root or install them" >&2
+  exit 1
+fi
+echo "installing: ${missing[*]}"
+export DEBIAN_FRONTEND=noninteractive
+apt-get update -qq
+apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null

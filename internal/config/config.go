@@ -1,0 +1,193 @@
+// Package config holds berthd's configuration: embedded defaults, the TOML
+// file, and command-line flags layered on top in that order.
+package config
+
+import (
+	"bytes"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"github.com/BurntSushi/toml"
+)
+
+// Default locations; every one has a TOML key and a flag.
+const (
+	DefaultListen            = "unix:///run/berth/berth.sock"
+	DefaultRoot              = "/var/lib/berth"
+	DefaultState             = "/run/berth"
+	DefaultConfigPath        = "/etc/berth/berth.toml"
+	DefaultRuntime           = "runc"
+	DefaultCNIConfDir        = "/etc/cni/net.d"
+	DefaultRegistryConfigDir = "/etc/berth/certs.d"
+	DefaultStreamingAddress  = "127.0.0.1:0"
+	DefaultLogLevel          = "info"
+	DefaultLogFormat         = "text"
+	DefaultCgroupParent      = "berth"
+	DefaultRuntimeHandler    = "runc"
+)
+
+// DefaultCNIBinDirs are searched in order for CNI plugins: the upstream
+// location first, then where Debian's containernetworking-plugins installs.
+var DefaultCNIBinDirs = []string{"/opt/cni/bin", "/usr/lib/cni"}
+
+// Config is berthd's effective configuration. The TOML keys are the names
+// users write in berth.toml; `berthd config` prints this struct.
+type Config struct {
+	// Listen is the CRI endpoint, unix:///path.
+	Listen string `toml:"listen"`
+	// Root holds persistent state: images, container records.
+	Root string `toml:"root"`
+	// State holds runtime state that dies with a reboot: netns pins, sockets.
+	State string `toml:"state"`
+	// Runtime is the default OCI runtime binary (name in PATH or a path).
+	Runtime string `toml:"runtime"`
+	// DefaultRuntimeHandler names the handler used when a sandbox asks for none.
+	DefaultRuntimeHandler string `toml:"default_runtime_handler"`
+	// RuntimeHandlers maps CRI runtime_handler names to OCI runtimes.
+	RuntimeHandlers map[string]RuntimeHandler `toml:"runtime_handlers"`
+	// CNIConfDir is watched for the first .conflist/.conf network config.
+	CNIConfDir string `toml:"cni_conf_dir"`
+	// CNIBinDirs are searched for CNI plugin binaries.
+	CNIBinDirs []string `toml:"cni_bin_dirs"`
+	// RegistryConfigDir holds containerd-style <host>/hosts.toml files.
+	RegistryConfigDir string `toml:"registry_config_dir"`
+	// StreamingAddress is where exec/attach/port-forward are served.
+	StreamingAddress string `toml:"streaming_address"`
+	// MetricsAddress serves Prometheus metrics; empty turns them off.
+	MetricsAddress string `toml:"metrics_address"`
+	// LogLevel is debug, info, warn or error.
+	LogLevel string `toml:"log_level"`
+	// LogFormat is text or json.
+	LogFormat string `toml:"log_format"`
+	// CgroupDriver is cgroupfs or systemd; empty picks systemd when it runs.
+	CgroupDriver string `toml:"cgroup_driver"`
+	// CgroupParent is the parent of pod cgroups whose config names none.
+	CgroupParent string `toml:"cgroup_parent"`
+	// PinnedImages are never garbage collected and report pinned=true.
+	PinnedImages []string `toml:"pinned_images"`
+}
+
+// RuntimeHandler is one OCI runtime a sandbox can select by name.
+type RuntimeHandler struct {
+	// Binary is the runtime executable, a name in PATH or a path.
+	Binary string `toml:"binary"`
+	// Root is the runtime's --root; empty puts it under berth's state dir.
+	Root string `toml:"root"`
+	// Options are extra global arguments passed before the subcommand.
+	Options []string `toml:"options"`
+}
+
+// Default returns the embedded defaults.
+func Default() *Config {
+	return &Config{
+		Listen:                DefaultListen,
+		Root:                  DefaultRoot,
+		State:                 DefaultState,
+		Runtime:               DefaultRuntime,
+		DefaultRuntimeHandler: DefaultRuntimeHandler,
+		RuntimeHandlers:       map[string]RuntimeHandler{},
+		CNIConfDir:            DefaultCNIConfDir,
+		CNIBinDirs:            append([]string(nil), DefaultCNIBinDirs...),
+		RegistryConfigDir:     DefaultRegistryConfigDir,
+		StreamingAddress:      DefaultStreamingAddress,
+		MetricsAddress:        "",
+		LogLevel:              DefaultLogLevel,
+		LogFormat:             DefaultLogFormat,
+		CgroupDriver:          "",
+		CgroupParent:          DefaultCgroupParent,
+		PinnedImages:          []string{},
+	}
+}
+
+// LoadFile reads a TOML file over cfg. A missing file is not an error: the
+// defaults stand. Unknown keys are errors so that typos do not pass silently.
+func LoadFile(cfg *Config, path string) error {
+	data, err := os.ReadFile(path)
+	if os.IsNotExist(err) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("read config %s: %w", path, err)
+	}
+	md, err := toml.Decode(string(data), cfg)
+	if err != nil {
+		return fmt.Errorf("parse config %s: %w", path, err)
+	}
+	if undec := md.Undecoded(); len(undec) > 0 {
+		keys := make([]string, len(undec))
+		for i, k := range undec {
+			keys[i] = k.String()
+		}
+		return fmt.Errorf("config %s: unknown keys: %s", path, strings.Join(keys, ", "))
+	}
+	return nil
+}
+
+// Validate checks the values and fills derived defaults (the runc handler).
+func (c *Config) Validate() error {
+	if !strings.HasPrefix(c.Listen, "unix://") || len(c.Listen) <= len("unix://") {
+		return fmt.Errorf("listen %q: only unix:///path endpoints are supported", c.Listen)
+	}
+	for name, dir := range map[string]string{"root": c.Root, "state": c.State} {
+		if !filepath.IsAbs(dir) {
+			return fmt.Errorf("%s %q must be an absolute path", name, dir)
+		}
+	}
+	switch c.LogLevel {
+	case "debug", "info", "warn", "error":
+	default:
+		return fmt.Errorf("log_level %q: want debug, info, warn or error", c.LogLevel)
+	}
+	switch c.LogFormat {
+	case "text", "json":
+	default:
+		return fmt.Errorf("log_format %q: want text or json", c.LogFormat)
+	}
+	switch c.CgroupDriver {
+	case "", "cgroupfs", "systemd":
+	default:
+		return fmt.Errorf("cgroup_driver %q: want cgroupfs or systemd", c.CgroupDriver)
+	}
+	if c.Runtime == "" {
+		return fmt.Errorf("runtime must name an OCI runtime binary")
+	}
+	if c.RuntimeHandlers == nil {
+		c.RuntimeHandlers = map[string]RuntimeHandler{}
+	}
+	if c.DefaultRuntimeHandler == "" {
+		c.DefaultRuntimeHandler = DefaultRuntimeHandler
+	}
+	if _, ok := c.RuntimeHandlers[c.DefaultRuntimeHandler]; !ok {
+		c.RuntimeHandlers[c.DefaultRuntimeHandler] = RuntimeHandler{Binary: c.Runtime}
+	}
+	for name, h := range c.RuntimeHandlers {
+		if h.Binary == "" {
+			return fmt.Errorf("runtime_handlers.%s: binary is required", name)
+		}
+	}
+	if c.CNIBinDirs == nil {
+		c.CNIBinDirs = []string{}
+	}
+	if c.PinnedImages == nil {
+		c.PinnedImages = []string{}
+	}
+	return nil
+}
+
+// SocketPath returns the filesystem path of the unix listen endpoint.
+func (c *Config) SocketPath() string {
+	return strings.TrimPrefix(c.Listen, "unix://")
+}
+
+// TOML renders the configuration as berth.toml text.
+func (c *Config) TOML() ([]byte, error) {
+	var buf bytes.Buffer
+	enc := toml.NewEncoder(&buf)
+	enc.Indent = "  "
+	if err := enc.Encode(c); err != nil {
+		return nil, fmt.Errorf("encode config: %w", err)
+	}
+	return buf.Bytes(), nil
+}

@@ -1,0 +1,60 @@
+package cri
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os/exec"
+
+	runtime "k8s.io/cri-api/pkg/apis/runtime/v1"
+)
+
+// Status reports whether the runtime and pod networking are ready. With
+// verbose set, Info carries the effective configuration as JSON.
+func (s *Service) Status(ctx context.Context, req *runtime.StatusRequest) (*runtime.StatusResponse, error) {
+	conditions := []*runtime.RuntimeCondition{s.runtimeCondition(), s.networkCondition()}
+	resp := &runtime.StatusResponse{Status: &runtime.RuntimeStatus{Conditions: conditions}}
+	if req.GetVerbose() {
+		info, err := s.statusInfo()
+		if err != nil {
+			return nil, toStatus(err)
+		}
+		resp.Info = info
+	}
+	return resp, nil
+}
+
+func (s *Service) runtimeCondition() *runtime.RuntimeCondition {
+	cond := &runtime.RuntimeCondition{Type: runtime.RuntimeReady, Status: true}
+	if _, err := exec.LookPath(s.cfg.Runtime); err != nil {
+		cond.Status = false
+		cond.Reason = "OCIRuntimeNotFound"
+		cond.Message = fmt.Sprintf("OCI runtime %q: %v", s.cfg.Runtime, err)
+	}
+	return cond
+}
+
+func (s *Service) networkCondition() *runtime.RuntimeCondition {
+	// Pod networking arrives with the sandbox work; until then say so.
+	return &runtime.RuntimeCondition{
+		Type:    runtime.NetworkReady,
+		Status:  false,
+		Reason:  "NetworkPluginNotReady",
+		Message: "berth: pod networking is not built yet",
+	}
+}
+
+func (s *Service) statusInfo() (map[string]string, error) {
+	cfgJSON, err := json.Marshal(s.cfg)
+	if err != nil {
+		return nil, fmt.Errorf("encode config: %w", err)
+	}
+	s.mu.Lock()
+	podCIDR := s.podCIDR
+	s.mu.Unlock()
+	return map[string]string{
+		"config":  string(cfgJSON),
+		"podCIDR": podCIDR,
+		"version": s.version,
+	}, nil
+}

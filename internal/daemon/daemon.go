@@ -1,0 +1,162 @@
+// Package daemon wires berthd together: the root lock, the CRI socket, the
+// gRPC server and graceful shutdown.
+package daemon
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"path/filepath"
+	"time"
+
+	"golang.org/x/sys/unix"
+	"google.golang.org/grpc"
+
+	"github.com/berthcri/berth/internal/config"
+	"github.com/berthcri/berth/internal/cri"
+)
+
+// shutdownGrace bounds how long in-flight RPCs may run after SIGTERM.
+const shutdownGrace = 30 * time.Second
+
+// Daemon is a running berthd.
+type Daemon struct {
+	cfg      *config.Config
+	log      *slog.Logger
+	version  string
+	lock     *os.File
+	listener net.Listener
+	grpc     *grpc.Server
+}
+
+// New takes the root lock, prepares directories and the socket, and builds
+// every component. Nothing is served until Serve.
+func New(ctx context.Context, cfg *config.Config, version string, log *slog.Logger) (_ *Daemon, retErr error) {
+	d := &Daemon{cfg: cfg, log: log, version: version}
+	defer func() {
+		if retErr != nil {
+			d.close()
+		}
+	}()
+	for _, dir := range []string{cfg.Root, cfg.State} {
+		if err := os.MkdirAll(dir, 0o711); err != nil {
+			return nil, fmt.Errorf("create %s: %w", dir, err)
+		}
+	}
+	lock, err := lockRoot(cfg.Root)
+	if err != nil {
+		return nil, err
+	}
+	d.lock = lock
+
+	ln, err := listenUnix(cfg.SocketPath())
+	if err != nil {
+		return nil, err
+	}
+	d.listener = ln
+
+	svc := cri.New(cri.Options{Config: cfg, Version: version, Logger: log})
+	d.grpc = grpc.NewServer(
+		grpc.ChainUnaryInterceptor(unaryLogger(log)),
+		grpc.ChainStreamInterceptor(streamLogger(log)),
+	)
+	svc.Register(d.grpc)
+	return d, nil
+}
+
+// Serve answers CRI calls until ctx is cancelled, then stops accepting,
+// lets in-flight RPCs finish (bounded by shutdownGrace) and returns. It never
+// touches containers: they outlive the daemon by design.
+func (d *Daemon) Serve(ctx context.Context) error {
+	errc := make(chan error, 1)
+	go func() { errc <- d.grpc.Serve(d.listener) }()
+	d.log.Info("berthd serving", "listen", d.cfg.Listen, "root", d.cfg.Root, "state", d.cfg.State, "version", d.version)
+
+	var serveErr error
+	select {
+	case serveErr = <-errc:
+	case <-ctx.Done():
+		d.log.Info("shutting down: finishing in-flight requests")
+		stopped := make(chan struct{})
+		go func() { d.grpc.GracefulStop(); close(stopped) }()
+		select {
+		case <-stopped:
+		case <-time.After(shutdownGrace):
+			d.log.Warn("in-flight requests did not finish in time; closing them", "grace", shutdownGrace)
+			d.grpc.Stop()
+		}
+		serveErr = <-errc
+	}
+	d.close()
+	if serveErr != nil && !errors.Is(serveErr, grpc.ErrServerStopped) {
+		return fmt.Errorf("serve %s: %w", d.cfg.Listen, serveErr)
+	}
+	d.log.Info("berthd stopped")
+	return nil
+}
+
+func (d *Daemon) close() {
+	if d.listener != nil {
+		d.listener.Close()
+		os.Remove(d.cfg.SocketPath())
+	}
+	if d.lock != nil {
+		d.lock.Close()
+	}
+}
+
+// lockRoot takes an exclusive flock on <root>/berthd.lock so that two
+// daemons never share one root. The kernel drops the lock when we die.
+func lockRoot(root string) (*os.File, error) {
+	path := filepath.Join(root, "berthd.lock")
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_RDWR|unix.O_CLOEXEC, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("open lock %s: %w", path, err)
+	}
+	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
+		f.Close()
+		if errors.Is(err, unix.EWOULDBLOCK) {
+			holder, _ := os.ReadFile(path)
+			return nil, fmt.Errorf("another berthd (pid %s) is already using root %s; stop it or pick another --root", trimPID(holder), root)
+		}
+		return nil, fmt.Errorf("lock %s: %w", path, err)
+	}
+	if err := f.Truncate(0); err == nil {
+		fmt.Fprintf(f, "%d\n", os.Getpid())
+	}
+	return f, nil
+}
+
+func trimPID(b []byte) string {
+	s := string(b)
+	for len(s) > 0 && (s[len(s)-1] == '\n' || s[len(s)-1] == ' ') {
+		s = s[:len(s)-1]
+	}
+	if s == "" {
+		return "unknown"
+	}
+	return s
+}
+
+// listenUnix creates the socket's parent directory, replaces a stale socket
+// left by a crashed daemon (safe: we hold the root lock) and sets mode 0660.
+func listenUnix(path string) (net.Listener, error) {
+	if err := os.MkdirAll(filepath.Dir(path), 0o711); err != nil {
+		return nil, fmt.Errorf("create socket dir %s: %w", filepath.Dir(path), err)
+	}
+	if err := os.Remove(path); err != nil && !os.IsNotExist(err) {
+		return nil, fmt.Errorf("remove stale socket %s: %w", path, err)
+	}
+	ln, err := net.Listen("unix", path)
+	if err != nil {
+		return nil, fmt.Errorf("listen on %s: %w", path, err)
+	}
+	if err := os.Chmod(path, 0o660); err != nil {
+		ln.Close()
+		return nil, fmt.Errorf("chmod socket %s: %w", path, err)
+	}
+	return ln, nil
+}

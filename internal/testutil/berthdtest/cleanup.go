@@ -1,0 +1,206 @@
+package berthdtest
+
+import (
+	"bufio"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// CleanupNode removes everything a test daemon rooted at dir may have left:
+// processes in its cgroup parent or naming dir on their command line, mounts
+// below dir, its cgroups, and dir itself. Tests that check for leaks do so
+// before this runs; this only keeps one test's debris from the next.
+func CleanupNode(dir, cgroupParent string) error {
+	var errs []error
+	killProcesses(dir, cgroupParent)
+	if err := UnmountBelow(dir); err != nil {
+		errs = append(errs, err)
+	}
+	if cgroupParent != "" {
+		if err := removeCgroups(cgroupParent); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if err := os.RemoveAll(dir); err != nil {
+		errs = append(errs, fmt.Errorf("remove %s: %w", dir, err))
+	}
+	return errors.Join(errs...)
+}
+
+// cgroupDirs lists every directory named parent directly under a cgroup
+// hierarchy root, for v1 controllers and the v2 unified tree.
+func cgroupDirs(parent string) []string {
+	var dirs []string
+	roots, _ := filepath.Glob("/sys/fs/cgroup/*")
+	roots = append(roots, "/sys/fs/cgroup")
+	for _, r := range roots {
+		p := filepath.Join(r, parent)
+		if fi, err := os.Stat(p); err == nil && fi.IsDir() {
+			dirs = append(dirs, p)
+		}
+	}
+	return dirs
+}
+
+func killProcesses(dir, cgroupParent string) {
+	for attempt := 0; attempt < 50; attempt++ {
+		pids := map[int]bool{}
+		for _, cg := range cgroupDirs(cgroupParent) {
+			_ = filepath.WalkDir(cg, func(p string, e fs.DirEntry, err error) error {
+				if err == nil && !e.IsDir() && e.Name() == "cgroup.procs" {
+					for _, pid := range readPids(p) {
+						pids[pid] = true
+					}
+				}
+				return nil
+			})
+		}
+		for _, pid := range PidsMentioning(dir) {
+			pids[pid] = true
+		}
+		delete(pids, os.Getpid())
+		if len(pids) == 0 {
+			return
+		}
+		for pid := range pids {
+			_ = syscall.Kill(pid, syscall.SIGKILL)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+func readPids(path string) []int {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil
+	}
+	var pids []int
+	for _, f := range strings.Fields(string(data)) {
+		if n, err := strconv.Atoi(f); err == nil {
+			pids = append(pids, n)
+		}
+	}
+	return pids
+}
+
+// PidsMentioning lists live processes whose command line contains s.
+func PidsMentioning(s string) []int {
+	entries, _ := os.ReadDir("/proc")
+	var pids []int
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil || pid == os.Getpid() {
+			continue
+		}
+		cmdline, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
+		if err != nil || len(cmdline) == 0 {
+			continue
+		}
+		if strings.Contains(string(cmdline), s) {
+			pids = append(pids, pid)
+		}
+	}
+	return pids
+}
+
+// MountsBelow lists mount points at or below dir, deepest first.
+func MountsBelow(dir string) ([]string, error) {
+	f, err := os.Open("/proc/self/mountinfo")
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	var mounts []string
+	sc := bufio.NewScanner(f)
+	sc.Buffer(make([]byte, 64*1024), 1024*1024)
+	for sc.Scan() {
+		fields := strings.Fields(sc.Text())
+		if len(fields) < 5 {
+			continue
+		}
+		mp := unescapeMountPath(fields[4])
+		if mp == dir || strings.HasPrefix(mp, dir+"/") {
+			mounts = append(mounts, mp)
+		}
+	}
+	sort.Slice(mounts, func(i, j int) bool { return len(mounts[i]) > len(mounts[j]) })
+	return mounts, sc.Err()
+}
+
+// UnmountBelow detaches every mount at or below dir.
+func UnmountBelow(dir string) error {
+	var errs []error
+	for attempt := 0; attempt < 5; attempt++ {
+		mounts, err := MountsBelow(dir)
+		if err != nil {
+			return fmt.Errorf("read mountinfo: %w", err)
+		}
+		if len(mounts) == 0 {
+			return nil
+		}
+		errs = errs[:0]
+		for _, m := range mounts {
+			if err := unix.Unmount(m, unix.MNT_DETACH); err != nil && !errors.Is(err, unix.EINVAL) && !errors.Is(err, unix.ENOENT) {
+				errs = append(errs, fmt.Errorf("unmount %s: %w", m, err))
+			}
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// unescapeMountPath undoes mountinfo's octal escapes (\040 for space).
+func unescapeMountPath(s string) string {
+	if !strings.Contains(s, `\`) {
+		return s
+	}
+	var b strings.Builder
+	for i := 0; i < len(s); i++ {
+		if s[i] == '\\' && i+3 < len(s) {
+			if n, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
+				b.WriteByte(byte(n))
+				i += 3
+				continue
+			}
+		}
+		b.WriteByte(s[i])
+	}
+	return b.String()
+}
+
+func removeCgroups(parent string) error {
+	var errs []error
+	for _, cg := range cgroupDirs(parent) {
+		var dirs []string
+		_ = filepath.WalkDir(cg, func(p string, e fs.DirEntry, err error) error {
+			if err == nil && e.IsDir() {
+				dirs = append(dirs, p)
+			}
+			return nil
+		})
+		sort.Slice(dirs, func(i, j int) bool { return len(dirs[i]) > len(dirs[j]) })
+		for _, d := range dirs {
+			var err error
+			for i := 0; i < 20; i++ {
+				if err = unix.Rmdir(d); err == nil || errors.Is(err, unix.ENOENT) {
+					err = nil
+					break
+				}
+				time.Sleep(50 * time.Millisecond)
+			}
+			if err != nil {
+				errs = append(errs, fmt.Errorf("remove cgroup %s: %w", d, err))
+			}
+		}
+	}
+	return errors.Join(errs...)
+}

@@ -1,0 +1,8 @@
+package testimages
+
+import (
+	"io"
+	"log"
+)
+
+func discardLogger() *log.Logger { return log.New(io.Discard, "", 0) }

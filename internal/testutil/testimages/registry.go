@@ -1,0 +1,159 @@
+package testimages
+
+import (
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/google/go-containerregistry/pkg/authn"
+	"github.com/google/go-containerregistry/pkg/name"
+	"github.com/google/go-containerregistry/pkg/registry"
+	v1 "github.com/google/go-containerregistry/pkg/v1"
+	"github.com/google/go-containerregistry/pkg/v1/remote"
+)
+
+// Registry is an in-process OCI registry on 127.0.0.1 that counts blob
+// fetches, optionally behind HTTP basic auth.
+type Registry struct {
+	// Host is "127.0.0.1:PORT", the registry part of image references.
+	Host string
+
+	srv      *httptest.Server
+	user     string
+	password string
+
+	mu         sync.Mutex
+	blobFetchs map[string]int // digest → GET count
+}
+
+// Option configures a Registry.
+type Option func(*Registry)
+
+// WithBasicAuth makes the registry refuse requests without these credentials.
+func WithBasicAuth(user, password string) Option {
+	return func(r *Registry) { r.user, r.password = user, password }
+}
+
+// StartRegistry serves an empty registry until the test ends.
+func StartRegistry(t testing.TB, opts ...Option) *Registry {
+	t.Helper()
+	r := &Registry{blobFetchs: map[string]int{}}
+	for _, o := range opts {
+		o(r)
+	}
+	inner := registry.New(registry.Logger(discardLogger()))
+	r.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+		if r.user != "" {
+			u, p, ok := req.BasicAuth()
+			if !ok || u != r.user || p != r.password {
+				w.Header().Set("WWW-Authenticate", `Basic realm="berth-test"`)
+				http.Error(w, "unauthorized", http.StatusUnauthorized)
+				return
+			}
+		}
+		if req.Method == http.MethodGet && strings.Contains(req.URL.Path, "/blobs/sha256:") {
+			dgst := req.URL.Path[strings.LastIndex(req.URL.Path, "/")+1:]
+			r.mu.Lock()
+			r.blobFetchs[dgst]++
+			r.mu.Unlock()
+		}
+		inner.ServeHTTP(w, req)
+	}))
+	t.Cleanup(r.srv.Close)
+	r.Host = strings.TrimPrefix(r.srv.URL, "http://")
+	return r
+}
+
+// Ref is the full reference of repo[:tag] in this registry.
+func (r *Registry) Ref(repoTag string) string { return r.Host + "/" + repoTag }
+
+// URL is the registry's base URL (http://127.0.0.1:PORT).
+func (r *Registry) URL() string { return r.srv.URL }
+
+// Push uploads img under ref (repo:tag, relative to this registry) and
+// returns its manifest digest.
+func (r *Registry) Push(t testing.TB, repoTag string, img v1.Image) v1.Hash {
+	t.Helper()
+	ref, err := name.ParseReference(r.Ref(repoTag), name.Insecure)
+	if err != nil {
+		t.Fatalf("parse %s: %v", repoTag, err)
+	}
+	if err := remote.Write(ref, img, r.remoteOptions()...); err != nil {
+		t.Fatalf("push %s: %v", ref, err)
+	}
+	d, err := img.Digest()
+	if err != nil {
+		t.Fatalf("digest %s: %v", ref, err)
+	}
+	return d
+}
+
+// PushIndex uploads an image index under repoTag and returns its digest.
+func (r *Registry) PushIndex(t testing.TB, repoTag string, idx v1.ImageIndex) v1.Hash {
+	t.Helper()
+	ref, err := name.ParseReference(r.Ref(repoTag), name.Insecure)
+	if err != nil {
+		t.Fatalf("parse %s: %v", repoTag, err)
+	}
+	if err := remote.WriteIndex(ref, idx, r.remoteOptions()...); err != nil {
+		t.Fatalf("push index %s: %v", ref, err)
+	}
+	d, err := idx.Digest()
+	if err != nil {
+		t.Fatalf("digest %s: %v", ref, err)
+	}
+	return d
+}
+
+func (r *Registry) remoteOptions() []remote.Option {
+	if r.user == "" {
+		return nil
+	}
+	return []remote.Option{remote.WithAuth(&authn.Basic{Username: r.user, Password: r.password})}
+}
+
+// BlobFetches is how many times the blob with this digest was downloaded.
+func (r *Registry) BlobFetches(digest string) int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.blobFetchs[digest]
+}
+
+// Standard image names PushStandard uploads.
+const (
+	BusyboxRef    = "busybox:latest"
+	BusyboxAltRef = "busybox:1.36" // same image, second tag
+	UserRef       = "busybox-user:latest"
+	UIDRef        = "busybox-uid:latest"
+	HTTPDRef      = "busybox-httpd:latest"
+	MultiLayerRef = "busybox-multilayer:latest"
+)
+
+// PushStandard uploads the standard test images and returns their manifest
+// digests by reference.
+func (r *Registry) PushStandard(t testing.TB) map[string]v1.Hash {
+	t.Helper()
+	digests := map[string]v1.Hash{}
+	for _, e := range []struct {
+		refs  []string
+		build func() (v1.Image, error)
+	}{
+		{[]string{BusyboxRef, BusyboxAltRef}, Busybox},
+		{[]string{UserRef}, BusyboxUser},
+		{[]string{UIDRef}, BusyboxUID},
+		{[]string{HTTPDRef}, HTTPD},
+		{[]string{MultiLayerRef}, MultiLayer},
+	} {
+		img, err := e.build()
+		img = Must(t, img, err)
+		for _, ref := range e.refs {
+			digests[ref] = r.Push(t, ref, img)
+		}
+	}
+	return digests
+}
+
+func (r *Registry) String() string { return fmt.Sprintf("registry %s", r.Host) }

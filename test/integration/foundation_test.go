@@ -1,0 +1,287 @@
+// Package integration drives a real berthd binary over CRI, with real runc,
+// overlayfs, CNI plugins and an in-process registry. Tests need root.
+package integration
+
+import (
+	"context"
+	"encoding/json"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	criapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+
+	"github.com/berthcri/berth/internal/config"
+	"github.com/berthcri/berth/internal/testutil/berthdtest"
+)
+
+func ctxT(t *testing.T) context.Context {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+func wantCode(t *testing.T, err error, want codes.Code) {
+	t.Helper()
+	if got := status.Code(err); got != want {
+		t.Fatalf("got code %s (%v), want %s", got, err, want)
+	}
+}
+
+func TestVersionReportsBerthAndCRIv1(t *testing.T) {
+	t.Parallel()
+	d := berthdtest.Start(t, berthdtest.Options{})
+	v, err := d.Runtime.Version(ctxT(t), &criapi.VersionRequest{Version: "v1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if v.RuntimeName != "berth" || v.RuntimeApiVersion != "v1" || v.RuntimeVersion == "" {
+		t.Fatalf("unexpected version %+v", v)
+	}
+}
+
+func TestStatusReportsConditionsAndVerboseConfig(t *testing.T) {
+	t.Parallel()
+	d := berthdtest.Start(t, berthdtest.Options{})
+	st, err := d.Runtime.Status(ctxT(t), &criapi.StatusRequest{Verbose: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	conds := map[string]*criapi.RuntimeCondition{}
+	for _, c := range st.Status.Conditions {
+		conds[c.Type] = c
+	}
+	if c := conds[criapi.RuntimeReady]; c == nil || !c.Status {
+		t.Fatalf("RuntimeReady condition: %+v", c)
+	}
+	if c := conds[criapi.NetworkReady]; c == nil || (!c.Status && (c.Reason == "" || c.Message == "")) {
+		t.Fatalf("NetworkReady condition must exist and say why when false: %+v", c)
+	}
+	var cfg map[string]any
+	if err := json.Unmarshal([]byte(st.Info["config"]), &cfg); err != nil {
+		t.Fatalf("verbose info config is not JSON: %v (%q)", err, st.Info["config"])
+	}
+	if cfg["Root"] != d.Root {
+		t.Fatalf("verbose config root = %v, want %s", cfg["Root"], d.Root)
+	}
+	st, err = d.Runtime.Status(ctxT(t), &criapi.StatusRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(st.Info) != 0 {
+		t.Fatalf("non-verbose status carries info: %v", st.Info)
+	}
+}
+
+func TestStatusReportsRuntimeNotReadyWhenBinaryMissing(t *testing.T) {
+	t.Parallel()
+	d := berthdtest.Start(t, berthdtest.Options{Args: []string{"--runtime", "/nonexistent/runc"}})
+	st, err := d.Runtime.Status(ctxT(t), &criapi.StatusRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range st.Status.Conditions {
+		if c.Type == criapi.RuntimeReady {
+			if c.Status || c.Reason == "" || !strings.Contains(c.Message, "/nonexistent/runc") {
+				t.Fatalf("RuntimeReady with a missing binary: %+v", c)
+			}
+			return
+		}
+	}
+	t.Fatal("no RuntimeReady condition")
+}
+
+func TestRuntimeConfigReportsCgroupDriver(t *testing.T) {
+	t.Parallel()
+	for driver, want := range map[string]criapi.CgroupDriver{
+		"cgroupfs": criapi.CgroupDriver_CGROUPFS,
+		"systemd":  criapi.CgroupDriver_SYSTEMD,
+	} {
+		t.Run(driver, func(t *testing.T) {
+			t.Parallel()
+			d := berthdtest.Start(t, berthdtest.Options{Args: []string{"--cgroup-driver", driver}})
+			rc, err := d.Runtime.RuntimeConfig(ctxT(t), &criapi.RuntimeConfigRequest{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := rc.GetLinux().GetCgroupDriver(); got != want {
+				t.Fatalf("cgroup driver %s, want %s", got, want)
+			}
+		})
+	}
+}
+
+func TestUpdateRuntimeConfigStoresPodCIDR(t *testing.T) {
+	t.Parallel()
+	d := berthdtest.Start(t, berthdtest.Options{})
+	ctx := ctxT(t)
+	_, err := d.Runtime.UpdateRuntimeConfig(ctx, &criapi.UpdateRuntimeConfigRequest{
+		RuntimeConfig: &criapi.RuntimeConfig{NetworkConfig: &criapi.NetworkConfig{PodCidr: "10.244.1.0/24"}},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, err := d.Runtime.Status(ctx, &criapi.StatusRequest{Verbose: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Info["podCIDR"] != "10.244.1.0/24" {
+		t.Fatalf("podCIDR in verbose status = %q", st.Info["podCIDR"])
+	}
+	_, err = d.Runtime.UpdateRuntimeConfig(ctx, &criapi.UpdateRuntimeConfigRequest{
+		RuntimeConfig: &criapi.RuntimeConfig{NetworkConfig: &criapi.NetworkConfig{PodCidr: "not-a-cidr"}},
+	})
+	wantCode(t, err, codes.InvalidArgument)
+}
+
+func TestSocketIsCreatedWithMode0660(t *testing.T) {
+	t.Parallel()
+	d := berthdtest.Start(t, berthdtest.Options{})
+	fi, err := os.Stat(d.Socket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if fi.Mode()&os.ModeSocket == 0 || fi.Mode().Perm() != 0o660 {
+		t.Fatalf("socket mode %v, want socket 0660", fi.Mode())
+	}
+}
+
+func TestSocketParentDirectoryIsCreated(t *testing.T) {
+	t.Parallel()
+	dir, err := os.MkdirTemp("", "berth-sock-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	sock := filepath.Join(dir, "a", "b", "berth.sock")
+	berthdtest.Start(t, berthdtest.Options{Configure: func(c *config.Config) { c.Listen = "unix://" + sock }})
+	if fi, err := os.Stat(sock); err != nil || fi.Mode()&os.ModeSocket == 0 {
+		t.Fatalf("socket %s not created: %v", sock, err)
+	}
+}
+
+func TestSecondDaemonOnSameRootRefusesToStart(t *testing.T) {
+	t.Parallel()
+	d := berthdtest.Start(t, berthdtest.Options{})
+	other := filepath.Join(d.Dir, "other.sock")
+	cmd := exec.Command(berthdtest.Binary(t), "--config", d.ConfigPath, "--listen", "unix://"+other)
+	out, err := cmd.CombinedOutput()
+	if err == nil {
+		t.Fatalf("second berthd on the same root started; output:\n%s", out)
+	}
+	if !strings.Contains(string(out), "another berthd") || !strings.Contains(string(out), d.Root) {
+		t.Fatalf("second berthd's message does not explain the lock:\n%s", out)
+	}
+	// The first daemon still serves.
+	if _, err := d.Runtime.Version(ctxT(t), &criapi.VersionRequest{}); err != nil {
+		t.Fatalf("first daemon stopped serving: %v", err)
+	}
+}
+
+func TestSIGTERMExitsZeroAndLeavesStateUntouched(t *testing.T) {
+	t.Parallel()
+	d := berthdtest.Start(t, berthdtest.Options{})
+	// Something the daemon must not tear down on exit: a file in its state
+	// dir stands in for running pods until containers exist.
+	marker := filepath.Join(d.State, "marker")
+	if err := os.WriteFile(marker, []byte("x"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	d.Stop()
+	if _, err := os.Stat(marker); err != nil {
+		t.Fatalf("state touched by shutdown: %v", err)
+	}
+	if _, err := os.Stat(d.Socket); !os.IsNotExist(err) {
+		t.Fatalf("socket left after clean shutdown: %v", err)
+	}
+	// And it starts again on the same root.
+	d.Start()
+	d.WaitReady()
+}
+
+func TestUnbuiltRPCsReturnUnimplemented(t *testing.T) {
+	t.Parallel()
+	d := berthdtest.Start(t, berthdtest.Options{})
+	ctx := ctxT(t)
+	// Every RPC listed here is not built yet; each later capability removes
+	// its RPCs from this table as it lands.
+	calls := map[string]func() error{
+		"RunPodSandbox":    func() error { _, err := d.Runtime.RunPodSandbox(ctx, &criapi.RunPodSandboxRequest{}); return err },
+		"StopPodSandbox":   func() error { _, err := d.Runtime.StopPodSandbox(ctx, &criapi.StopPodSandboxRequest{}); return err },
+		"RemovePodSandbox": func() error { _, err := d.Runtime.RemovePodSandbox(ctx, &criapi.RemovePodSandboxRequest{}); return err },
+		"PodSandboxStatus": func() error { _, err := d.Runtime.PodSandboxStatus(ctx, &criapi.PodSandboxStatusRequest{}); return err },
+		"ListPodSandbox":   func() error { _, err := d.Runtime.ListPodSandbox(ctx, &criapi.ListPodSandboxRequest{}); return err },
+		"CreateContainer":  func() error { _, err := d.Runtime.CreateContainer(ctx, &criapi.CreateContainerRequest{}); return err },
+		"StartContainer":   func() error { _, err := d.Runtime.StartContainer(ctx, &criapi.StartContainerRequest{}); return err },
+		"StopContainer":    func() error { _, err := d.Runtime.StopContainer(ctx, &criapi.StopContainerRequest{}); return err },
+		"RemoveContainer":  func() error { _, err := d.Runtime.RemoveContainer(ctx, &criapi.RemoveContainerRequest{}); return err },
+		"ListContainers":   func() error { _, err := d.Runtime.ListContainers(ctx, &criapi.ListContainersRequest{}); return err },
+		"ContainerStatus":  func() error { _, err := d.Runtime.ContainerStatus(ctx, &criapi.ContainerStatusRequest{}); return err },
+		"UpdateContainerResources": func() error {
+			_, err := d.Runtime.UpdateContainerResources(ctx, &criapi.UpdateContainerResourcesRequest{})
+			return err
+		},
+		"ReopenContainerLog": func() error {
+			_, err := d.Runtime.ReopenContainerLog(ctx, &criapi.ReopenContainerLogRequest{})
+			return err
+		},
+		"ExecSync":       func() error { _, err := d.Runtime.ExecSync(ctx, &criapi.ExecSyncRequest{}); return err },
+		"Exec":           func() error { _, err := d.Runtime.Exec(ctx, &criapi.ExecRequest{}); return err },
+		"Attach":         func() error { _, err := d.Runtime.Attach(ctx, &criapi.AttachRequest{}); return err },
+		"PortForward":    func() error { _, err := d.Runtime.PortForward(ctx, &criapi.PortForwardRequest{}); return err },
+		"ContainerStats": func() error { _, err := d.Runtime.ContainerStats(ctx, &criapi.ContainerStatsRequest{}); return err },
+		"ListContainerStats": func() error {
+			_, err := d.Runtime.ListContainerStats(ctx, &criapi.ListContainerStatsRequest{})
+			return err
+		},
+		"PodSandboxStats": func() error { _, err := d.Runtime.PodSandboxStats(ctx, &criapi.PodSandboxStatsRequest{}); return err },
+		"ListPodSandboxStats": func() error {
+			_, err := d.Runtime.ListPodSandboxStats(ctx, &criapi.ListPodSandboxStatsRequest{})
+			return err
+		},
+		"CheckpointContainer": func() error {
+			_, err := d.Runtime.CheckpointContainer(ctx, &criapi.CheckpointContainerRequest{})
+			return err
+		},
+		"ListMetricDescriptors": func() error {
+			_, err := d.Runtime.ListMetricDescriptors(ctx, &criapi.ListMetricDescriptorsRequest{})
+			return err
+		},
+		"ListPodSandboxMetrics": func() error {
+			_, err := d.Runtime.ListPodSandboxMetrics(ctx, &criapi.ListPodSandboxMetricsRequest{})
+			return err
+		},
+		"UpdatePodSandboxResources": func() error {
+			_, err := d.Runtime.UpdatePodSandboxResources(ctx, &criapi.UpdatePodSandboxResourcesRequest{})
+			return err
+		},
+		"ListImages":  func() error { _, err := d.Image.ListImages(ctx, &criapi.ListImagesRequest{}); return err },
+		"ImageStatus": func() error { _, err := d.Image.ImageStatus(ctx, &criapi.ImageStatusRequest{}); return err },
+		"PullImage":   func() error { _, err := d.Image.PullImage(ctx, &criapi.PullImageRequest{}); return err },
+		"RemoveImage": func() error { _, err := d.Image.RemoveImage(ctx, &criapi.RemoveImageRequest{}); return err },
+		"ImageFsInfo": func() error { _, err := d.Image.ImageFsInfo(ctx, &criapi.ImageFsInfoRequest{}); return err },
+		"GetContainerEvents": func() error {
+			stream, err := d.Runtime.GetContainerEvents(ctx, &criapi.GetEventsRequest{})
+			if err != nil {
+				return err
+			}
+			_, err = stream.Recv()
+			return err
+		},
+	}
+	for name, call := range calls {
+		t.Run(name, func(t *testing.T) {
+			err := call()
+			wantCode(t, err, codes.Unimplemented)
+			if !strings.Contains(status.Convert(err).Message(), name) {
+				t.Fatalf("message %q does not name %s", status.Convert(err).Message(), name)
+			}
+		})
+	}
+}
