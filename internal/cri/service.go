@@ -24,6 +24,7 @@ type Service struct {
 	version string
 	log     *slog.Logger
 	events  *events.Broker
+	addrs   Addresses
 
 	// podCIDR is what the kubelet last sent through UpdateRuntimeConfig.
 	mu      sync.Mutex
@@ -36,6 +37,14 @@ type Options struct {
 	Version string
 	Logger  *slog.Logger
 	Events  *events.Broker
+	// Addresses are where the side servers actually listen.
+	Addresses Addresses
+}
+
+// Addresses of berthd's side servers, resolved (port 0 replaced).
+type Addresses struct {
+	Streaming string
+	Metrics   string // "" when off
 }
 
 // New builds the CRI service over the daemon's components.
@@ -48,7 +57,7 @@ func New(opts Options) *Service {
 	if ev == nil {
 		ev = events.NewBroker()
 	}
-	return &Service{cfg: opts.Config, version: opts.Version, log: log, events: ev}
+	return &Service{cfg: opts.Config, version: opts.Version, log: log, events: ev, addrs: opts.Addresses}
 }
 
 // Register attaches both CRI services to a gRPC server.

@@ -115,15 +115,27 @@ type runtime struct {
 	log        *slog.Logger
 }
 
+// errNotAvailable answers streams whose backing component is not wired.
+var errNotAvailable = errors.New("not available: this berthd has no container or pod backend for streaming")
+
 func (r *runtime) Exec(ctx context.Context, containerID string, cmd []string, in io.Reader, out, errOut io.WriteCloser, tty bool, resize <-chan TerminalSize) error {
+	if r.containers == nil {
+		return errNotAvailable
+	}
 	return r.containers.Exec(ctx, containerID, cmd, in, out, errOut, tty, resize)
 }
 
 func (r *runtime) Attach(ctx context.Context, containerID string, in io.Reader, out, errOut io.WriteCloser, tty bool, resize <-chan TerminalSize) error {
+	if r.containers == nil {
+		return errNotAvailable
+	}
 	return r.containers.Attach(ctx, containerID, in, out, errOut, tty, resize)
 }
 
 func (r *runtime) PortForward(ctx context.Context, podSandboxID string, port int32, stream io.ReadWriteCloser) error {
+	if r.pods == nil {
+		return errNotAvailable
+	}
 	path, err := r.pods.NetNSPath(podSandboxID)
 	if err != nil {
 		return fmt.Errorf("port-forward to pod %s: %w", podSandboxID, err)
