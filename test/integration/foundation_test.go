@@ -67,8 +67,8 @@ func TestStatusReportsConditionsAndVerboseConfig(t *testing.T) {
 	if err := json.Unmarshal([]byte(st.Info["config"]), &cfg); err != nil {
 		t.Fatalf("verbose info config is not JSON: %v (%q)", err, st.Info["config"])
 	}
-	if cfg["Root"] != d.Root {
-		t.Fatalf("verbose config root = %v, want %s", cfg["Root"], d.Root)
+	if cfg["root"] != d.Root {
+		t.Fatalf("verbose config root = %v, want %s", cfg["root"], d.Root)
 	}
 	st, err = d.Runtime.Status(ctxT(t), &criapi.StatusRequest{})
 	if err != nil {
