@@ -12,6 +12,7 @@ import (
 	runtime "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/berthcri/berth/internal/config"
+	"github.com/berthcri/berth/internal/image"
 )
 
 // Service implements runtime.v1.RuntimeService and runtime.v1.ImageService.
@@ -22,6 +23,7 @@ type Service struct {
 	cfg     *config.Config
 	version string
 	log     *slog.Logger
+	images  *image.Store
 
 	// podCIDR is what the kubelet last sent through UpdateRuntimeConfig.
 	mu      sync.Mutex
@@ -33,6 +35,7 @@ type Options struct {
 	Config  *config.Config
 	Version string
 	Logger  *slog.Logger
+	Images  *image.Store
 }
 
 // New builds the CRI service over the daemon's components.
@@ -41,7 +44,7 @@ func New(opts Options) *Service {
 	if log == nil {
 		log = slog.Default()
 	}
-	return &Service{cfg: opts.Config, version: opts.Version, log: log}
+	return &Service{cfg: opts.Config, version: opts.Version, log: log, images: opts.Images}
 }
 
 // Register attaches both CRI services to a gRPC server.

@@ -17,6 +17,7 @@ import (
 
 	"github.com/berthcri/berth/internal/config"
 	"github.com/berthcri/berth/internal/cri"
+	"github.com/berthcri/berth/internal/image"
 )
 
 // shutdownGrace bounds how long in-flight RPCs may run after SIGTERM.
@@ -58,7 +59,17 @@ func New(ctx context.Context, cfg *config.Config, version string, log *slog.Logg
 	}
 	d.listener = ln
 
-	svc := cri.New(cri.Options{Config: cfg, Version: version, Logger: log})
+	images, err := image.Open(image.Options{
+		Root:              filepath.Join(cfg.Root, "images"),
+		RegistryConfigDir: cfg.RegistryConfigDir,
+		PinnedImages:      cfg.PinnedImages,
+		Logger:            log.With("component", "image"),
+	})
+	if err != nil {
+		return nil, fmt.Errorf("open image store: %w", err)
+	}
+
+	svc := cri.New(cri.Options{Config: cfg, Version: version, Logger: log, Images: images})
 	d.grpc = grpc.NewServer(
 		grpc.ChainUnaryInterceptor(unaryLogger(log)),
 		grpc.ChainStreamInterceptor(streamLogger(log)),
