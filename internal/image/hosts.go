@@ -17,7 +17,7 @@ import (
 // endpoint is one place to pull a registry's images from: a mirror from
 // hosts.toml or the upstream server.
 type endpoint struct {
-	scheme     string // http or https
+	scheme     string // http or https; "" lets go-containerregistry choose
 	host       string // host[:port]
 	path       string // API prefix, "/v2" unless the config says otherwise
 	pull       bool
@@ -28,7 +28,13 @@ type endpoint struct {
 	upstream   bool
 }
 
-func (e endpoint) String() string { return e.scheme + "://" + e.host + e.path }
+func (e endpoint) String() string {
+	scheme := e.scheme
+	if scheme == "" {
+		scheme = "https"
+	}
+	return scheme + "://" + e.host + e.path
+}
 
 // hostsFile is containerd's <config dir>/<host>/hosts.toml (docs/hosts.md).
 type hostsFile struct {
@@ -79,6 +85,9 @@ func endpoints(dir, domain string) ([]endpoint, error) {
 			return nil, err
 		}
 		up.upstream = true
+		// Unconfigured: HTTPS, except that loopback and private addresses
+		// may fall back to plain HTTP (go-containerregistry's rule).
+		up.scheme = ""
 		return []endpoint{up}, nil
 	}
 	data, err := os.ReadFile(path)
@@ -220,7 +229,9 @@ func (t *endpointTransport) RoundTrip(req *http.Request) (*http.Response, error)
 		return t.base.RoundTrip(req)
 	}
 	req = req.Clone(req.Context())
-	req.URL.Scheme = t.ep.scheme
+	if t.ep.scheme != "" {
+		req.URL.Scheme = t.ep.scheme
+	}
 	if rest, ok := strings.CutPrefix(req.URL.Path, "/v2"); ok && t.ep.path != "/v2" {
 		req.URL.Path = t.ep.path + rest
 		req.URL.RawPath = ""
