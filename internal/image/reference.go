@@ -21,6 +21,7 @@ var (
 	tagPattern    = regexp.MustCompile(`^[\w][\w.-]{0,127}$`)
 	digestPattern = regexp.MustCompile(`^sha256:[a-f0-9]{64}$`)
 	hexPattern    = regexp.MustCompile(`^[a-f0-9]{1,64}$`)
+	domainPattern = regexp.MustCompile(`^(?:[a-zA-Z0-9](?:[a-zA-Z0-9-]*[a-zA-Z0-9])?(?:\.[a-zA-Z0-9](?:[a-zA-Z0-9-]*[a-zA-Z0-9])?)*|\[[0-9a-fA-F:]+\])(?::[0-9]+)?$`)
 )
 
 // Named is a parsed, normalized image reference.
@@ -88,6 +89,9 @@ func ParseReference(ref string) (Named, error) {
 	}
 	if n.Domain == dockerHub && !strings.Contains(n.Path, "/") {
 		n.Path = officialRepo + n.Path
+	}
+	if !domainPattern.MatchString(n.Domain) {
+		return n, fmt.Errorf("image reference %q: bad registry host %q: %w", orig, n.Domain, errdefs.ErrInvalidArgument)
 	}
 	if n.Path == "" {
 		return n, fmt.Errorf("image reference %q: no repository: %w", orig, errdefs.ErrInvalidArgument)

@@ -203,7 +203,7 @@ func (u *unpacker) entry(hdr *tar.Header, r io.Reader) error {
 	switch hdr.Typeflag {
 	case tar.TypeChar, tar.TypeBlock:
 		return u.refuse(hdr.Name, "device nodes are not allowed in layers")
-	case tar.TypeDir, tar.TypeReg, tar.TypeRegA, tar.TypeSymlink, tar.TypeLink, tar.TypeFifo: //nolint:staticcheck // TypeRegA still appears in old layers
+	case tar.TypeDir, tar.TypeReg, tar.TypeSymlink, tar.TypeLink, tar.TypeFifo:
 	default:
 		return u.refuse(hdr.Name, fmt.Sprintf("unsupported tar entry type %q", hdr.Typeflag))
 	}
@@ -226,7 +226,7 @@ func (u *unpacker) entry(hdr *tar.Header, r io.Reader) error {
 		if err := os.Mkdir(target, 0o700); err != nil && !os.IsExist(err) {
 			return wrap(err)
 		}
-	case tar.TypeReg, tar.TypeRegA: //nolint:staticcheck // see above
+	case tar.TypeReg:
 		if err := writeFile(target, r, hdr.Size); err != nil {
 			return wrap(err)
 		}
