@@ -261,11 +261,6 @@ func TestUnbuiltRPCsReturnUnimplemented(t *testing.T) {
 			_, err := d.Runtime.UpdatePodSandboxResources(ctx, &criapi.UpdatePodSandboxResourcesRequest{})
 			return err
 		},
-		"ListImages":  func() error { _, err := d.Image.ListImages(ctx, &criapi.ListImagesRequest{}); return err },
-		"ImageStatus": func() error { _, err := d.Image.ImageStatus(ctx, &criapi.ImageStatusRequest{}); return err },
-		"PullImage":   func() error { _, err := d.Image.PullImage(ctx, &criapi.PullImageRequest{}); return err },
-		"RemoveImage": func() error { _, err := d.Image.RemoveImage(ctx, &criapi.RemoveImageRequest{}); return err },
-		"ImageFsInfo": func() error { _, err := d.Image.ImageFsInfo(ctx, &criapi.ImageFsInfoRequest{}); return err },
 	}
 	for name, call := range calls {
 		t.Run(name, func(t *testing.T) {
