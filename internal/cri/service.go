@@ -12,6 +12,8 @@ import (
 	runtime "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/berthcri/berth/internal/config"
+	"github.com/berthcri/berth/internal/network"
+	"github.com/berthcri/berth/internal/sandbox"
 )
 
 // Service implements runtime.v1.RuntimeService and runtime.v1.ImageService.
@@ -19,9 +21,11 @@ type Service struct {
 	runtime.UnimplementedRuntimeServiceServer
 	runtime.UnimplementedImageServiceServer
 
-	cfg     *config.Config
-	version string
-	log     *slog.Logger
+	cfg       *config.Config
+	version   string
+	log       *slog.Logger
+	sandboxes *sandbox.Store
+	network   *network.Network
 
 	// podCIDR is what the kubelet last sent through UpdateRuntimeConfig.
 	mu      sync.Mutex
@@ -30,9 +34,11 @@ type Service struct {
 
 // Options are what the daemon hands the CRI layer.
 type Options struct {
-	Config  *config.Config
-	Version string
-	Logger  *slog.Logger
+	Config    *config.Config
+	Version   string
+	Logger    *slog.Logger
+	Sandboxes *sandbox.Store
+	Network   *network.Network
 }
 
 // New builds the CRI service over the daemon's components.
@@ -41,7 +47,7 @@ func New(opts Options) *Service {
 	if log == nil {
 		log = slog.Default()
 	}
-	return &Service{cfg: opts.Config, version: opts.Version, log: log}
+	return &Service{cfg: opts.Config, version: opts.Version, log: log, sandboxes: opts.Sandboxes, network: opts.Network}
 }
 
 // Register attaches both CRI services to a gRPC server.

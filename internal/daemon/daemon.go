@@ -17,6 +17,8 @@ import (
 
 	"github.com/berthcri/berth/internal/config"
 	"github.com/berthcri/berth/internal/cri"
+	"github.com/berthcri/berth/internal/network"
+	"github.com/berthcri/berth/internal/sandbox"
 )
 
 // shutdownGrace bounds how long in-flight RPCs may run after SIGTERM.
@@ -58,7 +60,28 @@ func New(ctx context.Context, cfg *config.Config, version string, log *slog.Logg
 	}
 	d.listener = ln
 
-	svc := cri.New(cri.Options{Config: cfg, Version: version, Logger: log})
+	netw := network.New(network.Options{
+		ConfDir: cfg.CNIConfDir, BinDirs: cfg.CNIBinDirs,
+		CacheDir:    filepath.Join(cfg.State, "cni", "cache"),
+		IPAMDataDir: filepath.Join(cfg.Root, "cni", "networks"),
+		Bridge:      cfg.DefaultNetwork.Bridge, Subnet: cfg.DefaultNetwork.Subnet,
+		Logger: log,
+	})
+	handlers := make([]string, 0, len(cfg.RuntimeHandlers))
+	for name := range cfg.RuntimeHandlers {
+		handlers = append(handlers, name)
+	}
+	sandboxes, err := sandbox.New(sandbox.Options{
+		Root: cfg.Root, State: cfg.State,
+		CgroupParent: cfg.CgroupParent, CgroupDriver: cfg.CgroupDriver,
+		RuntimeHandlers: handlers, DefaultRuntimeHandler: cfg.DefaultRuntimeHandler,
+		Network: netw, Logger: log,
+	})
+	if err != nil {
+		return nil, err
+	}
+
+	svc := cri.New(cri.Options{Config: cfg, Version: version, Logger: log, Sandboxes: sandboxes, Network: netw})
 	d.grpc = grpc.NewServer(
 		grpc.ChainUnaryInterceptor(unaryLogger(log)),
 		grpc.ChainStreamInterceptor(streamLogger(log)),
