@@ -95,21 +95,28 @@ type Attachment struct {
 
 // DefaultConfList renders the embedded default network.
 func (n *Network) DefaultConfList() []byte {
+	return DefaultConfList(n.opts.Bridge, n.opts.Subnet, n.opts.IPAMDataDir)
+}
+
+// DefaultConfList renders the embedded default network for a bridge, a
+// subnet and host-local's dataDir: bridge (gateway, masquerade, hairpin)
+// with host-local IPAM, then portmap for hostPort mappings.
+func DefaultConfList(bridge, subnet, ipamDataDir string) []byte {
 	conf := map[string]any{
 		"cniVersion": "1.0.0",
 		"name":       "berth",
 		"plugins": []any{
 			map[string]any{
 				"type":        "bridge",
-				"bridge":      n.opts.Bridge,
+				"bridge":      bridge,
 				"isGateway":   true,
 				"ipMasq":      true,
 				"hairpinMode": true,
 				"ipam": map[string]any{
 					"type":    "host-local",
-					"ranges":  []any{[]any{map[string]any{"subnet": n.opts.Subnet}}},
+					"ranges":  []any{[]any{map[string]any{"subnet": subnet}}},
 					"routes":  []any{map[string]any{"dst": "0.0.0.0/0"}},
-					"dataDir": n.opts.IPAMDataDir,
+					"dataDir": ipamDataDir,
 				},
 			},
 			map[string]any{"type": "portmap", "capabilities": map[string]bool{"portMappings": true}, "snat": true},
