@@ -252,24 +252,29 @@ func runtimeConf(pod Pod) *libcni.RuntimeConf {
 	return rt
 }
 
-// Attach runs CNI ADD for the pod over the current config. On failure it
-// runs DEL itself, so nothing is left half attached.
-func (n *Network) Attach(ctx context.Context, pod Pod) (*Attachment, error) {
+// Prepare picks the config a new pod will attach with. The caller records
+// it (checkpoint) before Attach, so a crash during ADD still leaves what
+// DEL needs.
+func (n *Network) Prepare() (*Attachment, error) {
 	list, _, err := n.Config()
 	if err != nil {
 		return nil, fmt.Errorf("pod network config: %w", err)
 	}
-	rt := runtimeConf(pod)
-	res, err := n.cni.AddNetworkList(ctx, list, rt)
+	return &Attachment{ConfList: list.Bytes}, nil
+}
+
+// Attach runs CNI ADD for the pod with the prepared config and fills in
+// the result. On failure the caller runs Detach: by the spec, DEL after a
+// failed ADD releases what plugins earlier in the chain got.
+func (n *Network) Attach(ctx context.Context, pod Pod, att *Attachment) error {
+	list, err := libcni.ConfListFromBytes(att.ConfList)
 	if err != nil {
-		// The spec wants DEL after a failed ADD to release what plugins
-		// earlier in the chain got.
-		if derr := n.del(context.WithoutCancel(ctx), list, rt); derr != nil {
-			n.log.Warn("CNI DEL after failed ADD", "pod", pod.ID, "err", derr)
-		}
-		return nil, fmt.Errorf("CNI ADD %s for pod %s: %w", list.Name, pod.ID, err)
+		return fmt.Errorf("pod network config: %w", err)
 	}
-	att := &Attachment{ConfList: list.Bytes}
+	res, err := n.cni.AddNetworkList(ctx, list, runtimeConf(pod))
+	if err != nil {
+		return fmt.Errorf("CNI ADD %s for pod %s: %w", list.Name, pod.ID, err)
+	}
 	if res != nil {
 		cur, err := current.NewResultFromResult(res)
 		if err == nil {
@@ -282,7 +287,7 @@ func (n *Network) Attach(ctx context.Context, pod Pod) (*Attachment, error) {
 			att.Result = b
 		}
 	}
-	return att, nil
+	return nil
 }
 
 // Detach runs CNI DEL with the config ADD used (from the checkpoint).

@@ -17,6 +17,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -89,7 +90,14 @@ type record struct {
 	ports      []network.PortMapping
 	attachment *network.Attachment
 	removed    bool
+	// view is the last published snapshot: Get and List read it without
+	// taking mu, so they never wait on a sandbox busy in CNI.
+	view atomic.Pointer[Sandbox]
 }
+
+// publish makes the current state visible to Get and List; call with mu
+// held (or before the record is shared).
+func (r *record) publish() { r.view.Store(r.snapshot()) }
 
 // New loads the sandboxes checkpointed under <root>/sandboxes. A sandbox
 // whose namespace pins or pause process are gone comes back NOTREADY.
@@ -126,6 +134,7 @@ func New(opts Options) (*Store, error) {
 			log.Info("sandbox namespaces are gone; listing it NOTREADY", "pod", r.sb.ID)
 			r.sb.State = runtime.PodSandboxState_SANDBOX_NOTREADY
 		}
+		r.publish()
 		s.byID[r.sb.ID] = r
 		s.names[reservationKey(r.sb.Config.GetMetadata())] = r.sb.ID
 	}
@@ -204,16 +213,20 @@ func (s *Store) Get(id string) (*Sandbox, error) {
 	if err != nil {
 		return nil, err
 	}
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if r.removed {
+	v := r.view.Load()
+	if v == nil {
 		return nil, fmt.Errorf("sandbox %q: %w", id, errdefs.ErrNotFound)
 	}
-	return r.snapshot(), nil
+	return copySandbox(v), nil
 }
 
-// List returns every sandbox, oldest first. It never waits on a sandbox
-// busy in CNI: it reads the last published snapshot.
+func copySandbox(v *Sandbox) *Sandbox {
+	sb := *v
+	sb.AdditionalIPs = append([]string(nil), v.AdditionalIPs...)
+	return &sb
+}
+
+// List returns every sandbox, oldest first, from the published snapshots.
 func (s *Store) List() []*Sandbox {
 	s.mu.Lock()
 	recs := make([]*record, 0, len(s.byID))
@@ -223,11 +236,9 @@ func (s *Store) List() []*Sandbox {
 	s.mu.Unlock()
 	out := make([]*Sandbox, 0, len(recs))
 	for _, r := range recs {
-		r.mu.Lock()
-		if !r.removed {
-			out = append(out, r.snapshot())
+		if v := r.view.Load(); v != nil {
+			out = append(out, copySandbox(v))
 		}
-		r.mu.Unlock()
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].CreatedAt.Before(out[j].CreatedAt) })
 	return out
@@ -324,6 +335,13 @@ func (s *Store) Run(ctx context.Context, cfg *runtime.PodSandboxConfig, handler 
 		r.sb.IPCNSPath = filepath.Join(s.netnsDir(), id+"-ipc")
 		r.sb.ShmPath = filepath.Join(stateDir, "shm")
 	}
+	if !hostNet {
+		// Chosen (and checkpointed below) up front: from here on, DEL
+		// runs in every teardown, with this config.
+		if r.attachment, err = s.opts.Network.Prepare(); err != nil {
+			return nil, err
+		}
+	}
 	r.fillFromAttachment()
 	log := s.log.With("pod", id, "name", md.GetName(), "namespace", md.GetNamespace())
 
@@ -403,18 +421,17 @@ func (s *Store) Run(ctx context.Context, cfg *runtime.PodSandboxConfig, handler 
 			return nil, err
 		}
 	}
-	if !hostNet {
-		att, err := s.opts.Network.Attach(ctx, s.netPod(r))
-		if err != nil {
+	if r.attachment != nil {
+		if err := s.opts.Network.Attach(ctx, s.netPod(r), r.attachment); err != nil {
 			return nil, err
 		}
-		r.attachment = att
 		r.fillFromAttachment()
 	}
 	r.sb.State = runtime.PodSandboxState_SANDBOX_READY
 	if err := s.persist(r); err != nil {
 		return nil, err
 	}
+	r.publish()
 	s.mu.Lock()
 	s.byID[id] = r
 	s.mu.Unlock()
@@ -495,6 +512,7 @@ func (s *Store) stopLocked(ctx context.Context, r *record) error {
 	if err == nil {
 		r.sb.State = runtime.PodSandboxState_SANDBOX_NOTREADY
 	}
+	r.publish()
 	if perr := s.persist(r); perr != nil {
 		err = errors.Join(err, perr)
 	}
@@ -534,6 +552,7 @@ func (s *Store) Remove(ctx context.Context, id string) error {
 		return fmt.Errorf("remove sandbox %s: %w", r.sb.ID, err)
 	}
 	r.removed = true
+	r.view.Store(nil)
 	s.mu.Lock()
 	delete(s.byID, r.sb.ID)
 	if s.names[reservationKey(r.sb.Config.GetMetadata())] == r.sb.ID {
