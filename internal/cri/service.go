@@ -14,6 +14,8 @@ import (
 	"github.com/berthcri/berth/internal/config"
 	"github.com/berthcri/berth/internal/events"
 	"github.com/berthcri/berth/internal/image"
+	"github.com/berthcri/berth/internal/network"
+	"github.com/berthcri/berth/internal/sandbox"
 )
 
 // Service implements runtime.v1.RuntimeService and runtime.v1.ImageService.
@@ -24,9 +26,13 @@ type Service struct {
 	cfg     *config.Config
 	version string
 	log     *slog.Logger
-	events  *events.Broker
 	addrs   Addresses
-	images  *image.Store
+
+	// Components, one per line so that branches adding one merge cleanly.
+	events    *events.Broker
+	images    *image.Store
+	network   *network.Network
+	sandboxes *sandbox.Store
 
 	// podCIDR is what the kubelet last sent through UpdateRuntimeConfig.
 	mu      sync.Mutex
@@ -38,10 +44,13 @@ type Options struct {
 	Config  *config.Config
 	Version string
 	Logger  *slog.Logger
-	Events  *events.Broker
-	Images  *image.Store
 	// Addresses are where the side servers actually listen.
 	Addresses Addresses
+
+	Events    *events.Broker
+	Images    *image.Store
+	Network   *network.Network
+	Sandboxes *sandbox.Store
 }
 
 // Addresses of berthd's side servers, resolved (port 0 replaced).
@@ -52,15 +61,24 @@ type Addresses struct {
 
 // New builds the CRI service over the daemon's components.
 func New(opts Options) *Service {
-	log := opts.Logger
-	if log == nil {
-		log = slog.Default()
+	s := &Service{
+		cfg:     opts.Config,
+		version: opts.Version,
+		log:     opts.Logger,
+		addrs:   opts.Addresses,
+
+		events:    opts.Events,
+		images:    opts.Images,
+		network:   opts.Network,
+		sandboxes: opts.Sandboxes,
 	}
-	ev := opts.Events
-	if ev == nil {
-		ev = events.NewBroker()
+	if s.log == nil {
+		s.log = slog.Default()
 	}
-	return &Service{cfg: opts.Config, version: opts.Version, log: log, events: ev, addrs: opts.Addresses, images: opts.Images}
+	if s.events == nil {
+		s.events = events.NewBroker()
+	}
+	return s
 }
 
 // Register attaches both CRI services to a gRPC server.

@@ -20,6 +20,8 @@ import (
 	"github.com/berthcri/berth/internal/events"
 	"github.com/berthcri/berth/internal/image"
 	"github.com/berthcri/berth/internal/metrics"
+	"github.com/berthcri/berth/internal/network"
+	"github.com/berthcri/berth/internal/sandbox"
 	"github.com/berthcri/berth/internal/streaming"
 )
 
@@ -86,16 +88,40 @@ func New(ctx context.Context, cfg *config.Config, version string, log *slog.Logg
 		return nil, err
 	}
 
+	netw := network.New(network.Options{
+		ConfDir: cfg.CNIConfDir, BinDirs: cfg.CNIBinDirs,
+		CacheDir:    filepath.Join(cfg.State, "cni", "cache"),
+		IPAMDataDir: filepath.Join(cfg.Root, "cni", "networks"),
+		Bridge:      cfg.DefaultNetwork.Bridge, Subnet: cfg.DefaultNetwork.Subnet,
+		Logger: log,
+	})
+	handlers := make([]string, 0, len(cfg.RuntimeHandlers))
+	for name := range cfg.RuntimeHandlers {
+		handlers = append(handlers, name)
+	}
+	sandboxes, err := sandbox.New(sandbox.Options{
+		Root: cfg.Root, State: cfg.State,
+		CgroupParent: cfg.CgroupParent, CgroupDriver: cfg.CgroupDriver,
+		RuntimeHandlers: handlers, DefaultRuntimeHandler: cfg.DefaultRuntimeHandler,
+		Network: netw, Logger: log,
+	})
+	if err != nil {
+		return nil, err
+	}
+
 	svc := cri.New(cri.Options{
 		Config:  cfg,
 		Version: version,
 		Logger:  log,
-		Events:  events.NewBroker(),
-		Images:  images,
 		Addresses: cri.Addresses{
 			Streaming: d.stream.Addr(),
 			Metrics:   metricsAddr(d.metrics),
 		},
+
+		Events:    events.NewBroker(),
+		Images:    images,
+		Network:   netw,
+		Sandboxes: sandboxes,
 	})
 	d.grpc = grpc.NewServer(
 		grpc.ChainUnaryInterceptor(m.UnaryInterceptor(), unaryLogger(log)),

@@ -212,17 +212,12 @@ func TestUnbuiltRPCsReturnUnimplemented(t *testing.T) {
 	// Every RPC listed here is not built yet; each later capability removes
 	// its RPCs from this table as it lands.
 	calls := map[string]func() error{
-		"RunPodSandbox":    func() error { _, err := d.Runtime.RunPodSandbox(ctx, &criapi.RunPodSandboxRequest{}); return err },
-		"StopPodSandbox":   func() error { _, err := d.Runtime.StopPodSandbox(ctx, &criapi.StopPodSandboxRequest{}); return err },
-		"RemovePodSandbox": func() error { _, err := d.Runtime.RemovePodSandbox(ctx, &criapi.RemovePodSandboxRequest{}); return err },
-		"PodSandboxStatus": func() error { _, err := d.Runtime.PodSandboxStatus(ctx, &criapi.PodSandboxStatusRequest{}); return err },
-		"ListPodSandbox":   func() error { _, err := d.Runtime.ListPodSandbox(ctx, &criapi.ListPodSandboxRequest{}); return err },
-		"CreateContainer":  func() error { _, err := d.Runtime.CreateContainer(ctx, &criapi.CreateContainerRequest{}); return err },
-		"StartContainer":   func() error { _, err := d.Runtime.StartContainer(ctx, &criapi.StartContainerRequest{}); return err },
-		"StopContainer":    func() error { _, err := d.Runtime.StopContainer(ctx, &criapi.StopContainerRequest{}); return err },
-		"RemoveContainer":  func() error { _, err := d.Runtime.RemoveContainer(ctx, &criapi.RemoveContainerRequest{}); return err },
-		"ListContainers":   func() error { _, err := d.Runtime.ListContainers(ctx, &criapi.ListContainersRequest{}); return err },
-		"ContainerStatus":  func() error { _, err := d.Runtime.ContainerStatus(ctx, &criapi.ContainerStatusRequest{}); return err },
+		"CreateContainer": func() error { _, err := d.Runtime.CreateContainer(ctx, &criapi.CreateContainerRequest{}); return err },
+		"StartContainer":  func() error { _, err := d.Runtime.StartContainer(ctx, &criapi.StartContainerRequest{}); return err },
+		"StopContainer":   func() error { _, err := d.Runtime.StopContainer(ctx, &criapi.StopContainerRequest{}); return err },
+		"RemoveContainer": func() error { _, err := d.Runtime.RemoveContainer(ctx, &criapi.RemoveContainerRequest{}); return err },
+		"ListContainers":  func() error { _, err := d.Runtime.ListContainers(ctx, &criapi.ListContainersRequest{}); return err },
+		"ContainerStatus": func() error { _, err := d.Runtime.ContainerStatus(ctx, &criapi.ContainerStatusRequest{}); return err },
 		"UpdateContainerResources": func() error {
 			_, err := d.Runtime.UpdateContainerResources(ctx, &criapi.UpdateContainerResourcesRequest{})
 			return err
