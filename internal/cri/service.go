@@ -16,6 +16,7 @@ import (
 	"github.com/berthcri/berth/internal/image"
 	"github.com/berthcri/berth/internal/network"
 	"github.com/berthcri/berth/internal/sandbox"
+	"github.com/berthcri/berth/internal/streaming"
 )
 
 // Service implements runtime.v1.RuntimeService and runtime.v1.ImageService.
@@ -33,6 +34,7 @@ type Service struct {
 	images    *image.Store
 	network   *network.Network
 	sandboxes *sandbox.Store
+	streaming *streaming.Server
 
 	// podCIDR is what the kubelet last sent through UpdateRuntimeConfig.
 	mu      sync.Mutex
@@ -51,6 +53,7 @@ type Options struct {
 	Images    *image.Store
 	Network   *network.Network
 	Sandboxes *sandbox.Store
+	Streaming *streaming.Server
 }
 
 // Addresses of berthd's side servers, resolved (port 0 replaced).
@@ -71,6 +74,7 @@ func New(opts Options) *Service {
 		images:    opts.Images,
 		network:   opts.Network,
 		sandboxes: opts.Sandboxes,
+		streaming: opts.Streaming,
 	}
 	if s.log == nil {
 		s.log = slog.Default()

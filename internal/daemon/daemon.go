@@ -14,6 +14,7 @@ import (
 
 	"golang.org/x/sys/unix"
 	"google.golang.org/grpc"
+	criapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/berthcri/berth/internal/config"
 	"github.com/berthcri/berth/internal/cri"
@@ -82,11 +83,6 @@ func New(ctx context.Context, cfg *config.Config, version string, log *slog.Logg
 			return nil, err
 		}
 	}
-	// Exec and attach need containers, port-forward needs pods: until those
-	// components exist the streaming server answers with an error.
-	if d.stream, err = streaming.New(cfg.StreamingAddress, nil, nil, nil, log); err != nil {
-		return nil, err
-	}
 
 	netw := network.New(network.Options{
 		ConfDir: cfg.CNIConfDir, BinDirs: cfg.CNIBinDirs,
@@ -109,6 +105,12 @@ func New(ctx context.Context, cfg *config.Config, version string, log *slog.Logg
 		return nil, err
 	}
 
+	// Exec and attach need containers: until they exist the streaming
+	// server answers those with an error.
+	if d.stream, err = streaming.New(cfg.StreamingAddress, nil, nil, podNetwork{sandboxes}, log); err != nil {
+		return nil, err
+	}
+
 	svc := cri.New(cri.Options{
 		Config:  cfg,
 		Version: version,
@@ -122,6 +124,7 @@ func New(ctx context.Context, cfg *config.Config, version string, log *slog.Logg
 		Images:    images,
 		Network:   netw,
 		Sandboxes: sandboxes,
+		Streaming: d.stream,
 	})
 	d.grpc = grpc.NewServer(
 		grpc.ChainUnaryInterceptor(m.UnaryInterceptor(), unaryLogger(log)),
@@ -211,6 +214,20 @@ func lockRoot(root string) (*os.File, error) {
 		fmt.Fprintf(f, "%d\n", os.Getpid())
 	}
 	return f, nil
+}
+
+// podNetwork finds a ready pod's network namespace for port-forward.
+type podNetwork struct{ sandboxes *sandbox.Store }
+
+func (p podNetwork) NetNSPath(id string) (string, error) {
+	sb, err := p.sandboxes.Get(id)
+	if err != nil {
+		return "", err
+	}
+	if sb.State != criapi.PodSandboxState_SANDBOX_READY {
+		return "", fmt.Errorf("pod sandbox %s is not ready", id)
+	}
+	return sb.NetNSPath, nil
 }
 
 func metricsAddr(s *metrics.Server) string {
