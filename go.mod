@@ -4,21 +4,22 @@ go 1.26.8
 
 require (
 	github.com/BurntSushi/toml v1.6.0
+	github.com/cyphar/filepath-securejoin v0.7.0
 	github.com/google/go-containerregistry v0.22.1
+	github.com/moby/profiles/seccomp v0.2.3
+	github.com/opencontainers/image-spec v1.1.1
+	github.com/opencontainers/runtime-spec v1.3.0
 	golang.org/x/sys v0.49.0
 	google.golang.org/grpc v1.85.0
 	k8s.io/cri-api v0.37.2
 )
 
 require (
-	github.com/cyphar/filepath-securejoin v0.7.0 // indirect
+	cyphar.com/go-pathrs v0.2.5 // indirect
 	github.com/docker/cli v29.7.2+incompatible // indirect
 	github.com/docker/docker-credential-helpers v0.9.3 // indirect
 	github.com/klauspost/compress v1.19.2 // indirect
-	github.com/moby/profiles/seccomp v0.2.3 // indirect
 	github.com/opencontainers/go-digest v1.0.0 // indirect
-	github.com/opencontainers/image-spec v1.1.1 // indirect
-	github.com/opencontainers/runtime-spec v1.3.0 // indirect
 	github.com/sirupsen/logrus v1.9.4 // indirect
 	golang.org/x/net v0.60.0 // indirect
 	golang.org/x/sync v0.23.0 // indirect

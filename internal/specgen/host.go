@@ -95,7 +95,6 @@ func exists(p string) bool {
 	return err == nil || !errors.Is(err, os.ErrNotExist)
 }
 
-
 // knownCapabilities in kernel order (capability number = index).
 var knownCapabilities = []string{
 	"CAP_CHOWN", "CAP_DAC_OVERRIDE", "CAP_DAC_READ_SEARCH", "CAP_FOWNER", "CAP_FSETID",
