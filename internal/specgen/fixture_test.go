@@ -2,6 +2,8 @@ package specgen
 
 import (
 	"errors"
+	"io"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"testing"
@@ -93,3 +95,5 @@ func wantErr(t *testing.T, err error, want error) {
 }
 
 var errInvalid = errdefs.ErrInvalidArgument
+
+func discardLogger() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
