@@ -52,6 +52,9 @@ func devicePermissions(p string) (string, error) {
 	return p, nil
 }
 
+// maxDeviceDirEntries bounds the walk of a directory given as a device.
+const maxDeviceDirEntries = 4096
+
 // hostDevices reads the device node at hostPath (following links), or every
 // device node below it when it is a directory (as containerd), mapped under
 // containerPath.
@@ -87,9 +90,17 @@ func hostDevices(hostPath, containerPath string) ([]specs.LinuxDevice, error) {
 		return []specs.LinuxDevice{d}, nil
 	}
 	var out []specs.LinuxDevice
+	visited := 0
 	err = filepath.WalkDir(real, func(p string, e fs.DirEntry, err error) error {
-		if err != nil || e.IsDir() {
+		if err != nil {
 			return err
+		}
+		// A device directory (/dev/dri, /dev/snd) is small; "/" is a mistake.
+		if visited++; visited > maxDeviceDirEntries {
+			return invalid("directory %s has more than %d entries", real, maxDeviceDirEntries)
+		}
+		if e.IsDir() {
+			return nil
 		}
 		rel, _ := filepath.Rel(real, p)
 		d, ok, err := deviceNode(p, path.Join(containerPath, rel))

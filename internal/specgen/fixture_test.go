@@ -30,7 +30,11 @@ func testHost() *Host {
 // temp dir.
 func testRootfs(t *testing.T) string {
 	t.Helper()
-	root := t.TempDir()
+	return testRootfsAt(t, t.TempDir())
+}
+
+func testRootfsAt(t testing.TB, root string) string {
+	t.Helper()
 	if err := os.MkdirAll(filepath.Join(root, "etc"), 0o755); err != nil {
 		t.Fatal(err)
 	}

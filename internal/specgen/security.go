@@ -3,6 +3,7 @@ package specgen
 import (
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path"
 	"slices"
@@ -10,6 +11,7 @@ import (
 
 	"github.com/moby/profiles/seccomp"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
+	"golang.org/x/sys/unix"
 	runtime "k8s.io/cri-api/pkg/apis/runtime/v1"
 )
 
@@ -198,12 +200,9 @@ func applySeccomp(in *Input, s *specs.Spec) error {
 		if !path.IsAbs(ref) {
 			return invalid("seccomp localhost profile %q is not an absolute path", ref)
 		}
-		body, err := os.ReadFile(ref)
+		body, err := readProfile(ref)
 		if err != nil {
-			if errors.Is(err, os.ErrNotExist) {
-				return invalid("seccomp localhost profile %s does not exist", ref)
-			}
-			return fmt.Errorf("read seccomp profile %s: %w", ref, err)
+			return err
 		}
 		s.Linux.Seccomp, err = seccomp.LoadProfile(string(body), s)
 		if err != nil {
@@ -254,4 +253,33 @@ func applyLSM(in *Input, s *specs.Spec) error {
 			"user", o.GetUser(), "role", o.GetRole(), "type", o.GetType(), "level", o.GetLevel())
 	}
 	return nil
+}
+
+// maxProfileSize bounds a localhost seccomp profile (docker's default
+// profile is ~20 KiB).
+const maxProfileSize = 4 << 20
+
+// readProfile reads a regular file of at most maxProfileSize: a FIFO or a
+// device named by mistake must not hang CreateContainer.
+func readProfile(p string) ([]byte, error) {
+	f, err := os.OpenFile(p, os.O_RDONLY|unix.O_NONBLOCK|unix.O_CLOEXEC, 0)
+	if err != nil {
+		if errors.Is(err, os.ErrNotExist) {
+			return nil, invalid("seccomp localhost profile %s does not exist", p)
+		}
+		return nil, fmt.Errorf("open seccomp profile %s: %w", p, err)
+	}
+	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil {
+		return nil, fmt.Errorf("stat seccomp profile %s: %w", p, err)
+	}
+	if !fi.Mode().IsRegular() || fi.Size() > maxProfileSize {
+		return nil, invalid("seccomp localhost profile %s is not a regular file of at most %d bytes", p, maxProfileSize)
+	}
+	body, err := io.ReadAll(io.LimitReader(f, maxProfileSize+1))
+	if err != nil {
+		return nil, fmt.Errorf("read seccomp profile %s: %w", p, err)
+	}
+	return body, nil
 }
