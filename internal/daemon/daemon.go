@@ -15,6 +15,7 @@ import (
 	"golang.org/x/sys/unix"
 	"google.golang.org/grpc"
 
+	"github.com/berthcri/berth/internal/admin"
 	"github.com/berthcri/berth/internal/config"
 	"github.com/berthcri/berth/internal/cri"
 	"github.com/berthcri/berth/internal/image"
@@ -75,6 +76,7 @@ func New(ctx context.Context, cfg *config.Config, version string, log *slog.Logg
 		grpc.ChainStreamInterceptor(streamLogger(log)),
 	)
 	svc.Register(d.grpc)
+	admin.New(images, log.With("component", "admin")).Register(d.grpc)
 	return d, nil
 }
 
