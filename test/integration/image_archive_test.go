@@ -204,4 +204,3 @@ func TestImageImportRefusesGarbage(t *testing.T) {
 		t.Fatalf("ingest left: %v", left)
 	}
 }
-
