@@ -16,6 +16,7 @@ import (
 	"google.golang.org/grpc"
 	criapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
+	"github.com/berthcri/berth/internal/admin"
 	"github.com/berthcri/berth/internal/config"
 	"github.com/berthcri/berth/internal/cri"
 	"github.com/berthcri/berth/internal/events"
@@ -131,6 +132,7 @@ func New(ctx context.Context, cfg *config.Config, version string, log *slog.Logg
 		grpc.ChainStreamInterceptor(m.StreamInterceptor(), streamLogger(log)),
 	)
 	svc.Register(d.grpc)
+	admin.New(images, log.With("component", "admin")).Register(d.grpc)
 	return d, nil
 }
 

@@ -543,3 +543,32 @@ func sameSet(a, b []string) bool {
 	slices.Sort(b)
 	return slices.Equal(a, b)
 }
+
+func TestImagePullOnlyMirrorServesBlobsAfterTrustedResolve(t *testing.T) {
+	t.Parallel()
+	upstream := testimages.StartRegistry(t)
+	upstream.PushStandard(t)
+	mirror := testimages.StartRegistry(t)
+	mirror.PushStandard(t)
+	d := berthdtest.Start(t, berthdtest.Options{})
+	// The mirror may serve content but not resolve tags; the upstream
+	// resolves busybox:latest to a digest, the mirror then serves it.
+	writeHostsToml(t, d, upstream.Host, fmt.Sprintf(`server = "http://%s"
+
+[host."http://%s"]
+  capabilities = ["pull"]
+`, upstream.Host, mirror.Host))
+	img := mustImage(t, testimages.Busybox)
+	ref := upstream.Ref(testimages.BusyboxRef)
+	if id := pull(t, d, ref, nil); id != configDigest(t, img) {
+		t.Fatalf("ID %s", id)
+	}
+	layers, _ := img.Layers()
+	ld, _ := layers[0].Digest()
+	if m, u := mirror.BlobFetches(ld.String()), upstream.BlobFetches(ld.String()); m != 1 || u != 0 {
+		t.Fatalf("layer fetched %d times from the mirror and %d from upstream; want 1 and 0", m, u)
+	}
+	if st := imageStatus(t, d, ref); st == nil || !slices.Equal(st.RepoTags, []string{ref}) {
+		t.Fatalf("status: %+v", st)
+	}
+}
