@@ -304,7 +304,15 @@ func (n *Network) Detach(ctx context.Context, pod Pod, att *Attachment) error {
 	if err != nil {
 		return fmt.Errorf("CNI DEL config for pod %s: %w", pod.ID, err)
 	}
-	return n.del(ctx, list, runtimeConf(pod))
+	if err := n.del(ctx, list, runtimeConf(pod)); err != nil {
+		return err
+	}
+	if netnsGone(pod.NetNSPath) {
+		if err := removeOrphanRules(list.Name, pod.ID); err != nil {
+			return fmt.Errorf("CNI DEL %s for pod %s: %w", list.Name, pod.ID, err)
+		}
+	}
+	return nil
 }
 
 // del runs DEL over the list. libcni stops at the first plugin that

@@ -586,8 +586,8 @@ func TestSandboxCheckpointRestoreAndNotReadyAfterCrash(t *testing.T) {
 		}
 	}
 	for _, r := range after["iptables"] {
-		if strings.Contains(r, "DNAT") && strings.Contains(r, lostIP) {
-			t.Fatalf("port-forward rule of the lost pod survives: %s", r)
+		if strings.Contains(r, lostIP+"/") || strings.Contains(r, lostIP+":") || strings.Contains(r, idLost) {
+			t.Fatalf("iptables rule of the lost pod survives: %s", r)
 		}
 	}
 	resp, _ = d.Runtime.ListPodSandbox(ctxT(t), &criapi.ListPodSandboxRequest{})
