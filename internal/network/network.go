@@ -171,11 +171,7 @@ func (n *Network) load() (string, time.Time, *libcni.NetworkConfigList, error) {
 	if strings.HasSuffix(file, ".conflist") {
 		list, err = libcni.ConfListFromFile(file)
 	} else {
-		var conf *libcni.NetworkConfig
-		conf, err = libcni.ConfFromFile(file)
-		if err == nil {
-			list, err = libcni.ConfListFromConf(conf)
-		}
+		list, err = singlePluginList(file)
 	}
 	if err != nil {
 		return file, mod, nil, fmt.Errorf("load CNI config %s: %w", file, err)
@@ -190,6 +186,31 @@ func (n *Network) load() (string, time.Time, *libcni.NetworkConfigList, error) {
 		return file, mod, nil, fmt.Errorf("CNI config %s: %w", file, err)
 	}
 	return file, mod, list, nil
+}
+
+// singlePluginList reads a .conf file (one plugin, name and cniVersion at
+// the top) as a list of that one plugin.
+func singlePluginList(file string) (*libcni.NetworkConfigList, error) {
+	data, err := os.ReadFile(file)
+	if err != nil {
+		return nil, err
+	}
+	var head struct {
+		Name       string          `json:"name"`
+		CNIVersion string          `json:"cniVersion"`
+		Plugins    json.RawMessage `json:"plugins"`
+	}
+	if err := json.Unmarshal(data, &head); err != nil {
+		return nil, fmt.Errorf("parse %s: %w", file, err)
+	}
+	if head.Plugins != nil { // a list after all (.json files may be either)
+		return libcni.ConfListFromBytes(data)
+	}
+	b, err := json.Marshal(map[string]any{"cniVersion": head.CNIVersion, "name": head.Name, "plugins": []json.RawMessage{data}})
+	if err != nil {
+		return nil, err
+	}
+	return libcni.ConfListFromBytes(b)
 }
 
 func normalise(list *libcni.NetworkConfigList) (*libcni.NetworkConfigList, error) {
@@ -304,7 +325,15 @@ func (n *Network) Detach(ctx context.Context, pod Pod, att *Attachment) error {
 	if err != nil {
 		return fmt.Errorf("CNI DEL config for pod %s: %w", pod.ID, err)
 	}
-	return n.del(ctx, list, runtimeConf(pod))
+	if err := n.del(ctx, list, runtimeConf(pod)); err != nil {
+		return err
+	}
+	if netnsGone(pod.NetNSPath) {
+		if err := removeOrphanRules(list.Name, pod.ID); err != nil {
+			return fmt.Errorf("CNI DEL %s for pod %s: %w", list.Name, pod.ID, err)
+		}
+	}
+	return nil
 }
 
 // del runs DEL over the list. libcni stops at the first plugin that

@@ -121,6 +121,14 @@ func New(opts Options) (*Store, error) {
 			continue
 		}
 		c, err := readCheckpoint(filepath.Join(s.sandboxesDir(), e.Name()))
+		if os.IsNotExist(err) {
+			// A Run cut off before its first checkpoint made only these
+			// two empty directories.
+			log.Info("removing sandbox directory without a checkpoint", "pod", e.Name())
+			os.RemoveAll(filepath.Join(s.sandboxesDir(), e.Name()))
+			os.Remove(filepath.Join(opts.State, "sandboxes", e.Name()))
+			continue
+		}
 		if err != nil {
 			log.Warn("skipping sandbox without a readable checkpoint", "dir", e.Name(), "err", err)
 			continue

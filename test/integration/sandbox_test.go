@@ -586,8 +586,8 @@ func TestSandboxCheckpointRestoreAndNotReadyAfterCrash(t *testing.T) {
 		}
 	}
 	for _, r := range after["iptables"] {
-		if strings.Contains(r, "DNAT") && strings.Contains(r, lostIP) {
-			t.Fatalf("port-forward rule of the lost pod survives: %s", r)
+		if strings.Contains(r, lostIP+"/") || strings.Contains(r, lostIP+":") || strings.Contains(r, idLost) {
+			t.Fatalf("iptables rule of the lost pod survives: %s", r)
 		}
 	}
 	resp, _ = d.Runtime.ListPodSandbox(ctxT(t), &criapi.ListPodSandboxRequest{})
@@ -660,5 +660,78 @@ func TestSandboxLifecycleLeavesNothingBehind(t *testing.T) {
 	resp, _ := d.Runtime.ListPodSandbox(ctx, &criapi.ListPodSandboxRequest{})
 	if len(resp.Items) != 0 {
 		t.Fatalf("%d sandboxes listed after the cycles", len(resp.Items))
+	}
+}
+
+// The pod's cgroup goes below the config's cgroup_parent; cpuset is usable.
+func TestSandboxCgroupUnderConfigParent(t *testing.T) {
+	t.Parallel()
+	d := berthdtest.Start(t, berthdtest.Options{})
+	cfg := podConfig("cg")
+	parent := "/" + d.Config.CgroupParent + "/kubepods/burstable/pod-cg-uid"
+	cfg.Linux.CgroupParent = parent
+	cfg.Linux.Overhead = &criapi.LinuxContainerResources{MemoryLimitInBytes: 1 << 20}
+	id := runPod(t, d, cfg)
+	_, info := podStatus(t, d, id)
+	if info.CgroupParent != parent+"/pod-"+id {
+		t.Fatalf("pod cgroup %q, want %q", info.CgroupParent, parent+"/pod-"+id)
+	}
+	for _, h := range []string{"memory", "pids", "cpu"} {
+		if _, err := os.Stat(filepath.Join("/sys/fs/cgroup", h, info.CgroupParent)); err != nil {
+			t.Fatalf("pod cgroup in %s: %v", h, err)
+		}
+	}
+	if cpus := readFile(t, filepath.Join("/sys/fs/cgroup/cpuset", info.CgroupParent, "cpuset.cpus")); strings.TrimSpace(cpus) == "" {
+		t.Fatal("pod cpuset has no cpus")
+	}
+	stopRemove(t, d, id)
+	if _, err := os.Stat(filepath.Join("/sys/fs/cgroup/memory", info.CgroupParent)); !os.IsNotExist(err) {
+		t.Fatalf("pod cgroup survives remove: %v", err)
+	}
+}
+
+// Pods started concurrently each get their own namespaces and address.
+func TestSandboxConcurrentRuns(t *testing.T) {
+	t.Parallel()
+	d := berthdtest.Start(t, berthdtest.Options{})
+	const n = 8
+	ids := make([]string, n)
+	errs := make(chan error, n)
+	for i := 0; i < n; i++ {
+		go func(i int) {
+			resp, err := d.Runtime.RunPodSandbox(ctxT(t), &criapi.RunPodSandboxRequest{Config: podConfig(fmt.Sprintf("conc-%d", i))})
+			if err == nil {
+				ids[i] = resp.PodSandboxId
+			}
+			errs <- err
+		}(i)
+	}
+	for i := 0; i < n; i++ {
+		if err := <-errs; err != nil {
+			t.Fatalf("concurrent RunPodSandbox: %v", err)
+		}
+	}
+	ips := map[string]bool{}
+	for _, id := range ids {
+		st, _ := podStatus(t, d, id)
+		if st.GetNetwork().GetIp() == "" || ips[st.GetNetwork().GetIp()] {
+			t.Fatalf("pod %s: IP %q missing or duplicated", id, st.GetNetwork().GetIp())
+		}
+		ips[st.GetNetwork().GetIp()] = true
+	}
+	for _, id := range ids {
+		go func(id string) {
+			_, err := d.Runtime.RemovePodSandbox(ctxT(t), &criapi.RemovePodSandboxRequest{PodSandboxId: id})
+			errs <- err
+		}(id)
+	}
+	for i := 0; i < n; i++ {
+		if err := <-errs; err != nil {
+			t.Fatalf("concurrent RemovePodSandbox: %v", err)
+		}
+	}
+	resp, _ := d.Runtime.ListPodSandbox(ctxT(t), &criapi.ListPodSandboxRequest{})
+	if len(resp.Items) != 0 {
+		t.Fatalf("%d sandboxes left", len(resp.Items))
 	}
 }

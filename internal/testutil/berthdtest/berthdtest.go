@@ -261,7 +261,9 @@ func (d *Daemon) cleanup() {
 	if err := CleanupNode(d.Dir, d.Config.CgroupParent); err != nil {
 		d.t.Errorf("clean up after berthd: %v", err)
 	}
-	d.netSlot.release()
+	if err := d.netSlot.release(); err != nil {
+		d.t.Errorf("clean up pod network: %v", err)
+	}
 }
 
 // RequireRoot skips the test unless it runs as root on Linux: berthd needs

@@ -5,8 +5,12 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
+	"strings"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/berthcri/berth/internal/network"
 )
 
 // netLockDir holds one flock per embedded-network slot in use by a test
@@ -38,12 +42,44 @@ func allocNetSlot() (*netSlot, error) {
 	return nil, fmt.Errorf("no free test network slot in %s", netLockDir)
 }
 
-// release deletes the slot's bridge (CNI never deletes bridges) and frees
-// the slot.
-func (s *netSlot) release() {
+// release deletes the slot's bridge (CNI never deletes bridges) and any
+// NAT rules a failed test left for its pods, then frees the slot.
+func (s *netSlot) release() error {
 	if s == nil {
-		return
+		return nil
 	}
+	defer s.lock.Close()
 	_ = exec.Command("ip", "link", "del", s.Bridge).Run()
-	s.lock.Close()
+	return removeNATDebris(strings.TrimSuffix(s.Subnet, "0/24"))
+}
+
+var attachmentID = regexp.MustCompile(`id: \\"([0-9a-f]+)\\"`)
+
+// removeNATDebris removes nat rules about the subnet (masquerade, DNAT
+// targets) and, through the pod IDs in their comments, the portmap rules
+// that name only the pod.
+func removeNATDebris(ipPrefix string) error {
+	out, err := exec.Command("iptables-save", "-t", "nat").Output()
+	if err != nil {
+		return nil // no iptables: nothing to clean
+	}
+	ids := map[string]bool{}
+	for _, l := range strings.Split(string(out), "\n") {
+		if strings.Contains(l, ipPrefix) {
+			for _, m := range attachmentID.FindAllStringSubmatch(l, -1) {
+				ids[m[1]] = true
+			}
+		}
+	}
+	return network.RemoveNATRules(func(rule string) bool {
+		if strings.Contains(rule, ipPrefix) {
+			return true
+		}
+		for _, m := range attachmentID.FindAllStringSubmatch(rule, -1) {
+			if ids[m[1]] {
+				return true
+			}
+		}
+		return false
+	})
 }
