@@ -229,7 +229,6 @@ func TestUnbuiltRPCsReturnUnimplemented(t *testing.T) {
 		"ExecSync":       func() error { _, err := d.Runtime.ExecSync(ctx, &criapi.ExecSyncRequest{}); return err },
 		"Exec":           func() error { _, err := d.Runtime.Exec(ctx, &criapi.ExecRequest{}); return err },
 		"Attach":         func() error { _, err := d.Runtime.Attach(ctx, &criapi.AttachRequest{}); return err },
-		"PortForward":    func() error { _, err := d.Runtime.PortForward(ctx, &criapi.PortForwardRequest{}); return err },
 		"ContainerStats": func() error { _, err := d.Runtime.ContainerStats(ctx, &criapi.ContainerStatsRequest{}); return err },
 		"ListContainerStats": func() error {
 			_, err := d.Runtime.ListContainerStats(ctx, &criapi.ListContainerStatsRequest{})
