@@ -179,6 +179,7 @@ func securityProfile(p *runtime.SecurityProfile, legacy string) (*runtime.Securi
 // some syscalls only to holders of a capability.
 func applySeccomp(in *Input, s *specs.Spec) error {
 	sc := in.Config.GetLinux().GetSecurityContext()
+	//lint:ignore SA1019 older kubelets still send the deprecated field; CRI requires honouring it
 	p, err := securityProfile(sc.GetSeccomp(), sc.GetSeccompProfilePath())
 	if err != nil {
 		return fmt.Errorf("seccomp: %w", err)
@@ -220,6 +221,7 @@ func applySeccomp(in *Input, s *specs.Spec) error {
 // would need the module is refused.
 func applyLSM(in *Input, s *specs.Spec) error {
 	sc := in.Config.GetLinux().GetSecurityContext()
+	//lint:ignore SA1019 older kubelets still send the deprecated field; CRI requires honouring it
 	aa, err := securityProfile(sc.GetApparmor(), sc.GetApparmorProfile())
 	if err != nil {
 		return fmt.Errorf("apparmor: %w", err)
