@@ -67,10 +67,9 @@ func forward(t *testing.T, transport, rawURL string, podPort int) (string, func(
 	return fmt.Sprintf("127.0.0.1:%d", ports[0].Local), func() { close(stop); <-errc }
 }
 
-// Websocket port-forward (SPDY tunnelled over websocket, what newer
-// kubectl and critest's websocket mode send) is not served yet: the
-// streaming library only speaks the v4 channel protocol on websockets.
-func TestPortForwardIntoThePodNetworkOverSPDY(t *testing.T) {
+// The websocket case is SPDY tunnelled over websocket, what newer kubectl
+// and critest's websocket mode send.
+func TestPortForwardIntoThePodNetworkOverSPDYAndWebsocket(t *testing.T) {
 	t.Parallel()
 	d := berthdtest.Start(t, berthdtest.Options{})
 	id := runPod(t, d, podConfig("pf"))
@@ -79,7 +78,7 @@ func TestPortForwardIntoThePodNetworkOverSPDY(t *testing.T) {
 	const podPort = 8080
 	serveInNetns(t, info.NetNSPath, podPort)
 
-	for _, transport := range []string{"spdy"} {
+	for _, transport := range []string{"spdy", "websocket"} {
 		t.Run(transport, func(t *testing.T) {
 			resp, err := d.Runtime.PortForward(ctxT(t), &criapi.PortForwardRequest{PodSandboxId: id, Port: []int32{podPort}})
 			if err != nil {
