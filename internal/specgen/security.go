@@ -262,21 +262,21 @@ const maxProfileSize = 4 << 20
 // readProfile reads a regular file of at most maxProfileSize: a FIFO or a
 // device named by mistake must not hang CreateContainer.
 func readProfile(p string) ([]byte, error) {
-	f, err := os.OpenFile(p, os.O_RDONLY|unix.O_NONBLOCK|unix.O_CLOEXEC, 0)
-	if err != nil {
-		if errors.Is(err, os.ErrNotExist) {
-			return nil, invalid("seccomp localhost profile %s does not exist", p)
-		}
-		return nil, fmt.Errorf("open seccomp profile %s: %w", p, err)
-	}
-	defer f.Close()
-	fi, err := f.Stat()
-	if err != nil {
+	// Stat before open: opening some devices has side effects.
+	fi, err := os.Stat(p)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, invalid("seccomp localhost profile %s does not exist", p)
+	} else if err != nil {
 		return nil, fmt.Errorf("stat seccomp profile %s: %w", p, err)
 	}
 	if !fi.Mode().IsRegular() || fi.Size() > maxProfileSize {
 		return nil, invalid("seccomp localhost profile %s is not a regular file of at most %d bytes", p, maxProfileSize)
 	}
+	f, err := os.OpenFile(p, os.O_RDONLY|unix.O_NONBLOCK|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, fmt.Errorf("open seccomp profile %s: %w", p, err)
+	}
+	defer f.Close()
 	body, err := io.ReadAll(io.LimitReader(f, maxProfileSize+1))
 	if err != nil {
 		return nil, fmt.Errorf("read seccomp profile %s: %w", p, err)
