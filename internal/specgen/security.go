@@ -38,14 +38,47 @@ var (
 // inheritable or ambient (Kubernetes leaves non-root + caps undefined;
 // containerd and docker clear ambient).
 func applyCapabilities(in *Input, s *specs.Spec) error {
-	caps, err := capabilities(in.Config.GetLinux().GetSecurityContext().GetCapabilities(), in.Host.AllCapabilities)
+	c := in.Config.GetLinux().GetSecurityContext().GetCapabilities()
+	caps, err := capabilities(c, in.Host.AllCapabilities)
 	if err != nil {
 		return err
 	}
 	s.Process.Capabilities = &specs.LinuxCapabilities{
 		Bounding: caps, Effective: slices.Clone(caps), Permitted: slices.Clone(caps),
 	}
+	ambient, err := ambientCapabilities(c.GetAddAmbientCapabilities(), caps)
+	if err != nil {
+		return err
+	}
+	if len(ambient) > 0 {
+		// The kernel keeps an ambient cap only if it is also permitted and
+		// inheritable; ambient caps survive exec as a non-root user.
+		s.Process.Capabilities.Ambient = ambient
+		s.Process.Capabilities.Inheritable = slices.Clone(ambient)
+	}
 	return nil
+}
+
+// ambientCapabilities normalizes add_ambient_capabilities; each must be in
+// the container's set (containerd drops the field; berth honours it).
+func ambientCapabilities(names, set []string) ([]string, error) {
+	var out []string
+	for _, n := range names {
+		u := strings.ToUpper(strings.TrimSpace(n))
+		if !strings.HasPrefix(u, "CAP_") {
+			u = "CAP_" + u
+		}
+		if !slices.Contains(knownCapabilities, u) {
+			return nil, invalid("unknown ambient capability %q", n)
+		}
+		if !slices.Contains(set, u) {
+			return nil, invalid("ambient capability %s is not in the container's capabilities", u)
+		}
+		if !slices.Contains(out, u) {
+			out = append(out, u)
+		}
+	}
+	return out, nil
 }
 
 // capabilities applies CRI add/drop to the default set: "ALL" in add
@@ -135,9 +168,8 @@ func applyPrivileged(in *Input, s *specs.Spec) error {
 		return invalid("privileged container in a pod that is not privileged")
 	}
 	all := in.Host.AllCapabilities
-	s.Process.Capabilities = &specs.LinuxCapabilities{
-		Bounding: slices.Clone(all), Effective: slices.Clone(all), Permitted: slices.Clone(all),
-	}
+	c := s.Process.Capabilities
+	c.Bounding, c.Effective, c.Permitted = slices.Clone(all), slices.Clone(all), slices.Clone(all)
 	s.Linux.MaskedPaths = nil
 	s.Linux.ReadonlyPaths = nil
 	devs, err := allHostDevices(in.Host.DevPath)

@@ -242,3 +242,54 @@ func TestLSM(t *testing.T) {
 		})
 	}
 }
+
+func TestAmbientCapabilities(t *testing.T) {
+	for _, tc := range []struct {
+		name       string
+		caps       *runtime.Capability
+		privileged bool
+		want       []string
+		err        error
+	}{
+		{name: "none", caps: &runtime.Capability{}},
+		{name: "in default set", caps: &runtime.Capability{AddAmbientCapabilities: []string{"net_bind_service", "CAP_NET_BIND_SERVICE"}},
+			want: []string{"CAP_NET_BIND_SERVICE"}},
+		{name: "added then ambient", caps: &runtime.Capability{AddCapabilities: []string{"NET_ADMIN"}, AddAmbientCapabilities: []string{"NET_ADMIN"}},
+			want: []string{"CAP_NET_ADMIN"}},
+		{name: "privileged keeps ambient", privileged: true, caps: &runtime.Capability{AddAmbientCapabilities: []string{"KILL"}},
+			want: []string{"CAP_KILL"}},
+		{name: "not in set", caps: &runtime.Capability{AddAmbientCapabilities: []string{"SYS_ADMIN"}}, err: errInvalid},
+		{name: "dropped", caps: &runtime.Capability{DropCapabilities: []string{"KILL"}, AddAmbientCapabilities: []string{"KILL"}}, err: errInvalid},
+		{name: "unknown", caps: &runtime.Capability{AddAmbientCapabilities: []string{"FLY"}}, err: errInvalid},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			in := testInput(t)
+			in.Host.DevPath = t.TempDir()
+			sc(&in).Capabilities, sc(&in).Privileged = tc.caps, tc.privileged
+			in.SandboxConfig.Linux.SecurityContext.Privileged = tc.privileged
+			s, err := Build(in)
+			wantErr(t, err, tc.err)
+			if tc.err != nil {
+				return
+			}
+			c := s.Process.Capabilities
+			if !slices.Equal(c.Ambient, tc.want) || !slices.Equal(c.Inheritable, tc.want) {
+				t.Fatalf("ambient %q inheritable %q, want %q", c.Ambient, c.Inheritable, tc.want)
+			}
+		})
+	}
+}
+
+func TestRefuseUnsupported(t *testing.T) {
+	for name, mutate := range map[string]func(in *Input){
+		"cdi":     func(in *Input) { in.Config.CDIDevices = []*runtime.CDIDevice{{Name: "vendor.com/gpu=0"}} },
+		"windows": func(in *Input) { in.Config.Windows = &runtime.WindowsContainerConfig{} },
+	} {
+		t.Run(name, func(t *testing.T) {
+			in := testInput(t)
+			mutate(&in)
+			_, err := Build(in)
+			wantErr(t, err, errInvalid)
+		})
+	}
+}
