@@ -211,6 +211,7 @@ func securityProfile(p *runtime.SecurityProfile, legacy string) (*runtime.Securi
 // some syscalls only to holders of a capability.
 func applySeccomp(in *Input, s *specs.Spec) error {
 	sc := in.Config.GetLinux().GetSecurityContext()
+	//lint:ignore SA1019 the deprecated field is still sent by older kubelets and critest
 	p, err := securityProfile(sc.GetSeccomp(), sc.GetSeccompProfilePath())
 	if err != nil {
 		return fmt.Errorf("seccomp: %w", err)
@@ -252,6 +253,7 @@ func applySeccomp(in *Input, s *specs.Spec) error {
 // would need the module is refused.
 func applyLSM(in *Input, s *specs.Spec) error {
 	sc := in.Config.GetLinux().GetSecurityContext()
+	//lint:ignore SA1019 the deprecated field is still sent by older kubelets and critest
 	aa, err := securityProfile(sc.GetApparmor(), sc.GetApparmorProfile())
 	if err != nil {
 		return fmt.Errorf("apparmor: %w", err)

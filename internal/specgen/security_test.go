@@ -147,6 +147,7 @@ func TestSeccomp(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			in := testInput(t)
+			//lint:ignore SA1019 the deprecated field is still sent by older kubelets and critest
 			sc(&in).Seccomp, sc(&in).SeccompProfilePath = tc.profile, tc.legacy
 			s, err := Build(in)
 			wantErr(t, err, tc.err)
@@ -229,6 +230,7 @@ func TestLSM(t *testing.T) {
 			in.Logger = slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
 			in.Host.AppArmor, in.Host.SELinux = tc.aaOn, tc.seOn
 			c := sc(&in)
+			//lint:ignore SA1019 the deprecated field is still sent by older kubelets and critest
 			c.Apparmor, c.ApparmorProfile, c.SelinuxOptions, c.Privileged = tc.apparmor, tc.legacy, tc.selinux, tc.privileged
 			s := &specs.Spec{Process: &specs.Process{}, Linux: &specs.Linux{}}
 			err := applyLSM(&in, s)
