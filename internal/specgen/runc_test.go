@@ -103,6 +103,12 @@ func TestRuncRunsBuiltSpec(t *testing.T) {
 		// root keeps its effective set; a non-root exec without ambient
 		// caps ends with none.
 		effective bool
+		// extra runs after the status dump; wantLines must appear in the output.
+		extra      string
+		mounts     func(dir string) []*runtime.Mount
+		devices    []*runtime.Device
+		privileged bool
+		wantLines  []string
 	}{
 		{
 			name: "image user with groups and default seccomp",
@@ -129,6 +135,22 @@ func TestRuncRunsBuiltSpec(t *testing.T) {
 			wantID:    "uid=0(root) gid=0(root) groups=0(root)",
 			effective: true,
 		},
+		{
+			name: "privileged with read-only bind mount and device",
+			security: &runtime.LinuxContainerSecurityContext{
+				Privileged:       true,
+				NamespaceOptions: &runtime.NamespaceOption{Network: runtime.NamespaceMode_NODE, Ipc: runtime.NamespaceMode_NODE, Pid: runtime.NamespaceMode_CONTAINER},
+			},
+			mounts: func(dir string) []*runtime.Mount {
+				return []*runtime.Mount{{ContainerPath: "/data", HostPath: filepath.Join(dir, "vol"), Readonly: true}}
+			},
+			devices:    []*runtime.Device{{HostPath: "/dev/null", ContainerPath: "/dev/mynull", Permissions: "rw"}},
+			privileged: true,
+			extra:      `test -c /dev/mynull && echo DEV-OK; test -d /data && (touch /data/f 2>/dev/null || echo RO-OK)`,
+			wantID:     "uid=0(root) gid=0(root) groups=0(root)",
+			effective:  true,
+			wantLines:  []string{"DEV-OK", "RO-OK"},
+		},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			tmp := t.TempDir()
@@ -148,12 +170,14 @@ func TestRuncRunsBuiltSpec(t *testing.T) {
 				ContainerID: id,
 				Config: &runtime.ContainerConfig{
 					Metadata: &runtime.ContainerMetadata{Name: "runc"},
-					Command:  []string{"/bin/sh", "-c", "id; cat /proc/self/status"},
+					Command:  []string{"/bin/sh", "-c", "id; cat /proc/self/status; " + tc.extra},
 					Linux:    &runtime.LinuxContainerConfig{SecurityContext: tc.security},
+					Devices:  tc.devices,
 				},
 				SandboxConfig: &runtime.PodSandboxConfig{
 					Metadata: &runtime.PodSandboxMetadata{Name: "pod"},
 					Linux: &runtime.LinuxPodSandboxConfig{SecurityContext: &runtime.LinuxSandboxSecurityContext{
+						Privileged:       tc.privileged,
 						NamespaceOptions: &runtime.NamespaceOption{Network: runtime.NamespaceMode_NODE, Ipc: runtime.NamespaceMode_NODE},
 					}},
 				},
@@ -164,6 +188,9 @@ func TestRuncRunsBuiltSpec(t *testing.T) {
 				OOMScoreAdjFloor: floor,
 				Rlimits:          []specs.POSIXRlimit{{Type: "RLIMIT_NOFILE", Soft: 1 << 40, Hard: 1 << 40}},
 				Host:             host,
+			}
+			if tc.mounts != nil {
+				in.Config.Mounts = tc.mounts(tmp)
 			}
 			s, err := Build(in)
 			if err != nil {
@@ -232,6 +259,11 @@ func TestRuncRunsBuiltSpec(t *testing.T) {
 			}
 			if got := field("NoNewPrivs"); got != wantNNP {
 				t.Errorf("NoNewPrivs = %s, want %s", got, wantNNP)
+			}
+			for _, l := range tc.wantLines {
+				if !strings.Contains(out, "\n"+l+"\n") {
+					t.Errorf("no line %q in output:\n%s", l, out)
+				}
 			}
 		})
 	}

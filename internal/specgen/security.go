@@ -123,7 +123,7 @@ func capabilities(c *runtime.Capability, all []string) ([]string, error) {
 	}
 	for _, a := range add {
 		if !slices.Contains(all, a) {
-			return nil, invalid("capability %s is not supported by this kernel", a)
+			return nil, invalid("capability %s: berthd does not hold it (or the kernel lacks it), so it cannot grant it", a)
 		}
 		if !slices.Contains(set, a) {
 			set = append(set, a)
