@@ -134,6 +134,13 @@ func criMounts(in *Input) ([]criMount, error) {
 	return out, nil
 }
 
+// extraBindOptions are the CRI mount_options berth passes on: per-mount
+// flags that are safe on a bind mount.
+var extraBindOptions = []string{
+	"noexec", "exec", "nodev", "dev", "nosuid", "suid",
+	"noatime", "atime", "nodiratime", "diratime", "relatime", "norelatime", "strictatime", "nostrictatime",
+}
+
 // bindMount turns one CRI mount into a bind mount, creating a missing host
 // path as a directory (kubelet expects it) and checking that the host
 // mount allows the requested propagation.
@@ -183,6 +190,13 @@ func bindMount(in *Input, m *runtime.Mount) (criMount, error) {
 		opts = append(opts, "ro")
 	default:
 		opts = append(opts, "rw")
+	}
+
+	for _, o := range m.GetMountOptions() {
+		if !slices.Contains(extraBindOptions, o) {
+			return criMount{}, invalid("mount option %q is not one of %q", o, extraBindOptions)
+		}
+		opts = append(opts, o)
 	}
 
 	if _, err := os.Stat(src); errors.Is(err, os.ErrNotExist) {

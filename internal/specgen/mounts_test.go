@@ -135,6 +135,12 @@ func TestApplyMounts(t *testing.T) {
 		{name: "idmapped refused", mounts: func(h string) []*runtime.Mount {
 			return []*runtime.Mount{{ContainerPath: "/data", HostPath: h, UidMappings: []*runtime.IDMapping{{Length: 1}}}}
 		}, err: errInvalid},
+		{name: "mount options", mounts: func(h string) []*runtime.Mount {
+			return []*runtime.Mount{{ContainerPath: "/data", HostPath: h, MountOptions: []string{"noexec", "nosuid"}}}
+		}, checks: []check{hasOpts("/data", "rbind", "noexec", "nosuid")}},
+		{name: "unsafe mount option", mounts: func(h string) []*runtime.Mount {
+			return []*runtime.Mount{{ContainerPath: "/data", HostPath: h, MountOptions: []string{"remount"}}}
+		}, err: errInvalid},
 		{name: "duplicate destination", mounts: func(h string) []*runtime.Mount {
 			return []*runtime.Mount{{ContainerPath: "/d", HostPath: h}, {ContainerPath: "/d/", HostPath: h}}
 		}, err: errInvalid},

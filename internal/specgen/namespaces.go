@@ -1,6 +1,7 @@
 package specgen
 
 import (
+	"slices"
 	"strings"
 
 	specs "github.com/opencontainers/runtime-spec/specs-go"
@@ -105,16 +106,18 @@ func applySysctls(in *Input, s *specs.Spec) error {
 	}
 	out := make(map[string]string, len(sysctls))
 	for k, v := range sysctls {
-		key := strings.ReplaceAll(k, "/", ".")
+		key := sysctlDots(k)
 		var need specs.LinuxNamespaceType
 		switch {
 		case strings.HasPrefix(key, "net."):
 			need = specs.NetworkNamespace
-		case strings.HasPrefix(key, "fs.mqueue.") || strings.HasPrefix(key, "kernel.msg") ||
-			strings.HasPrefix(key, "kernel.shm") || key == "kernel.sem" || key == "kernel.shm_rmid_forced":
+		case strings.HasPrefix(key, "fs.mqueue.") || slices.Contains(ipcSysctls, key):
 			need = specs.IPCNamespace
-		case key == "kernel.hostname" || key == "kernel.domainname":
+		case key == "kernel.domainname":
 			need = specs.UTSNamespace
+		case key == "kernel.hostname":
+			// runc refuses it: the spec's hostname field (the pod's) owns it.
+			return invalid("sysctl kernel.hostname conflicts with the pod hostname")
 		default:
 			return invalid("sysctl %q is not namespaced", k)
 		}
@@ -125,4 +128,27 @@ func applySysctls(in *Input, s *specs.Spec) error {
 	}
 	s.Linux.Sysctl = out
 	return nil
+}
+
+// ipcSysctls are the IPC-namespaced sysctls runc accepts (besides fs.mqueue.*).
+var ipcSysctls = []string{
+	"kernel.msgmax", "kernel.msgmnb", "kernel.msgmni", "kernel.sem",
+	"kernel.shmall", "kernel.shmmax", "kernel.shmmni", "kernel.shm_rmid_forced",
+}
+
+// sysctlDots turns a slash-separated name (net/ipv4/conf/eth0.100/x) into
+// the dotted form, swapping its dots for slashes, as runc and kubelet do.
+func sysctlDots(k string) string {
+	if i := strings.IndexAny(k, "./"); i < 0 || k[i] == '.' {
+		return k
+	}
+	return strings.Map(func(r rune) rune {
+		switch r {
+		case '/':
+			return '.'
+		case '.':
+			return '/'
+		}
+		return r
+	}, k)
 }
