@@ -63,7 +63,17 @@ func (s *Store) Pull(ctx context.Context, ref string, auth *Auth) (*Image, error
 		return nil, err
 	}
 	return s.pulls.Do(ctx, n.String()+"|"+auth.key(), func(ctx context.Context) (*Image, error) {
-		return s.pull(ctx, n, auth)
+		img, err := s.pull(ctx, n, auth)
+		if err != nil {
+			// Blobs and layers of a failed pull are garbage now (unless
+			// another image or pull uses them).
+			s.mu.Lock()
+			if gcErr := s.gc(); gcErr != nil {
+				s.log.Warn("clean up after failed pull", "image", n.String(), "error", gcErr)
+			}
+			s.mu.Unlock()
+		}
+		return img, err
 	})
 }
 

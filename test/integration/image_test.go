@@ -431,6 +431,14 @@ func TestImagePullDeadlineExceeded(t *testing.T) {
 	if imgs := listImages(t, d); len(imgs) != 0 {
 		t.Fatalf("timed-out pulls left images: %v", imgs)
 	}
+	// The abandoned pull is cancelled and cleans up after itself.
+	deadline := time.Now().Add(20 * time.Second)
+	for len(dirEntries(t, d, "blobs/sha256"))+len(dirEntries(t, d, "ingest")) != 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("garbage left after timed-out pulls: blobs %v ingest %v", dirEntries(t, d, "blobs/sha256"), dirEntries(t, d, "ingest"))
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
 }
 
 func TestImageStatusUserPinnedAndVerboseConfig(t *testing.T) {
