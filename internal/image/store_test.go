@@ -5,7 +5,9 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/google/go-containerregistry/pkg/compression"
@@ -161,5 +163,64 @@ func TestPullZstdAndUncompressedLayers(t *testing.T) {
 	}
 	if _, err := os.Stat(filepath.Join(lower[1], "bin", "busybox")); err != nil {
 		t.Fatalf("uncompressed layer: %v", err)
+	}
+}
+
+func TestConcurrentPullsRemovesAndLeases(t *testing.T) {
+	requireRoot(t)
+	reg := testimages.StartRegistry(t)
+	reg.PushStandard(t)
+	s, err := Open(Options{Root: filepath.Join(t.TempDir(), "images")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	refs := []string{reg.Ref(testimages.BusyboxRef), reg.Ref(testimages.UserRef), reg.Ref(testimages.MultiLayerRef)}
+	var wg sync.WaitGroup
+	errs := make(chan error, 100)
+	for i := 0; i < 30; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			ref := refs[i%len(refs)]
+			switch i % 5 {
+			case 3:
+				errs <- s.Remove(ref)
+			case 4:
+				owner := "c" + strconv.Itoa(i)
+				if _, _, err := s.Acquire(ctx, ref, owner); err == nil {
+					errs <- s.Release(owner)
+				}
+			default:
+				_, err := s.Pull(ctx, ref, nil)
+				errs <- err
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Whatever survived is complete: every image's layers are on disk.
+	for _, img := range s.List() {
+		for _, c := range img.ChainIDs {
+			if _, err := os.Stat(s.LayerDiffDir(c)); err != nil {
+				t.Fatalf("image %s lost layer %s: %v", img.ID, c, err)
+			}
+		}
+	}
+	for _, ref := range refs {
+		if err := s.Remove(ref); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, sub := range []string{"blobs/sha256", "layers", "leases", "records"} {
+		es, _ := os.ReadDir(filepath.Join(s.Dir(), sub))
+		if len(es) != 0 {
+			t.Fatalf("%s not empty after removing everything: %d entries", sub, len(es))
+		}
 	}
 }
