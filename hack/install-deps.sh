@@ -5,7 +5,7 @@
 # Nothing is installed when everything is present, so it is cheap to call.
 set -euo pipefail
 
-want=(runc:runc iptables:iptables)
+want=(runc:runc iptables:iptables ip:iproute2)
 cni_plugins=containernetworking-plugins
 [ "${1:-run}" = test ] && want+=(busybox:busybox-static)
 
