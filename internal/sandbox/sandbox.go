@@ -67,7 +67,15 @@ type Options struct {
 	// executable, then in PATH, when a pod first needs it.
 	PauseBinary string
 	Logger      *slog.Logger
+	// TestFaults honours the pod annotation testCrashAnnotation: berthd
+	// exits at the named step, as a crash would. For crash-recovery tests
+	// only (berthd sets it from BERTHD_TEST_FAULTS=1).
+	TestFaults bool
 }
+
+// testCrashAnnotation names the RunPodSandbox step at which a daemon with
+// TestFaults exits: "after-namespaces" or "after-cni-add".
+const testCrashAnnotation = "berth.test/crash-at"
 
 // Store holds every sandbox. The store lock guards only the maps; each
 // sandbox has its own lock, held across its slow steps (CNI), so pods
@@ -429,12 +437,14 @@ func (s *Store) Run(ctx context.Context, cfg *runtime.PodSandboxConfig, handler 
 			return nil, err
 		}
 	}
+	s.crashPoint(cfg, "after-namespaces")
 	if r.attachment != nil {
 		if err := s.opts.Network.Attach(ctx, s.netPod(r), r.attachment); err != nil {
 			return nil, err
 		}
 		r.fillFromAttachment()
 	}
+	s.crashPoint(cfg, "after-cni-add")
 	r.sb.State = runtime.PodSandboxState_SANDBOX_READY
 	if err := s.persist(r); err != nil {
 		return nil, err
@@ -445,6 +455,13 @@ func (s *Store) Run(ctx context.Context, cfg *runtime.PodSandboxConfig, handler 
 	s.mu.Unlock()
 	log.Info("sandbox ready", "ip", r.sb.IP, "handler", handler, "cgroup", cgroup)
 	return r.snapshot(), nil
+}
+
+func (s *Store) crashPoint(cfg *runtime.PodSandboxConfig, point string) {
+	if s.opts.TestFaults && cfg.GetAnnotations()[testCrashAnnotation] == point {
+		s.log.Warn("test fault: exiting mid-RunPodSandbox", "point", point)
+		os.Exit(70)
+	}
 }
 
 func contains(list []string, s string) bool {

@@ -735,3 +735,42 @@ func TestSandboxConcurrentRuns(t *testing.T) {
 		t.Fatalf("%d sandboxes left", len(resp.Items))
 	}
 }
+
+// berthd dying in the middle of RunPodSandbox (before and after CNI ADD)
+// leaves a NOTREADY sandbox after restart whose stop and remove release
+// everything, IP and iptables rules included.
+func TestSandboxCrashMidRunRecovers(t *testing.T) {
+	t.Parallel()
+	d := berthdtest.Start(t, berthdtest.Options{Env: []string{"BERTHD_TEST_FAULTS=1"}})
+	scope := leakcheck.ForDaemon(d)
+	warm := runPod(t, d, podConfig("warm"))
+	stopRemove(t, d, warm)
+	before := leakcheck.Take(t, scope)
+	for _, point := range []string{"after-namespaces", "after-cni-add"} {
+		cfg := podConfig("crash-" + point)
+		cfg.Annotations = map[string]string{"berth.test/crash-at": point}
+		cfg.PortMappings = []*criapi.PortMapping{{Protocol: criapi.Protocol_TCP, ContainerPort: 80, HostPort: int32(25000 + os.Getpid()%10000)}}
+		if _, err := d.Runtime.RunPodSandbox(ctxT(t), &criapi.RunPodSandboxRequest{Config: cfg}); err == nil {
+			t.Fatalf("%s: RunPodSandbox succeeded though berthd was to crash", point)
+		}
+		select {
+		case <-d.Exited():
+		case <-time.After(10 * time.Second):
+			t.Fatalf("%s: berthd did not exit", point)
+		}
+		d.Start()
+		d.WaitReady()
+		resp, err := d.Runtime.ListPodSandbox(ctxT(t), &criapi.ListPodSandboxRequest{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(resp.Items) != 1 || resp.Items[0].State != criapi.PodSandboxState_SANDBOX_NOTREADY || resp.Items[0].Metadata.Name != cfg.Metadata.Name {
+			t.Fatalf("%s: after restart want one NOTREADY sandbox, got %v", point, resp.Items)
+		}
+		// The name stays reserved until the half-made sandbox is removed.
+		_, err = d.Runtime.RunPodSandbox(ctxT(t), &criapi.RunPodSandboxRequest{Config: podConfig(cfg.Metadata.Name)})
+		wantCode(t, err, codes.AlreadyExists)
+		stopRemove(t, d, resp.Items[0].Id)
+		leakcheck.Check(t, before, leakcheck.Take(t, scope))
+	}
+}
