@@ -303,6 +303,15 @@ func (s *Store) Run(ctx context.Context, cfg *runtime.PodSandboxConfig, handler 
 			Protocol: strings.ToLower(pm.GetProtocol().String()), HostIP: pm.GetHostIp(),
 		})
 	}
+	hostname := cfg.GetHostname()
+	if hostname == "" {
+		// The kubelet always sets one; others get the pod name, cut to
+		// the kernel's limit as the kubelet does.
+		hostname = strings.TrimRight(truncate(md.GetName(), 63), "-.")
+	}
+	if len(hostname) > 64 {
+		return nil, fmt.Errorf("hostname %q is longer than 64 bytes: %w", hostname, errdefs.ErrInvalidArgument)
+	}
 	var pauseBin string
 	if podPID {
 		if pauseBin, err = s.pauseBinary(); err != nil {
@@ -387,13 +396,10 @@ func (s *Store) Run(ctx context.Context, cfg *runtime.PodSandboxConfig, handler 
 		return nil, err
 	}
 
-	hostname := cfg.GetHostname()
 	if hostNet {
 		if hostname, err = os.Hostname(); err != nil {
 			return nil, fmt.Errorf("read host name: %w", err)
 		}
-	} else if hostname == "" {
-		hostname = md.GetName()
 	}
 	hosts, err := hostsContent(hostNet)
 	if err != nil {
@@ -462,6 +468,13 @@ func (s *Store) crashPoint(cfg *runtime.PodSandboxConfig, point string) {
 		s.log.Warn("test fault: exiting mid-RunPodSandbox", "point", point)
 		os.Exit(70)
 	}
+}
+
+func truncate(s string, n int) string {
+	if len(s) > n {
+		return s[:n]
+	}
+	return s
 }
 
 func contains(list []string, s string) bool {

@@ -341,7 +341,7 @@ func TestSandboxSysctls(t *testing.T) {
 	t.Parallel()
 	d := berthdtest.Start(t, berthdtest.Options{})
 	cfg := podConfig("sysctl")
-	cfg.Linux.Sysctls = map[string]string{"net.ipv4.ip_unprivileged_port_start": "77", "kernel.shm_rmid_forced": "1"}
+	cfg.Linux.Sysctls = map[string]string{"net.ipv4.ip_unprivileged_port_start": "77", "kernel.shm_rmid_forced": "1", "fs.mqueue.msg_max": "100"}
 	id := runPod(t, d, cfg)
 	_, info := podStatus(t, d, id)
 	var got string
@@ -363,6 +363,14 @@ func TestSandboxSysctls(t *testing.T) {
 	})
 	if err != nil || got != "1" {
 		t.Fatalf("pod IPC sysctl = %q (%v), want 1", got, err)
+	}
+	err = inNamespace(t, info.IPCNSPath, unix.CLONE_NEWIPC, func() error {
+		b, err := os.ReadFile("/proc/sys/fs/mqueue/msg_max")
+		got = strings.TrimSpace(string(b))
+		return err
+	})
+	if err != nil || got != "100" {
+		t.Fatalf("pod mqueue sysctl = %q (%v), want 100", got, err)
 	}
 	stopRemove(t, d, id)
 
