@@ -373,7 +373,7 @@ func (s *Store) Run(ctx context.Context, cfg *runtime.PodSandboxConfig, handler 
 	// From here on, teardown knows every path and removes whatever exists.
 	defer func() {
 		if retErr != nil {
-			if err := s.teardown(context.WithoutCancel(ctx), r, log); err != nil {
+			if err := s.teardown(context.WithoutCancel(ctx), r, true); err != nil {
 				log.Error("undo failed sandbox", "err", err)
 			}
 			if err := os.RemoveAll(dir); err != nil {
@@ -504,17 +504,23 @@ func (s *Store) persist(r *record) error {
 
 // teardown releases what a sandbox holds on the node, except its cgroup,
 // files and checkpoint: CNI attachment, pause process, namespace pins and
-// /dev/shm. Every step tolerates already-undone state.
-func (s *Store) teardown(ctx context.Context, r *record, log *slog.Logger) error {
+// /dev/shm. Every step tolerates already-undone state. When CNI DEL fails
+// it stops there (keeping the netns so a retry can finish DEL), unless
+// force is set: a failed Run must not keep anything.
+func (s *Store) teardown(ctx context.Context, r *record, force bool) error {
+	var errs []error
 	if r.attachment != nil {
 		if err := s.opts.Network.Detach(ctx, s.netPod(r), r.attachment); err != nil {
-			return err
+			if !force {
+				return err
+			}
+			errs = append(errs, err)
+		} else {
+			r.attachment = nil
+			r.fillFromAttachment()
 		}
-		r.attachment = nil
-		r.fillFromAttachment()
 	}
 	stopPause(r.pausePID, r.pauseStart)
-	var errs []error
 	for _, p := range []string{r.sb.NetNSPath, r.sb.IPCNSPath, r.sb.UTSNSPath} {
 		if err := unpin(p); err != nil {
 			errs = append(errs, err)
@@ -545,7 +551,7 @@ func (s *Store) Stop(ctx context.Context, id string) error {
 
 func (s *Store) stopLocked(ctx context.Context, r *record) error {
 	log := s.log.With("pod", r.sb.ID)
-	err := s.teardown(ctx, r, log)
+	err := s.teardown(ctx, r, false)
 	// Whatever got released is recorded, even on partial failure.
 	if err == nil {
 		r.sb.State = runtime.PodSandboxState_SANDBOX_NOTREADY
