@@ -14,6 +14,7 @@ import (
 
 	"golang.org/x/sys/unix"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 	criapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/berthcri/berth/internal/testutil/berthdtest"
@@ -742,6 +743,31 @@ func TestSandboxConcurrentRuns(t *testing.T) {
 	if len(resp.Items) != 0 {
 		t.Fatalf("%d sandboxes left", len(resp.Items))
 	}
+
+	// The same pod requested n times at once: exactly one wins.
+	won := make(chan string, n)
+	for i := 0; i < n; i++ {
+		go func() {
+			resp, err := d.Runtime.RunPodSandbox(ctxT(t), &criapi.RunPodSandboxRequest{Config: podConfig("same")})
+			if err == nil {
+				won <- resp.PodSandboxId
+			} else if status.Code(err) != codes.AlreadyExists {
+				won <- "error: " + err.Error()
+			} else {
+				won <- ""
+			}
+		}()
+	}
+	var winners []string
+	for i := 0; i < n; i++ {
+		if id := <-won; id != "" {
+			winners = append(winners, id)
+		}
+	}
+	if len(winners) != 1 || strings.HasPrefix(winners[0], "error: ") {
+		t.Fatalf("concurrent runs of one pod: winners %v, want exactly one", winners)
+	}
+	stopRemove(t, d, winners[0])
 }
 
 // berthd dying in the middle of RunPodSandbox (before and after CNI ADD)
