@@ -101,6 +101,7 @@ func New(ctx context.Context, cfg *config.Config, version string, log *slog.Logg
 		CgroupParent: cfg.CgroupParent, CgroupDriver: cfg.CgroupDriver,
 		RuntimeHandlers: handlers, DefaultRuntimeHandler: cfg.DefaultRuntimeHandler,
 		Network: netw, Logger: log,
+		TestFaults: os.Getenv("BERTHD_TEST_FAULTS") == "1",
 	})
 	if err != nil {
 		return nil, err

@@ -67,7 +67,15 @@ type Options struct {
 	// executable, then in PATH, when a pod first needs it.
 	PauseBinary string
 	Logger      *slog.Logger
+	// TestFaults honours the pod annotation testCrashAnnotation: berthd
+	// exits at the named step, as a crash would. For crash-recovery tests
+	// only (berthd sets it from BERTHD_TEST_FAULTS=1).
+	TestFaults bool
 }
+
+// testCrashAnnotation names the RunPodSandbox step at which a daemon with
+// TestFaults exits: "after-namespaces" or "after-cni-add".
+const testCrashAnnotation = "berth.test/crash-at"
 
 // Store holds every sandbox. The store lock guards only the maps; each
 // sandbox has its own lock, held across its slow steps (CNI), so pods
@@ -295,6 +303,15 @@ func (s *Store) Run(ctx context.Context, cfg *runtime.PodSandboxConfig, handler 
 			Protocol: strings.ToLower(pm.GetProtocol().String()), HostIP: pm.GetHostIp(),
 		})
 	}
+	hostname := cfg.GetHostname()
+	if hostname == "" {
+		// The kubelet always sets one; others get the pod name, cut to
+		// the kernel's limit as the kubelet does.
+		hostname = strings.TrimRight(truncate(md.GetName(), 63), "-.")
+	}
+	if len(hostname) > 64 {
+		return nil, fmt.Errorf("hostname %q is longer than 64 bytes: %w", hostname, errdefs.ErrInvalidArgument)
+	}
 	var pauseBin string
 	if podPID {
 		if pauseBin, err = s.pauseBinary(); err != nil {
@@ -356,7 +373,7 @@ func (s *Store) Run(ctx context.Context, cfg *runtime.PodSandboxConfig, handler 
 	// From here on, teardown knows every path and removes whatever exists.
 	defer func() {
 		if retErr != nil {
-			if err := s.teardown(context.WithoutCancel(ctx), r, log); err != nil {
+			if err := s.teardown(context.WithoutCancel(ctx), r, true); err != nil {
 				log.Error("undo failed sandbox", "err", err)
 			}
 			if err := os.RemoveAll(dir); err != nil {
@@ -379,13 +396,10 @@ func (s *Store) Run(ctx context.Context, cfg *runtime.PodSandboxConfig, handler 
 		return nil, err
 	}
 
-	hostname := cfg.GetHostname()
 	if hostNet {
 		if hostname, err = os.Hostname(); err != nil {
 			return nil, fmt.Errorf("read host name: %w", err)
 		}
-	} else if hostname == "" {
-		hostname = md.GetName()
 	}
 	hosts, err := hostsContent(hostNet)
 	if err != nil {
@@ -429,12 +443,14 @@ func (s *Store) Run(ctx context.Context, cfg *runtime.PodSandboxConfig, handler 
 			return nil, err
 		}
 	}
+	s.crashPoint(cfg, "after-namespaces")
 	if r.attachment != nil {
 		if err := s.opts.Network.Attach(ctx, s.netPod(r), r.attachment); err != nil {
 			return nil, err
 		}
 		r.fillFromAttachment()
 	}
+	s.crashPoint(cfg, "after-cni-add")
 	r.sb.State = runtime.PodSandboxState_SANDBOX_READY
 	if err := s.persist(r); err != nil {
 		return nil, err
@@ -445,6 +461,20 @@ func (s *Store) Run(ctx context.Context, cfg *runtime.PodSandboxConfig, handler 
 	s.mu.Unlock()
 	log.Info("sandbox ready", "ip", r.sb.IP, "handler", handler, "cgroup", cgroup)
 	return r.snapshot(), nil
+}
+
+func (s *Store) crashPoint(cfg *runtime.PodSandboxConfig, point string) {
+	if s.opts.TestFaults && cfg.GetAnnotations()[testCrashAnnotation] == point {
+		s.log.Warn("test fault: exiting mid-RunPodSandbox", "point", point)
+		os.Exit(70)
+	}
+}
+
+func truncate(s string, n int) string {
+	if len(s) > n {
+		return s[:n]
+	}
+	return s
 }
 
 func contains(list []string, s string) bool {
@@ -474,17 +504,23 @@ func (s *Store) persist(r *record) error {
 
 // teardown releases what a sandbox holds on the node, except its cgroup,
 // files and checkpoint: CNI attachment, pause process, namespace pins and
-// /dev/shm. Every step tolerates already-undone state.
-func (s *Store) teardown(ctx context.Context, r *record, log *slog.Logger) error {
+// /dev/shm. Every step tolerates already-undone state. When CNI DEL fails
+// it stops there (keeping the netns so a retry can finish DEL), unless
+// force is set: a failed Run must not keep anything.
+func (s *Store) teardown(ctx context.Context, r *record, force bool) error {
+	var errs []error
 	if r.attachment != nil {
 		if err := s.opts.Network.Detach(ctx, s.netPod(r), r.attachment); err != nil {
-			return err
+			if !force {
+				return err
+			}
+			errs = append(errs, err)
+		} else {
+			r.attachment = nil
+			r.fillFromAttachment()
 		}
-		r.attachment = nil
-		r.fillFromAttachment()
 	}
 	stopPause(r.pausePID, r.pauseStart)
-	var errs []error
 	for _, p := range []string{r.sb.NetNSPath, r.sb.IPCNSPath, r.sb.UTSNSPath} {
 		if err := unpin(p); err != nil {
 			errs = append(errs, err)
@@ -515,7 +551,7 @@ func (s *Store) Stop(ctx context.Context, id string) error {
 
 func (s *Store) stopLocked(ctx context.Context, r *record) error {
 	log := s.log.With("pod", r.sb.ID)
-	err := s.teardown(ctx, r, log)
+	err := s.teardown(ctx, r, false)
 	// Whatever got released is recorded, even on partial failure.
 	if err == nil {
 		r.sb.State = runtime.PodSandboxState_SANDBOX_NOTREADY

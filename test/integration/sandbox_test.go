@@ -14,6 +14,7 @@ import (
 
 	"golang.org/x/sys/unix"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 	criapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/berthcri/berth/internal/testutil/berthdtest"
@@ -341,7 +342,7 @@ func TestSandboxSysctls(t *testing.T) {
 	t.Parallel()
 	d := berthdtest.Start(t, berthdtest.Options{})
 	cfg := podConfig("sysctl")
-	cfg.Linux.Sysctls = map[string]string{"net.ipv4.ip_unprivileged_port_start": "77", "kernel.shm_rmid_forced": "1"}
+	cfg.Linux.Sysctls = map[string]string{"net.ipv4.ip_unprivileged_port_start": "77", "kernel.shm_rmid_forced": "1", "fs.mqueue.msg_max": "100"}
 	id := runPod(t, d, cfg)
 	_, info := podStatus(t, d, id)
 	var got string
@@ -363,6 +364,14 @@ func TestSandboxSysctls(t *testing.T) {
 	})
 	if err != nil || got != "1" {
 		t.Fatalf("pod IPC sysctl = %q (%v), want 1", got, err)
+	}
+	err = inNamespace(t, info.IPCNSPath, unix.CLONE_NEWIPC, func() error {
+		b, err := os.ReadFile("/proc/sys/fs/mqueue/msg_max")
+		got = strings.TrimSpace(string(b))
+		return err
+	})
+	if err != nil || got != "100" {
+		t.Fatalf("pod mqueue sysctl = %q (%v), want 100", got, err)
 	}
 	stopRemove(t, d, id)
 
@@ -733,5 +742,69 @@ func TestSandboxConcurrentRuns(t *testing.T) {
 	resp, _ := d.Runtime.ListPodSandbox(ctxT(t), &criapi.ListPodSandboxRequest{})
 	if len(resp.Items) != 0 {
 		t.Fatalf("%d sandboxes left", len(resp.Items))
+	}
+
+	// The same pod requested n times at once: exactly one wins.
+	won := make(chan string, n)
+	for i := 0; i < n; i++ {
+		go func() {
+			resp, err := d.Runtime.RunPodSandbox(ctxT(t), &criapi.RunPodSandboxRequest{Config: podConfig("same")})
+			if err == nil {
+				won <- resp.PodSandboxId
+			} else if status.Code(err) != codes.AlreadyExists {
+				won <- "error: " + err.Error()
+			} else {
+				won <- ""
+			}
+		}()
+	}
+	var winners []string
+	for i := 0; i < n; i++ {
+		if id := <-won; id != "" {
+			winners = append(winners, id)
+		}
+	}
+	if len(winners) != 1 || strings.HasPrefix(winners[0], "error: ") {
+		t.Fatalf("concurrent runs of one pod: winners %v, want exactly one", winners)
+	}
+	stopRemove(t, d, winners[0])
+}
+
+// berthd dying in the middle of RunPodSandbox (before and after CNI ADD)
+// leaves a NOTREADY sandbox after restart whose stop and remove release
+// everything, IP and iptables rules included.
+func TestSandboxCrashMidRunRecovers(t *testing.T) {
+	t.Parallel()
+	d := berthdtest.Start(t, berthdtest.Options{Env: []string{"BERTHD_TEST_FAULTS=1"}})
+	scope := leakcheck.ForDaemon(d)
+	warm := runPod(t, d, podConfig("warm"))
+	stopRemove(t, d, warm)
+	before := leakcheck.Take(t, scope)
+	for _, point := range []string{"after-namespaces", "after-cni-add"} {
+		cfg := podConfig("crash-" + point)
+		cfg.Annotations = map[string]string{"berth.test/crash-at": point}
+		cfg.PortMappings = []*criapi.PortMapping{{Protocol: criapi.Protocol_TCP, ContainerPort: 80, HostPort: int32(25000 + os.Getpid()%10000)}}
+		if _, err := d.Runtime.RunPodSandbox(ctxT(t), &criapi.RunPodSandboxRequest{Config: cfg}); err == nil {
+			t.Fatalf("%s: RunPodSandbox succeeded though berthd was to crash", point)
+		}
+		select {
+		case <-d.Exited():
+		case <-time.After(10 * time.Second):
+			t.Fatalf("%s: berthd did not exit", point)
+		}
+		d.Start()
+		d.WaitReady()
+		resp, err := d.Runtime.ListPodSandbox(ctxT(t), &criapi.ListPodSandboxRequest{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(resp.Items) != 1 || resp.Items[0].State != criapi.PodSandboxState_SANDBOX_NOTREADY || resp.Items[0].Metadata.Name != cfg.Metadata.Name {
+			t.Fatalf("%s: after restart want one NOTREADY sandbox, got %v", point, resp.Items)
+		}
+		// The name stays reserved until the half-made sandbox is removed.
+		_, err = d.Runtime.RunPodSandbox(ctxT(t), &criapi.RunPodSandboxRequest{Config: podConfig(cfg.Metadata.Name)})
+		wantCode(t, err, codes.AlreadyExists)
+		stopRemove(t, d, resp.Items[0].Id)
+		leakcheck.Check(t, before, leakcheck.Take(t, scope))
 	}
 }
