@@ -122,7 +122,7 @@ func (r *Runtime) Create(ctx context.Context, id string, o CreateOpts) error {
 	args = append(args, id)
 	_ = os.Remove(logPath)
 	if err := r.run(ctx, args, o.Stdin, o.Stdout, o.Stderr); err != nil {
-		if msg := lastLogError(logPath); msg != "" {
+		if msg := lastLogError(logPath); msg != "" && !strings.Contains(err.Error(), msg) {
 			return fmt.Errorf("%w: %s", err, msg)
 		}
 		return err

@@ -296,7 +296,14 @@ func (s *Server) create(req *Request) (retErr error) {
 		defer func() { ln.Close(); os.Remove(sock) }()
 		consoleCh = make(chan consoleResult, 1)
 		go func() { consoleCh <- receiveConsole(ln) }()
-		opts.ConsoleSocket = sock
+		// The runtime dials this path itself: keep it short through our
+		// /proc fd link to the directory.
+		d, err := os.Open(s.dir)
+		if err != nil {
+			return fmt.Errorf("console socket: %w", err)
+		}
+		defer d.Close()
+		opts.ConsoleSocket = fmt.Sprintf("/proc/%d/fd/%d/%s", os.Getpid(), d.Fd(), filepath.Base(sock))
 	} else {
 		for _, name := range []string{"stdout", "stderr"} {
 			r, w, err := os.Pipe()
