@@ -12,6 +12,7 @@ import (
 	runtime "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/berthcri/berth/internal/config"
+	"github.com/berthcri/berth/internal/events"
 )
 
 // Service implements runtime.v1.RuntimeService and runtime.v1.ImageService.
@@ -22,6 +23,8 @@ type Service struct {
 	cfg     *config.Config
 	version string
 	log     *slog.Logger
+	events  *events.Broker
+	addrs   Addresses
 
 	// podCIDR is what the kubelet last sent through UpdateRuntimeConfig.
 	mu      sync.Mutex
@@ -33,6 +36,15 @@ type Options struct {
 	Config  *config.Config
 	Version string
 	Logger  *slog.Logger
+	Events  *events.Broker
+	// Addresses are where the side servers actually listen.
+	Addresses Addresses
+}
+
+// Addresses of berthd's side servers, resolved (port 0 replaced).
+type Addresses struct {
+	Streaming string
+	Metrics   string // "" when off
 }
 
 // New builds the CRI service over the daemon's components.
@@ -41,7 +53,11 @@ func New(opts Options) *Service {
 	if log == nil {
 		log = slog.Default()
 	}
-	return &Service{cfg: opts.Config, version: opts.Version, log: log}
+	ev := opts.Events
+	if ev == nil {
+		ev = events.NewBroker()
+	}
+	return &Service{cfg: opts.Config, version: opts.Version, log: log, events: ev, addrs: opts.Addresses}
 }
 
 // Register attaches both CRI services to a gRPC server.

@@ -53,8 +53,10 @@ func (s *Service) statusInfo() (map[string]string, error) {
 	podCIDR := s.podCIDR
 	s.mu.Unlock()
 	return map[string]string{
-		"config":  string(cfgJSON),
-		"podCIDR": podCIDR,
-		"version": s.version,
+		"config":           string(cfgJSON),
+		"podCIDR":          podCIDR,
+		"version":          s.version,
+		"streamingAddress": s.addrs.Streaming,
+		"metricsAddress":   s.addrs.Metrics,
 	}, nil
 }

@@ -17,6 +17,9 @@ import (
 
 	"github.com/berthcri/berth/internal/config"
 	"github.com/berthcri/berth/internal/cri"
+	"github.com/berthcri/berth/internal/events"
+	"github.com/berthcri/berth/internal/metrics"
+	"github.com/berthcri/berth/internal/streaming"
 )
 
 // shutdownGrace bounds how long in-flight RPCs may run after SIGTERM.
@@ -30,6 +33,8 @@ type Daemon struct {
 	lock     *os.File
 	listener net.Listener
 	grpc     *grpc.Server
+	stream   *streaming.Server
+	metrics  *metrics.Server // nil when --metrics-address is empty
 }
 
 // New takes the root lock, prepares directories and the socket, and builds
@@ -58,10 +63,31 @@ func New(ctx context.Context, cfg *config.Config, version string, log *slog.Logg
 	}
 	d.listener = ln
 
-	svc := cri.New(cri.Options{Config: cfg, Version: version, Logger: log})
+	m := metrics.New()
+	if cfg.MetricsAddress != "" {
+		if d.metrics, err = m.Listen(cfg.MetricsAddress); err != nil {
+			return nil, err
+		}
+	}
+	// Exec and attach need containers, port-forward needs pods: until those
+	// components exist the streaming server answers with an error.
+	if d.stream, err = streaming.New(cfg.StreamingAddress, nil, nil, nil, log); err != nil {
+		return nil, err
+	}
+
+	svc := cri.New(cri.Options{
+		Config:  cfg,
+		Version: version,
+		Logger:  log,
+		Events:  events.NewBroker(),
+		Addresses: cri.Addresses{
+			Streaming: d.stream.Addr(),
+			Metrics:   metricsAddr(d.metrics),
+		},
+	})
 	d.grpc = grpc.NewServer(
-		grpc.ChainUnaryInterceptor(unaryLogger(log)),
-		grpc.ChainStreamInterceptor(streamLogger(log)),
+		grpc.ChainUnaryInterceptor(m.UnaryInterceptor(), unaryLogger(log)),
+		grpc.ChainStreamInterceptor(m.StreamInterceptor(), streamLogger(log)),
 	)
 	svc.Register(d.grpc)
 	return d, nil
@@ -73,7 +99,20 @@ func New(ctx context.Context, cfg *config.Config, version string, log *slog.Logg
 func (d *Daemon) Serve(ctx context.Context) error {
 	errc := make(chan error, 1)
 	go func() { errc <- d.grpc.Serve(d.listener) }()
-	d.log.Info("berthd serving", "listen", d.cfg.Listen, "root", d.cfg.Root, "state", d.cfg.State, "version", d.version)
+	go func() {
+		if err := d.stream.Serve(); err != nil {
+			d.log.Error("streaming server failed", "error", err)
+		}
+	}()
+	if d.metrics != nil {
+		go func() {
+			if err := d.metrics.Serve(); err != nil {
+				d.log.Error("metrics server failed", "error", err)
+			}
+		}()
+	}
+	d.log.Info("berthd serving", "listen", d.cfg.Listen, "root", d.cfg.Root, "state", d.cfg.State,
+		"streaming", d.stream.Addr(), "metrics", metricsAddr(d.metrics), "version", d.version)
 
 	var serveErr error
 	select {
@@ -99,6 +138,12 @@ func (d *Daemon) Serve(ctx context.Context) error {
 }
 
 func (d *Daemon) close() {
+	if d.stream != nil {
+		d.stream.Close()
+	}
+	if d.metrics != nil {
+		d.metrics.Close()
+	}
 	if d.listener != nil {
 		d.listener.Close()
 		os.Remove(d.cfg.SocketPath())
@@ -128,6 +173,13 @@ func lockRoot(root string) (*os.File, error) {
 		fmt.Fprintf(f, "%d\n", os.Getpid())
 	}
 	return f, nil
+}
+
+func metricsAddr(s *metrics.Server) string {
+	if s == nil {
+		return ""
+	}
+	return s.Addr()
 }
 
 func trimPID(b []byte) string {

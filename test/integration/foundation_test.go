@@ -266,14 +266,6 @@ func TestUnbuiltRPCsReturnUnimplemented(t *testing.T) {
 		"PullImage":   func() error { _, err := d.Image.PullImage(ctx, &criapi.PullImageRequest{}); return err },
 		"RemoveImage": func() error { _, err := d.Image.RemoveImage(ctx, &criapi.RemoveImageRequest{}); return err },
 		"ImageFsInfo": func() error { _, err := d.Image.ImageFsInfo(ctx, &criapi.ImageFsInfoRequest{}); return err },
-		"GetContainerEvents": func() error {
-			stream, err := d.Runtime.GetContainerEvents(ctx, &criapi.GetEventsRequest{})
-			if err != nil {
-				return err
-			}
-			_, err = stream.Recv()
-			return err
-		},
 	}
 	for name, call := range calls {
 		t.Run(name, func(t *testing.T) {
