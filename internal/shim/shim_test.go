@@ -11,7 +11,6 @@ import (
 	"path/filepath"
 	"regexp"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -21,74 +20,8 @@ import (
 	"github.com/berthcri/berth/internal/errdefs"
 	"github.com/berthcri/berth/internal/shim"
 	"github.com/berthcri/berth/internal/testutil/berthdtest"
-	"github.com/berthcri/berth/internal/testutil/testimages"
+	"github.com/berthcri/berth/internal/testutil/bundletest"
 )
-
-var (
-	shimOnce sync.Once
-	shimBin  string
-	shimErr  error
-)
-
-func shimBinary(t *testing.T) string {
-	t.Helper()
-	if dir := os.Getenv("BERTH_BIN_DIR"); dir != "" {
-		return filepath.Join(dir, "berth-shim")
-	}
-	shimOnce.Do(func() {
-		dir, err := os.MkdirTemp("", "berth-shim-bin-")
-		if err != nil {
-			shimErr = err
-			return
-		}
-		shimBin, shimErr = berthdtest.BuildCommand(dir, "berth-shim")
-	})
-	if shimErr != nil {
-		t.Fatalf("build berth-shim: %v", shimErr)
-	}
-	return shimBin
-}
-
-// writeRootfs writes the busybox base files into dir.
-func writeRootfs(t *testing.T, dir string) {
-	t.Helper()
-	files, err := testimages.BaseFiles()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, f := range files {
-		p := filepath.Join(dir, f.Name)
-		switch {
-		case f.Dir:
-			mode := os.FileMode(f.Mode)
-			if mode == 0 {
-				mode = 0o755
-			}
-			if err := os.MkdirAll(p, mode); err != nil {
-				t.Fatal(err)
-			}
-			if err := os.Chmod(p, mode|os.FileMode(f.Mode&0o1000)<<0); err != nil {
-				t.Fatal(err)
-			}
-			if f.Mode&0o1000 != 0 {
-				_ = os.Chmod(p, os.ModeSticky|mode.Perm())
-			}
-			_ = os.Chown(p, f.UID, f.GID)
-		case f.Symlink != "":
-			if err := os.Symlink(f.Symlink, p); err != nil {
-				t.Fatal(err)
-			}
-		default:
-			mode := os.FileMode(f.Mode)
-			if mode == 0 {
-				mode = 0o644
-			}
-			if err := os.WriteFile(p, f.Data, mode); err != nil {
-				t.Fatal(err)
-			}
-		}
-	}
-}
 
 // fixture is a shim with a directory for bundles.
 type fixture struct {
@@ -122,8 +55,8 @@ func newFixture(t *testing.T) *fixture {
 			t.Errorf("cleanup: %v", err)
 		}
 	})
-	writeRootfs(t, f.rootfs)
-	client, err := shim.Launch(context.Background(), shimBinary(t), filepath.Join(dir, "shims", strings.Repeat("p", 64)), "pod1")
+	bundletest.WriteRootfs(t, f.rootfs)
+	client, err := shim.Launch(context.Background(), bundletest.ShimBinary(t), filepath.Join(dir, "shims", strings.Repeat("p", 64)), "pod1")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -138,34 +71,9 @@ func (f *fixture) bundle(id string, args []string, edit func(*specs.Spec)) strin
 	if err := os.MkdirAll(b, 0o700); err != nil {
 		f.t.Fatal(err)
 	}
-	caps := []string{"CAP_CHOWN", "CAP_DAC_OVERRIDE", "CAP_FOWNER", "CAP_KILL", "CAP_SETGID", "CAP_SETUID", "CAP_NET_BIND_SERVICE"}
-	spec := &specs.Spec{
-		Version: specs.Version,
-		Process: &specs.Process{
-			Args: args,
-			Env:  []string{"PATH=/bin"},
-			Cwd:  "/",
-			Capabilities: &specs.LinuxCapabilities{
-				Bounding: caps, Effective: caps, Permitted: caps,
-			},
-			NoNewPrivileges: true,
-		},
-		Root:     &specs.Root{Path: f.rootfs, Readonly: true},
-		Hostname: "shimtest",
-		Mounts: []specs.Mount{
-			{Destination: "/proc", Type: "proc", Source: "proc"},
-			{Destination: "/dev", Type: "tmpfs", Source: "tmpfs", Options: []string{"nosuid", "strictatime", "mode=755", "size=65536k"}},
-			{Destination: "/dev/pts", Type: "devpts", Source: "devpts", Options: []string{"nosuid", "noexec", "newinstance", "ptmxmode=0666", "mode=0620"}},
-			{Destination: "/tmp", Type: "tmpfs", Source: "tmpfs", Options: []string{"nosuid", "nodev"}},
-		},
-		Linux: &specs.Linux{
-			CgroupsPath: "/" + f.cgroup + "/" + id,
-			Namespaces: []specs.LinuxNamespace{
-				{Type: specs.PIDNamespace}, {Type: specs.MountNamespace}, {Type: specs.IPCNamespace},
-				{Type: specs.UTSNamespace}, {Type: specs.NetworkNamespace},
-			},
-		},
-	}
+	spec := bundletest.Spec(f.rootfs, f.cgroup, id, args)
+	spec.Root.Readonly = true
+	spec.Mounts = append(spec.Mounts, specs.Mount{Destination: "/tmp", Type: "tmpfs", Source: "tmpfs", Options: []string{"nosuid", "nodev"}})
 	if edit != nil {
 		edit(spec)
 	}
