@@ -382,13 +382,16 @@ func (s *Store) Start(ctx context.Context, id string) (*Container, error) {
 	if r.State != StateCreated {
 		return nil, fmt.Errorf("container %s is %s, not created: %w", r.ID, r.State, errdefs.ErrFailedPrecondition)
 	}
+	// Taken before the start: a quick process can finish before it returns.
+	startedAt := time.Now().UTC()
 	if _, err := s.shimClient(r.PodID).Start(ctx, r.ID); err != nil {
 		// A failed start leaves the container exited, as in containerd.
 		r.State, r.FinishedAt, r.ExitCode, r.Reason, r.Message = StateExited, time.Now().UTC(), 128, ReasonStart, err.Error()
 		_ = saveRecord(s.dir(r.ID), r)
 		return nil, fmt.Errorf("start container %s: %w", r.ID, err)
 	}
-	r.State, r.StartedAt = StateRunning, time.Now().UTC()
+	r.State, r.StartedAt = StateRunning, startedAt
+	s.refresh(e) // it may be done already
 	if err := saveRecord(s.dir(r.ID), r); err != nil {
 		return nil, err
 	}

@@ -10,6 +10,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"runtime/debug"
 	"strconv"
 	"strings"
 	"sync"
@@ -38,6 +39,8 @@ type Server struct {
 	ln      *net.UnixListener
 	closing bool
 	done    chan struct{}
+
+	trim *time.Timer // returns freed heap to the kernel once things settle
 }
 
 // container is one container the shim holds.
@@ -121,12 +124,28 @@ func (s *Server) serveConn(conn net.Conn) {
 		if err := writeMessage(conn, resp); err != nil {
 			return
 		}
+		s.scheduleTrim()
 		if exit {
 			// Give the delete's response a moment to leave, then go.
 			close(s.done)
 			return
 		}
 	}
+}
+
+// trimDelay is how long after the last request the shim gives its free
+// heap back: an idle shim should hold only what it uses (PSS is the cost
+// per pod), and a burst of requests should not pay for a GC each.
+const trimDelay = 500 * time.Millisecond
+
+func (s *Server) scheduleTrim() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.trim == nil {
+		s.trim = time.AfterFunc(trimDelay, debug.FreeOSMemory)
+		return
+	}
+	s.trim.Reset(trimDelay)
 }
 
 func errResponse(err error) *Response {

@@ -110,7 +110,7 @@ func ShimBinary(t testing.TB) string {
 			shimErr = err
 			return
 		}
-		shimBin, shimErr = berthdtest.BuildCommand(dir, "berth-shim")
+		shimBin, shimErr = berthdtest.BuildShim(dir)
 	})
 	if shimErr != nil {
 		t.Fatalf("build berth-shim: %v", shimErr)
