@@ -13,6 +13,7 @@ import (
 
 	"github.com/berthcri/berth/internal/config"
 	"github.com/berthcri/berth/internal/events"
+	"github.com/berthcri/berth/internal/image"
 )
 
 // Service implements runtime.v1.RuntimeService and runtime.v1.ImageService.
@@ -25,6 +26,7 @@ type Service struct {
 	log     *slog.Logger
 	events  *events.Broker
 	addrs   Addresses
+	images  *image.Store
 
 	// podCIDR is what the kubelet last sent through UpdateRuntimeConfig.
 	mu      sync.Mutex
@@ -37,6 +39,7 @@ type Options struct {
 	Version string
 	Logger  *slog.Logger
 	Events  *events.Broker
+	Images  *image.Store
 	// Addresses are where the side servers actually listen.
 	Addresses Addresses
 }
@@ -57,7 +60,7 @@ func New(opts Options) *Service {
 	if ev == nil {
 		ev = events.NewBroker()
 	}
-	return &Service{cfg: opts.Config, version: opts.Version, log: log, events: ev, addrs: opts.Addresses}
+	return &Service{cfg: opts.Config, version: opts.Version, log: log, events: ev, addrs: opts.Addresses, images: opts.Images}
 }
 
 // Register attaches both CRI services to a gRPC server.

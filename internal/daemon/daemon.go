@@ -18,6 +18,7 @@ import (
 	"github.com/berthcri/berth/internal/config"
 	"github.com/berthcri/berth/internal/cri"
 	"github.com/berthcri/berth/internal/events"
+	"github.com/berthcri/berth/internal/image"
 	"github.com/berthcri/berth/internal/metrics"
 	"github.com/berthcri/berth/internal/streaming"
 )
@@ -63,6 +64,16 @@ func New(ctx context.Context, cfg *config.Config, version string, log *slog.Logg
 	}
 	d.listener = ln
 
+	images, err := image.Open(image.Options{
+		Root:              filepath.Join(cfg.Root, "images"),
+		RegistryConfigDir: cfg.RegistryConfigDir,
+		PinnedImages:      cfg.PinnedImages,
+		Logger:            log.With("component", "image"),
+	})
+	if err != nil {
+		return nil, fmt.Errorf("open image store: %w", err)
+	}
+
 	m := metrics.New()
 	if cfg.MetricsAddress != "" {
 		if d.metrics, err = m.Listen(cfg.MetricsAddress); err != nil {
@@ -80,6 +91,7 @@ func New(ctx context.Context, cfg *config.Config, version string, log *slog.Logg
 		Version: version,
 		Logger:  log,
 		Events:  events.NewBroker(),
+		Images:  images,
 		Addresses: cri.Addresses{
 			Streaming: d.stream.Addr(),
 			Metrics:   metricsAddr(d.metrics),

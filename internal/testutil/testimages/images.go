@@ -239,3 +239,41 @@ func Must(t testing.TB, img v1.Image, err error) v1.Image {
 	}
 	return img
 }
+
+// OtherArch is the architecture MultiArch's decoy image claims: one that is
+// never this machine's.
+func OtherArch() string {
+	if runtime.GOARCH == "s390x" {
+		return "ppc64le"
+	}
+	return "s390x"
+}
+
+// MultiArch is an OCI image index with a decoy image for linux/OtherArch()
+// first and the busybox image for linux/GOARCH second. It returns the index
+// and the native image.
+func MultiArch() (v1.ImageIndex, v1.Image, error) {
+	native, err := build(nil, v1.Config{Cmd: []string{"sh"}, Env: []string{"PATH=/bin", "ARCH=native"}})
+	if err != nil {
+		return nil, nil, err
+	}
+	decoy, err := build(nil, v1.Config{Cmd: []string{"sh"}, Env: []string{"PATH=/bin", "ARCH=decoy"}})
+	if err != nil {
+		return nil, nil, err
+	}
+	cf, err := decoy.ConfigFile()
+	if err != nil {
+		return nil, nil, err
+	}
+	cf = cf.DeepCopy()
+	cf.Architecture = OtherArch()
+	if decoy, err = mutate.ConfigFile(decoy, cf); err != nil {
+		return nil, nil, err
+	}
+	idx := mutate.IndexMediaType(empty.Index, types.OCIImageIndex)
+	idx = mutate.AppendManifests(idx,
+		mutate.IndexAddendum{Add: decoy, Descriptor: v1.Descriptor{Platform: &v1.Platform{OS: "linux", Architecture: OtherArch()}}},
+		mutate.IndexAddendum{Add: native, Descriptor: v1.Descriptor{Platform: &v1.Platform{OS: "linux", Architecture: runtime.GOARCH}}},
+	)
+	return idx, native, nil
+}

@@ -27,6 +27,52 @@ type Registry struct {
 
 	mu         sync.Mutex
 	blobFetchs map[string]int // digest → GET count
+	holds      map[string]*BlobHold
+}
+
+// BlobHold stalls downloads of one blob: the registry sends the first half
+// of the blob, then waits until Release (or the client goes away).
+type BlobHold struct {
+	// Arrived is closed when the first request for the blob is stalled.
+	Arrived chan struct{}
+	release chan struct{}
+	once    sync.Once
+	relOnce sync.Once
+}
+
+// Release lets stalled and future downloads of the blob finish.
+func (h *BlobHold) Release() { h.relOnce.Do(func() { close(h.release) }) }
+
+// HoldBlob stalls every download of the blob with this digest halfway until
+// the returned hold is released (at the latest when the test ends).
+func (r *Registry) HoldBlob(t testing.TB, digest string) *BlobHold {
+	h := &BlobHold{Arrived: make(chan struct{}), release: make(chan struct{})}
+	r.mu.Lock()
+	r.holds[digest] = h
+	r.mu.Unlock()
+	t.Cleanup(h.Release)
+	return h
+}
+
+func (r *Registry) serveHeld(h *BlobHold, inner http.Handler, w http.ResponseWriter, req *http.Request) {
+	rec := httptest.NewRecorder()
+	inner.ServeHTTP(rec, req)
+	body := rec.Body.Bytes()
+	for k, v := range rec.Header() {
+		w.Header()[k] = v
+	}
+	w.WriteHeader(rec.Code)
+	half := len(body) / 2
+	_, _ = w.Write(body[:half])
+	if f, ok := w.(http.Flusher); ok {
+		f.Flush()
+	}
+	h.once.Do(func() { close(h.Arrived) })
+	select {
+	case <-h.release:
+		_, _ = w.Write(body[half:])
+	case <-req.Context().Done():
+	}
 }
 
 // Option configures a Registry.
@@ -40,7 +86,7 @@ func WithBasicAuth(user, password string) Option {
 // StartRegistry serves an empty registry until the test ends.
 func StartRegistry(t testing.TB, opts ...Option) *Registry {
 	t.Helper()
-	r := &Registry{blobFetchs: map[string]int{}}
+	r := &Registry{blobFetchs: map[string]int{}, holds: map[string]*BlobHold{}}
 	for _, o := range opts {
 		o(r)
 	}
@@ -58,7 +104,12 @@ func StartRegistry(t testing.TB, opts ...Option) *Registry {
 			dgst := req.URL.Path[strings.LastIndex(req.URL.Path, "/")+1:]
 			r.mu.Lock()
 			r.blobFetchs[dgst]++
+			h := r.holds[dgst]
 			r.mu.Unlock()
+			if h != nil {
+				r.serveHeld(h, inner, w, req)
+				return
+			}
 		}
 		inner.ServeHTTP(w, req)
 	}))

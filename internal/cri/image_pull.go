@@ -1,0 +1,30 @@
+package cri
+
+import (
+	"context"
+
+	runtime "k8s.io/cri-api/pkg/apis/runtime/v1"
+
+	"github.com/berthcri/berth/internal/image"
+)
+
+// PullImage pulls an image for linux/GOARCH and returns its ID (the config
+// digest). The request's deadline bounds the pull.
+func (s *Service) PullImage(ctx context.Context, req *runtime.PullImageRequest) (*runtime.PullImageResponse, error) {
+	ref := req.GetImage().GetImage()
+	if ref == "" {
+		return nil, invalidArgument("PullImage: image reference is required")
+	}
+	var auth *image.Auth
+	if a := req.GetAuth(); a != nil {
+		auth = &image.Auth{
+			Username: a.Username, Password: a.Password, Auth: a.Auth,
+			IdentityToken: a.IdentityToken, RegistryToken: a.RegistryToken,
+		}
+	}
+	img, err := s.images.Pull(ctx, ref, auth)
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	return &runtime.PullImageResponse{ImageRef: img.ID}, nil
+}

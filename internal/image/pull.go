@@ -1,0 +1,454 @@
+package image
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"runtime"
+	"slices"
+	"strings"
+
+	"github.com/google/go-containerregistry/pkg/authn"
+	"github.com/google/go-containerregistry/pkg/name"
+	v1 "github.com/google/go-containerregistry/pkg/v1"
+	"github.com/google/go-containerregistry/pkg/v1/remote"
+	"github.com/google/go-containerregistry/pkg/v1/remote/transport"
+	"github.com/google/go-containerregistry/pkg/v1/types"
+	ocispecv1 "github.com/opencontainers/image-spec/specs-go/v1"
+
+	"github.com/berthcri/berth/internal/errdefs"
+)
+
+// Auth is registry credentials, as the CRI AuthConfig carries them.
+type Auth struct {
+	Username      string
+	Password      string
+	Auth          string // base64 "user:password"
+	IdentityToken string
+	RegistryToken string
+}
+
+func (a *Auth) authenticator() authn.Authenticator {
+	if a == nil || *a == (Auth{}) {
+		return authn.Anonymous
+	}
+	return authn.FromConfig(authn.AuthConfig{
+		Username: a.Username, Password: a.Password, Auth: a.Auth,
+		IdentityToken: a.IdentityToken, RegistryToken: a.RegistryToken,
+	})
+}
+
+func (a *Auth) key() string {
+	if a == nil {
+		return ""
+	}
+	h := sha256.Sum256([]byte(a.Username + "\x00" + a.Password + "\x00" + a.Auth + "\x00" + a.IdentityToken + "\x00" + a.RegistryToken))
+	return hex.EncodeToString(h[:8])
+}
+
+// Pull fetches ref (normalized: busybox → docker.io/library/busybox:latest)
+// for linux/GOARCH through the configured mirrors, then the upstream, and
+// stores it. Concurrent pulls of one reference share one download. Nothing
+// is visible until the image record is written last.
+func (s *Store) Pull(ctx context.Context, ref string, auth *Auth) (*Image, error) {
+	n, err := ParseReference(ref)
+	if err != nil {
+		return nil, err
+	}
+	return s.pulls.Do(ctx, n.String()+"|"+auth.key(), func(ctx context.Context) (*Image, error) {
+		return s.pull(ctx, n, auth)
+	})
+}
+
+func (s *Store) pull(ctx context.Context, n Named, auth *Auth) (*Image, error) {
+	eps, err := endpoints(s.hostsDir, n.Domain)
+	if err != nil {
+		return nil, err
+	}
+	var errs []error
+	for _, ep := range eps {
+		if !ep.pull || (n.Digest == "" && !ep.resolve) {
+			continue
+		}
+		img, err := s.pullFrom(ctx, ep, n, auth)
+		if err == nil {
+			s.log.Info("image pulled", "image", n.String(), "id", img.ID, "from", ep.String())
+			return img, nil
+		}
+		if ctxErr := ctx.Err(); ctxErr != nil {
+			return nil, fmt.Errorf("pull %s: %w", n, ctxErr)
+		}
+		s.log.Warn("pull from endpoint failed", "image", n.String(), "endpoint", ep.String(), "error", err)
+		errs = append(errs, fmt.Errorf("%s: %w", ep, err))
+	}
+	if len(errs) == 0 {
+		return nil, fmt.Errorf("pull %s: no registry host may pull it: %w", n, errdefs.ErrFailedPrecondition)
+	}
+	return nil, fmt.Errorf("pull %s: %w", n, errors.Join(errs...))
+}
+
+func (s *Store) pullFrom(ctx context.Context, ep endpoint, n Named, auth *Auth) (*Image, error) {
+	tr, err := ep.transport()
+	if err != nil {
+		return nil, err
+	}
+	var regOpts []name.Option
+	if ep.scheme == "http" {
+		regOpts = append(regOpts, name.Insecure)
+	}
+	reg, err := name.NewRegistry(ep.host, regOpts...)
+	if err != nil {
+		return nil, fmt.Errorf("registry %s: %w", ep.host, errdefs.ErrInvalidArgument)
+	}
+	repo := reg.Repo(n.Path)
+	var gref name.Reference = repo.Tag(n.Tag)
+	if n.Digest != "" {
+		gref = repo.Digest(n.Digest)
+	}
+	opts := []remote.Option{
+		remote.WithContext(ctx),
+		remote.WithTransport(tr),
+		remote.WithAuth(auth.authenticator()),
+		remote.WithPlatform(v1.Platform{OS: "linux", Architecture: runtime.GOARCH}),
+	}
+	desc, err := remote.Get(gref, opts...)
+	if err != nil {
+		return nil, classify(err)
+	}
+	var img v1.Image
+	if desc.MediaType.IsIndex() {
+		idx, err := desc.ImageIndex()
+		if err != nil {
+			return nil, classify(err)
+		}
+		im, err := idx.IndexManifest()
+		if err != nil {
+			return nil, classify(err)
+		}
+		chosen, err := pickManifest(im)
+		if err != nil {
+			return nil, err
+		}
+		if img, err = idx.Image(chosen.Digest); err != nil {
+			return nil, classify(err)
+		}
+	} else if img, err = desc.Image(); err != nil {
+		return nil, classify(err)
+	}
+	var names []string
+	if n.Digest == "" {
+		names = append(names, n.TagRef())
+	}
+	names = append(names, n.Repo()+"@"+desc.Digest.String())
+	return s.commit(ctx, img, names)
+}
+
+// pickManifest chooses linux/GOARCH from an index, or its only manifest.
+func pickManifest(im *v1.IndexManifest) (v1.Descriptor, error) {
+	var candidates []v1.Descriptor
+	for _, m := range im.Manifests {
+		if !m.MediaType.IsImage() {
+			continue
+		}
+		if p := m.Platform; p != nil && p.OS == "linux" && p.Architecture == runtime.GOARCH {
+			if runtime.GOARCH != "arm64" || p.Variant == "" || p.Variant == "v8" {
+				return m, nil
+			}
+		}
+		candidates = append(candidates, m)
+	}
+	if len(candidates) == 1 && (candidates[0].Platform == nil || candidates[0].Platform.OS == "" || candidates[0].Platform.OS == "linux") {
+		return candidates[0], nil
+	}
+	return v1.Descriptor{}, fmt.Errorf("no manifest for linux/%s in the image index: %w", runtime.GOARCH, errdefs.ErrNotFound)
+}
+
+// classify maps registry errors to error kinds.
+func classify(err error) error {
+	var terr *transport.Error
+	if errors.As(err, &terr) {
+		switch terr.StatusCode {
+		case http.StatusUnauthorized, http.StatusForbidden:
+			return fmt.Errorf("%w: %w", errdefs.ErrUnauthenticated, err)
+		case http.StatusNotFound:
+			return fmt.Errorf("%w: %w", errdefs.ErrNotFound, err)
+		}
+	}
+	return err
+}
+
+// commit stores img's blobs and layers and then its record under names
+// (repo:tag and repo@digest strings). Used by pulls and imports.
+func (s *Store) commit(ctx context.Context, img v1.Image, names []string) (*Image, error) {
+	manifest, err := img.RawManifest()
+	if err != nil {
+		return nil, classify(fmt.Errorf("read manifest: %w", err))
+	}
+	mdigest, err := img.Digest()
+	if err != nil {
+		return nil, fmt.Errorf("manifest digest: %w", err)
+	}
+	cfgRaw, err := img.RawConfigFile()
+	if err != nil {
+		return nil, classify(fmt.Errorf("read config: %w", err))
+	}
+	cdigest, err := img.ConfigName()
+	if err != nil {
+		return nil, fmt.Errorf("config digest: %w", err)
+	}
+	var cfg ocispecv1.Image
+	if err := json.Unmarshal(cfgRaw, &cfg); err != nil {
+		return nil, fmt.Errorf("parse image config: %w: %w", err, errdefs.ErrInvalidArgument)
+	}
+	if cfg.OS != "" && cfg.OS != "linux" {
+		return nil, fmt.Errorf("image is for %s, not linux: %w", cfg.OS, errdefs.ErrFailedPrecondition)
+	}
+	layers, err := img.Layers()
+	if err != nil {
+		return nil, classify(fmt.Errorf("read layers: %w", err))
+	}
+	if len(layers) != len(cfg.RootFS.DiffIDs) {
+		return nil, fmt.Errorf("image has %d layers but its config %d diff IDs: %w", len(layers), len(cfg.RootFS.DiffIDs), errdefs.ErrInvalidArgument)
+	}
+	rec := &record{ID: cdigest.String(), ManifestDigest: mdigest.String(), ConfigDigest: cdigest.String(), config: &cfg}
+	rec.Size = uint64(len(cfgRaw))
+	keys := []string{mdigest.String(), cdigest.String()}
+	var chain string
+	for i, l := range layers {
+		d, err := l.Digest()
+		if err != nil {
+			return nil, classify(fmt.Errorf("layer %d digest: %w", i, err))
+		}
+		size, err := l.Size()
+		if err != nil {
+			return nil, classify(fmt.Errorf("layer %s size: %w", d, err))
+		}
+		mt, err := l.MediaType()
+		if err != nil {
+			return nil, fmt.Errorf("layer %s media type: %w", d, err)
+		}
+		diffID := cfg.RootFS.DiffIDs[i].String()
+		if i == 0 {
+			chain = diffID
+		} else {
+			sum := sha256.Sum256([]byte(chain + " " + diffID))
+			chain = "sha256:" + hex.EncodeToString(sum[:])
+		}
+		rec.Layers = append(rec.Layers, layerRecord{Digest: d.String(), MediaType: string(mt), Size: size, DiffID: diffID, ChainID: chain})
+		rec.Size += uint64(size)
+		keys = append(keys, d.String(), chain)
+	}
+
+	// Keep GC (a concurrent RemoveImage) off what this pull is writing.
+	s.hold(keys, 1)
+	defer s.hold(keys, -1)
+
+	if err := s.writeBlob(mdigest.String(), manifest); err != nil {
+		return nil, err
+	}
+	if err := s.writeBlob(cdigest.String(), cfgRaw); err != nil {
+		return nil, err
+	}
+	for i, l := range layers {
+		lr := rec.Layers[i]
+		if !types.MediaType(lr.MediaType).IsDistributable() {
+			return nil, fmt.Errorf("layer %s is non-distributable: %w", lr.Digest, errdefs.ErrFailedPrecondition)
+		}
+		if err := s.ensureBlob(ctx, lr.Digest, l.Compressed); err != nil {
+			return nil, classify(err)
+		}
+		if err := s.ensureLayer(ctx, lr); err != nil {
+			return nil, err
+		}
+	}
+	return s.register(rec, names)
+}
+
+func (s *Store) hold(keys []string, delta int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, k := range keys {
+		s.inflight[k] += delta
+		if s.inflight[k] <= 0 {
+			delete(s.inflight, k)
+		}
+	}
+}
+
+// register writes rec with names added, moving tags other images held.
+func (s *Store) register(rec *record, names []string) (*Image, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if old, ok := s.images[rec.ID]; ok {
+		rec.RepoTags = slices.Clone(old.RepoTags)
+		rec.RepoDigests = slices.Clone(old.RepoDigests)
+		rec.ManifestDigest, rec.Layers = old.ManifestDigest, old.Layers
+	}
+	var tags []string
+	for _, nm := range names {
+		if strings.Contains(nm, "@") {
+			if !slices.Contains(rec.RepoDigests, nm) {
+				rec.RepoDigests = append(rec.RepoDigests, nm)
+			}
+		} else {
+			tags = append(tags, nm)
+			if !slices.Contains(rec.RepoTags, nm) {
+				rec.RepoTags = append(rec.RepoTags, nm)
+			}
+		}
+	}
+	if err := s.writeRecord(rec); err != nil {
+		return nil, fmt.Errorf("write image record %s: %w", rec.ID, err)
+	}
+	s.images[rec.ID] = rec
+	for id, other := range s.images {
+		if id == rec.ID {
+			continue
+		}
+		kept := slices.DeleteFunc(slices.Clone(other.RepoTags), func(t string) bool { return slices.Contains(tags, t) })
+		if len(kept) != len(other.RepoTags) {
+			other.RepoTags = kept
+			if err := s.writeRecord(other); err != nil {
+				return nil, fmt.Errorf("untag image %s: %w", other.ID, err)
+			}
+		}
+	}
+	return s.toImage(rec), nil
+}
+
+func (s *Store) writeBlob(digest string, data []byte) error {
+	sum := sha256.Sum256(data)
+	if got := "sha256:" + hex.EncodeToString(sum[:]); got != digest {
+		return fmt.Errorf("blob %s: content has digest %s: %w", digest, got, errdefs.ErrInvalidArgument)
+	}
+	if _, err := os.Stat(s.blobPath(digest)); err == nil {
+		return nil
+	}
+	if err := writeFileAtomic(s.blobPath(digest), data); err != nil {
+		return fmt.Errorf("store blob %s: %w", digest, err)
+	}
+	return nil
+}
+
+// ensureBlob downloads a blob once (concurrent callers share the download)
+// into ingest/, verifies its digest and moves it into blobs/.
+func (s *Store) ensureBlob(ctx context.Context, digest string, open func() (io.ReadCloser, error)) error {
+	if _, err := os.Stat(s.blobPath(digest)); err == nil {
+		return nil
+	}
+	_, err := s.blobs.Do(ctx, digest, func(ctx context.Context) (struct{}, error) {
+		if _, err := os.Stat(s.blobPath(digest)); err == nil {
+			return struct{}{}, nil
+		}
+		rc, err := open()
+		if err != nil {
+			return struct{}{}, fmt.Errorf("fetch blob %s: %w", digest, err)
+		}
+		defer rc.Close()
+		tmp := s.path("ingest", "blob-"+strings.TrimPrefix(digest, "sha256:")+"-"+randomHex())
+		f, err := os.OpenFile(tmp, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o600)
+		if err != nil {
+			return struct{}{}, err
+		}
+		defer os.Remove(tmp)
+		h := sha256.New()
+		_, err = copyCtx(ctx, io.MultiWriter(f, h), rc)
+		if err == nil {
+			err = f.Sync()
+		}
+		if cerr := f.Close(); err == nil {
+			err = cerr
+		}
+		if err != nil {
+			return struct{}{}, fmt.Errorf("fetch blob %s: %w", digest, err)
+		}
+		if got := "sha256:" + hex.EncodeToString(h.Sum(nil)); got != digest {
+			return struct{}{}, fmt.Errorf("blob %s: downloaded content has digest %s: %w", digest, got, errdefs.ErrInvalidArgument)
+		}
+		if err := os.Rename(tmp, s.blobPath(digest)); err != nil {
+			return struct{}{}, fmt.Errorf("store blob %s: %w", digest, err)
+		}
+		return struct{}{}, nil
+	})
+	return err
+}
+
+// ensureLayer unpacks a stored layer blob once per chain ID: into ingest/
+// first, verified against its diff ID, then renamed into layers/.
+func (s *Store) ensureLayer(ctx context.Context, lr layerRecord) error {
+	if _, err := os.Stat(s.LayerDiffDir(lr.ChainID)); err == nil {
+		return nil
+	}
+	_, err := s.layers.Do(ctx, lr.ChainID, func(ctx context.Context) (struct{}, error) {
+		if _, err := os.Stat(s.LayerDiffDir(lr.ChainID)); err == nil {
+			return struct{}{}, nil
+		}
+		tmp := s.path("ingest", "layer-"+strings.TrimPrefix(lr.ChainID, "sha256:")+"-"+randomHex())
+		if err := os.MkdirAll(filepath.Join(tmp, "diff"), 0o755); err != nil {
+			return struct{}{}, err
+		}
+		done := false
+		defer func() {
+			if !done {
+				os.RemoveAll(tmp)
+			}
+		}()
+		if err := s.unpackBlob(ctx, lr, filepath.Join(tmp, "diff")); err != nil {
+			return struct{}{}, err
+		}
+		if err := syncDir(tmp); err != nil {
+			return struct{}{}, err
+		}
+		if err := os.Rename(tmp, s.layerDir(lr.ChainID)); err != nil {
+			return struct{}{}, fmt.Errorf("store layer %s: %w", lr.ChainID, err)
+		}
+		done = true
+		return struct{}{}, nil
+	})
+	return err
+}
+
+func (s *Store) unpackBlob(ctx context.Context, lr layerRecord, dir string) error {
+	f, err := os.Open(s.blobPath(lr.Digest))
+	if err != nil {
+		return fmt.Errorf("open layer blob %s: %w", lr.Digest, err)
+	}
+	defer f.Close()
+	rc, err := Decompress(&ctxReader{ctx: ctx, r: f})
+	if err != nil {
+		return fmt.Errorf("layer %s: %w", lr.Digest, err)
+	}
+	defer rc.Close()
+	h := sha256.New()
+	tee := io.TeeReader(rc, h)
+	if _, err := Unpack(tee, dir, lr.Digest, s.unpack); err != nil {
+		return err
+	}
+	// Tar padding after the end marker still counts for the diff ID.
+	if _, err := io.Copy(io.Discard, tee); err != nil {
+		return fmt.Errorf("layer %s: read: %w", lr.Digest, err)
+	}
+	if got := "sha256:" + hex.EncodeToString(h.Sum(nil)); got != lr.DiffID {
+		return fmt.Errorf("layer %s: uncompressed digest %s, config says %s: %w", lr.Digest, got, lr.DiffID, errdefs.ErrInvalidArgument)
+	}
+	return nil
+}
+
+type ctxReader struct {
+	ctx context.Context
+	r   io.Reader
+}
+
+func (c *ctxReader) Read(p []byte) (int, error) {
+	if err := c.ctx.Err(); err != nil {
+		return 0, err
+	}
+	return c.r.Read(p)
+}

@@ -1,0 +1,571 @@
+// Package image is berth's image store: registry pulls, content-addressed
+// blobs, image records, layers unpacked for overlayfs, and layer leases held
+// by containers.
+//
+// Layout under <root>/images/ (docs/decisions/0100-image-store-layout.md):
+//
+//	blobs/sha256/<hex>     manifests, configs, compressed layers, verified by digest
+//	records/<id-hex>.json  one image record (tags, digests, manifest, layers)
+//	layers/<chain-hex>/diff one unpacked layer, an overlayfs lower dir
+//	leases/<owner>.json    layers pinned by a container
+//	ingest/                downloads and unpacks in progress (emptied on start)
+package image
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"slices"
+	"sort"
+	"strings"
+	"sync"
+	"syscall"
+
+	ocispecv1 "github.com/opencontainers/image-spec/specs-go/v1"
+
+	"github.com/berthcri/berth/internal/errdefs"
+)
+
+const recordVersion = 1
+
+// Image is one image record.
+type Image struct {
+	ID          string   // "sha256:<hex of config digest>"
+	RepoTags    []string // docker.io/library/busybox:latest
+	RepoDigests []string // docker.io/library/busybox@sha256:<manifest or index digest>
+	Size        uint64
+	Config      *ocispecv1.Image
+	ChainIDs    []string // bottom layer first
+	Pinned      bool
+}
+
+// Options configure a Store.
+type Options struct {
+	// Root is the store directory, <berth root>/images.
+	Root string
+	// RegistryConfigDir holds containerd-style <host>/hosts.toml files.
+	RegistryConfigDir string
+	// PinnedImages are references reported pinned and never removed by GC.
+	PinnedImages []string
+	Unpack       UnpackOptions
+	Logger       *slog.Logger
+}
+
+// Store holds images on disk. It is safe for concurrent use.
+type Store struct {
+	dir      string
+	hostsDir string
+	unpack   UnpackOptions
+	log      *slog.Logger
+	pinned   []string
+
+	mu       sync.Mutex
+	images   map[string]*record // by ID
+	inflight map[string]int     // digests and chain IDs a running pull needs
+
+	pulls  flight[*Image]
+	blobs  flight[struct{}]
+	layers flight[struct{}]
+}
+
+// record is the on-disk image record.
+type record struct {
+	Version        int           `json:"version"`
+	ID             string        `json:"id"`
+	RepoTags       []string      `json:"repoTags"`
+	RepoDigests    []string      `json:"repoDigests"`
+	ManifestDigest string        `json:"manifestDigest"`
+	ConfigDigest   string        `json:"configDigest"`
+	Layers         []layerRecord `json:"layers"`
+	Size           uint64        `json:"size"`
+
+	config *ocispecv1.Image
+}
+
+type layerRecord struct {
+	Digest    string `json:"digest"`
+	MediaType string `json:"mediaType"`
+	Size      int64  `json:"size"`
+	DiffID    string `json:"diffID"`
+	ChainID   string `json:"chainID"`
+}
+
+type lease struct {
+	Version  int      `json:"version"`
+	Owner    string   `json:"owner"`
+	Image    string   `json:"image"`
+	ChainIDs []string `json:"chainIDs"`
+}
+
+// Open loads the store, throwing away what interrupted pulls left behind:
+// the ingest dir, half-unpacked layers, and blobs and layers no record or
+// lease refers to.
+func Open(opts Options) (*Store, error) {
+	log := opts.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	s := &Store{
+		dir:      opts.Root,
+		hostsDir: opts.RegistryConfigDir,
+		unpack:   opts.Unpack,
+		log:      log,
+		images:   map[string]*record{},
+		inflight: map[string]int{},
+	}
+	for _, p := range opts.PinnedImages {
+		if n, err := ParseReference(p); err == nil {
+			s.pinned = append(s.pinned, n.String())
+		} else {
+			s.pinned = append(s.pinned, p)
+		}
+	}
+	if err := os.RemoveAll(s.path("ingest")); err != nil {
+		return nil, fmt.Errorf("clean image ingest dir: %w", err)
+	}
+	for _, d := range []string{"blobs/sha256", "records", "layers", "leases", "ingest"} {
+		if err := os.MkdirAll(s.path(d), 0o700); err != nil {
+			return nil, fmt.Errorf("create image store dir: %w", err)
+		}
+	}
+	entries, err := os.ReadDir(s.path("records"))
+	if err != nil {
+		return nil, fmt.Errorf("read image records: %w", err)
+	}
+	for _, e := range entries {
+		p := s.path("records", e.Name())
+		if !strings.HasSuffix(e.Name(), ".json") {
+			os.Remove(p) // a temp file from an interrupted write
+			continue
+		}
+		rec, err := s.loadRecord(p)
+		if err != nil {
+			log.Warn("dropping unreadable image record", "path", p, "error", err)
+			os.Remove(p)
+			continue
+		}
+		s.images[rec.ID] = rec
+	}
+	if err := s.gc(); err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+// Dir is the store's directory (the image filesystem for ImageFsInfo).
+func (s *Store) Dir() string { return s.dir }
+
+func (s *Store) path(elem ...string) string {
+	return filepath.Join(append([]string{s.dir}, elem...)...)
+}
+
+func (s *Store) blobPath(digest string) string {
+	return s.path("blobs", "sha256", strings.TrimPrefix(digest, "sha256:"))
+}
+
+func (s *Store) layerDir(chainID string) string {
+	return s.path("layers", strings.TrimPrefix(chainID, "sha256:"))
+}
+
+// LayerDiffDir is the unpacked content of a layer, an overlayfs lower dir.
+func (s *Store) LayerDiffDir(chainID string) string {
+	return filepath.Join(s.layerDir(chainID), "diff")
+}
+
+func (s *Store) loadRecord(p string) (*record, error) {
+	data, err := os.ReadFile(p)
+	if err != nil {
+		return nil, err
+	}
+	var rec record
+	if err := json.Unmarshal(data, &rec); err != nil {
+		return nil, err
+	}
+	if rec.Version != recordVersion {
+		return nil, fmt.Errorf("record version %d, want %d", rec.Version, recordVersion)
+	}
+	cfgData, err := os.ReadFile(s.blobPath(rec.ConfigDigest))
+	if err != nil {
+		return nil, fmt.Errorf("config blob: %w", err)
+	}
+	var cfg ocispecv1.Image
+	if err := json.Unmarshal(cfgData, &cfg); err != nil {
+		return nil, fmt.Errorf("config blob: %w", err)
+	}
+	rec.config = &cfg
+	for _, l := range rec.Layers {
+		if _, err := os.Stat(s.LayerDiffDir(l.ChainID)); err != nil {
+			return nil, fmt.Errorf("layer %s: %w", l.ChainID, err)
+		}
+	}
+	return &rec, nil
+}
+
+func (s *Store) writeRecord(rec *record) error {
+	rec.Version = recordVersion
+	data, err := json.MarshalIndent(rec, "", "  ")
+	if err != nil {
+		return err
+	}
+	return writeFileAtomic(s.path("records", strings.TrimPrefix(rec.ID, "sha256:")+".json"), data)
+}
+
+// writeFileAtomic writes a temp file in the same dir, fsyncs it and renames
+// it over path, so readers see the old or the new file, never a mix.
+func writeFileAtomic(path string, data []byte) error {
+	tmp := path + ".tmp-" + randomHex()
+	f, err := os.OpenFile(tmp, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o600)
+	if err != nil {
+		return err
+	}
+	_, err = f.Write(data)
+	if err == nil {
+		err = f.Sync()
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = os.Rename(tmp, path)
+	}
+	if err != nil {
+		os.Remove(tmp)
+		return fmt.Errorf("write %s: %w", path, err)
+	}
+	return syncDir(filepath.Dir(path))
+}
+
+func syncDir(dir string) error {
+	d, err := os.Open(dir)
+	if err != nil {
+		return err
+	}
+	defer d.Close()
+	return d.Sync()
+}
+
+func randomHex() string {
+	b := make([]byte, 8)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
+}
+
+func (s *Store) toImage(rec *record) *Image {
+	img := &Image{
+		ID:          rec.ID,
+		RepoTags:    slices.Clone(rec.RepoTags),
+		RepoDigests: slices.Clone(rec.RepoDigests),
+		Size:        rec.Size,
+		Config:      rec.config,
+	}
+	for _, l := range rec.Layers {
+		img.ChainIDs = append(img.ChainIDs, l.ChainID)
+	}
+	for _, p := range s.pinned {
+		if p == rec.ID || slices.Contains(rec.RepoTags, p) || slices.Contains(rec.RepoDigests, p) {
+			img.Pinned = true
+		}
+	}
+	if img.RepoTags == nil {
+		img.RepoTags = []string{}
+	}
+	if img.RepoDigests == nil {
+		img.RepoDigests = []string{}
+	}
+	return img
+}
+
+// lookup finds a record by ID, unambiguous ID prefix, name:tag or
+// name@digest (short names normalized). Caller holds s.mu.
+func (s *Store) lookup(ref string) (*record, error) {
+	if ref == "" {
+		return nil, fmt.Errorf("empty image reference: %w", errdefs.ErrInvalidArgument)
+	}
+	if rec, ok := s.images[ref]; ok {
+		return rec, nil
+	}
+	if rec, ok := s.images["sha256:"+ref]; ok {
+		return rec, nil
+	}
+	if n, err := ParseReference(ref); err == nil {
+		for _, rec := range s.images {
+			if n.Digest != "" {
+				if slices.Contains(rec.RepoDigests, n.Repo()+"@"+n.Digest) {
+					return rec, nil
+				}
+			} else if slices.Contains(rec.RepoTags, n.TagRef()) {
+				return rec, nil
+			}
+		}
+	}
+	prefix := strings.TrimPrefix(ref, "sha256:")
+	if hexPattern.MatchString(prefix) {
+		var found *record
+		for id, rec := range s.images {
+			if strings.HasPrefix(strings.TrimPrefix(id, "sha256:"), prefix) {
+				if found != nil {
+					return nil, fmt.Errorf("image ID prefix %q is ambiguous: %w", ref, errdefs.ErrInvalidArgument)
+				}
+				found = rec
+			}
+		}
+		if found != nil {
+			return found, nil
+		}
+	}
+	return nil, fmt.Errorf("image %q: %w", ref, errdefs.ErrNotFound)
+}
+
+// Get returns the image ref names; errdefs.ErrNotFound when there is none.
+func (s *Store) Get(ref string) (*Image, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	rec, err := s.lookup(ref)
+	if err != nil {
+		return nil, err
+	}
+	return s.toImage(rec), nil
+}
+
+// List returns every image, ordered by ID.
+func (s *Store) List() []*Image {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := make([]*Image, 0, len(s.images))
+	for _, rec := range s.images {
+		out = append(out, s.toImage(rec))
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].ID < out[j].ID })
+	return out
+}
+
+// ConfigJSON is the image's config blob as stored.
+func (s *Store) ConfigJSON(id string) ([]byte, error) {
+	s.mu.Lock()
+	rec, err := s.lookup(id)
+	s.mu.Unlock()
+	if err != nil {
+		return nil, err
+	}
+	return os.ReadFile(s.blobPath(rec.ConfigDigest))
+}
+
+// Remove deletes the image ref names with all its tags and digests, and
+// frees the layers no other image or container uses. A missing image is not
+// an error (RemoveImage is idempotent).
+func (s *Store) Remove(ref string) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	rec, err := s.lookup(ref)
+	if errdefs.IsNotFound(err) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	p := s.path("records", strings.TrimPrefix(rec.ID, "sha256:")+".json")
+	if err := os.Remove(p); err != nil && !os.IsNotExist(err) {
+		return fmt.Errorf("remove image record %s: %w", rec.ID, err)
+	}
+	delete(s.images, rec.ID)
+	s.log.Info("image removed", "image", rec.ID, "tags", rec.RepoTags)
+	return s.gc()
+}
+
+func validOwner(owner string) error {
+	if owner == "" || strings.ContainsAny(owner, "/\x00") || owner == "." || owner == ".." {
+		return fmt.Errorf("lease owner %q: %w", owner, errdefs.ErrInvalidArgument)
+	}
+	return nil
+}
+
+// Acquire pins the image's layers for owner (a container ID), persisted on
+// disk so that removing the image never frees layers in use, even across
+// restarts. lowerDirs are the unpacked layer dirs, topmost first.
+func (s *Store) Acquire(ctx context.Context, ref, owner string) (*Image, []string, error) {
+	if err := validOwner(owner); err != nil {
+		return nil, nil, err
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, nil, err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	rec, err := s.lookup(ref)
+	if err != nil {
+		return nil, nil, err
+	}
+	img := s.toImage(rec)
+	l := lease{Version: recordVersion, Owner: owner, Image: img.ID, ChainIDs: img.ChainIDs}
+	data, err := json.Marshal(l)
+	if err != nil {
+		return nil, nil, err
+	}
+	if err := writeFileAtomic(s.path("leases", owner+".json"), data); err != nil {
+		return nil, nil, fmt.Errorf("acquire image %s for %s: %w", img.ID, owner, err)
+	}
+	lower := make([]string, 0, len(img.ChainIDs))
+	for i := len(img.ChainIDs) - 1; i >= 0; i-- {
+		lower = append(lower, s.LayerDiffDir(img.ChainIDs[i]))
+	}
+	return img, lower, nil
+}
+
+// Release drops owner's lease and frees layers nothing uses any more. It is
+// idempotent.
+func (s *Store) Release(owner string) error {
+	if err := validOwner(owner); err != nil {
+		return err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if err := os.Remove(s.path("leases", owner+".json")); err != nil {
+		if os.IsNotExist(err) {
+			return nil
+		}
+		return fmt.Errorf("release image lease of %s: %w", owner, err)
+	}
+	return s.gc()
+}
+
+// gc removes blobs and layers that no record, lease or running pull refers
+// to. Caller holds s.mu (or is Open).
+func (s *Store) gc() error {
+	keepBlobs := map[string]bool{}
+	keepLayers := map[string]bool{}
+	for k := range s.inflight {
+		keepBlobs[strings.TrimPrefix(k, "sha256:")] = true
+		keepLayers[strings.TrimPrefix(k, "sha256:")] = true
+	}
+	for _, rec := range s.images {
+		keepBlobs[strings.TrimPrefix(rec.ManifestDigest, "sha256:")] = true
+		keepBlobs[strings.TrimPrefix(rec.ConfigDigest, "sha256:")] = true
+		for _, l := range rec.Layers {
+			keepBlobs[strings.TrimPrefix(l.Digest, "sha256:")] = true
+			keepLayers[strings.TrimPrefix(l.ChainID, "sha256:")] = true
+		}
+	}
+	leases, err := os.ReadDir(s.path("leases"))
+	if err != nil {
+		return fmt.Errorf("read image leases: %w", err)
+	}
+	for _, e := range leases {
+		p := s.path("leases", e.Name())
+		if !strings.HasSuffix(e.Name(), ".json") {
+			os.Remove(p)
+			continue
+		}
+		data, err := os.ReadFile(p)
+		if err != nil {
+			return fmt.Errorf("read image lease %s: %w", p, err)
+		}
+		var l lease
+		if err := json.Unmarshal(data, &l); err != nil {
+			// Keep everything rather than free layers a container may use.
+			return fmt.Errorf("image lease %s is unreadable, not collecting: %w", p, err)
+		}
+		for _, c := range l.ChainIDs {
+			keepLayers[strings.TrimPrefix(c, "sha256:")] = true
+		}
+	}
+	var errs []error
+	blobs, err := os.ReadDir(s.path("blobs", "sha256"))
+	if err != nil {
+		return fmt.Errorf("read image blobs: %w", err)
+	}
+	for _, e := range blobs {
+		if !keepBlobs[e.Name()] {
+			if err := os.Remove(s.path("blobs", "sha256", e.Name())); err != nil && !os.IsNotExist(err) {
+				errs = append(errs, err)
+			}
+		}
+	}
+	layers, err := os.ReadDir(s.path("layers"))
+	if err != nil {
+		return fmt.Errorf("read image layers: %w", err)
+	}
+	for _, e := range layers {
+		if !keepLayers[e.Name()] {
+			s.log.Debug("freeing layer", "chainID", e.Name())
+			if err := os.RemoveAll(s.path("layers", e.Name())); err != nil {
+				errs = append(errs, err)
+			}
+		}
+	}
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("collect unused image content: %w", err)
+	}
+	return nil
+}
+
+// Usage is what the store occupies on disk.
+type Usage struct {
+	Bytes  uint64
+	Inodes uint64
+}
+
+// Usage walks the store and sums allocated bytes and inodes (hard links
+// counted once).
+func (s *Store) Usage() (Usage, error) {
+	var u Usage
+	seen := map[uint64]bool{}
+	err := filepath.WalkDir(s.dir, func(p string, d os.DirEntry, err error) error {
+		if err != nil {
+			if os.IsNotExist(err) {
+				return nil
+			}
+			return err
+		}
+		fi, err := d.Info()
+		if err != nil {
+			if os.IsNotExist(err) {
+				return nil
+			}
+			return err
+		}
+		st, ok := fi.Sys().(*syscall.Stat_t)
+		if !ok || seen[st.Ino] {
+			return nil
+		}
+		seen[st.Ino] = true
+		u.Inodes++
+		u.Bytes += uint64(st.Blocks) * 512
+		return nil
+	})
+	if err != nil {
+		return u, fmt.Errorf("measure image store %s: %w", s.dir, err)
+	}
+	return u, nil
+}
+
+// copyFile is io.Copy with a context check between chunks.
+func copyCtx(ctx context.Context, dst io.Writer, src io.Reader) (int64, error) {
+	buf := make([]byte, 256<<10)
+	var n int64
+	for {
+		if err := ctx.Err(); err != nil {
+			return n, err
+		}
+		m, rerr := src.Read(buf)
+		if m > 0 {
+			w, werr := dst.Write(buf[:m])
+			n += int64(w)
+			if werr != nil {
+				return n, werr
+			}
+		}
+		if errors.Is(rerr, io.EOF) {
+			return n, nil
+		}
+		if rerr != nil {
+			return n, rerr
+		}
+	}
+}

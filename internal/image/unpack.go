@@ -1,0 +1,375 @@
+package image
+
+import (
+	"archive/tar"
+	"bufio"
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path"
+	"path/filepath"
+	"strings"
+	"time"
+
+	securejoin "github.com/cyphar/filepath-securejoin"
+	"github.com/klauspost/compress/gzip"
+	"github.com/klauspost/compress/zstd"
+	"golang.org/x/sys/unix"
+
+	"github.com/berthcri/berth/internal/errdefs"
+)
+
+// OCI whiteout names (image-spec layer.md) and the overlayfs forms they become.
+const (
+	whiteoutPrefix = ".wh."
+	whiteoutOpaque = ".wh..wh..opq"
+	opaqueXattr    = "trusted.overlay.opaque"
+	paxXattrPrefix = "SCHILY.xattr."
+)
+
+// UnpackOptions bound what a layer may do.
+type UnpackOptions struct {
+	// MaxFileSize refuses regular files whose size is larger; 0 means no limit.
+	MaxFileSize int64
+}
+
+// Decompress returns a reader of the tar stream in r, detecting gzip and
+// zstd by their magic bytes (uncompressed tars pass through).
+func Decompress(r io.Reader) (io.ReadCloser, error) {
+	br := bufio.NewReaderSize(r, 1<<16)
+	magic, err := br.Peek(4)
+	if err != nil && !errors.Is(err, io.EOF) {
+		return nil, fmt.Errorf("read layer header: %w", err)
+	}
+	switch {
+	case len(magic) >= 2 && magic[0] == 0x1f && magic[1] == 0x8b:
+		zr, err := gzip.NewReader(br)
+		if err != nil {
+			return nil, fmt.Errorf("open gzip stream: %w", err)
+		}
+		return zr, nil
+	case bytes.Equal(magic, []byte{0x28, 0xb5, 0x2f, 0xfd}):
+		zr, err := zstd.NewReader(br)
+		if err != nil {
+			return nil, fmt.Errorf("open zstd stream: %w", err)
+		}
+		return zr.IOReadCloser(), nil
+	}
+	return io.NopCloser(br), nil
+}
+
+// Unpack extracts the uncompressed tar stream r into root, an empty
+// directory that becomes one overlayfs lower layer. OCI whiteouts become
+// overlay whiteouts (char 0/0) and opaque directories (trusted.overlay.opaque).
+// Ownership, modes, xattrs, hardlinks, symlinks and timestamps are kept.
+// Entries that would leave root (absolute names, "..", writes or hardlinks
+// through symlinks) and device nodes are refused with an error naming the
+// layer and the entry; nothing outside root is ever touched. It returns the
+// number of tar bytes read.
+func Unpack(r io.Reader, root, layer string, opts UnpackOptions) (int64, error) {
+	cr := &countingReader{r: r}
+	tr := tar.NewReader(cr)
+	u := &unpacker{root: filepath.Clean(root), layer: layer, opts: opts}
+	for {
+		hdr, err := tr.Next()
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			return cr.n, fmt.Errorf("layer %s: read tar: %w", layer, err)
+		}
+		if err := u.entry(hdr, tr); err != nil {
+			return cr.n, err
+		}
+	}
+	// Directory times last: creating entries inside them changed them.
+	for i := len(u.dirs) - 1; i >= 0; i-- {
+		d := u.dirs[i]
+		if err := setTimes(d.path, d.hdr); err != nil {
+			return cr.n, fmt.Errorf("layer %s: entry %q: %w", layer, d.hdr.Name, err)
+		}
+	}
+	return cr.n, nil
+}
+
+type unpacker struct {
+	root  string
+	layer string
+	opts  UnpackOptions
+	dirs  []dirTimes
+}
+
+type dirTimes struct {
+	path string
+	hdr  *tar.Header
+}
+
+func (u *unpacker) refuse(name, why string) error {
+	return fmt.Errorf("layer %s: entry %q: %s: %w", u.layer, name, why, errdefs.ErrInvalidArgument)
+}
+
+// cleanName checks an archive path and returns it cleaned and relative.
+func (u *unpacker) cleanName(name, what string) (string, error) {
+	if strings.HasPrefix(name, "/") {
+		return "", u.refuse(name, what+" is absolute")
+	}
+	for _, c := range strings.Split(name, "/") {
+		if c == ".." {
+			return "", u.refuse(name, what+` contains ".."`)
+		}
+	}
+	return path.Clean(name), nil
+}
+
+// parentDir makes sure every directory of rel's parent exists inside root
+// without passing through a symlink, and returns the parent's host path.
+// With create false a missing directory is refused instead of made.
+func (u *unpacker) parentDir(entry, rel string, create bool) (string, error) {
+	dir := path.Dir(rel)
+	cur := u.root
+	if dir != "." {
+		for _, c := range strings.Split(dir, "/") {
+			cur = filepath.Join(cur, c)
+			fi, err := os.Lstat(cur)
+			switch {
+			case os.IsNotExist(err) && !create:
+				return "", u.refuse(entry, "directory "+strings.TrimPrefix(cur, u.root)+" is not in this layer")
+			case os.IsNotExist(err):
+				if err := os.Mkdir(cur, 0o755); err != nil {
+					return "", fmt.Errorf("layer %s: entry %q: create parent: %w", u.layer, entry, err)
+				}
+				continue
+			case err != nil:
+				return "", fmt.Errorf("layer %s: entry %q: %w", u.layer, entry, err)
+			case fi.Mode()&os.ModeSymlink != 0:
+				return "", u.refuse(entry, "path goes through symlink "+strings.TrimPrefix(cur, u.root))
+			case !fi.IsDir():
+				return "", u.refuse(entry, "parent "+strings.TrimPrefix(cur, u.root)+" is not a directory")
+			}
+		}
+	}
+	// securejoin resolves the way the kernel would with root as "/"; any
+	// difference from the lexical path means a symlink was in the way.
+	resolved, err := securejoin.SecureJoin(u.root, dir)
+	if err != nil {
+		return "", fmt.Errorf("layer %s: entry %q: resolve: %w", u.layer, entry, err)
+	}
+	if resolved != cur {
+		return "", u.refuse(entry, "path resolves outside its lexical location")
+	}
+	return cur, nil
+}
+
+func (u *unpacker) entry(hdr *tar.Header, r io.Reader) error {
+	if hdr.Typeflag == tar.TypeXGlobalHeader {
+		return nil
+	}
+	rel, err := u.cleanName(hdr.Name, "name")
+	if err != nil {
+		return err
+	}
+	if rel == "." {
+		return nil // the layer root itself: its metadata is ours
+	}
+	parent, err := u.parentDir(hdr.Name, rel, true)
+	if err != nil {
+		return err
+	}
+	base := path.Base(rel)
+	if base == whiteoutOpaque {
+		if err := unix.Lsetxattr(parent, opaqueXattr, []byte("y"), 0); err != nil {
+			return fmt.Errorf("layer %s: entry %q: mark opaque: %w", u.layer, hdr.Name, err)
+		}
+		return nil
+	}
+	if strings.HasPrefix(base, whiteoutPrefix) {
+		victim := strings.TrimPrefix(base, whiteoutPrefix)
+		if victim == "" || victim == "." || victim == ".." {
+			return u.refuse(hdr.Name, "bad whiteout")
+		}
+		target := filepath.Join(parent, victim)
+		if err := os.RemoveAll(target); err != nil {
+			return fmt.Errorf("layer %s: entry %q: %w", u.layer, hdr.Name, err)
+		}
+		if err := unix.Mknod(target, unix.S_IFCHR, 0); err != nil {
+			return fmt.Errorf("layer %s: entry %q: create overlay whiteout: %w", u.layer, hdr.Name, err)
+		}
+		return nil
+	}
+	target := filepath.Join(parent, base)
+
+	switch hdr.Typeflag {
+	case tar.TypeChar, tar.TypeBlock:
+		return u.refuse(hdr.Name, "device nodes are not allowed in layers")
+	case tar.TypeDir, tar.TypeReg, tar.TypeSymlink, tar.TypeLink, tar.TypeFifo:
+	default:
+		return u.refuse(hdr.Name, fmt.Sprintf("unsupported tar entry type %q", hdr.Typeflag))
+	}
+	if hdr.Typeflag == tar.TypeReg && u.opts.MaxFileSize > 0 && hdr.Size > u.opts.MaxFileSize {
+		return u.refuse(hdr.Name, fmt.Sprintf("file size %d exceeds the limit %d", hdr.Size, u.opts.MaxFileSize))
+	}
+
+	// A later entry replaces an earlier one, except dir over dir.
+	if fi, err := os.Lstat(target); err == nil {
+		if !(fi.IsDir() && hdr.Typeflag == tar.TypeDir) {
+			if err := os.RemoveAll(target); err != nil {
+				return fmt.Errorf("layer %s: entry %q: replace: %w", u.layer, hdr.Name, err)
+			}
+		}
+	}
+
+	wrap := func(err error) error { return fmt.Errorf("layer %s: entry %q: %w", u.layer, hdr.Name, err) }
+	switch hdr.Typeflag {
+	case tar.TypeDir:
+		if err := os.Mkdir(target, 0o700); err != nil && !os.IsExist(err) {
+			return wrap(err)
+		}
+	case tar.TypeReg:
+		if err := writeFile(target, r, hdr.Size); err != nil {
+			return wrap(err)
+		}
+	case tar.TypeSymlink:
+		if err := os.Symlink(hdr.Linkname, target); err != nil {
+			return wrap(err)
+		}
+	case tar.TypeFifo:
+		if err := unix.Mkfifo(target, 0o600); err != nil {
+			return wrap(err)
+		}
+	case tar.TypeLink:
+		lrel, err := u.cleanName(hdr.Linkname, "hardlink target")
+		if err != nil {
+			return err
+		}
+		if lrel == "." {
+			return u.refuse(hdr.Name, "hardlink to the layer root")
+		}
+		lparent, err := u.parentDir(hdr.Name, lrel, false)
+		if err != nil {
+			return err
+		}
+		src := filepath.Join(lparent, path.Base(lrel))
+		fi, err := os.Lstat(src)
+		if err != nil {
+			return u.refuse(hdr.Name, "hardlink target "+hdr.Linkname+" is not in this layer")
+		}
+		if fi.IsDir() {
+			return u.refuse(hdr.Name, "hardlink to a directory")
+		}
+		if err := os.Link(src, target); err != nil {
+			return wrap(err)
+		}
+		return nil // a hard link shares its target's inode and metadata
+	}
+
+	if err := os.Lchown(target, hdr.Uid, hdr.Gid); err != nil {
+		return wrap(fmt.Errorf("chown: %w", err))
+	}
+	for k, v := range hdr.PAXRecords {
+		if !strings.HasPrefix(k, paxXattrPrefix) {
+			continue
+		}
+		attr := strings.TrimPrefix(k, paxXattrPrefix)
+		if err := unix.Lsetxattr(target, attr, []byte(v), 0); err != nil && !errors.Is(err, unix.ENOTSUP) {
+			return wrap(fmt.Errorf("set xattr %s: %w", attr, err))
+		}
+	}
+	if hdr.Typeflag != tar.TypeSymlink {
+		// After chown, which clears setuid/setgid bits.
+		if err := unix.Chmod(target, uint32(hdr.Mode&0o7777)); err != nil {
+			return wrap(fmt.Errorf("chmod: %w", err))
+		}
+	}
+	if hdr.Typeflag == tar.TypeDir {
+		u.dirs = append(u.dirs, dirTimes{path: target, hdr: hdr})
+		return nil
+	}
+	if err := setTimes(target, hdr); err != nil {
+		return wrap(err)
+	}
+	return nil
+}
+
+// writeFile copies size bytes into a new file, seeking over zero blocks so
+// that sparse files stay sparse on disk.
+func writeFile(target string, r io.Reader, size int64) error {
+	f, err := os.OpenFile(target, os.O_CREATE|os.O_EXCL|os.O_WRONLY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	buf := make([]byte, 128<<10)
+	var written int64
+	for written < size {
+		want := int64(len(buf))
+		if size-written < want {
+			want = size - written
+		}
+		n, err := io.ReadFull(r, buf[:want])
+		if n > 0 {
+			chunk := buf[:n]
+			if isZero(chunk) {
+				if _, err := f.Seek(int64(n), io.SeekCurrent); err != nil {
+					return err
+				}
+			} else if _, err := f.Write(chunk); err != nil {
+				return err
+			}
+			written += int64(n)
+		}
+		if err != nil {
+			return fmt.Errorf("read file data: %w", err)
+		}
+	}
+	if err := f.Truncate(size); err != nil {
+		return err
+	}
+	return f.Close()
+}
+
+func isZero(b []byte) bool {
+	for len(b) >= 8 {
+		if b[0]|b[1]|b[2]|b[3]|b[4]|b[5]|b[6]|b[7] != 0 {
+			return false
+		}
+		b = b[8:]
+	}
+	for _, c := range b {
+		if c != 0 {
+			return false
+		}
+	}
+	return true
+}
+
+func setTimes(p string, hdr *tar.Header) error {
+	atime := hdr.AccessTime
+	if atime.IsZero() {
+		atime = hdr.ModTime
+	}
+	ts := []unix.Timespec{toTimespec(atime), toTimespec(hdr.ModTime)}
+	if err := unix.UtimesNanoAt(unix.AT_FDCWD, p, ts, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+		return fmt.Errorf("set times: %w", err)
+	}
+	return nil
+}
+
+func toTimespec(t time.Time) unix.Timespec {
+	if t.IsZero() {
+		return unix.Timespec{Nsec: unix.UTIME_OMIT}
+	}
+	return unix.NsecToTimespec(t.UnixNano())
+}
+
+type countingReader struct {
+	r io.Reader
+	n int64
+}
+
+func (c *countingReader) Read(p []byte) (int, error) {
+	n, err := c.r.Read(p)
+	c.n += int64(n)
+	return n, err
+}
