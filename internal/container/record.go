@@ -61,10 +61,12 @@ type Container struct {
 	Attempt uint32 `json:"attempt"`
 
 	// Image is what the config asked for; ImageID the resolved image;
-	// ImageName a repo tag (or the request) for status.
+	// ImageName a repo tag (or the request) and ImageRef a repo digest (or
+	// the ID), as status reports them.
 	Image     string `json:"image"`
 	ImageID   string `json:"image_id"`
 	ImageName string `json:"image_name"`
+	ImageRef  string `json:"image_ref"`
 
 	Labels      map[string]string `json:"labels,omitempty"`
 	Annotations map[string]string `json:"annotations,omitempty"`

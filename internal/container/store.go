@@ -97,6 +97,7 @@ func nameKey(podID, name string, attempt uint32) string {
 type AcquiredImage struct {
 	ID         string   // image ID
 	Name       string   // a repo tag, or what was asked
+	Ref        string   // a repo digest, or the ID
 	LowerDirs  []string // topmost first
 	StopSignal string   // from the image config; "" → SIGTERM
 }
@@ -197,7 +198,7 @@ func (s *Store) Create(ctx context.Context, p CreateParams) (_ *Container, retEr
 
 	rec := &Container{
 		ID: id, PodID: p.PodID, Name: name, Attempt: attempt,
-		Image: cfg.GetImage().GetImage(), ImageID: img.ID, ImageName: img.Name,
+		Image: cfg.GetImage().GetImage(), ImageID: img.ID, ImageName: img.Name, ImageRef: img.Ref,
 		Labels: cfg.GetLabels(), Annotations: cfg.GetAnnotations(),
 		LogPath: p.LogPath, Runtime: p.Runtime, StopSignal: img.StopSignal,
 		Resources: cfg.GetLinux().GetResources(),

@@ -12,6 +12,7 @@ import (
 	runtime "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/berthcri/berth/internal/config"
+	"github.com/berthcri/berth/internal/container"
 	"github.com/berthcri/berth/internal/events"
 	"github.com/berthcri/berth/internal/image"
 )
@@ -27,6 +28,8 @@ type Service struct {
 	events  *events.Broker
 	addrs   Addresses
 	images  *image.Store
+	// containers: records, lifecycle, shims.
+	containers *container.Store
 
 	// podCIDR is what the kubelet last sent through UpdateRuntimeConfig.
 	mu      sync.Mutex
@@ -40,6 +43,8 @@ type Options struct {
 	Logger  *slog.Logger
 	Events  *events.Broker
 	Images  *image.Store
+	// Containers is the container store.
+	Containers *container.Store
 	// Addresses are where the side servers actually listen.
 	Addresses Addresses
 }
@@ -60,7 +65,7 @@ func New(opts Options) *Service {
 	if ev == nil {
 		ev = events.NewBroker()
 	}
-	return &Service{cfg: opts.Config, version: opts.Version, log: log, events: ev, addrs: opts.Addresses, images: opts.Images}
+	return &Service{cfg: opts.Config, version: opts.Version, log: log, events: ev, addrs: opts.Addresses, images: opts.Images, containers: opts.Containers}
 }
 
 // Register attaches both CRI services to a gRPC server.

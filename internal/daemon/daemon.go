@@ -16,6 +16,7 @@ import (
 	"google.golang.org/grpc"
 
 	"github.com/berthcri/berth/internal/config"
+	"github.com/berthcri/berth/internal/container"
 	"github.com/berthcri/berth/internal/cri"
 	"github.com/berthcri/berth/internal/events"
 	"github.com/berthcri/berth/internal/image"
@@ -74,6 +75,18 @@ func New(ctx context.Context, cfg *config.Config, version string, log *slog.Logg
 		return nil, fmt.Errorf("open image store: %w", err)
 	}
 
+	containers, err := container.Open(ctx, container.Options{
+		Dir:        filepath.Join(cfg.Root, "containers"),
+		ShimDir:    filepath.Join(cfg.State, "shims"),
+		ShimBinary: container.ShimBinary(),
+		Runtimes:   container.Runtimes(cfg),
+		Layers:     images,
+		Logger:     log.With("component", "container"),
+	})
+	if err != nil {
+		return nil, fmt.Errorf("open container store: %w", err)
+	}
+
 	m := metrics.New()
 	if cfg.MetricsAddress != "" {
 		if d.metrics, err = m.Listen(cfg.MetricsAddress); err != nil {
@@ -87,11 +100,12 @@ func New(ctx context.Context, cfg *config.Config, version string, log *slog.Logg
 	}
 
 	svc := cri.New(cri.Options{
-		Config:  cfg,
-		Version: version,
-		Logger:  log,
-		Events:  events.NewBroker(),
-		Images:  images,
+		Config:     cfg,
+		Version:    version,
+		Logger:     log,
+		Events:     events.NewBroker(),
+		Images:     images,
+		Containers: containers,
 		Addresses: cri.Addresses{
 			Streaming: d.stream.Addr(),
 			Metrics:   metricsAddr(d.metrics),

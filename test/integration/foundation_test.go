@@ -218,24 +218,11 @@ func TestUnbuiltRPCsReturnUnimplemented(t *testing.T) {
 		"PodSandboxStatus": func() error { _, err := d.Runtime.PodSandboxStatus(ctx, &criapi.PodSandboxStatusRequest{}); return err },
 		"ListPodSandbox":   func() error { _, err := d.Runtime.ListPodSandbox(ctx, &criapi.ListPodSandboxRequest{}); return err },
 		"CreateContainer":  func() error { _, err := d.Runtime.CreateContainer(ctx, &criapi.CreateContainerRequest{}); return err },
-		"StartContainer":   func() error { _, err := d.Runtime.StartContainer(ctx, &criapi.StartContainerRequest{}); return err },
-		"StopContainer":    func() error { _, err := d.Runtime.StopContainer(ctx, &criapi.StopContainerRequest{}); return err },
-		"RemoveContainer":  func() error { _, err := d.Runtime.RemoveContainer(ctx, &criapi.RemoveContainerRequest{}); return err },
-		"ListContainers":   func() error { _, err := d.Runtime.ListContainers(ctx, &criapi.ListContainersRequest{}); return err },
-		"ContainerStatus":  func() error { _, err := d.Runtime.ContainerStatus(ctx, &criapi.ContainerStatusRequest{}); return err },
-		"UpdateContainerResources": func() error {
-			_, err := d.Runtime.UpdateContainerResources(ctx, &criapi.UpdateContainerResourcesRequest{})
-			return err
-		},
-		"ReopenContainerLog": func() error {
-			_, err := d.Runtime.ReopenContainerLog(ctx, &criapi.ReopenContainerLogRequest{})
-			return err
-		},
-		"ExecSync":       func() error { _, err := d.Runtime.ExecSync(ctx, &criapi.ExecSyncRequest{}); return err },
-		"Exec":           func() error { _, err := d.Runtime.Exec(ctx, &criapi.ExecRequest{}); return err },
-		"Attach":         func() error { _, err := d.Runtime.Attach(ctx, &criapi.AttachRequest{}); return err },
-		"PortForward":    func() error { _, err := d.Runtime.PortForward(ctx, &criapi.PortForwardRequest{}); return err },
-		"ContainerStats": func() error { _, err := d.Runtime.ContainerStats(ctx, &criapi.ContainerStatsRequest{}); return err },
+		"ExecSync":         func() error { _, err := d.Runtime.ExecSync(ctx, &criapi.ExecSyncRequest{}); return err },
+		"Exec":             func() error { _, err := d.Runtime.Exec(ctx, &criapi.ExecRequest{}); return err },
+		"Attach":           func() error { _, err := d.Runtime.Attach(ctx, &criapi.AttachRequest{}); return err },
+		"PortForward":      func() error { _, err := d.Runtime.PortForward(ctx, &criapi.PortForwardRequest{}); return err },
+		"ContainerStats":   func() error { _, err := d.Runtime.ContainerStats(ctx, &criapi.ContainerStatsRequest{}); return err },
 		"ListContainerStats": func() error {
 			_, err := d.Runtime.ListContainerStats(ctx, &criapi.ListContainerStatsRequest{})
 			return err
