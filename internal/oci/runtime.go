@@ -121,7 +121,18 @@ func (r *Runtime) Create(ctx context.Context, id string, o CreateOpts) error {
 	}
 	args = append(args, id)
 	_ = os.Remove(logPath)
-	if err := r.run(ctx, args, o.Stdin, o.Stdout, o.Stderr); err != nil {
+	// The container inherits the runtime's stdio: never hand it a pipe the
+	// runner waits on, or the runner would wait for the container.
+	stderr := o.Stderr
+	if stderr == nil {
+		null, err := os.OpenFile(os.DevNull, os.O_WRONLY, 0)
+		if err != nil {
+			return fmt.Errorf("create %s: %w", id, err)
+		}
+		defer null.Close()
+		stderr = null
+	}
+	if err := r.run(ctx, args, o.Stdin, o.Stdout, stderr); err != nil {
 		if msg := lastLogError(logPath); msg != "" && !strings.Contains(err.Error(), msg) {
 			return fmt.Errorf("%w: %s", err, msg)
 		}
