@@ -6,7 +6,7 @@
 # Nothing is installed when everything is present, so it is cheap to call.
 set -euo pipefail
 
-want=(runc:runc iptables:iptables)
+want=(runc:runc iptables:iptables ip:iproute2)
 cni_plugins=containernetworking-plugins
 case "${1:-run}" in
   test) want+=(busybox:busybox-static) ;;

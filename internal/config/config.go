@@ -5,6 +5,7 @@ package config
 import (
 	"bytes"
 	"fmt"
+	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -67,7 +68,25 @@ type Config struct {
 	CgroupParent string `toml:"cgroup_parent" json:"cgroup_parent"`
 	// PinnedImages are never garbage collected and report pinned=true.
 	PinnedImages []string `toml:"pinned_images" json:"pinned_images"`
+	// DefaultNetwork is the embedded CNI network used while CNIConfDir
+	// holds no config.
+	DefaultNetwork DefaultNetwork `toml:"default_network" json:"default_network"`
 }
+
+// DefaultNetwork shapes the embedded bridge network. Two daemons on one
+// node must not share a bridge or subnet, so both are configurable.
+type DefaultNetwork struct {
+	// Bridge is the Linux bridge name (at most 15 bytes).
+	Bridge string `toml:"bridge" json:"bridge"`
+	// Subnet is the host-local IPAM range, CIDR.
+	Subnet string `toml:"subnet" json:"subnet"`
+}
+
+// Defaults of the embedded network.
+const (
+	DefaultNetworkBridge = "berth0"
+	DefaultNetworkSubnet = "10.88.0.0/16"
+)
 
 // RuntimeHandler is one OCI runtime a sandbox can select by name.
 type RuntimeHandler struct {
@@ -98,6 +117,7 @@ func Default() *Config {
 		CgroupDriver:          "",
 		CgroupParent:          DefaultCgroupParent,
 		PinnedImages:          []string{},
+		DefaultNetwork:        DefaultNetwork{Bridge: DefaultNetworkBridge, Subnet: DefaultNetworkSubnet},
 	}
 }
 
@@ -169,6 +189,18 @@ func (c *Config) Validate() error {
 	}
 	if c.CNIBinDirs == nil {
 		c.CNIBinDirs = []string{}
+	}
+	if c.DefaultNetwork.Bridge == "" {
+		c.DefaultNetwork.Bridge = DefaultNetworkBridge
+	}
+	if len(c.DefaultNetwork.Bridge) > 15 {
+		return fmt.Errorf("default_network.bridge %q: longer than 15 bytes", c.DefaultNetwork.Bridge)
+	}
+	if c.DefaultNetwork.Subnet == "" {
+		c.DefaultNetwork.Subnet = DefaultNetworkSubnet
+	}
+	if _, _, err := net.ParseCIDR(c.DefaultNetwork.Subnet); err != nil {
+		return fmt.Errorf("default_network.subnet %q: %v", c.DefaultNetwork.Subnet, err)
 	}
 	if c.PinnedImages == nil {
 		c.PinnedImages = []string{}

@@ -15,6 +15,9 @@ import (
 	"github.com/berthcri/berth/internal/container"
 	"github.com/berthcri/berth/internal/events"
 	"github.com/berthcri/berth/internal/image"
+	"github.com/berthcri/berth/internal/network"
+	"github.com/berthcri/berth/internal/sandbox"
+	"github.com/berthcri/berth/internal/streaming"
 )
 
 // Service implements runtime.v1.RuntimeService and runtime.v1.ImageService.
@@ -25,10 +28,14 @@ type Service struct {
 	cfg     *config.Config
 	version string
 	log     *slog.Logger
-	events  *events.Broker
 	addrs   Addresses
-	images  *image.Store
-	// containers: records, lifecycle, shims.
+
+	// Components, one per line so that branches adding one merge cleanly.
+	events     *events.Broker
+	images     *image.Store
+	network    *network.Network
+	sandboxes  *sandbox.Store
+	streaming  *streaming.Server
 	containers *container.Store
 
 	// podCIDR is what the kubelet last sent through UpdateRuntimeConfig.
@@ -41,12 +48,15 @@ type Options struct {
 	Config  *config.Config
 	Version string
 	Logger  *slog.Logger
-	Events  *events.Broker
-	Images  *image.Store
-	// Containers is the container store.
-	Containers *container.Store
 	// Addresses are where the side servers actually listen.
 	Addresses Addresses
+
+	Events     *events.Broker
+	Images     *image.Store
+	Network    *network.Network
+	Sandboxes  *sandbox.Store
+	Streaming  *streaming.Server
+	Containers *container.Store
 }
 
 // Addresses of berthd's side servers, resolved (port 0 replaced).
@@ -57,15 +67,26 @@ type Addresses struct {
 
 // New builds the CRI service over the daemon's components.
 func New(opts Options) *Service {
-	log := opts.Logger
-	if log == nil {
-		log = slog.Default()
+	s := &Service{
+		cfg:     opts.Config,
+		version: opts.Version,
+		log:     opts.Logger,
+		addrs:   opts.Addresses,
+
+		events:     opts.Events,
+		images:     opts.Images,
+		network:    opts.Network,
+		sandboxes:  opts.Sandboxes,
+		streaming:  opts.Streaming,
+		containers: opts.Containers,
 	}
-	ev := opts.Events
-	if ev == nil {
-		ev = events.NewBroker()
+	if s.log == nil {
+		s.log = slog.Default()
 	}
-	return &Service{cfg: opts.Config, version: opts.Version, log: log, events: ev, addrs: opts.Addresses, images: opts.Images, containers: opts.Containers}
+	if s.events == nil {
+		s.events = events.NewBroker()
+	}
+	return s
 }
 
 // Register attaches both CRI services to a gRPC server.

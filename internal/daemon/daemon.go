@@ -14,13 +14,17 @@ import (
 
 	"golang.org/x/sys/unix"
 	"google.golang.org/grpc"
+	criapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
+	"github.com/berthcri/berth/internal/admin"
 	"github.com/berthcri/berth/internal/config"
 	"github.com/berthcri/berth/internal/container"
 	"github.com/berthcri/berth/internal/cri"
 	"github.com/berthcri/berth/internal/events"
 	"github.com/berthcri/berth/internal/image"
 	"github.com/berthcri/berth/internal/metrics"
+	"github.com/berthcri/berth/internal/network"
+	"github.com/berthcri/berth/internal/sandbox"
 	"github.com/berthcri/berth/internal/streaming"
 )
 
@@ -75,6 +79,35 @@ func New(ctx context.Context, cfg *config.Config, version string, log *slog.Logg
 		return nil, fmt.Errorf("open image store: %w", err)
 	}
 
+	m := metrics.New()
+	if cfg.MetricsAddress != "" {
+		if d.metrics, err = m.Listen(cfg.MetricsAddress); err != nil {
+			return nil, err
+		}
+	}
+
+	netw := network.New(network.Options{
+		ConfDir: cfg.CNIConfDir, BinDirs: cfg.CNIBinDirs,
+		CacheDir:    filepath.Join(cfg.State, "cni", "cache"),
+		IPAMDataDir: filepath.Join(cfg.Root, "cni", "networks"),
+		Bridge:      cfg.DefaultNetwork.Bridge, Subnet: cfg.DefaultNetwork.Subnet,
+		Logger: log,
+	})
+	handlers := make([]string, 0, len(cfg.RuntimeHandlers))
+	for name := range cfg.RuntimeHandlers {
+		handlers = append(handlers, name)
+	}
+	sandboxes, err := sandbox.New(sandbox.Options{
+		Root: cfg.Root, State: cfg.State,
+		CgroupParent: cfg.CgroupParent, CgroupDriver: cfg.CgroupDriver,
+		RuntimeHandlers: handlers, DefaultRuntimeHandler: cfg.DefaultRuntimeHandler,
+		Network: netw, Logger: log,
+		TestFaults: os.Getenv("BERTHD_TEST_FAULTS") == "1",
+	})
+	if err != nil {
+		return nil, err
+	}
+
 	containers, err := container.Open(ctx, container.Options{
 		Dir:        filepath.Join(cfg.Root, "containers"),
 		ShimDir:    filepath.Join(cfg.State, "shims"),
@@ -87,35 +120,34 @@ func New(ctx context.Context, cfg *config.Config, version string, log *slog.Logg
 		return nil, fmt.Errorf("open container store: %w", err)
 	}
 
-	m := metrics.New()
-	if cfg.MetricsAddress != "" {
-		if d.metrics, err = m.Listen(cfg.MetricsAddress); err != nil {
-			return nil, err
-		}
-	}
-	// Exec and attach need containers, port-forward needs pods: until those
-	// components exist the streaming server answers with an error.
-	if d.stream, err = streaming.New(cfg.StreamingAddress, nil, nil, nil, log); err != nil {
+	// Exec and attach need containers: until they exist the streaming
+	// server answers those with an error.
+	if d.stream, err = streaming.New(cfg.StreamingAddress, nil, nil, podNetwork{sandboxes}, log); err != nil {
 		return nil, err
 	}
 
 	svc := cri.New(cri.Options{
-		Config:     cfg,
-		Version:    version,
-		Logger:     log,
-		Events:     events.NewBroker(),
-		Images:     images,
-		Containers: containers,
+		Config:  cfg,
+		Version: version,
+		Logger:  log,
 		Addresses: cri.Addresses{
 			Streaming: d.stream.Addr(),
 			Metrics:   metricsAddr(d.metrics),
 		},
+
+		Events:     events.NewBroker(),
+		Images:     images,
+		Network:    netw,
+		Sandboxes:  sandboxes,
+		Streaming:  d.stream,
+		Containers: containers,
 	})
 	d.grpc = grpc.NewServer(
 		grpc.ChainUnaryInterceptor(m.UnaryInterceptor(), unaryLogger(log)),
 		grpc.ChainStreamInterceptor(m.StreamInterceptor(), streamLogger(log)),
 	)
 	svc.Register(d.grpc)
+	admin.New(images, log.With("component", "admin")).Register(d.grpc)
 	return d, nil
 }
 
@@ -199,6 +231,20 @@ func lockRoot(root string) (*os.File, error) {
 		fmt.Fprintf(f, "%d\n", os.Getpid())
 	}
 	return f, nil
+}
+
+// podNetwork finds a ready pod's network namespace for port-forward.
+type podNetwork struct{ sandboxes *sandbox.Store }
+
+func (p podNetwork) NetNSPath(id string) (string, error) {
+	sb, err := p.sandboxes.Get(id)
+	if err != nil {
+		return "", err
+	}
+	if sb.State != criapi.PodSandboxState_SANDBOX_READY {
+		return "", fmt.Errorf("pod sandbox %s is not ready", id)
+	}
+	return sb.NetNSPath, nil
 }
 
 func metricsAddr(s *metrics.Server) string {

@@ -4,11 +4,13 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"fmt"
+	"net"
 	"net/http"
 	"net/url"
 	"os"
 	"path/filepath"
 	"strings"
+	"time"
 
 	"github.com/BurntSushi/toml"
 	"github.com/google/go-containerregistry/pkg/v1/remote"
@@ -24,8 +26,12 @@ type endpoint struct {
 	resolve    bool
 	skipVerify bool
 	caFiles    []string
-	header     http.Header
-	upstream   bool
+	// clientCerts are [cert, key] pairs; key "" means the cert file holds both.
+	clientCerts [][2]string
+	dialTimeout time.Duration
+	header      http.Header
+	upstream    bool
+	ns          string // the registry a mirror stands in for (the ?ns= parameter)
 }
 
 func (e endpoint) String() string {
@@ -45,6 +51,7 @@ type hostsFile struct {
 	Client       any                  `toml:"client"`
 	Header       map[string]any       `toml:"header"`
 	OverridePath bool                 `toml:"override_path"`
+	DialTimeout  duration             `toml:"dial_timeout"`
 	Host         map[string]hostEntry `toml:"host"`
 }
 
@@ -55,6 +62,16 @@ type hostEntry struct {
 	Client       any            `toml:"client"`
 	Header       map[string]any `toml:"header"`
 	OverridePath bool           `toml:"override_path"`
+	DialTimeout  duration       `toml:"dial_timeout"`
+}
+
+// duration reads TOML strings like "1s".
+type duration struct{ time.Duration }
+
+func (d *duration) UnmarshalText(b []byte) error {
+	v, err := time.ParseDuration(string(b))
+	d.Duration = v
+	return err
 }
 
 // defaultServer is where a registry host's API lives without configuration.
@@ -71,7 +88,12 @@ func defaultServer(domain string) string {
 func endpoints(dir, domain string) ([]endpoint, error) {
 	var path string
 	if dir != "" {
-		for _, cand := range []string{domain, strings.ReplaceAll(domain, ":", "_") + "_", "_default"} {
+		// containerd's order: "host_port_", "host:port", then "_default".
+		cands := []string{domain, "_default"}
+		if strings.Contains(domain, ":") {
+			cands = append([]string{strings.ReplaceAll(domain, ":", "_") + "_"}, cands...)
+		}
+		for _, cand := range cands {
 			p := filepath.Join(dir, cand, "hosts.toml")
 			if _, err := os.Stat(p); err == nil {
 				path = p
@@ -80,7 +102,12 @@ func endpoints(dir, domain string) ([]endpoint, error) {
 		}
 	}
 	if path == "" {
-		up, err := newEndpoint(defaultServer(domain), nil, false, nil, nil, false)
+		// Docker's pattern: CA files (*.crt) in <dir>/<host>/ without hosts.toml.
+		var cas []string
+		if dir != "" {
+			cas, _ = filepath.Glob(filepath.Join(dir, domain, "*.crt"))
+		}
+		up, err := newEndpoint(defaultServer(domain), nil, false, cas, nil, false)
 		if err != nil {
 			return nil, err
 		}
@@ -113,6 +140,11 @@ func endpoints(dir, domain string) ([]endpoint, error) {
 		if err != nil {
 			return nil, fmt.Errorf("registry config %s: host %q: %w", path, key[1], err)
 		}
+		if ep.clientCerts, err = clientList(h.Client, baseDir); err != nil {
+			return nil, fmt.Errorf("registry config %s: host %q: %w", path, key[1], err)
+		}
+		ep.dialTimeout = h.DialTimeout.Duration
+		ep.ns = domain
 		eps = append(eps, ep)
 	}
 	server := hf.Server
@@ -122,6 +154,13 @@ func endpoints(dir, domain string) ([]endpoint, error) {
 	up, err := newEndpoint(server, hf.Capabilities, hf.SkipVerify, caList(hf.CA, baseDir), hf.Header, hf.OverridePath)
 	if err != nil {
 		return nil, fmt.Errorf("registry config %s: server %q: %w", path, server, err)
+	}
+	if up.clientCerts, err = clientList(hf.Client, baseDir); err != nil {
+		return nil, fmt.Errorf("registry config %s: %w", path, err)
+	}
+	up.dialTimeout = hf.DialTimeout.Duration
+	if up.host == dockerHub {
+		up.host = "registry-1.docker.io" // server = "https://docker.io" means the Hub API host
 	}
 	up.upstream = true
 	return append(eps, up), nil
@@ -193,6 +232,47 @@ func caList(v any, base string) []string {
 	return out
 }
 
+// clientList accepts client = "pem", ["a", "b"] or [["cert", "key"], …].
+func clientList(v any, base string) ([][2]string, error) {
+	abs := func(s string) string {
+		if s != "" && !filepath.IsAbs(s) {
+			return filepath.Join(base, s)
+		}
+		return s
+	}
+	var out [][2]string
+	add := func(x any) error {
+		switch x := x.(type) {
+		case string:
+			out = append(out, [2]string{abs(x), ""})
+		case []any:
+			if len(x) != 2 {
+				return fmt.Errorf("client: want [cert, key], got %v", x)
+			}
+			c, _ := x[0].(string)
+			k, _ := x[1].(string)
+			out = append(out, [2]string{abs(c), abs(k)})
+		default:
+			return fmt.Errorf("client: unexpected %v", x)
+		}
+		return nil
+	}
+	switch v := v.(type) {
+	case nil:
+	case string:
+		return out, add(v)
+	case []any:
+		for _, x := range v {
+			if err := add(x); err != nil {
+				return nil, err
+			}
+		}
+	default:
+		return nil, fmt.Errorf("client: unexpected %v", v)
+	}
+	return out, nil
+}
+
 // transport sends the registry API requests for this endpoint: TLS as
 // configured, the endpoint's scheme and path prefix, extra headers.
 func (e endpoint) transport() (http.RoundTripper, error) {
@@ -214,7 +294,21 @@ func (e endpoint) transport() (http.RoundTripper, error) {
 		}
 		tlsCfg.RootCAs = pool
 	}
+	for _, pair := range e.clientCerts {
+		key := pair[1]
+		if key == "" {
+			key = pair[0]
+		}
+		cert, err := tls.LoadX509KeyPair(pair[0], key)
+		if err != nil {
+			return nil, fmt.Errorf("client certificate %s: %w", pair[0], err)
+		}
+		tlsCfg.Certificates = append(tlsCfg.Certificates, cert)
+	}
 	base.TLSClientConfig = tlsCfg
+	if e.dialTimeout > 0 {
+		base.DialContext = (&net.Dialer{Timeout: e.dialTimeout, KeepAlive: 30 * time.Second}).DialContext
+	}
 	return &endpointTransport{ep: e, base: base}, nil
 }
 
@@ -235,6 +329,11 @@ func (t *endpointTransport) RoundTrip(req *http.Request) (*http.Response, error)
 	if rest, ok := strings.CutPrefix(req.URL.Path, "/v2"); ok && t.ep.path != "/v2" {
 		req.URL.Path = t.ep.path + rest
 		req.URL.RawPath = ""
+	}
+	if t.ep.ns != "" {
+		q := req.URL.Query()
+		q.Set("ns", t.ep.ns)
+		req.URL.RawQuery = q.Encode()
 	}
 	for k, v := range t.ep.header {
 		req.Header[k] = v

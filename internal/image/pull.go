@@ -63,7 +63,17 @@ func (s *Store) Pull(ctx context.Context, ref string, auth *Auth) (*Image, error
 		return nil, err
 	}
 	return s.pulls.Do(ctx, n.String()+"|"+auth.key(), func(ctx context.Context) (*Image, error) {
-		return s.pull(ctx, n, auth)
+		img, err := s.pull(ctx, n, auth)
+		if err != nil {
+			// Blobs and layers of a failed pull are garbage now (unless
+			// another image or pull uses them).
+			s.mu.Lock()
+			if gcErr := s.gc(); gcErr != nil {
+				s.log.Warn("clean up after failed pull", "image", n.String(), "error", gcErr)
+			}
+			s.mu.Unlock()
+		}
+		return img, err
 	})
 }
 
@@ -72,12 +82,39 @@ func (s *Store) pull(ctx context.Context, n Named, auth *Auth) (*Image, error) {
 	if err != nil {
 		return nil, err
 	}
+	var names []string
+	if n.Digest == "" {
+		names = append(names, n.TagRef())
+	}
 	var errs []error
+	target := n
+	if n.Digest == "" && slices.ContainsFunc(eps, func(e endpoint) bool { return e.pull && !e.resolve }) {
+		// Pull-only hosts (untrusted mirrors) may serve content but never
+		// map a tag to a digest: resolve first on a trusted host.
+		for _, ep := range eps {
+			if !ep.resolve {
+				continue
+			}
+			d, err := s.resolve(ctx, ep, n, auth)
+			if err == nil {
+				target.Digest = d
+				break
+			}
+			if ctxErr := ctx.Err(); ctxErr != nil {
+				return nil, fmt.Errorf("pull %s: %w", n, ctxErr)
+			}
+			s.log.Warn("resolve on endpoint failed", "image", n.String(), "endpoint", ep.String(), "error", err)
+			errs = append(errs, fmt.Errorf("resolve on %s: %w", ep, err))
+		}
+		if target.Digest == "" {
+			return nil, fmt.Errorf("pull %s: %w", n, errors.Join(errs...))
+		}
+	}
 	for _, ep := range eps {
-		if !ep.pull || (n.Digest == "" && !ep.resolve) {
+		if !ep.pull || (target.Digest == "" && !ep.resolve) {
 			continue
 		}
-		img, err := s.pullFrom(ctx, ep, n, auth)
+		img, err := s.pullFrom(ctx, ep, target, names, auth)
 		if err == nil {
 			s.log.Info("image pulled", "image", n.String(), "id", img.ID, "from", ep.String())
 			return img, nil
@@ -94,10 +131,11 @@ func (s *Store) pull(ctx context.Context, n Named, auth *Auth) (*Image, error) {
 	return nil, fmt.Errorf("pull %s: %w", n, errors.Join(errs...))
 }
 
-func (s *Store) pullFrom(ctx context.Context, ep endpoint, n Named, auth *Auth) (*Image, error) {
+// remoteRef is n's reference at endpoint ep, with the options to reach it.
+func remoteRef(ctx context.Context, ep endpoint, n Named, auth *Auth) (name.Reference, []remote.Option, error) {
 	tr, err := ep.transport()
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	var regOpts []name.Option
 	if ep.scheme == "http" {
@@ -105,18 +143,43 @@ func (s *Store) pullFrom(ctx context.Context, ep endpoint, n Named, auth *Auth) 
 	}
 	reg, err := name.NewRegistry(ep.host, regOpts...)
 	if err != nil {
-		return nil, fmt.Errorf("registry %s: %w", ep.host, errdefs.ErrInvalidArgument)
+		return nil, nil, fmt.Errorf("registry %s: %w", ep.host, errdefs.ErrInvalidArgument)
 	}
 	repo := reg.Repo(n.Path)
 	var gref name.Reference = repo.Tag(n.Tag)
 	if n.Digest != "" {
 		gref = repo.Digest(n.Digest)
 	}
-	opts := []remote.Option{
+	return gref, []remote.Option{
 		remote.WithContext(ctx),
 		remote.WithTransport(tr),
 		remote.WithAuth(auth.authenticator()),
 		remote.WithPlatform(v1.Platform{OS: "linux", Architecture: runtime.GOARCH}),
+	}, nil
+}
+
+// resolve maps n's tag to the digest of what it names (manifest or index).
+func (s *Store) resolve(ctx context.Context, ep endpoint, n Named, auth *Auth) (string, error) {
+	gref, opts, err := remoteRef(ctx, ep, n, auth)
+	if err != nil {
+		return "", err
+	}
+	if desc, err := remote.Head(gref, opts...); err == nil {
+		return desc.Digest.String(), nil
+	}
+	desc, err := remote.Get(gref, opts...)
+	if err != nil {
+		return "", classify(err)
+	}
+	return desc.Digest.String(), nil
+}
+
+// pullFrom pulls n (by digest when it has one) from one endpoint and
+// stores it under names plus repo@digest.
+func (s *Store) pullFrom(ctx context.Context, ep endpoint, n Named, names []string, auth *Auth) (*Image, error) {
+	gref, opts, err := remoteRef(ctx, ep, n, auth)
+	if err != nil {
+		return nil, err
 	}
 	desc, err := remote.Get(gref, opts...)
 	if err != nil {
@@ -142,11 +205,7 @@ func (s *Store) pullFrom(ctx context.Context, ep endpoint, n Named, auth *Auth) 
 	} else if img, err = desc.Image(); err != nil {
 		return nil, classify(err)
 	}
-	var names []string
-	if n.Digest == "" {
-		names = append(names, n.TagRef())
-	}
-	names = append(names, n.Repo()+"@"+desc.Digest.String())
+	names = append(slices.Clone(names), n.Repo()+"@"+desc.Digest.String())
 	return s.commit(ctx, img, names)
 }
 
@@ -340,6 +399,18 @@ func (s *Store) writeBlob(digest string, data []byte) error {
 // ensureBlob downloads a blob once (concurrent callers share the download)
 // into ingest/, verifies its digest and moves it into blobs/.
 func (s *Store) ensureBlob(ctx context.Context, digest string, open func() (io.ReadCloser, error)) error {
+	for attempt := 0; ; attempt++ {
+		err := s.fetchBlob(ctx, digest, open)
+		// A shared download started by a pull whose callers all left is
+		// cancelled; a caller still waiting fetches it again itself.
+		if err != nil && errors.Is(err, context.Canceled) && ctx.Err() == nil && attempt == 0 {
+			continue
+		}
+		return err
+	}
+}
+
+func (s *Store) fetchBlob(ctx context.Context, digest string, open func() (io.ReadCloser, error)) error {
 	if _, err := os.Stat(s.blobPath(digest)); err == nil {
 		return nil
 	}

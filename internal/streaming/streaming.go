@@ -14,6 +14,7 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"strings"
 	"time"
 
 	criapi "k8s.io/cri-api/pkg/apis/runtime/v1"
@@ -67,10 +68,22 @@ func New(addr string, tlsConfig *tls.Config, containers Containers, pods PodNetw
 	}
 	return &Server{
 		lib:  lib,
-		http: &http.Server{Handler: lib, TLSConfig: tlsConfig, ReadHeaderTimeout: 30 * time.Second},
+		http: &http.Server{Handler: withTunnels(lib), TLSConfig: tlsConfig, ReadHeaderTimeout: 30 * time.Second},
 		ln:   ln,
 		log:  log,
 	}, nil
+}
+
+// withTunnels serves SPDY-over-websocket port-forward tunnels in front of
+// the library's handler.
+func withTunnels(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if p := tunnelProtocol(r); p != "" && strings.Contains(r.URL.Path, "/portforward/") {
+			serveTunnel(w, r, p, next)
+			return
+		}
+		next.ServeHTTP(w, r)
+	})
 }
 
 // Addr is the address the server listens on.

@@ -212,17 +212,11 @@ func TestUnbuiltRPCsReturnUnimplemented(t *testing.T) {
 	// Every RPC listed here is not built yet; each later capability removes
 	// its RPCs from this table as it lands.
 	calls := map[string]func() error{
-		"RunPodSandbox":    func() error { _, err := d.Runtime.RunPodSandbox(ctx, &criapi.RunPodSandboxRequest{}); return err },
-		"StopPodSandbox":   func() error { _, err := d.Runtime.StopPodSandbox(ctx, &criapi.StopPodSandboxRequest{}); return err },
-		"RemovePodSandbox": func() error { _, err := d.Runtime.RemovePodSandbox(ctx, &criapi.RemovePodSandboxRequest{}); return err },
-		"PodSandboxStatus": func() error { _, err := d.Runtime.PodSandboxStatus(ctx, &criapi.PodSandboxStatusRequest{}); return err },
-		"ListPodSandbox":   func() error { _, err := d.Runtime.ListPodSandbox(ctx, &criapi.ListPodSandboxRequest{}); return err },
-		"CreateContainer":  func() error { _, err := d.Runtime.CreateContainer(ctx, &criapi.CreateContainerRequest{}); return err },
-		"ExecSync":         func() error { _, err := d.Runtime.ExecSync(ctx, &criapi.ExecSyncRequest{}); return err },
-		"Exec":             func() error { _, err := d.Runtime.Exec(ctx, &criapi.ExecRequest{}); return err },
-		"Attach":           func() error { _, err := d.Runtime.Attach(ctx, &criapi.AttachRequest{}); return err },
-		"PortForward":      func() error { _, err := d.Runtime.PortForward(ctx, &criapi.PortForwardRequest{}); return err },
-		"ContainerStats":   func() error { _, err := d.Runtime.ContainerStats(ctx, &criapi.ContainerStatsRequest{}); return err },
+		"CreateContainer": func() error { _, err := d.Runtime.CreateContainer(ctx, &criapi.CreateContainerRequest{}); return err },
+		"ExecSync":        func() error { _, err := d.Runtime.ExecSync(ctx, &criapi.ExecSyncRequest{}); return err },
+		"Exec":            func() error { _, err := d.Runtime.Exec(ctx, &criapi.ExecRequest{}); return err },
+		"Attach":          func() error { _, err := d.Runtime.Attach(ctx, &criapi.AttachRequest{}); return err },
+		"ContainerStats":  func() error { _, err := d.Runtime.ContainerStats(ctx, &criapi.ContainerStatsRequest{}); return err },
 		"ListContainerStats": func() error {
 			_, err := d.Runtime.ListContainerStats(ctx, &criapi.ListContainerStatsRequest{})
 			return err

@@ -1,0 +1,351 @@
+package image
+
+import (
+	"archive/tar"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path"
+	"path/filepath"
+	"regexp"
+	"strings"
+
+	"github.com/google/go-containerregistry/pkg/name"
+	v1 "github.com/google/go-containerregistry/pkg/v1"
+	"github.com/google/go-containerregistry/pkg/v1/layout"
+	"github.com/google/go-containerregistry/pkg/v1/partial"
+	"github.com/google/go-containerregistry/pkg/v1/tarball"
+	"github.com/google/go-containerregistry/pkg/v1/types"
+
+	"github.com/berthcri/berth/internal/errdefs"
+)
+
+// Annotations naming an image in an OCI layout index.
+const (
+	annotationContainerdName = "io.containerd.image.name"
+	annotationRefName        = "org.opencontainers.image.ref.name"
+)
+
+var layoutBlobName = regexp.MustCompile(`^blobs/sha256/[a-f0-9]{64}$`)
+
+// Import stores the images of an archive: a docker-archive (`docker save`,
+// manifest.json) or an OCI image layout tarball (index.json). Images keep
+// the names the archive gives them; layers are verified and unpacked as in
+// a pull.
+func (s *Store) Import(ctx context.Context, r io.Reader) ([]*Image, error) {
+	work := s.path("ingest", "import-"+randomHex())
+	if err := os.MkdirAll(work, 0o700); err != nil {
+		return nil, err
+	}
+	defer os.RemoveAll(work)
+	archive := filepath.Join(work, "archive.tar")
+	f, err := os.OpenFile(archive, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o600)
+	if err != nil {
+		return nil, err
+	}
+	_, err = copyCtx(ctx, f, r)
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return nil, fmt.Errorf("receive image archive: %w", err)
+	}
+	entries, err := tarNames(archive)
+	if err != nil {
+		return nil, fmt.Errorf("read image archive: %w: %w", err, errdefs.ErrInvalidArgument)
+	}
+	switch {
+	case entries["manifest.json"]:
+		return s.importDockerArchive(ctx, archive)
+	case entries["index.json"]:
+		dir := filepath.Join(work, "layout")
+		if err := extractLayout(archive, dir); err != nil {
+			return nil, err
+		}
+		return s.importLayout(ctx, dir)
+	}
+	return nil, fmt.Errorf("image archive has neither manifest.json (docker-archive) nor index.json (OCI layout): %w", errdefs.ErrInvalidArgument)
+}
+
+func tarNames(p string) (map[string]bool, error) {
+	f, err := os.Open(p)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	names := map[string]bool{}
+	tr := tar.NewReader(f)
+	for {
+		h, err := tr.Next()
+		if errors.Is(err, io.EOF) {
+			return names, nil
+		}
+		if err != nil {
+			return nil, err
+		}
+		names[path.Clean(h.Name)] = true
+	}
+}
+
+// extractLayout writes only the files an OCI layout consists of; anything
+// else in the archive is ignored, so no archive path reaches the host.
+func extractLayout(archive, dir string) error {
+	f, err := os.Open(archive)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	if err := os.MkdirAll(filepath.Join(dir, "blobs", "sha256"), 0o700); err != nil {
+		return err
+	}
+	tr := tar.NewReader(f)
+	for {
+		h, err := tr.Next()
+		if errors.Is(err, io.EOF) {
+			return nil
+		}
+		if err != nil {
+			return fmt.Errorf("read OCI layout archive: %w: %w", err, errdefs.ErrInvalidArgument)
+		}
+		n := path.Clean(h.Name)
+		if h.Typeflag != tar.TypeReg || !(n == "index.json" || n == "oci-layout" || layoutBlobName.MatchString(n)) {
+			continue
+		}
+		out, err := os.OpenFile(filepath.Join(dir, filepath.FromSlash(n)), os.O_CREATE|os.O_TRUNC|os.O_WRONLY, 0o600)
+		if err != nil {
+			return err
+		}
+		_, err = io.Copy(out, tr)
+		if cerr := out.Close(); err == nil {
+			err = cerr
+		}
+		if err != nil {
+			return fmt.Errorf("extract %s: %w", n, err)
+		}
+	}
+}
+
+func (s *Store) importDockerArchive(ctx context.Context, archive string) ([]*Image, error) {
+	opener := func() (io.ReadCloser, error) { return os.Open(archive) }
+	m, err := tarball.LoadManifest(opener)
+	if err != nil {
+		return nil, fmt.Errorf("docker-archive manifest.json: %w: %w", err, errdefs.ErrInvalidArgument)
+	}
+	var out []*Image
+	for i, d := range m {
+		var tag *name.Tag
+		if len(d.RepoTags) > 0 {
+			t, err := name.NewTag(d.RepoTags[0])
+			if err != nil {
+				return nil, fmt.Errorf("docker-archive tag %q: %w", d.RepoTags[0], errdefs.ErrInvalidArgument)
+			}
+			tag = &t
+		} else if len(m) > 1 {
+			return nil, fmt.Errorf("docker-archive image %d has no tag and is not the only one: %w", i, errdefs.ErrInvalidArgument)
+		}
+		img, err := tarball.Image(opener, tag)
+		if err != nil {
+			return nil, fmt.Errorf("docker-archive image %d: %w: %w", i, err, errdefs.ErrInvalidArgument)
+		}
+		var names []string
+		for _, t := range d.RepoTags {
+			n, err := ParseReference(t)
+			if err != nil {
+				return nil, err
+			}
+			names = append(names, n.TagRef())
+		}
+		stored, err := s.commit(ctx, img, names)
+		if err != nil {
+			return nil, fmt.Errorf("import docker-archive image %d: %w", i, err)
+		}
+		out = append(out, stored)
+	}
+	return out, nil
+}
+
+func (s *Store) importLayout(ctx context.Context, dir string) ([]*Image, error) {
+	idx, err := layout.ImageIndexFromPath(dir)
+	if err != nil {
+		return nil, fmt.Errorf("OCI layout: %w: %w", err, errdefs.ErrInvalidArgument)
+	}
+	im, err := idx.IndexManifest()
+	if err != nil {
+		return nil, fmt.Errorf("OCI layout index.json: %w: %w", err, errdefs.ErrInvalidArgument)
+	}
+	var out []*Image
+	for _, desc := range im.Manifests {
+		var img v1.Image
+		switch {
+		case desc.MediaType.IsIndex():
+			sub, err := idx.ImageIndex(desc.Digest)
+			if err != nil {
+				return nil, fmt.Errorf("OCI layout index %s: %w", desc.Digest, err)
+			}
+			sm, err := sub.IndexManifest()
+			if err != nil {
+				return nil, fmt.Errorf("OCI layout index %s: %w", desc.Digest, err)
+			}
+			chosen, err := pickManifest(sm)
+			if err != nil {
+				return nil, err
+			}
+			if img, err = sub.Image(chosen.Digest); err != nil {
+				return nil, fmt.Errorf("OCI layout image %s: %w", chosen.Digest, err)
+			}
+		case desc.MediaType.IsImage():
+			if img, err = idx.Image(desc.Digest); err != nil {
+				return nil, fmt.Errorf("OCI layout image %s: %w", desc.Digest, err)
+			}
+		default:
+			continue
+		}
+		var names []string
+		if n, ok := layoutName(desc.Annotations); ok {
+			if n.Tag != "" {
+				names = append(names, n.TagRef())
+			}
+			names = append(names, n.Repo()+"@"+desc.Digest.String())
+		}
+		stored, err := s.commit(ctx, img, names)
+		if err != nil {
+			return nil, fmt.Errorf("import OCI layout image %s: %w", desc.Digest, err)
+		}
+		out = append(out, stored)
+	}
+	if len(out) == 0 {
+		return nil, fmt.Errorf("OCI layout has no images: %w", errdefs.ErrInvalidArgument)
+	}
+	return out, nil
+}
+
+// layoutName is the full image name an OCI layout entry carries: containerd's
+// annotation, or ref.name when it is a whole reference rather than a bare tag.
+func layoutName(ann map[string]string) (Named, bool) {
+	for _, key := range []string{annotationContainerdName, annotationRefName} {
+		v := ann[key]
+		if v == "" || (key == annotationRefName && !strings.ContainsAny(v, "/")) {
+			continue
+		}
+		if n, err := ParseReference(v); err == nil {
+			return n, true
+		}
+	}
+	return Named{}, false
+}
+
+// Export writes the image ref names as a docker-archive (what `docker save`
+// writes and `docker load` and Import read) with its tags.
+func (s *Store) Export(ctx context.Context, ref string, w io.Writer) error {
+	s.mu.Lock()
+	rec, err := s.lookup(ref)
+	if err != nil {
+		s.mu.Unlock()
+		return err
+	}
+	keys := []string{rec.ManifestDigest, rec.ConfigDigest}
+	for _, l := range rec.Layers {
+		keys = append(keys, l.Digest)
+	}
+	for _, k := range keys {
+		s.inflight[k]++
+	}
+	tags := append([]string(nil), rec.RepoTags...)
+	s.mu.Unlock()
+	defer s.hold(keys, -1)
+
+	manifest, err := os.ReadFile(s.blobPath(rec.ManifestDigest))
+	if err != nil {
+		return fmt.Errorf("export %s: manifest: %w", rec.ID, err)
+	}
+	var mt struct {
+		MediaType types.MediaType `json:"mediaType"`
+	}
+	_ = json.Unmarshal(manifest, &mt)
+	if mt.MediaType == "" {
+		mt.MediaType = types.OCIManifestSchema1
+	}
+	img, err := partial.CompressedToImage(&storedImage{s: s, rec: rec, manifest: manifest, mediaType: mt.MediaType})
+	if err != nil {
+		return fmt.Errorf("export %s: %w", rec.ID, err)
+	}
+	refs := map[name.Reference]v1.Image{}
+	for _, t := range tags {
+		tag, err := name.NewTag(t)
+		if err != nil {
+			return fmt.Errorf("export %s: tag %q: %w", rec.ID, t, err)
+		}
+		refs[tag] = img
+	}
+	if len(refs) == 0 {
+		d, err := name.NewDigest("berth.invalid/untagged@" + rec.ManifestDigest)
+		if err != nil {
+			return err
+		}
+		refs[d] = img
+	}
+	if err := tarball.MultiRefWrite(refs, &ctxWriter{ctx: ctx, w: w}); err != nil {
+		return fmt.Errorf("export %s: %w", rec.ID, err)
+	}
+	return nil
+}
+
+// storedImage serves a stored image to go-containerregistry's writers.
+type storedImage struct {
+	s         *Store
+	rec       *record
+	manifest  []byte
+	mediaType types.MediaType
+}
+
+func (i *storedImage) RawConfigFile() ([]byte, error) {
+	return os.ReadFile(i.s.blobPath(i.rec.ConfigDigest))
+}
+func (i *storedImage) MediaType() (types.MediaType, error) { return i.mediaType, nil }
+func (i *storedImage) RawManifest() ([]byte, error)        { return bytes.Clone(i.manifest), nil }
+
+func (i *storedImage) LayerByDigest(h v1.Hash) (partial.CompressedLayer, error) {
+	for _, l := range i.rec.Layers {
+		if l.Digest == h.String() {
+			return &storedLayer{s: i.s, l: l}, nil
+		}
+	}
+	if h.String() == i.rec.ConfigDigest {
+		return &storedLayer{s: i.s, l: layerRecord{Digest: i.rec.ConfigDigest, MediaType: string(types.OCIConfigJSON)}}, nil
+	}
+	return nil, fmt.Errorf("blob %s is not part of image %s: %w", h, i.rec.ID, errdefs.ErrNotFound)
+}
+
+type storedLayer struct {
+	s *Store
+	l layerRecord
+}
+
+func (l *storedLayer) Digest() (v1.Hash, error)           { return v1.NewHash(l.l.Digest) }
+func (l *storedLayer) Compressed() (io.ReadCloser, error) { return os.Open(l.s.blobPath(l.l.Digest)) }
+func (l *storedLayer) MediaType() (types.MediaType, error) {
+	return types.MediaType(l.l.MediaType), nil
+}
+func (l *storedLayer) Size() (int64, error) {
+	fi, err := os.Stat(l.s.blobPath(l.l.Digest))
+	if err != nil {
+		return 0, err
+	}
+	return fi.Size(), nil
+}
+
+type ctxWriter struct {
+	ctx context.Context
+	w   io.Writer
+}
+
+func (c *ctxWriter) Write(p []byte) (int, error) {
+	if err := c.ctx.Err(); err != nil {
+		return 0, err
+	}
+	return c.w.Write(p)
+}

@@ -1,0 +1,91 @@
+package image
+
+import (
+	"os"
+	"path/filepath"
+	"testing"
+)
+
+func writeHosts(t *testing.T, dir, ns, content string) {
+	t.Helper()
+	if err := os.MkdirAll(filepath.Join(dir, ns), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, ns, "hosts.toml"), []byte(content), 0o644); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestEndpointsFollowHostsTomlOrder(t *testing.T) {
+	dir := t.TempDir()
+	writeHosts(t, dir, "docker.io", `server = "https://docker.io"
+
+[host."https://z-mirror.example.com/v2/hub"]
+  capabilities = ["pull"]
+  override_path = true
+  skip_verify = true
+  dial_timeout = "2s"
+
+[host."http://127.0.0.1:5000"]
+  capabilities = ["pull", "resolve"]
+  [host."http://127.0.0.1:5000".header]
+    x-test = ["a", "b"]
+
+[host."https://a-mirror.example.com/prefix"]
+`)
+	eps, err := endpoints(dir, "docker.io")
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []string{
+		"https://z-mirror.example.com/v2/hub",
+		"http://127.0.0.1:5000/v2",
+		"https://a-mirror.example.com/prefix/v2",
+		"https://registry-1.docker.io/v2",
+	}
+	if len(eps) != len(want) {
+		t.Fatalf("endpoints %v", eps)
+	}
+	for i, ep := range eps {
+		if ep.String() != want[i] {
+			t.Errorf("endpoint %d = %s, want %s", i, ep, want[i])
+		}
+	}
+	if !eps[0].pull || eps[0].resolve || !eps[0].skipVerify || eps[0].dialTimeout.Seconds() != 2 || eps[0].ns != "docker.io" {
+		t.Errorf("first host: %+v", eps[0])
+	}
+	if !eps[1].resolve || len(eps[1].header["X-Test"]) != 2 {
+		t.Errorf("second host: %+v", eps[1])
+	}
+	if !eps[2].pull || !eps[2].resolve || !eps[3].upstream || eps[3].ns != "" {
+		t.Errorf("defaults: %+v %+v", eps[2], eps[3])
+	}
+}
+
+func TestEndpointsNamespaceLookup(t *testing.T) {
+	dir := t.TempDir()
+	writeHosts(t, dir, "_default", `[host."http://mirror.local"]`)
+	writeHosts(t, dir, "reg.example.com_5000_", `server = "http://reg.example.com:5000"`)
+	eps, err := endpoints(dir, "quay.io")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(eps) != 2 || eps[0].String() != "http://mirror.local/v2" || eps[1].String() != "https://quay.io/v2" {
+		t.Fatalf("_default: %v", eps)
+	}
+	eps, err = endpoints(dir, "reg.example.com:5000")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(eps) != 1 || eps[0].String() != "http://reg.example.com:5000/v2" {
+		t.Fatalf("host_port_ dir: %v", eps)
+	}
+	eps, err = endpoints("", "docker.io")
+	if err != nil || len(eps) != 1 || eps[0].host != "registry-1.docker.io" || eps[0].scheme != "" {
+		t.Fatalf("no config: %v %v", eps, err)
+	}
+	writeHosts(t, dir, "bad.example.com", `[host."ftp://x"]`)
+	if _, err := endpoints(dir, "bad.example.com"); err == nil {
+		t.Fatal("ftp scheme accepted")
+	}
+}
