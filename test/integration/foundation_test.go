@@ -212,11 +212,10 @@ func TestUnbuiltRPCsReturnUnimplemented(t *testing.T) {
 	// Every RPC listed here is not built yet; each later capability removes
 	// its RPCs from this table as it lands.
 	calls := map[string]func() error{
-		"CreateContainer": func() error { _, err := d.Runtime.CreateContainer(ctx, &criapi.CreateContainerRequest{}); return err },
-		"ExecSync":        func() error { _, err := d.Runtime.ExecSync(ctx, &criapi.ExecSyncRequest{}); return err },
-		"Exec":            func() error { _, err := d.Runtime.Exec(ctx, &criapi.ExecRequest{}); return err },
-		"Attach":          func() error { _, err := d.Runtime.Attach(ctx, &criapi.AttachRequest{}); return err },
-		"ContainerStats":  func() error { _, err := d.Runtime.ContainerStats(ctx, &criapi.ContainerStatsRequest{}); return err },
+		"ExecSync":       func() error { _, err := d.Runtime.ExecSync(ctx, &criapi.ExecSyncRequest{}); return err },
+		"Exec":           func() error { _, err := d.Runtime.Exec(ctx, &criapi.ExecRequest{}); return err },
+		"Attach":         func() error { _, err := d.Runtime.Attach(ctx, &criapi.AttachRequest{}); return err },
+		"ContainerStats": func() error { _, err := d.Runtime.ContainerStats(ctx, &criapi.ContainerStatsRequest{}); return err },
 		"ListContainerStats": func() error {
 			_, err := d.Runtime.ListContainerStats(ctx, &criapi.ListContainerStatsRequest{})
 			return err
