@@ -6,10 +6,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"os"
 	"path/filepath"
+	"reflect"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -120,9 +122,7 @@ func New(ctx context.Context, cfg *config.Config, version string, log *slog.Logg
 		return nil, fmt.Errorf("open container store: %w", err)
 	}
 
-	// Exec and attach need containers: until they exist the streaming
-	// server answers those with an error.
-	if d.stream, err = streaming.New(cfg.StreamingAddress, nil, nil, podNetwork{sandboxes}, log); err != nil {
+	if d.stream, err = streaming.New(cfg.StreamingAddress, nil, containerStreams{containers}, podNetwork{sandboxes}, log); err != nil {
 		return nil, err
 	}
 
@@ -143,6 +143,10 @@ func New(ctx context.Context, cfg *config.Config, version string, log *slog.Logg
 		Containers: containers,
 	})
 	d.grpc = grpc.NewServer(
+		// As the kubelet's client: requests up to 16 MiB; responses may
+		// carry ExecSync's two 16 MiB outputs.
+		grpc.MaxRecvMsgSize(16<<20),
+		grpc.MaxSendMsgSize(40<<20),
 		grpc.ChainUnaryInterceptor(m.UnaryInterceptor(), unaryLogger(log)),
 		grpc.ChainStreamInterceptor(m.StreamInterceptor(), streamLogger(log)),
 	)
@@ -231,6 +235,65 @@ func lockRoot(root string) (*os.File, error) {
 		fmt.Fprintf(f, "%d\n", os.Getpid())
 	}
 	return f, nil
+}
+
+// containerStreams runs exec and attach sessions for the streaming server.
+type containerStreams struct{ containers *container.Store }
+
+func (c containerStreams) Exec(ctx context.Context, id string, cmd []string, in io.Reader, out, errOut io.WriteCloser, tty bool, resize <-chan streaming.TerminalSize) error {
+	code, err := c.containers.Exec(ctx, id, container.ExecOptions{
+		Cmd: cmd, Stdin: in, Stdout: writerOrNil(out), Stderr: writerOrNil(errOut), TTY: tty, Resize: sizes(ctx, resize),
+	})
+	if err != nil {
+		return err
+	}
+	if code != 0 {
+		// The streaming library reports this to the client as the exit code.
+		return streaming.ExitCode(code)
+	}
+	return nil
+}
+
+func (c containerStreams) Attach(ctx context.Context, id string, in io.Reader, out, errOut io.WriteCloser, tty bool, resize <-chan streaming.TerminalSize) error {
+	return c.containers.Attach(ctx, id, container.AttachOptions{
+		Stdin: in, Stdout: writerOrNil(out), Stderr: writerOrNil(errOut), Resize: sizes(ctx, resize),
+	})
+}
+
+// writerOrNil keeps a nil interface nil: the library passes typed nils for
+// streams the client did not ask for.
+func writerOrNil(w io.WriteCloser) io.Writer {
+	if w == nil || reflect.ValueOf(w).IsNil() {
+		return nil
+	}
+	return w
+}
+
+// sizes converts the library's resize events until ctx ends.
+func sizes(ctx context.Context, in <-chan streaming.TerminalSize) <-chan container.TerminalSize {
+	if in == nil {
+		return nil
+	}
+	out := make(chan container.TerminalSize)
+	go func() {
+		defer close(out)
+		for {
+			select {
+			case sz, ok := <-in:
+				if !ok {
+					return
+				}
+				select {
+				case out <- container.TerminalSize{Width: sz.Width, Height: sz.Height}:
+				case <-ctx.Done():
+					return
+				}
+			case <-ctx.Done():
+				return
+			}
+		}
+	}()
+	return out
 }
 
 // podNetwork finds a ready pod's network namespace for port-forward.

@@ -156,3 +156,13 @@ func (r *runtime) PortForward(ctx context.Context, podSandboxID string, port int
 	r.log.Debug("port-forward", "pod", podSandboxID, "port", port)
 	return PortForward(ctx, path, port, stream)
 }
+
+// ExitCode is the error an exec backend returns for a command that exited
+// non-zero: the library recognises its methods (k8s.io/utils/exec's
+// ExitError) and sends the client the code instead of an internal error.
+type ExitCode int
+
+func (e ExitCode) Error() string   { return fmt.Sprintf("command terminated with exit code %d", int(e)) }
+func (e ExitCode) String() string  { return e.Error() }
+func (e ExitCode) Exited() bool    { return true }
+func (e ExitCode) ExitStatus() int { return int(e) }

@@ -31,7 +31,12 @@ type ctrEnv struct {
 
 func newCtrEnv(t *testing.T, images ...string) *ctrEnv {
 	t.Helper()
-	d := berthdtest.Start(t, berthdtest.Options{})
+	return newCtrEnvOn(t, berthdtest.Start(t, berthdtest.Options{}), images...)
+}
+
+// newCtrEnvOn is newCtrEnv on a daemon the test started itself.
+func newCtrEnvOn(t *testing.T, d *berthdtest.Daemon, images ...string) *ctrEnv {
+	t.Helper()
 	reg := testimages.StartRegistry(t)
 	reg.PushStandard(t)
 	if len(images) == 0 {

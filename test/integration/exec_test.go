@@ -1,0 +1,365 @@
+package integration
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/remotecommand"
+	criapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+	utilexec "k8s.io/utils/exec"
+
+	"github.com/berthcri/berth/internal/config"
+	"github.com/berthcri/berth/internal/testutil/berthdtest"
+)
+
+func execSync(t *testing.T, d *berthdtest.Daemon, id string, timeout int64, cmd ...string) (*criapi.ExecSyncResponse, error) {
+	t.Helper()
+	return d.Runtime.ExecSync(ctxT(t), &criapi.ExecSyncRequest{ContainerId: id, Cmd: cmd, Timeout: timeout})
+}
+
+func TestExecSyncOutputsExitCodesAndErrors(t *testing.T) {
+	t.Parallel()
+	e := newCtrEnv(t)
+	id := e.run(e.config("sleeper", "sleep", "3600"))
+
+	r, err := execSync(t, e.d, id, 10, "echo", "hello")
+	if err != nil || string(r.Stdout) != "hello\n" || r.ExitCode != 0 || len(r.Stderr) != 0 {
+		t.Fatalf("echo hello: %+v, %v", r, err)
+	}
+	r, err = execSync(t, e.d, id, 10, "sh", "-c", "echo oops >&2; exit 3")
+	if err != nil || string(r.Stderr) != "oops\n" || r.ExitCode != 3 {
+		t.Fatalf("exit 3: %+v, %v", r, err)
+	}
+	// The exec'd process runs as the container does: same user and cwd.
+	r, err = execSync(t, e.d, id, 10, "sh", "-c", "id -u; pwd")
+	if err != nil || string(r.Stdout) != "0\n/\n" {
+		t.Fatalf("identity: %+v, %v", r, err)
+	}
+
+	_, err = execSync(t, e.d, id, 10)
+	wantCode(t, err, codes.InvalidArgument)
+	_, err = execSync(t, e.d, "nonexistent", 10, "true")
+	wantCode(t, err, codes.NotFound)
+	created := e.create(e.config("notstarted", "sleep", "3600"))
+	_, err = execSync(t, e.d, created, 10, "true")
+	wantCode(t, err, codes.FailedPrecondition)
+}
+
+func TestExecSyncTimeoutKillsTheProcess(t *testing.T) {
+	t.Parallel()
+	e := newCtrEnv(t)
+	id := e.run(e.config("sleeper", "sleep", "3600"))
+	start := time.Now()
+	_, err := execSync(t, e.d, id, 1, "sleep", "4321")
+	wantCode(t, err, codes.DeadlineExceeded)
+	if took := time.Since(start); took > 20*time.Second {
+		t.Fatalf("timed-out exec took %s to return", took)
+	}
+	// The timed-out process is gone, as critest checks.
+	r, err := execSync(t, e.d, id, 10, "sh", "-c", "ps -o args | grep 'sleep 4321' | grep -v grep; true")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.TrimSpace(string(r.Stdout)) != "" {
+		t.Fatalf("timed-out exec still running:\n%s", r.Stdout)
+	}
+}
+
+func TestExecSyncCapsOutputAt16MiB(t *testing.T) {
+	t.Parallel()
+	e := newCtrEnv(t)
+	id := e.run(e.config("sleeper", "sleep", "3600"))
+	r, err := e.d.Runtime.ExecSync(ctxT(t), &criapi.ExecSyncRequest{ContainerId: id, Cmd: []string{"sh", "-c", "head -c 20000000 /dev/zero"}, Timeout: 30},
+		grpc.MaxCallRecvMsgSize(64<<20))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(r.Stdout) != 16<<20 || r.ExitCode != 0 {
+		t.Fatalf("stdout %d bytes, exit %d; want %d bytes, exit 0", len(r.Stdout), r.ExitCode, 16<<20)
+	}
+}
+
+// executor is the client side kubectl and critest use.
+func executor(t *testing.T, transport, rawURL string) remotecommand.Executor {
+	t.Helper()
+	u, err := url.Parse(rawURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ex remotecommand.Executor
+	switch transport {
+	case "spdy":
+		ex, err = remotecommand.NewSPDYExecutor(&rest.Config{}, "POST", u)
+	case "websocket":
+		ex, err = remotecommand.NewWebSocketExecutor(&rest.Config{}, "GET", rawURL)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ex
+}
+
+func TestExecStreamsOverSPDYAndWebsocket(t *testing.T) {
+	t.Parallel()
+	e := newCtrEnv(t)
+	id := e.run(e.config("sleeper", "sleep", "3600"))
+	for _, transport := range []string{"spdy", "websocket"} {
+		t.Run(transport, func(t *testing.T) {
+			// stdin piped through, stdout and stderr apart.
+			resp, err := e.d.Runtime.Exec(ctxT(t), &criapi.ExecRequest{ContainerId: id, Cmd: []string{"sh", "-c", "cat; echo done >&2"}, Stdin: true, Stdout: true, Stderr: true})
+			if err != nil {
+				t.Fatal(err)
+			}
+			var out, errOut bytes.Buffer
+			err = executor(t, transport, resp.Url).StreamWithContext(ctxT(t), remotecommand.StreamOptions{
+				Stdin: strings.NewReader("piped input\n"), Stdout: &out, Stderr: &errOut,
+			})
+			if err != nil || out.String() != "piped input\n" || errOut.String() != "done\n" {
+				t.Fatalf("exec cat: err %v, stdout %q, stderr %q", err, out.String(), errOut.String())
+			}
+
+			// A non-zero exit reaches the client as its code.
+			resp, err = e.d.Runtime.Exec(ctxT(t), &criapi.ExecRequest{ContainerId: id, Cmd: []string{"sh", "-c", "exit 7"}, Stdout: true, Stderr: true})
+			if err != nil {
+				t.Fatal(err)
+			}
+			err = executor(t, transport, resp.Url).StreamWithContext(ctxT(t), remotecommand.StreamOptions{Stdout: &out, Stderr: &errOut})
+			var exitErr utilexec.ExitError
+			if !errors.As(err, &exitErr) || exitErr.ExitStatus() != 7 {
+				t.Fatalf("exit 7 reached the client as %v", err)
+			}
+
+			// A TTY: one output stream, the terminal size applied.
+			resp, err = e.d.Runtime.Exec(ctxT(t), &criapi.ExecRequest{ContainerId: id, Cmd: []string{"sh", "-c", "stty size; test -t 0 && echo tty"}, Stdin: true, Stdout: true, Tty: true})
+			if err != nil {
+				t.Fatal(err)
+			}
+			out.Reset()
+			sizes := &fixedSize{size: remotecommand.TerminalSize{Width: 101, Height: 33}}
+			err = executor(t, transport, resp.Url).StreamWithContext(ctxT(t), remotecommand.StreamOptions{
+				Stdin: &blockingReader{done: make(chan struct{})}, Stdout: &out, Tty: true, TerminalSizeQueue: sizes,
+			})
+			if err != nil {
+				t.Fatalf("tty exec: %v (output %q)", err, out.String())
+			}
+			if got := strings.ReplaceAll(out.String(), "\r", ""); !strings.Contains(got, "33 101") || !strings.Contains(got, "tty") {
+				t.Fatalf("tty exec output %q; want the size 33 101 and tty", got)
+			}
+		})
+	}
+}
+
+// fixedSize hands out one terminal size, then blocks until the session ends.
+type fixedSize struct {
+	once sync.Once
+	size remotecommand.TerminalSize
+}
+
+func (f *fixedSize) Next() *remotecommand.TerminalSize {
+	var s *remotecommand.TerminalSize
+	f.once.Do(func() { s = &f.size })
+	if s == nil {
+		time.Sleep(time.Hour)
+	}
+	return s
+}
+
+// blockingReader is a stdin that never sends anything.
+type blockingReader struct{ done chan struct{} }
+
+func (b *blockingReader) Read([]byte) (int, error) { <-b.done; return 0, errors.New("closed") }
+
+func TestExecAndAttachRejectBadRequests(t *testing.T) {
+	t.Parallel()
+	e := newCtrEnv(t)
+	created := e.create(e.config("notstarted", "sleep", "3600"))
+	ctx := ctxT(t)
+	_, err := e.d.Runtime.Exec(ctx, &criapi.ExecRequest{ContainerId: created, Cmd: []string{"true"}, Stdout: true})
+	wantCode(t, err, codes.FailedPrecondition)
+	_, err = e.d.Runtime.Exec(ctx, &criapi.ExecRequest{ContainerId: "nonexistent", Cmd: []string{"true"}, Stdout: true})
+	wantCode(t, err, codes.NotFound)
+	_, err = e.d.Runtime.Exec(ctx, &criapi.ExecRequest{ContainerId: created, Stdout: true})
+	wantCode(t, err, codes.InvalidArgument)
+	_, err = e.d.Runtime.Attach(ctx, &criapi.AttachRequest{ContainerId: created, Stdout: true})
+	wantCode(t, err, codes.FailedPrecondition)
+	_, err = e.d.Runtime.Attach(ctx, &criapi.AttachRequest{ContainerId: "nonexistent", Stdout: true})
+	wantCode(t, err, codes.NotFound)
+}
+
+func TestAttachReadsOutputAndSendsInput(t *testing.T) {
+	t.Parallel()
+	e := newCtrEnv(t)
+	cfg := e.config("echoer", "sh", "-c", "while read line; do echo got:$line; done")
+	cfg.Stdin = true
+	id := e.run(cfg)
+	for _, transport := range []string{"spdy", "websocket"} {
+		t.Run(transport, func(t *testing.T) {
+			resp, err := e.d.Runtime.Attach(ctxT(t), &criapi.AttachRequest{ContainerId: id, Stdin: true, Stdout: true, Stderr: true})
+			if err != nil {
+				t.Fatal(err)
+			}
+			inR, inW := ioPipe()
+			out := &syncBuffer{}
+			ctx, cancel := context.WithCancel(ctxT(t))
+			done := make(chan error, 1)
+			go func() {
+				done <- executor(t, transport, resp.Url).StreamWithContext(ctx, remotecommand.StreamOptions{Stdin: inR, Stdout: out, Stderr: out})
+			}()
+			fmt.Fprintf(inW, "hello %s\n", transport)
+			waitFor(t, func() bool { return strings.Contains(out.String(), "got:hello "+transport) })
+			cancel()
+			inW.Close()
+			<-done
+		})
+	}
+}
+
+// TestExecSyncLeaksNothing runs many exec probes and checks that berthd and
+// the shim keep their fd and goroutine counts and that no zombie remains.
+func TestExecSyncLeaksNothing(t *testing.T) {
+	t.Parallel()
+	const calls = 1000
+	d := berthdtest.Start(t, berthdtest.Options{Configure: func(c *config.Config) { c.MetricsAddress = "127.0.0.1:0" }})
+	e := newCtrEnvOn(t, d)
+	id := e.run(e.config("probe-target", "sleep", "3600"))
+	probe := func() {
+		r, err := execSync(t, d, id, 10, "true")
+		if err != nil || r.ExitCode != 0 {
+			t.Fatalf("exec probe: %+v, %v", r, err)
+		}
+	}
+	for i := 0; i < 20; i++ { // warm up pools and caches
+		probe()
+	}
+	shim := shimPid(t, d)
+	fds0, fdsShim0, gr0 := countFDs(t, d.Pid()), countFDs(t, shim), goroutines(t, d)
+	var wg sync.WaitGroup
+	sem := make(chan struct{}, 4)
+	for i := 0; i < calls; i++ {
+		wg.Add(1)
+		sem <- struct{}{}
+		go func() { defer wg.Done(); defer func() { <-sem }(); probe() }()
+	}
+	wg.Wait()
+	time.Sleep(500 * time.Millisecond)
+	fds1, fdsShim1, gr1 := countFDs(t, d.Pid()), countFDs(t, shim), goroutines(t, d)
+	if fds1 > fds0+5 || fdsShim1 > fdsShim0+2 {
+		t.Errorf("fds grew over %d execs: berthd %d → %d, shim %d → %d", calls, fds0, fds1, fdsShim0, fdsShim1)
+	}
+	if gr1 > gr0+10 {
+		t.Errorf("goroutines grew over %d execs: %d → %d", calls, gr0, gr1)
+	}
+	if z := zombies(t, d.Pid(), shim); len(z) > 0 {
+		t.Errorf("zombies after %d execs: %v", calls, z)
+	}
+}
+
+func countFDs(t *testing.T, pid int) int {
+	t.Helper()
+	entries, err := os.ReadDir(fmt.Sprintf("/proc/%d/fd", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return len(entries)
+}
+
+// shimPid finds the berth-shim serving this daemon's pods.
+func shimPid(t *testing.T, d *berthdtest.Daemon) int {
+	t.Helper()
+	for _, pid := range berthdtest.PidsMentioning(d.State) {
+		comm, _ := os.ReadFile(fmt.Sprintf("/proc/%d/comm", pid))
+		if strings.TrimSpace(string(comm)) == "berth-shim" {
+			return pid
+		}
+	}
+	t.Fatal("no berth-shim for this daemon")
+	return 0
+}
+
+// goroutines reads berthd's goroutine count from its own metrics.
+func goroutines(t *testing.T, d *berthdtest.Daemon) int {
+	t.Helper()
+	st, err := d.Runtime.Status(ctxT(t), &criapi.StatusRequest{Verbose: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp, err := http.Get("http://" + st.Info["metricsAddress"] + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var buf bytes.Buffer
+	buf.ReadFrom(resp.Body)
+	for _, line := range strings.Split(buf.String(), "\n") {
+		if v, ok := strings.CutPrefix(line, "go_goroutines "); ok {
+			n, err := strconv.ParseFloat(v, 64)
+			if err == nil {
+				return int(n)
+			}
+		}
+	}
+	t.Fatal("no go_goroutines metric")
+	return 0
+}
+
+// zombies lists zombie children of the given processes.
+func zombies(t *testing.T, parents ...int) []string {
+	t.Helper()
+	isParent := map[string]bool{}
+	for _, p := range parents {
+		isParent[strconv.Itoa(p)] = true
+	}
+	var out []string
+	stats, _ := filepath.Glob("/proc/[0-9]*/stat")
+	for _, p := range stats {
+		b, err := os.ReadFile(p)
+		if err != nil {
+			continue
+		}
+		s := string(b)
+		i := strings.LastIndex(s, ") ")
+		if i < 0 {
+			continue
+		}
+		f := strings.Fields(s[i+2:]) // state, ppid, ...
+		if len(f) > 1 && f[0] == "Z" && isParent[f[1]] {
+			out = append(out, s[:i+1])
+		}
+	}
+	return out
+}
+
+func ioPipe() (*io.PipeReader, *io.PipeWriter) { return io.Pipe() }
+
+// syncBuffer is a bytes.Buffer safe for a writer and a reader goroutine.
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
