@@ -11,9 +11,11 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
 	"google.golang.org/grpc/codes"
 	criapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
+	"github.com/berthcri/berth/internal/config"
 	"github.com/berthcri/berth/internal/shim"
 	"github.com/berthcri/berth/internal/testutil/berthdtest"
 	"github.com/berthcri/berth/internal/testutil/testimages"
@@ -516,4 +518,114 @@ func closeStdin(t *testing.T, d *berthdtest.Daemon, pod, id string) {
 		t.Fatal(err)
 	}
 	s.Close()
+}
+
+func TestContainerSeccompRuntimeDefaultBlocksUnshare(t *testing.T) {
+	t.Parallel()
+	e := newCtrEnv(t)
+	// Creating a user namespace needs no capability from the kernel, but
+	// the default seccomp profile refuses unshare(CLONE_NEWUSER).
+	run := func(name string, profile *criapi.SecurityProfile) string {
+		cfg := e.config(name, "sh", "-c", "busybox unshare -U true 2>/dev/null; echo rc=$?")
+		cfg.Linux.SecurityContext.Seccomp = profile
+		lines, _ := e.output(cfg)
+		return strings.Join(lines, ",")
+	}
+	if got := run("unconfined", &criapi.SecurityProfile{ProfileType: criapi.SecurityProfile_Unconfined}); got != "rc=0" {
+		t.Fatalf("unconfined: %q (the kernel refuses user namespaces here?)", got)
+	}
+	if got := run("default", &criapi.SecurityProfile{ProfileType: criapi.SecurityProfile_RuntimeDefault}); got == "rc=0" {
+		t.Fatalf("RuntimeDefault allowed unshare(CLONE_NEWUSER): %q", got)
+	}
+}
+
+func TestContainerVolumePropagationModes(t *testing.T) {
+	t.Parallel()
+	e := newCtrEnv(t)
+	// A shared mount of our own, so that every mode is allowed on it.
+	host := filepath.Join(e.d.Dir, "shared")
+	if err := os.MkdirAll(host, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Mount(host, host, "", unix.MS_BIND, ""); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = unix.Unmount(host, unix.MNT_DETACH) })
+	if err := unix.Mount("", host, "", unix.MS_SHARED|unix.MS_REC, ""); err != nil {
+		t.Fatal(err)
+	}
+	cfg := e.config("prop", "sh", "-c", "read x; grep -E ' /(private|slave|shared) ' /proc/self/mountinfo; ls /slave/late")
+	cfg.Stdin, cfg.StdinOnce = true, true
+	cfg.Mounts = []*criapi.Mount{
+		{ContainerPath: "/private", HostPath: host, Propagation: criapi.MountPropagation_PROPAGATION_PRIVATE},
+		{ContainerPath: "/slave", HostPath: host, Propagation: criapi.MountPropagation_PROPAGATION_HOST_TO_CONTAINER},
+		{ContainerPath: "/shared", HostPath: host, Propagation: criapi.MountPropagation_PROPAGATION_BIDIRECTIONAL},
+	}
+	id := e.run(cfg)
+	// A mount made on the host after start reaches rslave and rshared
+	// mounts, not the private one.
+	late := filepath.Join(host, "late")
+	if err := os.MkdirAll(late, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Mount("tmpfs", late, "tmpfs", 0, ""); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = unix.Unmount(late, unix.MNT_DETACH) })
+	if err := os.WriteFile(filepath.Join(late, "marker"), nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	closeStdin(t, e.d, e.pod, id)
+	st := e.waitExited(id)
+	tags := map[string]string{}
+	var files []string
+	for _, r := range readCRILog(t, st.LogPath) {
+		f := strings.Fields(r.msg)
+		if len(f) > 6 && strings.HasPrefix(f[4], "/") {
+			tags[f[4]] = strings.Join(f[6:], " ")
+		} else {
+			files = append(files, r.msg)
+		}
+	}
+	if strings.Contains(tags["/private"], "shared:") || strings.Contains(tags["/private"], "master:") {
+		t.Errorf("/private propagates: %q", tags["/private"])
+	}
+	if !strings.Contains(tags["/slave"], "master:") {
+		t.Errorf("/slave is not a slave: %q", tags["/slave"])
+	}
+	if !strings.Contains(tags["/shared"], "shared:") {
+		t.Errorf("/shared is not shared: %q", tags["/shared"])
+	}
+	if strings.Join(files, ",") != "marker" {
+		t.Errorf("host mount after start not seen through /slave: %q", files)
+	}
+}
+
+func TestContainerSecondRuntimeHandler(t *testing.T) {
+	t.Parallel()
+	d := berthdtest.Start(t, berthdtest.Options{Configure: func(c *config.Config) {
+		c.RuntimeHandlers = map[string]config.RuntimeHandler{"runc": {Binary: "runc"}, "runc2": {Binary: "/usr/sbin/runc"}}
+	}})
+	reg := testimages.StartRegistry(t)
+	reg.PushStandard(t)
+	pull(t, d, reg.Ref("busybox:latest"), nil)
+	e := &ctrEnv{t: t, d: d, reg: reg, logDir: filepath.Join(d.Dir, "podlogs")}
+	e.podCfg = podConfig("handler2")
+	e.podCfg.LogDirectory = e.logDir
+	resp, err := d.Runtime.RunPodSandbox(ctxT(t), &criapi.RunPodSandboxRequest{Config: e.podCfg, RuntimeHandler: "runc2"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.pod = resp.PodSandboxId
+	id := e.run(e.config("c", "sleep", "1000"))
+	// The container lives in runc2's own --root.
+	if _, err := os.Stat(filepath.Join(d.State, "runtime", "runc2", id)); err != nil {
+		t.Fatalf("runc2 state: %v", err)
+	}
+	if _, err := os.Stat(filepath.Join(d.State, "runtime", "runc", id)); !os.IsNotExist(err) {
+		t.Fatalf("container in the default handler's root: %v", err)
+	}
+	_, err = d.Runtime.RunPodSandbox(ctxT(t), &criapi.RunPodSandboxRequest{Config: podConfig("nohandler"), RuntimeHandler: "nope"})
+	wantCode(t, err, codes.InvalidArgument)
+	stopRemove(t, d, e.pod)
 }
