@@ -140,6 +140,8 @@ func TestLifecycleExitCodesAndReasons(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t)
 	ctx := context.Background()
+	exits := make(chan *container.Container, 10)
+	f.store.Notify(func(c *container.Container) { exits <- c })
 	ok := f.create("pod1", "ok", []string{"sh", "-c", "echo hi; touch /written"}, nil)
 	bad := f.create("pod1", "bad", []string{"sh", "-c", "exit 7"}, nil)
 	if ok.State != container.StateCreated || ok.CreatedAt.IsZero() {
@@ -157,6 +159,17 @@ func TestLifecycleExitCodesAndReasons(t *testing.T) {
 	got = f.waitExited(bad.ID)
 	if got.ExitCode != 7 || got.Reason != container.ReasonError {
 		t.Fatalf("bad: %+v", got)
+	}
+	// Both exits were announced once, with their final records.
+	for i := 0; i < 2; i++ {
+		select {
+		case c := <-exits:
+			if c.State != container.StateExited || c.Reason == "" {
+				t.Fatalf("notified record %+v", c)
+			}
+		case <-time.After(5 * time.Second):
+			t.Fatal("exit not notified")
+		}
 	}
 	// The writable layer took the write, the image layer did not.
 	if _, err := os.Stat(filepath.Join(f.opts.Dir, ok.ID, "upper", "written")); err != nil {
@@ -183,6 +196,11 @@ func TestLifecycleExitCodesAndReasons(t *testing.T) {
 	}
 	if mounted(t, f.opts.Dir) {
 		t.Fatal("mounts left after remove")
+	}
+	select {
+	case c := <-exits:
+		t.Fatalf("extra exit notification %+v", c)
+	default:
 	}
 	if strings.Join(f.layers.released, ",") != ok.ID+","+bad.ID {
 		t.Fatalf("released %v", f.layers.released)

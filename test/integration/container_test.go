@@ -629,3 +629,38 @@ func TestContainerSecondRuntimeHandler(t *testing.T) {
 	wantCode(t, err, codes.InvalidArgument)
 	stopRemove(t, d, e.pod)
 }
+
+func TestContainerEvents(t *testing.T) {
+	t.Parallel()
+	e := newCtrEnv(t)
+	ctx, cancel := context.WithCancel(ctxT(t))
+	defer cancel()
+	stream, err := e.d.Runtime.GetContainerEvents(ctx, &criapi.GetEventsRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(100 * time.Millisecond) // subscribed before the first event
+	id := e.run(e.config("ev", "sh", "-c", "exit 2"))
+	e.waitExited(id)
+	if _, err := e.d.Runtime.RemoveContainer(ctx, &criapi.RemoveContainerRequest{ContainerId: id}); err != nil {
+		t.Fatal(err)
+	}
+	want := []criapi.ContainerEventType{
+		criapi.ContainerEventType_CONTAINER_CREATED_EVENT,
+		criapi.ContainerEventType_CONTAINER_STARTED_EVENT,
+		criapi.ContainerEventType_CONTAINER_STOPPED_EVENT,
+		criapi.ContainerEventType_CONTAINER_DELETED_EVENT,
+	}
+	for _, w := range want {
+		ev, err := stream.Recv()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ev.ContainerId != id || ev.ContainerEventType != w {
+			t.Fatalf("event %s for %s, want %s", ev.ContainerEventType, ev.ContainerId, w)
+		}
+		if w == criapi.ContainerEventType_CONTAINER_STOPPED_EVENT && ev.ContainersStatuses[0].ExitCode != 2 {
+			t.Fatalf("stopped event status %+v", ev.ContainersStatuses[0])
+		}
+	}
+}
