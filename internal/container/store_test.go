@@ -403,3 +403,31 @@ func TestRecoveryAfterRestart(t *testing.T) {
 	}
 	waitGone(t, filepath.Join(f.opts.ShimDir, "pod1"))
 }
+
+func TestAttachStdinAndOutput(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	ctx := context.Background()
+	c := f.create("pod1", "cat", []string{"sh", "-c", "cat; echo done >&2"}, func(cfg *runtime.ContainerConfig, _ *specs.Spec) {
+		if cfg != nil {
+			cfg.Stdin, cfg.StdinOnce = true, true
+		}
+	})
+	if _, err := f.store.Start(ctx, c.ID); err != nil {
+		t.Fatal(err)
+	}
+	var out, errOut strings.Builder
+	err := f.store.Attach(ctx, c.ID, strings.NewReader("hello through attach\n"), &out, &errOut, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if out.String() != "hello through attach\n" || errOut.String() != "done\n" {
+		t.Fatalf("stdout %q stderr %q", out.String(), errOut.String())
+	}
+	if got := f.waitExited(c.ID); got.ExitCode != 0 {
+		t.Fatalf("exit %+v", got)
+	}
+	if err := f.store.Attach(ctx, c.ID, nil, &out, nil, nil); !errors.Is(err, errdefs.ErrFailedPrecondition) {
+		t.Fatalf("attach to exited: %v", err)
+	}
+}

@@ -769,7 +769,9 @@ func (s *Server) attach(conn net.Conn, req *Request) {
 				c.writeStdin(payload)
 			}
 		case FrameCloseStdin:
-			if req.Stdin {
+			// The client's input ended: that ends the container's stdin
+			// only for stdin_once containers (as in containerd).
+			if req.Stdin && c.stdinOnce {
 				c.closeStdin()
 			}
 		case FrameResize:
