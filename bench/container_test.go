@@ -248,4 +248,3 @@ func smapsRollup(b *testing.B, pid int) map[string]float64 {
 	}
 	return out
 }
-
