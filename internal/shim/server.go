@@ -221,10 +221,14 @@ func (s *Server) exitIfEmpty() bool {
 		return false
 	}
 	s.closing = true
-	s.ln.Close()
+	// Directory (and socket file) first: from then on berthd's dial fails
+	// with ENOENT and it launches a new shim, whose directory this removal
+	// can no longer touch. Closing the listener first would open a window
+	// where a new shim's fresh directory is deleted under it.
 	if err := os.RemoveAll(s.dir); err != nil {
 		s.logf("remove shim dir: %v", err)
 	}
+	s.ln.Close()
 	return true
 }
 
