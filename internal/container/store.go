@@ -559,15 +559,19 @@ func (s *Store) Remove(ctx context.Context, id string) error {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	r := e.rec
-	if _, err := s.shimClient(r.PodID).Delete(ctx, r.ID); err != nil &&
-		!errors.Is(err, errdefs.ErrNotFound) && !errors.Is(err, shim.ErrNoShim) {
-		return fmt.Errorf("remove container %s: %w", r.ID, err)
-	}
-	// The shim is gone with its last container; make sure runc forgets it.
-	if rt, ok := s.opts.Runtimes[r.Runtime]; ok {
-		if err := rt.Delete(ctx, r.ID, true); err != nil {
-			s.log.Warn("runtime delete", "container", r.ID, "err", err)
+	_, err = s.shimClient(r.PodID).Delete(ctx, r.ID)
+	switch {
+	case err == nil:
+	case errors.Is(err, errdefs.ErrNotFound), errors.Is(err, shim.ErrNoShim):
+		// No shim holds it (it died, or a crash cut a remove short): make
+		// sure the runtime forgets it too.
+		if rt, ok := s.opts.Runtimes[r.Runtime]; ok {
+			if err := rt.Delete(ctx, r.ID, true); err != nil {
+				s.log.Warn("runtime delete", "container", r.ID, "err", err)
+			}
 		}
+	default:
+		return fmt.Errorf("remove container %s: %w", r.ID, err)
 	}
 	dir := s.dir(r.ID)
 	if err := unmountRootfs(dir); err != nil {

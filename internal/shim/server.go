@@ -652,7 +652,7 @@ func (c *container) copyOutput(r *os.File, name string, closeAtEnd bool) {
 	for {
 		m, err := r.Read(buf[n:])
 		if m > 0 {
-			c.fanout(frame, buf[n:n+m])
+			chunk := buf[n : n+m]
 			n += m
 			start := 0
 			for {
@@ -663,6 +663,9 @@ func (c *container) copyOutput(r *os.File, name string, closeAtEnd bool) {
 				c.writeLog(name, "F", buf[start:start+i])
 				start += i + 1
 			}
+			// Log first, then attached clients: whoever saw a line can
+			// rely on it being in the log.
+			c.fanout(frame, chunk)
 			copy(buf, buf[start:n])
 			n -= start
 			if n == len(buf) {
