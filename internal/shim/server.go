@@ -120,6 +120,12 @@ func (s *Server) serveConn(conn net.Conn) {
 			s.attach(conn, &req)
 			return
 		}
+		if req.Op == OpWait {
+			if !s.wait(conn, &req) {
+				return
+			}
+			continue
+		}
 		resp, exit := s.handle(&req)
 		if err := writeMessage(conn, resp); err != nil {
 			return
@@ -193,9 +199,6 @@ func (s *Server) handle(req *Request) (*Response, bool) {
 		err = s.kill(ctx, c, syscall.Signal(req.Signal), req.All)
 	case OpState:
 		return &Response{State: c.state()}, false
-	case OpWait:
-		<-c.exited
-		return &Response{State: c.state()}, false
 	case OpReopenLog:
 		err = c.reopenLog()
 	case OpDelete:
@@ -209,6 +212,38 @@ func (s *Server) handle(req *Request) (*Response, bool) {
 		return errResponse(err), false
 	}
 	return &Response{State: c.state()}, false
+}
+
+// waitPoll is how often a waiting connection is checked for a client that
+// went away (berthd restarted), so waits do not pile up in the shim.
+const waitPoll = 5 * time.Second
+
+// wait answers once the container exits; false means the client is gone.
+func (s *Server) wait(conn net.Conn, req *Request) bool {
+	c, err := s.get(req.ID)
+	if err != nil {
+		return writeMessage(conn, errResponse(err)) == nil
+	}
+	t := time.NewTimer(waitPoll)
+	defer t.Stop()
+	var probe [1]byte
+	for {
+		select {
+		case <-c.exited:
+			return writeMessage(conn, &Response{State: c.state()}) == nil
+		case <-t.C:
+			// Nothing may arrive while waiting: data or EOF means the
+			// client gave up.
+			_ = conn.SetReadDeadline(time.Now().Add(time.Millisecond))
+			_, err := conn.Read(probe[:])
+			var ne net.Error
+			if err == nil || !errors.As(err, &ne) || !ne.Timeout() {
+				return false
+			}
+			_ = conn.SetReadDeadline(time.Time{})
+			t.Reset(waitPoll)
+		}
+	}
 }
 
 // exitIfEmpty shuts the shim down when it holds no containers: it removes
