@@ -18,6 +18,7 @@ import (
 	"github.com/berthcri/berth/internal/config"
 	"github.com/berthcri/berth/internal/shim"
 	"github.com/berthcri/berth/internal/testutil/berthdtest"
+	"github.com/berthcri/berth/internal/testutil/leakcheck"
 	"github.com/berthcri/berth/internal/testutil/testimages"
 )
 
@@ -662,5 +663,64 @@ func TestContainerEvents(t *testing.T) {
 		if w == criapi.ContainerEventType_CONTAINER_STOPPED_EVENT && ev.ContainersStatuses[0].ExitCode != 2 {
 			t.Fatalf("stopped event status %+v", ev.ContainersStatuses[0])
 		}
+	}
+}
+
+// Cycles of pods with containers — created, running, exited, and creates
+// failing at each step (unknown image, a spec specgen refuses, a command
+// runc cannot exec) — leave nothing behind: no mounts, processes, cgroups,
+// files, records or image leases.
+func TestContainerLifecycleLeavesNothingBehind(t *testing.T) {
+	t.Parallel()
+	e := newCtrEnv(t)
+	ctx := ctxT(t)
+	scope := leakcheck.ForDaemon(e.d)
+	stopRemove(t, e.d, e.pod) // warm up: bridge, lock files
+	before := leakcheck.Take(t, scope)
+	for i := 0; i < 6; i++ {
+		e.podCfg = podConfig(fmt.Sprintf("leak-%d", i))
+		e.podCfg.LogDirectory = e.logDir
+		e.pod = runPod(t, e.d, e.podCfg)
+		e.create(e.config("created", "true"))
+		e.run(e.config("running", "sleep", "1000"))
+		e.waitExited(e.run(e.config("exited", "true")))
+		for _, bad := range []*criapi.ContainerConfig{
+			func() *criapi.ContainerConfig {
+				c := e.config("noimage", "true")
+				c.Image.Image = e.reg.Ref("no-such-image:latest")
+				return c
+			}(),
+			func() *criapi.ContainerConfig {
+				c := e.config("badspec", "true")
+				c.Linux.SecurityContext.RunAsGroup = &criapi.Int64Value{Value: 5}
+				return c
+			}(),
+			e.config("noexec", "/no/such/binary"),
+		} {
+			if _, err := e.d.Runtime.CreateContainer(ctx, &criapi.CreateContainerRequest{PodSandboxId: e.pod, Config: bad, SandboxConfig: e.podCfg}); err == nil {
+				t.Fatalf("cycle %d: create %s succeeded", i, bad.Metadata.Name)
+			}
+		}
+		if i%2 == 0 {
+			// Containers removed one by one, the running one forced.
+			resp, err := e.d.Runtime.ListContainers(ctx, &criapi.ListContainersRequest{Filter: &criapi.ContainerFilter{PodSandboxId: e.pod}})
+			if err != nil || len(resp.Containers) != 3 {
+				t.Fatalf("cycle %d: list %d containers, %v", i, len(resp.Containers), err)
+			}
+			for _, c := range resp.Containers {
+				if _, err := e.d.Runtime.RemoveContainer(ctx, &criapi.RemoveContainerRequest{ContainerId: c.Id}); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
+		stopRemove(t, e.d, e.pod)
+	}
+	leakcheck.Check(t, before, leakcheck.Take(t, scope))
+	if entries, _ := os.ReadDir(filepath.Join(e.d.Root, "containers")); len(entries) != 0 {
+		t.Fatalf("%d container dirs left", len(entries))
+	}
+	// No lease keeps the image: it can go, layers and all.
+	if _, err := e.d.Image.RemoveImage(ctx, &criapi.RemoveImageRequest{Image: &criapi.ImageSpec{Image: e.reg.Ref("busybox:latest")}}); err != nil {
+		t.Fatal(err)
 	}
 }
