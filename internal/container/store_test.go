@@ -7,6 +7,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -392,6 +393,13 @@ func TestRecoveryAfterRestart(t *testing.T) {
 	if _, err := f.store.Create(ctx, f.params("pod1", "long", []string{"true"}, nil)); !errors.Is(err, errdefs.ErrAlreadyExists) {
 		t.Fatalf("names not recovered: %v", err)
 	}
+	// A container created before the restart starts after it.
+	if _, err := f.store.Start(ctx, created.ID); err != nil {
+		t.Fatal(err)
+	}
+	if got := f.waitExited(created.ID); got.ExitCode != 0 || got.Reason != container.ReasonCompleted {
+		t.Fatalf("created-then-started after restart: %+v", got)
+	}
 	if err := f.store.Stop(ctx, long.ID, time.Second); err != nil {
 		t.Fatal(err)
 	}
@@ -429,5 +437,35 @@ func TestAttachStdinAndOutput(t *testing.T) {
 	}
 	if err := f.store.Attach(ctx, c.ID, nil, &out, nil, nil); !errors.Is(err, errdefs.ErrFailedPrecondition) {
 		t.Fatalf("attach to exited: %v", err)
+	}
+}
+
+func TestShimKilledMarksContainersLost(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	ctx := context.Background()
+	c := f.create("pod1", "victim", []string{"sleep", "1000"}, nil)
+	if _, err := f.store.Start(ctx, c.ID); err != nil {
+		t.Fatal(err)
+	}
+	shimDir := filepath.Join(f.opts.ShimDir, "pod1")
+	for _, pid := range berthdtest.PidsMentioning(shimDir) {
+		if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
+			t.Fatal(err)
+		}
+	}
+	got := f.waitExited(c.ID)
+	if got.Reason != container.ReasonUnknown || got.ExitCode != 255 || got.Message == "" {
+		t.Fatalf("after shim kill: %+v", got)
+	}
+	// Remove still cleans up: the runtime kills and forgets the orphan.
+	if err := f.store.Remove(ctx, c.ID); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := exec.Command("runc", "--root", f.opts.Runtimes["runc"].Root, "state", c.ID).CombinedOutput(); err == nil {
+		t.Fatalf("runc still knows the container: %s", out)
+	}
+	if mounted(t, f.opts.Dir) {
+		t.Fatal("rootfs still mounted")
 	}
 }
