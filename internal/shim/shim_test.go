@@ -397,3 +397,22 @@ func TestShimDropsWaitsOfVanishedClients(t *testing.T) {
 		time.Sleep(200 * time.Millisecond)
 	}
 }
+
+func TestShimHighVolumeOutputIsComplete(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	logPath := f.run("seq", []string{"sh", "-c", "seq 1 200000; seq 1 50000 >&2"}, nil)
+	if st := f.wait("seq"); st.Exit.Code != 0 {
+		t.Fatalf("exit %+v", st.Exit)
+	}
+	next := map[string]int{"stdout": 1, "stderr": 1}
+	for _, r := range readLog(t, logPath) {
+		if r.tag != "F" || r.m != fmt.Sprint(next[r.stream]) {
+			t.Fatalf("%s: got %q (%s), want %d", r.stream, r.m, r.tag, next[r.stream])
+		}
+		next[r.stream]++
+	}
+	if next["stdout"] != 200001 || next["stderr"] != 50001 {
+		t.Fatalf("lines: %v", next)
+	}
+}
