@@ -256,6 +256,11 @@ func TestNameReservationAndFailedCreateUndoes(t *testing.T) {
 	if _, err := f.store.Create(ctx, p); err == nil {
 		t.Fatal("create with failing spec succeeded")
 	}
+	// A pod whose first create fails keeps no shim.
+	if _, err := f.store.Create(ctx, f.params("pod3", "first", []string{"/no/such/binary"}, nil)); err == nil {
+		t.Fatal("create with a missing binary succeeded")
+	}
+	waitGone(t, filepath.Join(f.opts.ShimDir, "pod3"))
 	p.Runtime = "nope"
 	if _, err := f.store.Create(ctx, p); !errors.Is(err, errdefs.ErrInvalidArgument) {
 		t.Fatalf("unknown handler: %v", err)
@@ -264,8 +269,8 @@ func TestNameReservationAndFailedCreateUndoes(t *testing.T) {
 	if len(entries) != 2 {
 		t.Fatalf("container dirs after failed creates: %d, want 2", len(entries))
 	}
-	if len(f.layers.released) != 2 {
-		t.Fatalf("released %v, want the two failed creates", f.layers.released)
+	if len(f.layers.released) != 3 {
+		t.Fatalf("released %v, want the three failed creates", f.layers.released)
 	}
 	mounts, _ := berthdtest.MountsBelow(f.opts.Dir)
 	if len(mounts) != 2 {
