@@ -2,82 +2,79 @@ package container
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
-	"net"
 	"sync"
 
 	"github.com/berthcri/berth/internal/errdefs"
 	"github.com/berthcri/berth/internal/shim"
 )
 
-// AttachOptions are the caller's ends of an attach session.
-type AttachOptions struct {
-	Stdin  io.Reader // ignored unless the container was created with stdin
-	Stdout io.Writer
-	Stderr io.Writer // unused for a TTY container: its output is one stream
-	Resize <-chan TerminalSize
+// TerminalSize is a resize request for a TTY container.
+type TerminalSize struct {
+	Width, Height uint16
 }
 
-// Attach connects the caller's streams to the running container's stdio
-// through the pod's shim, until the container exits, the shim closes the
-// session or ctx ends. With stdin_once, the container's stdin closes when
-// the caller's stdin does (kubelet semantics); otherwise other attachers
-// keep it.
-func (s *Store) Attach(ctx context.Context, id string, o AttachOptions) error {
-	e, err := s.entry(id)
+// Attach connects the caller's streams to a running container through its
+// shim: in feeds the container's stdin (its EOF closes stdin when the
+// container is stdin_once), out and errOut get its output (a TTY container
+// has only out). It returns when the container exits, ctx ends or the
+// output cannot be written. Any stream may be nil.
+func (s *Store) Attach(ctx context.Context, id string, in io.Reader, out, errOut io.Writer, resize <-chan TerminalSize) error {
+	c, err := s.Get(id)
 	if err != nil {
 		return err
 	}
-	e.mu.Lock()
-	s.refresh(e)
-	rec := e.rec.clone()
-	e.mu.Unlock()
-	if rec.State != StateRunning {
-		return fmt.Errorf("attach to container %s: it is %s, not running: %w", rec.ID, rec.State, errdefs.ErrFailedPrecondition)
+	if c.State != StateRunning {
+		return fmt.Errorf("container %s is %s, not running: %w", c.ID, c.State, errdefs.ErrFailedPrecondition)
 	}
-	wantStdin := o.Stdin != nil && rec.Stdin
-	wantStderr := o.Stderr != nil && !rec.Terminal
-	stream, err := s.shimClient(rec.PodID).Attach(ctx, rec.ID, wantStdin, o.Stdout != nil, wantStderr)
+	if in != nil && !c.Stdin {
+		return fmt.Errorf("container %s was not created with stdin: %w", c.ID, errdefs.ErrInvalidArgument)
+	}
+	stream, err := s.shimClient(c.PodID).Attach(ctx, c.ID, in != nil, out != nil, errOut != nil && !c.Terminal)
 	if err != nil {
-		return fmt.Errorf("attach to container %s: %w", rec.ID, err)
+		return fmt.Errorf("attach to %s: %w", c.ID, err)
 	}
 	defer stream.Close()
-	stop := context.AfterFunc(ctx, func() { stream.Close() })
-	defer stop()
-
-	// Frames from several goroutines must not interleave on the socket.
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	go func() {
+		<-ctx.Done()
+		stream.Close()
+	}()
+	// Stdin and resize frames come from two goroutines: one writer at a time.
 	var wmu sync.Mutex
 	send := func(f func() error) error {
 		wmu.Lock()
 		defer wmu.Unlock()
 		return f()
 	}
-	if wantStdin {
+	if in != nil {
 		go func() {
-			buf := make([]byte, 16*1024)
+			buf := make([]byte, 32<<10)
 			for {
-				n, err := o.Stdin.Read(buf)
-				if n > 0 {
-					if send(func() error { return stream.Stdin(buf[:n]) }) != nil {
-						return
-					}
+				n, err := in.Read(buf)
+				if n > 0 && send(func() error { return stream.Stdin(buf[:n]) }) != nil {
+					return
 				}
 				if err != nil {
-					if rec.StdinOnce {
-						_ = send(stream.CloseStdin)
-					}
+					// The shim closes stdin only for stdin_once containers.
+					_ = send(stream.CloseStdin)
 					return
 				}
 			}
 		}()
 	}
-	if o.Resize != nil && rec.Terminal {
+	if resize != nil {
 		go func() {
-			for sz := range o.Resize {
-				if send(func() error { return stream.Resize(sz.Width, sz.Height) }) != nil {
+			for {
+				select {
+				case <-ctx.Done():
 					return
+				case sz, ok := <-resize:
+					if !ok || send(func() error { return stream.Resize(sz.Width, sz.Height) }) != nil {
+						return
+					}
 				}
 			}
 		}()
@@ -85,22 +82,18 @@ func (s *Store) Attach(ctx context.Context, id string, o AttachOptions) error {
 	for {
 		kind, p, err := stream.Recv()
 		if err != nil {
-			if errors.Is(err, io.EOF) || errors.Is(err, net.ErrClosed) || ctx.Err() != nil {
-				return nil
-			}
-			return fmt.Errorf("attach to container %s: %w", rec.ID, err)
+			// The shim closes the stream when the container exits.
+			return nil
 		}
-		var w io.Writer
-		switch kind {
-		case shim.FrameStdout:
-			w = o.Stdout
-		case shim.FrameStderr:
-			w = o.Stderr
+		w := out
+		if kind == shim.FrameStderr {
+			w = errOut
 		}
-		if w != nil {
-			if _, err := w.Write(p); err != nil {
-				return nil // the client went away
-			}
+		if w == nil {
+			continue
+		}
+		if _, err := w.Write(p); err != nil {
+			return fmt.Errorf("attach to %s: write output: %w", c.ID, err)
 		}
 	}
 }

@@ -21,9 +21,6 @@ import (
 	"github.com/berthcri/berth/internal/oci"
 )
 
-// TerminalSize is a TTY resize request.
-type TerminalSize struct{ Width, Height uint16 }
-
 // ExecOptions describe one process run inside a running container.
 type ExecOptions struct {
 	Cmd    []string

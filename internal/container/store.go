@@ -57,6 +57,19 @@ type Store struct {
 	names map[string]string // pod/name/attempt → ID
 
 	shimMu sync.Mutex // serialises shim launches
+
+	notifyMu sync.Mutex
+	onExit   func(*Container)
+}
+
+// Notify registers fn to be called once for each container that exits on
+// its own or by Stop, after its record says so (not for a container
+// Remove forces down, which is gone by then). The CRI
+// layer turns these into CONTAINER_STOPPED events.
+func (s *Store) Notify(fn func(*Container)) {
+	s.notifyMu.Lock()
+	defer s.notifyMu.Unlock()
+	s.onExit = fn
 }
 
 // entry is a container in memory; mu serialises its lifecycle operations.
@@ -252,9 +265,11 @@ func (s *Store) Create(ctx context.Context, p CreateParams) (_ *Container, retEr
 	if err := saveRecord(dir, rec); err != nil {
 		return nil, err
 	}
+	e := &entry{rec: rec}
 	s.mu.Lock()
-	s.ctrs[id] = &entry{rec: rec}
+	s.ctrs[id] = e
 	s.mu.Unlock()
+	go s.watch(e)
 	log.Info("container created")
 	return rec.clone(), nil
 }
@@ -321,12 +336,56 @@ func (s *Store) refresh(e *entry) {
 	s.setExited(e, ex)
 }
 
+// watch waits, through the shim, for the container to exit and records
+// it at once, so status and events do not wait for someone to look. If
+// the shim goes away instead, the container is lost.
+func (s *Store) watch(e *entry) {
+	e.mu.Lock()
+	id, pod := e.rec.ID, e.rec.PodID
+	e.mu.Unlock()
+	st, err := s.shimClient(pod).Wait(context.Background(), id)
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	s.mu.Lock()
+	current := s.ctrs[id] == e
+	s.mu.Unlock()
+	if !current || e.rec.State == StateExited {
+		return
+	}
+	switch {
+	case err == nil && st.Exit != nil:
+		s.setExited(e, st.Exit)
+	case errors.Is(err, errdefs.ErrNotFound):
+		// Deleted from the shim (remove in progress): Remove records it.
+		return
+	default:
+		s.refresh(e)
+		if e.rec.State != StateExited {
+			s.log.Warn("lost the container's shim", "pod", pod, "container", id, "err", err)
+			_ = s.lost(e, shim.ErrNoShim)
+		}
+	}
+}
+
 func (s *Store) setExited(e *entry, ex *shim.Exit) {
 	r := e.rec
+	if r.State == StateExited {
+		return
+	}
+	defer func() {
+		s.notifyMu.Lock()
+		fn := s.onExit
+		s.notifyMu.Unlock()
+		if fn != nil {
+			fn(r.clone())
+		}
+	}()
 	r.State = StateExited
 	r.FinishedAt = ex.At
 	r.ExitCode = int32(ex.Code)
 	switch {
+	case ex.Unknown != "":
+		r.Reason, r.Message = ReasonUnknown, ex.Unknown
 	case ex.OOMKilled:
 		r.Reason = ReasonOOMKilled
 	case ex.Code == 0:
@@ -482,10 +541,7 @@ func (s *Store) lost(e *entry, err error) error {
 	}
 	s.refresh(e)
 	if e.rec.State != StateExited {
-		e.rec.Message = "the pod's shim is gone"
-		s.setExited(e, &shim.Exit{Code: 255, At: time.Now().UTC()})
-		e.rec.Reason = ReasonUnknown
-		_ = saveRecord(s.dir(e.rec.ID), e.rec)
+		s.setExited(e, &shim.Exit{Code: 255, At: time.Now().UTC(), Unknown: "the pod's shim is gone"})
 	}
 	return nil
 }
@@ -503,15 +559,19 @@ func (s *Store) Remove(ctx context.Context, id string) error {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	r := e.rec
-	if _, err := s.shimClient(r.PodID).Delete(ctx, r.ID); err != nil &&
-		!errors.Is(err, errdefs.ErrNotFound) && !errors.Is(err, shim.ErrNoShim) {
-		return fmt.Errorf("remove container %s: %w", r.ID, err)
-	}
-	// The shim is gone with its last container; make sure runc forgets it.
-	if rt, ok := s.opts.Runtimes[r.Runtime]; ok {
-		if err := rt.Delete(ctx, r.ID, true); err != nil {
-			s.log.Warn("runtime delete", "container", r.ID, "err", err)
+	_, err = s.shimClient(r.PodID).Delete(ctx, r.ID)
+	switch {
+	case err == nil:
+	case errors.Is(err, errdefs.ErrNotFound), errors.Is(err, shim.ErrNoShim):
+		// No shim holds it (it died, or a crash cut a remove short): make
+		// sure the runtime forgets it too.
+		if rt, ok := s.opts.Runtimes[r.Runtime]; ok {
+			if err := rt.Delete(ctx, r.ID, true); err != nil {
+				s.log.Warn("runtime delete", "container", r.ID, "err", err)
+			}
 		}
+	default:
+		return fmt.Errorf("remove container %s: %w", r.ID, err)
 	}
 	dir := s.dir(r.ID)
 	if err := unmountRootfs(dir); err != nil {
@@ -651,12 +711,44 @@ func (s *Store) recover(ctx context.Context) error {
 			live[rec.PodID] = ids
 		}
 		if !ids[rec.ID] {
-			rec.Message = "container lost while berthd was down"
-			s.setExited(e, &shim.Exit{Code: 255, At: time.Now().UTC()})
-			rec.Reason = ReasonUnknown
-			_ = saveRecord(dir, rec)
+			s.setExited(e, &shim.Exit{Code: 255, At: time.Now().UTC(), Unknown: "container lost while berthd was down"})
+			continue
 		}
+		go s.watch(e)
 	}
+	s.reapOrphans(ctx)
 	s.log.Info("containers recovered", "count", len(s.ctrs))
 	return nil
+}
+
+// reapOrphans deletes, from every live shim, containers berthd has no
+// record of (a create cut short by a crash before its record was written),
+// and removes the directories of dead shims (their exits are folded in).
+func (s *Store) reapOrphans(ctx context.Context) {
+	pods, err := os.ReadDir(s.opts.ShimDir)
+	if err != nil {
+		return
+	}
+	for _, p := range pods {
+		client := s.shimClient(p.Name())
+		ids, err := client.List(ctx)
+		if errors.Is(err, shim.ErrNoShim) {
+			s.log.Info("removing the directory of a dead shim", "pod", p.Name())
+			_ = os.RemoveAll(client.Dir())
+			continue
+		}
+		if err != nil {
+			s.log.Warn("ask shim for its containers", "pod", p.Name(), "err", err)
+			continue
+		}
+		for _, id := range ids {
+			if _, ok := s.ctrs[id]; ok {
+				continue
+			}
+			s.log.Warn("deleting a container without a record from its shim", "pod", p.Name(), "container", id)
+			if _, err := client.Delete(ctx, id); err != nil {
+				s.log.Warn("delete orphan container", "container", id, "err", err)
+			}
+		}
+	}
 }

@@ -7,6 +7,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -140,6 +141,8 @@ func TestLifecycleExitCodesAndReasons(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t)
 	ctx := context.Background()
+	exits := make(chan *container.Container, 10)
+	f.store.Notify(func(c *container.Container) { exits <- c })
 	ok := f.create("pod1", "ok", []string{"sh", "-c", "echo hi; touch /written"}, nil)
 	bad := f.create("pod1", "bad", []string{"sh", "-c", "exit 7"}, nil)
 	if ok.State != container.StateCreated || ok.CreatedAt.IsZero() {
@@ -157,6 +160,17 @@ func TestLifecycleExitCodesAndReasons(t *testing.T) {
 	got = f.waitExited(bad.ID)
 	if got.ExitCode != 7 || got.Reason != container.ReasonError {
 		t.Fatalf("bad: %+v", got)
+	}
+	// Both exits were announced once, with their final records.
+	for i := 0; i < 2; i++ {
+		select {
+		case c := <-exits:
+			if c.State != container.StateExited || c.Reason == "" {
+				t.Fatalf("notified record %+v", c)
+			}
+		case <-time.After(5 * time.Second):
+			t.Fatal("exit not notified")
+		}
 	}
 	// The writable layer took the write, the image layer did not.
 	if _, err := os.Stat(filepath.Join(f.opts.Dir, ok.ID, "upper", "written")); err != nil {
@@ -183,6 +197,11 @@ func TestLifecycleExitCodesAndReasons(t *testing.T) {
 	}
 	if mounted(t, f.opts.Dir) {
 		t.Fatal("mounts left after remove")
+	}
+	select {
+	case c := <-exits:
+		t.Fatalf("extra exit notification %+v", c)
+	default:
 	}
 	if strings.Join(f.layers.released, ",") != ok.ID+","+bad.ID {
 		t.Fatalf("released %v", f.layers.released)
@@ -237,6 +256,11 @@ func TestNameReservationAndFailedCreateUndoes(t *testing.T) {
 	if _, err := f.store.Create(ctx, p); err == nil {
 		t.Fatal("create with failing spec succeeded")
 	}
+	// A pod whose first create fails keeps no shim.
+	if _, err := f.store.Create(ctx, f.params("pod3", "first", []string{"/no/such/binary"}, nil)); err == nil {
+		t.Fatal("create with a missing binary succeeded")
+	}
+	waitGone(t, filepath.Join(f.opts.ShimDir, "pod3"))
 	p.Runtime = "nope"
 	if _, err := f.store.Create(ctx, p); !errors.Is(err, errdefs.ErrInvalidArgument) {
 		t.Fatalf("unknown handler: %v", err)
@@ -245,8 +269,8 @@ func TestNameReservationAndFailedCreateUndoes(t *testing.T) {
 	if len(entries) != 2 {
 		t.Fatalf("container dirs after failed creates: %d, want 2", len(entries))
 	}
-	if len(f.layers.released) != 2 {
-		t.Fatalf("released %v, want the two failed creates", f.layers.released)
+	if len(f.layers.released) != 3 {
+		t.Fatalf("released %v, want the three failed creates", f.layers.released)
 	}
 	mounts, _ := berthdtest.MountsBelow(f.opts.Dir)
 	if len(mounts) != 2 {
@@ -374,6 +398,13 @@ func TestRecoveryAfterRestart(t *testing.T) {
 	if _, err := f.store.Create(ctx, f.params("pod1", "long", []string{"true"}, nil)); !errors.Is(err, errdefs.ErrAlreadyExists) {
 		t.Fatalf("names not recovered: %v", err)
 	}
+	// A container created before the restart starts after it.
+	if _, err := f.store.Start(ctx, created.ID); err != nil {
+		t.Fatal(err)
+	}
+	if got := f.waitExited(created.ID); got.ExitCode != 0 || got.Reason != container.ReasonCompleted {
+		t.Fatalf("created-then-started after restart: %+v", got)
+	}
 	if err := f.store.Stop(ctx, long.ID, time.Second); err != nil {
 		t.Fatal(err)
 	}
@@ -384,4 +415,62 @@ func TestRecoveryAfterRestart(t *testing.T) {
 		t.Fatalf("%d containers left", n)
 	}
 	waitGone(t, filepath.Join(f.opts.ShimDir, "pod1"))
+}
+
+func TestAttachStdinAndOutput(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	ctx := context.Background()
+	c := f.create("pod1", "cat", []string{"sh", "-c", "cat; echo done >&2"}, func(cfg *runtime.ContainerConfig, _ *specs.Spec) {
+		if cfg != nil {
+			cfg.Stdin, cfg.StdinOnce = true, true
+		}
+	})
+	if _, err := f.store.Start(ctx, c.ID); err != nil {
+		t.Fatal(err)
+	}
+	var out, errOut strings.Builder
+	err := f.store.Attach(ctx, c.ID, strings.NewReader("hello through attach\n"), &out, &errOut, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if out.String() != "hello through attach\n" || errOut.String() != "done\n" {
+		t.Fatalf("stdout %q stderr %q", out.String(), errOut.String())
+	}
+	if got := f.waitExited(c.ID); got.ExitCode != 0 {
+		t.Fatalf("exit %+v", got)
+	}
+	if err := f.store.Attach(ctx, c.ID, nil, &out, nil, nil); !errors.Is(err, errdefs.ErrFailedPrecondition) {
+		t.Fatalf("attach to exited: %v", err)
+	}
+}
+
+func TestShimKilledMarksContainersLost(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	ctx := context.Background()
+	c := f.create("pod1", "victim", []string{"sleep", "1000"}, nil)
+	if _, err := f.store.Start(ctx, c.ID); err != nil {
+		t.Fatal(err)
+	}
+	shimDir := filepath.Join(f.opts.ShimDir, "pod1")
+	for _, pid := range berthdtest.PidsMentioning(shimDir) {
+		if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
+			t.Fatal(err)
+		}
+	}
+	got := f.waitExited(c.ID)
+	if got.Reason != container.ReasonUnknown || got.ExitCode != 255 || got.Message == "" {
+		t.Fatalf("after shim kill: %+v", got)
+	}
+	// Remove still cleans up: the runtime kills and forgets the orphan.
+	if err := f.store.Remove(ctx, c.ID); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := exec.Command("runc", "--root", f.opts.Runtimes["runc"].Root, "state", c.ID).CombinedOutput(); err == nil {
+		t.Fatalf("runc still knows the container: %s", out)
+	}
+	if mounted(t, f.opts.Dir) {
+		t.Fatal("rootfs still mounted")
+	}
 }

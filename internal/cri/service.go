@@ -86,6 +86,11 @@ func New(opts Options) *Service {
 	if s.events == nil {
 		s.events = events.NewBroker()
 	}
+	if s.containers != nil {
+		s.containers.Notify(func(c *container.Container) {
+			s.publishContainerEvent(c, runtime.ContainerEventType_CONTAINER_STOPPED_EVENT)
+		})
+	}
 	return s
 }
 

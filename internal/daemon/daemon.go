@@ -255,9 +255,11 @@ func (c containerStreams) Exec(ctx context.Context, id string, cmd []string, in 
 }
 
 func (c containerStreams) Attach(ctx context.Context, id string, in io.Reader, out, errOut io.WriteCloser, tty bool, resize <-chan streaming.TerminalSize) error {
-	return c.containers.Attach(ctx, id, container.AttachOptions{
-		Stdin: in, Stdout: writerOrNil(out), Stderr: writerOrNil(errOut), Resize: sizes(ctx, resize),
-	})
+	var stdin io.Reader
+	if in != nil && !reflect.ValueOf(in).IsNil() {
+		stdin = in
+	}
+	return c.containers.Attach(ctx, id, stdin, writerOrNil(out), writerOrNil(errOut), sizes(ctx, resize))
 }
 
 // writerOrNil keeps a nil interface nil: the library passes typed nils for

@@ -68,7 +68,7 @@ func (r *Runtime) args(sub ...string) []string {
 	return append(a, sub...)
 }
 
-func (r *Runtime) run(ctx context.Context, args []string, stdin, stdout, stderr *os.File) error {
+func (r *Runtime) run(ctx context.Context, id string, args []string, stdin, stdout, stderr *os.File) error {
 	if err := os.MkdirAll(r.Root, 0o700); err != nil {
 		return fmt.Errorf("create runtime root %s: %w", r.Root, err)
 	}
@@ -78,16 +78,16 @@ func (r *Runtime) run(ctx context.Context, args []string, stdin, stdout, stderr 
 	}
 	errOut, err := runner.Run(ctx, args, stdin, stdout, stderr)
 	if err != nil {
-		return runtimeError(args, errOut, err)
+		return runtimeError(args, id, errOut, err)
 	}
 	return nil
 }
 
 // runtimeError carries the runtime's stderr and maps "does not exist" to
 // ErrNotFound so callers can treat a vanished container as gone.
-func runtimeError(args []string, errOut []byte, err error) error {
-	msg := strings.TrimSpace(string(errOut))
-	what := filepath.Base(args[0]) + " " + subcommand(args)
+func runtimeError(args []string, id string, errOut []byte, err error) error {
+	msg := logMessage(strings.TrimSpace(string(errOut)))
+	what := filepath.Base(args[0]) + " " + subcommand(args) + " " + id
 	if msg == "" {
 		return fmt.Errorf("%s: %w", what, err)
 	}
@@ -95,6 +95,30 @@ func runtimeError(args []string, errOut []byte, err error) error {
 		return fmt.Errorf("%s: %w: %s", what, errdefs.ErrNotFound, msg)
 	}
 	return fmt.Errorf("%s: %v: %s", what, err, msg)
+}
+
+// logMessage pulls msg="..." out of runc's logfmt stderr lines.
+func logMessage(s string) string {
+	var msgs []string
+	for _, line := range strings.Split(s, "\n") {
+		i := strings.Index(line, `msg="`)
+		if i < 0 {
+			if line = strings.TrimSpace(line); line != "" {
+				msgs = append(msgs, line)
+			}
+			continue
+		}
+		rest := line[i+len(`msg="`):]
+		if m, err := strconv.Unquote(`"` + rest); err == nil {
+			msgs = append(msgs, m)
+			continue
+		}
+		if j := strings.LastIndex(rest, `"`); j >= 0 {
+			rest = rest[:j]
+		}
+		msgs = append(msgs, strings.ReplaceAll(rest, `\"`, `"`))
+	}
+	return strings.Join(msgs, "; ")
 }
 
 var subcommands = map[string]bool{"create": true, "start": true, "kill": true, "delete": true, "state": true, "update": true, "exec": true}
@@ -132,7 +156,7 @@ func (r *Runtime) Create(ctx context.Context, id string, o CreateOpts) error {
 		defer null.Close()
 		stderr = null
 	}
-	if err := r.run(ctx, args, o.Stdin, o.Stdout, stderr); err != nil {
+	if err := r.run(ctx, id, args, o.Stdin, o.Stdout, stderr); err != nil {
 		if msg := lastLogError(logPath); msg != "" && !strings.Contains(err.Error(), msg) {
 			return fmt.Errorf("%w: %s", err, msg)
 		}
@@ -162,7 +186,7 @@ func lastLogError(path string) string {
 
 // Start lets a created container's init exec the process.
 func (r *Runtime) Start(ctx context.Context, id string) error {
-	return r.run(ctx, r.args("start", id), nil, nil, nil)
+	return r.run(ctx, id, r.args("start", id), nil, nil, nil)
 }
 
 // Kill sends sig to the container's init (all its processes when all).
@@ -172,7 +196,7 @@ func (r *Runtime) Kill(ctx context.Context, id string, sig syscall.Signal, all b
 		args = append(args, "--all")
 	}
 	args = append(args, id, strconv.Itoa(int(sig)))
-	return r.run(ctx, args, nil, nil, nil)
+	return r.run(ctx, id, args, nil, nil, nil)
 }
 
 // Delete removes the container from the runtime; force kills it first.
@@ -182,7 +206,7 @@ func (r *Runtime) Delete(ctx context.Context, id string, force bool) error {
 	if force {
 		args = append(args, "--force")
 	}
-	err := r.run(ctx, append(args, id), nil, nil, nil)
+	err := r.run(ctx, id, append(args, id), nil, nil, nil)
 	if errors.Is(err, errdefs.ErrNotFound) {
 		return nil
 	}
@@ -197,7 +221,7 @@ func (r *Runtime) State(ctx context.Context, id string) (*State, error) {
 	}
 	defer os.Remove(out.Name())
 	defer out.Close()
-	if err := r.run(ctx, r.args("state", id), nil, out, nil); err != nil {
+	if err := r.run(ctx, id, r.args("state", id), nil, out, nil); err != nil {
 		return nil, err
 	}
 	data, err := os.ReadFile(out.Name())
@@ -226,7 +250,7 @@ func (r *Runtime) Update(ctx context.Context, id string, res *specs.LinuxResourc
 	if _, err := in.Write(data); err != nil {
 		return fmt.Errorf("update %s: %w", id, err)
 	}
-	return r.run(ctx, r.args("update", "--resources", in.Name(), id), nil, nil, nil)
+	return r.run(ctx, id, r.args("update", "--resources", in.Name(), id), nil, nil, nil)
 }
 
 // ExecOpts are the arguments of Exec.
@@ -262,7 +286,7 @@ func (r *Runtime) Exec(ctx context.Context, id string, proc *specs.Process, o Ex
 	if o.ConsoleSocket != "" {
 		args = append(args, "--console-socket", o.ConsoleSocket)
 	}
-	return r.run(ctx, append(args, id), o.Stdin, o.Stdout, o.Stderr)
+	return r.run(ctx, id, append(args, id), o.Stdin, o.Stdout, o.Stderr)
 }
 
 // execRunner runs the runtime with os/exec, keeping stderr for errors.

@@ -60,6 +60,11 @@ func (c *Client) call(ctx context.Context, req *Request) (*Response, error) {
 		if ctx.Err() != nil {
 			return nil, fmt.Errorf("shim %s %s: %w", req.Op, req.ID, ctx.Err())
 		}
+		// The conn's deadline is ctx's: it may fire a hair before ctx does.
+		var ne net.Error
+		if _, ok := ctx.Deadline(); ok && errors.As(err, &ne) && ne.Timeout() {
+			return nil, fmt.Errorf("shim %s %s: %w", req.Op, req.ID, context.DeadlineExceeded)
+		}
 		return nil, fmt.Errorf("shim %s %s: %w", req.Op, req.ID, err)
 	}
 	if resp.Error != "" {

@@ -101,6 +101,8 @@ type Exit struct {
 	Signal    int       `json:"signal,omitempty"`
 	OOMKilled bool      `json:"oom_killed,omitempty"`
 	At        time.Time `json:"exited_at"`
+	// Unknown is set by berthd, never the shim, for an exit nobody saw.
+	Unknown string `json:"-"`
 }
 
 // exitVersion is the version of the Exit file format.

@@ -120,6 +120,12 @@ func (s *Server) serveConn(conn net.Conn) {
 			s.attach(conn, &req)
 			return
 		}
+		if req.Op == OpWait {
+			if !s.wait(conn, &req) {
+				return
+			}
+			continue
+		}
 		resp, exit := s.handle(&req)
 		if err := writeMessage(conn, resp); err != nil {
 			return
@@ -193,9 +199,6 @@ func (s *Server) handle(req *Request) (*Response, bool) {
 		err = s.kill(ctx, c, syscall.Signal(req.Signal), req.All)
 	case OpState:
 		return &Response{State: c.state()}, false
-	case OpWait:
-		<-c.exited
-		return &Response{State: c.state()}, false
 	case OpReopenLog:
 		err = c.reopenLog()
 	case OpDelete:
@@ -211,6 +214,38 @@ func (s *Server) handle(req *Request) (*Response, bool) {
 	return &Response{State: c.state()}, false
 }
 
+// waitPoll is how often a waiting connection is checked for a client that
+// went away (berthd restarted), so waits do not pile up in the shim.
+const waitPoll = 5 * time.Second
+
+// wait answers once the container exits; false means the client is gone.
+func (s *Server) wait(conn net.Conn, req *Request) bool {
+	c, err := s.get(req.ID)
+	if err != nil {
+		return writeMessage(conn, errResponse(err)) == nil
+	}
+	t := time.NewTimer(waitPoll)
+	defer t.Stop()
+	var probe [1]byte
+	for {
+		select {
+		case <-c.exited:
+			return writeMessage(conn, &Response{State: c.state()}) == nil
+		case <-t.C:
+			// Nothing may arrive while waiting: data or EOF means the
+			// client gave up.
+			_ = conn.SetReadDeadline(time.Now().Add(time.Millisecond))
+			_, err := conn.Read(probe[:])
+			var ne net.Error
+			if err == nil || !errors.As(err, &ne) || !ne.Timeout() {
+				return false
+			}
+			_ = conn.SetReadDeadline(time.Time{})
+			t.Reset(waitPoll)
+		}
+	}
+}
+
 // exitIfEmpty shuts the shim down when it holds no containers: it removes
 // its socket and directory first, under the lock, so a create racing with
 // it is refused and berthd starts a fresh shim.
@@ -221,10 +256,14 @@ func (s *Server) exitIfEmpty() bool {
 		return false
 	}
 	s.closing = true
-	s.ln.Close()
+	// Directory (and socket file) first: from then on berthd's dial fails
+	// with ENOENT and it launches a new shim, whose directory this removal
+	// can no longer touch. Closing the listener first would open a window
+	// where a new shim's fresh directory is deleted under it.
 	if err := os.RemoveAll(s.dir); err != nil {
 		s.logf("remove shim dir: %v", err)
 	}
+	s.ln.Close()
 	return true
 }
 
@@ -648,7 +687,7 @@ func (c *container) copyOutput(r *os.File, name string, closeAtEnd bool) {
 	for {
 		m, err := r.Read(buf[n:])
 		if m > 0 {
-			c.fanout(frame, buf[n:n+m])
+			chunk := buf[n : n+m]
 			n += m
 			start := 0
 			for {
@@ -659,6 +698,9 @@ func (c *container) copyOutput(r *os.File, name string, closeAtEnd bool) {
 				c.writeLog(name, "F", buf[start:start+i])
 				start += i + 1
 			}
+			// Log first, then attached clients: whoever saw a line can
+			// rely on it being in the log.
+			c.fanout(frame, chunk)
 			copy(buf, buf[start:n])
 			n -= start
 			if n == len(buf) {
@@ -769,7 +811,9 @@ func (s *Server) attach(conn net.Conn, req *Request) {
 				c.writeStdin(payload)
 			}
 		case FrameCloseStdin:
-			if req.Stdin {
+			// The client's input ended: that ends the container's stdin
+			// only for stdin_once containers (as in containerd).
+			if req.Stdin && c.stdinOnce {
 				c.closeStdin()
 			}
 		case FrameResize:

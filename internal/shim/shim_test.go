@@ -364,3 +364,55 @@ func TestShimCreateFailureCarriesRuntimeError(t *testing.T) {
 		t.Fatalf("list = %v %v", ids, err)
 	}
 }
+
+func TestShimDropsWaitsOfVanishedClients(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	f.run("sleeper", []string{"sleep", "1000"}, nil)
+	pids := berthdtest.PidsMentioning(f.client.Dir())
+	if len(pids) != 1 {
+		t.Fatalf("shim pids %v", pids)
+	}
+	fds := func() int {
+		entries, err := os.ReadDir(fmt.Sprintf("/proc/%d/fd", pids[0]))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return len(entries)
+	}
+	before := fds()
+	// Five clients wait and go away, as a killed berthd's would.
+	for i := 0; i < 5; i++ {
+		ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+		if _, err := f.client.Wait(ctx, "sleeper"); !errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("wait: %v", err)
+		}
+		cancel()
+	}
+	deadline := time.Now().Add(15 * time.Second)
+	for fds() > before {
+		if time.Now().After(deadline) {
+			t.Fatalf("shim holds %d fds, had %d: abandoned waits kept", fds(), before)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
+
+func TestShimHighVolumeOutputIsComplete(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	logPath := f.run("seq", []string{"sh", "-c", "seq 1 200000; seq 1 50000 >&2"}, nil)
+	if st := f.wait("seq"); st.Exit.Code != 0 {
+		t.Fatalf("exit %+v", st.Exit)
+	}
+	next := map[string]int{"stdout": 1, "stderr": 1}
+	for _, r := range readLog(t, logPath) {
+		if r.tag != "F" || r.m != fmt.Sprint(next[r.stream]) {
+			t.Fatalf("%s: got %q (%s), want %d", r.stream, r.m, r.tag, next[r.stream])
+		}
+		next[r.stream]++
+	}
+	if next["stdout"] != 200001 || next["stderr"] != 50001 {
+		t.Fatalf("lines: %v", next)
+	}
+}

@@ -11,11 +11,14 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
 	"google.golang.org/grpc/codes"
 	criapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
+	"github.com/berthcri/berth/internal/config"
 	"github.com/berthcri/berth/internal/shim"
 	"github.com/berthcri/berth/internal/testutil/berthdtest"
+	"github.com/berthcri/berth/internal/testutil/leakcheck"
 	"github.com/berthcri/berth/internal/testutil/testimages"
 )
 
@@ -521,4 +524,208 @@ func closeStdin(t *testing.T, d *berthdtest.Daemon, pod, id string) {
 		t.Fatal(err)
 	}
 	s.Close()
+}
+
+func TestContainerSeccompRuntimeDefaultBlocksUnshare(t *testing.T) {
+	t.Parallel()
+	e := newCtrEnv(t)
+	// Creating a user namespace needs no capability from the kernel, but
+	// the default seccomp profile refuses unshare(CLONE_NEWUSER).
+	run := func(name string, profile *criapi.SecurityProfile) string {
+		cfg := e.config(name, "sh", "-c", "busybox unshare -U true 2>/dev/null; echo rc=$?")
+		cfg.Linux.SecurityContext.Seccomp = profile
+		lines, _ := e.output(cfg)
+		return strings.Join(lines, ",")
+	}
+	if got := run("unconfined", &criapi.SecurityProfile{ProfileType: criapi.SecurityProfile_Unconfined}); got != "rc=0" {
+		t.Fatalf("unconfined: %q (the kernel refuses user namespaces here?)", got)
+	}
+	if got := run("default", &criapi.SecurityProfile{ProfileType: criapi.SecurityProfile_RuntimeDefault}); got == "rc=0" {
+		t.Fatalf("RuntimeDefault allowed unshare(CLONE_NEWUSER): %q", got)
+	}
+}
+
+func TestContainerVolumePropagationModes(t *testing.T) {
+	t.Parallel()
+	e := newCtrEnv(t)
+	// A shared mount of our own, so that every mode is allowed on it.
+	host := filepath.Join(e.d.Dir, "shared")
+	if err := os.MkdirAll(host, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Mount(host, host, "", unix.MS_BIND, ""); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = unix.Unmount(host, unix.MNT_DETACH) })
+	if err := unix.Mount("", host, "", unix.MS_SHARED|unix.MS_REC, ""); err != nil {
+		t.Fatal(err)
+	}
+	cfg := e.config("prop", "sh", "-c", "read x; grep -E ' /(private|slave|shared) ' /proc/self/mountinfo; ls /slave/late")
+	cfg.Stdin, cfg.StdinOnce = true, true
+	cfg.Mounts = []*criapi.Mount{
+		{ContainerPath: "/private", HostPath: host, Propagation: criapi.MountPropagation_PROPAGATION_PRIVATE},
+		{ContainerPath: "/slave", HostPath: host, Propagation: criapi.MountPropagation_PROPAGATION_HOST_TO_CONTAINER},
+		{ContainerPath: "/shared", HostPath: host, Propagation: criapi.MountPropagation_PROPAGATION_BIDIRECTIONAL},
+	}
+	id := e.run(cfg)
+	// A mount made on the host after start reaches rslave and rshared
+	// mounts, not the private one.
+	late := filepath.Join(host, "late")
+	if err := os.MkdirAll(late, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Mount("tmpfs", late, "tmpfs", 0, ""); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = unix.Unmount(late, unix.MNT_DETACH) })
+	if err := os.WriteFile(filepath.Join(late, "marker"), nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	closeStdin(t, e.d, e.pod, id)
+	st := e.waitExited(id)
+	tags := map[string]string{}
+	var files []string
+	for _, r := range readCRILog(t, st.LogPath) {
+		f := strings.Fields(r.msg)
+		if len(f) > 6 && strings.HasPrefix(f[4], "/") {
+			tags[f[4]] = strings.Join(f[6:], " ")
+		} else {
+			files = append(files, r.msg)
+		}
+	}
+	if strings.Contains(tags["/private"], "shared:") || strings.Contains(tags["/private"], "master:") {
+		t.Errorf("/private propagates: %q", tags["/private"])
+	}
+	if !strings.Contains(tags["/slave"], "master:") {
+		t.Errorf("/slave is not a slave: %q", tags["/slave"])
+	}
+	if !strings.Contains(tags["/shared"], "shared:") {
+		t.Errorf("/shared is not shared: %q", tags["/shared"])
+	}
+	if strings.Join(files, ",") != "marker" {
+		t.Errorf("host mount after start not seen through /slave: %q", files)
+	}
+}
+
+func TestContainerSecondRuntimeHandler(t *testing.T) {
+	t.Parallel()
+	d := berthdtest.Start(t, berthdtest.Options{Configure: func(c *config.Config) {
+		c.RuntimeHandlers = map[string]config.RuntimeHandler{"runc": {Binary: "runc"}, "runc2": {Binary: "/usr/sbin/runc"}}
+	}})
+	reg := testimages.StartRegistry(t)
+	reg.PushStandard(t)
+	pull(t, d, reg.Ref("busybox:latest"), nil)
+	e := &ctrEnv{t: t, d: d, reg: reg, logDir: filepath.Join(d.Dir, "podlogs")}
+	e.podCfg = podConfig("handler2")
+	e.podCfg.LogDirectory = e.logDir
+	resp, err := d.Runtime.RunPodSandbox(ctxT(t), &criapi.RunPodSandboxRequest{Config: e.podCfg, RuntimeHandler: "runc2"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.pod = resp.PodSandboxId
+	id := e.run(e.config("c", "sleep", "1000"))
+	// The container lives in runc2's own --root.
+	if _, err := os.Stat(filepath.Join(d.State, "runtime", "runc2", id)); err != nil {
+		t.Fatalf("runc2 state: %v", err)
+	}
+	if _, err := os.Stat(filepath.Join(d.State, "runtime", "runc", id)); !os.IsNotExist(err) {
+		t.Fatalf("container in the default handler's root: %v", err)
+	}
+	_, err = d.Runtime.RunPodSandbox(ctxT(t), &criapi.RunPodSandboxRequest{Config: podConfig("nohandler"), RuntimeHandler: "nope"})
+	wantCode(t, err, codes.InvalidArgument)
+	stopRemove(t, d, e.pod)
+}
+
+func TestContainerEvents(t *testing.T) {
+	t.Parallel()
+	e := newCtrEnv(t)
+	ctx, cancel := context.WithCancel(ctxT(t))
+	defer cancel()
+	stream, err := e.d.Runtime.GetContainerEvents(ctx, &criapi.GetEventsRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(100 * time.Millisecond) // subscribed before the first event
+	id := e.run(e.config("ev", "sh", "-c", "exit 2"))
+	e.waitExited(id)
+	if _, err := e.d.Runtime.RemoveContainer(ctx, &criapi.RemoveContainerRequest{ContainerId: id}); err != nil {
+		t.Fatal(err)
+	}
+	want := []criapi.ContainerEventType{
+		criapi.ContainerEventType_CONTAINER_CREATED_EVENT,
+		criapi.ContainerEventType_CONTAINER_STARTED_EVENT,
+		criapi.ContainerEventType_CONTAINER_STOPPED_EVENT,
+		criapi.ContainerEventType_CONTAINER_DELETED_EVENT,
+	}
+	for _, w := range want {
+		ev, err := stream.Recv()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ev.ContainerId != id || ev.ContainerEventType != w {
+			t.Fatalf("event %s for %s, want %s", ev.ContainerEventType, ev.ContainerId, w)
+		}
+		if w == criapi.ContainerEventType_CONTAINER_STOPPED_EVENT && ev.ContainersStatuses[0].ExitCode != 2 {
+			t.Fatalf("stopped event status %+v", ev.ContainersStatuses[0])
+		}
+	}
+}
+
+// Cycles of pods with containers — created, running, exited, and creates
+// failing at each step (unknown image, a spec specgen refuses, a command
+// runc cannot exec) — leave nothing behind: no mounts, processes, cgroups,
+// files, records or image leases.
+func TestContainerLifecycleLeavesNothingBehind(t *testing.T) {
+	t.Parallel()
+	e := newCtrEnv(t)
+	ctx := ctxT(t)
+	scope := leakcheck.ForDaemon(e.d)
+	stopRemove(t, e.d, e.pod) // warm up: bridge, lock files
+	before := leakcheck.Take(t, scope)
+	for i := 0; i < 6; i++ {
+		e.podCfg = podConfig(fmt.Sprintf("leak-%d", i))
+		e.podCfg.LogDirectory = e.logDir
+		e.pod = runPod(t, e.d, e.podCfg)
+		e.create(e.config("created", "true"))
+		e.run(e.config("running", "sleep", "1000"))
+		e.waitExited(e.run(e.config("exited", "true")))
+		for _, bad := range []*criapi.ContainerConfig{
+			func() *criapi.ContainerConfig {
+				c := e.config("noimage", "true")
+				c.Image.Image = e.reg.Ref("no-such-image:latest")
+				return c
+			}(),
+			func() *criapi.ContainerConfig {
+				c := e.config("badspec", "true")
+				c.Linux.SecurityContext.RunAsGroup = &criapi.Int64Value{Value: 5}
+				return c
+			}(),
+			e.config("noexec", "/no/such/binary"),
+		} {
+			if _, err := e.d.Runtime.CreateContainer(ctx, &criapi.CreateContainerRequest{PodSandboxId: e.pod, Config: bad, SandboxConfig: e.podCfg}); err == nil {
+				t.Fatalf("cycle %d: create %s succeeded", i, bad.Metadata.Name)
+			}
+		}
+		if i%2 == 0 {
+			// Containers removed one by one, the running one forced.
+			resp, err := e.d.Runtime.ListContainers(ctx, &criapi.ListContainersRequest{Filter: &criapi.ContainerFilter{PodSandboxId: e.pod}})
+			if err != nil || len(resp.Containers) != 3 {
+				t.Fatalf("cycle %d: list %d containers, %v", i, len(resp.Containers), err)
+			}
+			for _, c := range resp.Containers {
+				if _, err := e.d.Runtime.RemoveContainer(ctx, &criapi.RemoveContainerRequest{ContainerId: c.Id}); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
+		stopRemove(t, e.d, e.pod)
+	}
+	leakcheck.Check(t, before, leakcheck.Take(t, scope))
+	if entries, _ := os.ReadDir(filepath.Join(e.d.Root, "containers")); len(entries) != 0 {
+		t.Fatalf("%d container dirs left", len(entries))
+	}
+	// No lease keeps the image: it can go, layers and all.
+	if _, err := e.d.Image.RemoveImage(ctx, &criapi.RemoveImageRequest{Image: &criapi.ImageSpec{Image: e.reg.Ref("busybox:latest")}}); err != nil {
+		t.Fatal(err)
+	}
 }
