@@ -538,6 +538,12 @@ func TestImageFsInfoReportsStoreUsage(t *testing.T) {
 		after.InodesUsed.GetValue() < before.InodesUsed.GetValue()+uint64(len(testimages.Applets)) {
 		t.Fatalf("usage before %v/%v after %v/%v", before.UsedBytes, before.InodesUsed, after.UsedBytes, after.InodesUsed)
 	}
+	if _, err := d.Image.RemoveImage(ctxT(t), &criapi.RemoveImageRequest{Image: &criapi.ImageSpec{Image: reg.Ref(testimages.BusyboxRef)}}); err != nil {
+		t.Fatal(err)
+	}
+	if gone := fsInfo(); gone.UsedBytes.GetValue() >= after.UsedBytes.GetValue() || gone.InodesUsed.GetValue() >= after.InodesUsed.GetValue() {
+		t.Fatalf("usage did not drop after remove: %v/%v then %v/%v", after.UsedBytes, after.InodesUsed, gone.UsedBytes, gone.InodesUsed)
+	}
 }
 
 func mustImage(t *testing.T, build func() (v1.Image, error)) v1.Image {
