@@ -37,7 +37,8 @@ lint:
 test: test-deps lint build
 	BERTHD_BIN=$(BIN)/berthd BERTH_BIN_DIR=$(BIN) $(GO) test -count=1 -timeout 60m $(TESTFLAGS) ./...
 
-bench: test-deps build
+bench: build
+	hack/install-deps.sh bench
 	mkdir -p bench/out
 	BERTHD_BIN=$(BIN)/berthd BERTH_BIN_DIR=$(BIN) BENCH_OUT=$(CURDIR)/bench/out \
 	  $(GO) test -count=1 -timeout 60m -run '^$$' -bench . -benchtime 1x ./bench/...

@@ -2,19 +2,23 @@
 # Installs the Debian packages berth needs when they are missing.
 #   hack/install-deps.sh run    what berthd needs: runc, CNI plugins, iptables
 #   hack/install-deps.sh test   also what the tests need: busybox-static
+#   hack/install-deps.sh bench  also the reference runtime: containerd
 # Nothing is installed when everything is present, so it is cheap to call.
 set -euo pipefail
 
-want=(runc:runc iptables:iptables)
+want=(runc:runc iptables:iptables ip:iproute2)
 cni_plugins=containernetworking-plugins
-[ "${1:-run}" = test ] && want+=(busybox:busybox-static)
+case "${1:-run}" in
+  test) want+=(busybox:busybox-static) ;;
+  bench) want+=(busybox:busybox-static containerd:containerd) ;;
+esac
 
 missing=()
 for pair in "${want[@]}"; do
   bin=${pair%%:*} pkg=${pair#*:}
   command -v "$bin" >/dev/null 2>&1 || missing+=("$pkg")
 done
-if [ "${1:-run}" = test ] && [ ! -x /bin/busybox ]; then
+if [ "${1:-run}" != run ] && [ ! -x /bin/busybox ]; then
   missing+=(busybox-static)
 fi
 if [ ! -x /usr/lib/cni/bridge ] && [ ! -x /opt/cni/bin/bridge ]; then

@@ -5,6 +5,7 @@ package config
 import (
 	"bytes"
 	"fmt"
+	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -36,47 +37,65 @@ var DefaultCNIBinDirs = []string{"/opt/cni/bin", "/usr/lib/cni"}
 // users write in berth.toml; `berthd config` prints this struct.
 type Config struct {
 	// Listen is the CRI endpoint, unix:///path.
-	Listen string `toml:"listen"`
+	Listen string `toml:"listen" json:"listen"`
 	// Root holds persistent state: images, container records.
-	Root string `toml:"root"`
+	Root string `toml:"root" json:"root"`
 	// State holds runtime state that dies with a reboot: netns pins, sockets.
-	State string `toml:"state"`
+	State string `toml:"state" json:"state"`
 	// Runtime is the default OCI runtime binary (name in PATH or a path).
-	Runtime string `toml:"runtime"`
+	Runtime string `toml:"runtime" json:"runtime"`
 	// DefaultRuntimeHandler names the handler used when a sandbox asks for none.
-	DefaultRuntimeHandler string `toml:"default_runtime_handler"`
+	DefaultRuntimeHandler string `toml:"default_runtime_handler" json:"default_runtime_handler"`
 	// RuntimeHandlers maps CRI runtime_handler names to OCI runtimes.
-	RuntimeHandlers map[string]RuntimeHandler `toml:"runtime_handlers"`
+	RuntimeHandlers map[string]RuntimeHandler `toml:"runtime_handlers" json:"runtime_handlers"`
 	// CNIConfDir is watched for the first .conflist/.conf network config.
-	CNIConfDir string `toml:"cni_conf_dir"`
+	CNIConfDir string `toml:"cni_conf_dir" json:"cni_conf_dir"`
 	// CNIBinDirs are searched for CNI plugin binaries.
-	CNIBinDirs []string `toml:"cni_bin_dirs"`
+	CNIBinDirs []string `toml:"cni_bin_dirs" json:"cni_bin_dirs"`
 	// RegistryConfigDir holds containerd-style <host>/hosts.toml files.
-	RegistryConfigDir string `toml:"registry_config_dir"`
+	RegistryConfigDir string `toml:"registry_config_dir" json:"registry_config_dir"`
 	// StreamingAddress is where exec/attach/port-forward are served.
-	StreamingAddress string `toml:"streaming_address"`
+	StreamingAddress string `toml:"streaming_address" json:"streaming_address"`
 	// MetricsAddress serves Prometheus metrics; empty turns them off.
-	MetricsAddress string `toml:"metrics_address"`
+	MetricsAddress string `toml:"metrics_address" json:"metrics_address"`
 	// LogLevel is debug, info, warn or error.
-	LogLevel string `toml:"log_level"`
+	LogLevel string `toml:"log_level" json:"log_level"`
 	// LogFormat is text or json.
-	LogFormat string `toml:"log_format"`
+	LogFormat string `toml:"log_format" json:"log_format"`
 	// CgroupDriver is cgroupfs or systemd; empty picks systemd when it runs.
-	CgroupDriver string `toml:"cgroup_driver"`
+	CgroupDriver string `toml:"cgroup_driver" json:"cgroup_driver"`
 	// CgroupParent is the parent of pod cgroups whose config names none.
-	CgroupParent string `toml:"cgroup_parent"`
+	CgroupParent string `toml:"cgroup_parent" json:"cgroup_parent"`
 	// PinnedImages are never garbage collected and report pinned=true.
-	PinnedImages []string `toml:"pinned_images"`
+	PinnedImages []string `toml:"pinned_images" json:"pinned_images"`
+	// DefaultNetwork is the embedded CNI network used while CNIConfDir
+	// holds no config.
+	DefaultNetwork DefaultNetwork `toml:"default_network" json:"default_network"`
 }
+
+// DefaultNetwork shapes the embedded bridge network. Two daemons on one
+// node must not share a bridge or subnet, so both are configurable.
+type DefaultNetwork struct {
+	// Bridge is the Linux bridge name (at most 15 bytes).
+	Bridge string `toml:"bridge" json:"bridge"`
+	// Subnet is the host-local IPAM range, CIDR.
+	Subnet string `toml:"subnet" json:"subnet"`
+}
+
+// Defaults of the embedded network.
+const (
+	DefaultNetworkBridge = "berth0"
+	DefaultNetworkSubnet = "10.88.0.0/16"
+)
 
 // RuntimeHandler is one OCI runtime a sandbox can select by name.
 type RuntimeHandler struct {
 	// Binary is the runtime executable, a name in PATH or a path.
-	Binary string `toml:"binary"`
+	Binary string `toml:"binary" json:"binary"`
 	// Root is the runtime's --root; empty puts it under berth's state dir.
-	Root string `toml:"root"`
+	Root string `toml:"root" json:"root"`
 	// Options are extra global arguments passed before the subcommand.
-	Options []string `toml:"options"`
+	Options []string `toml:"options" json:"options"`
 }
 
 // Default returns the embedded defaults.
@@ -98,6 +117,7 @@ func Default() *Config {
 		CgroupDriver:          "",
 		CgroupParent:          DefaultCgroupParent,
 		PinnedImages:          []string{},
+		DefaultNetwork:        DefaultNetwork{Bridge: DefaultNetworkBridge, Subnet: DefaultNetworkSubnet},
 	}
 }
 
@@ -169,6 +189,18 @@ func (c *Config) Validate() error {
 	}
 	if c.CNIBinDirs == nil {
 		c.CNIBinDirs = []string{}
+	}
+	if c.DefaultNetwork.Bridge == "" {
+		c.DefaultNetwork.Bridge = DefaultNetworkBridge
+	}
+	if len(c.DefaultNetwork.Bridge) > 15 {
+		return fmt.Errorf("default_network.bridge %q: longer than 15 bytes", c.DefaultNetwork.Bridge)
+	}
+	if c.DefaultNetwork.Subnet == "" {
+		c.DefaultNetwork.Subnet = DefaultNetworkSubnet
+	}
+	if _, _, err := net.ParseCIDR(c.DefaultNetwork.Subnet); err != nil {
+		return fmt.Errorf("default_network.subnet %q: %v", c.DefaultNetwork.Subnet, err)
 	}
 	if c.PinnedImages == nil {
 		c.PinnedImages = []string{}

@@ -12,7 +12,11 @@ import (
 	runtime "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/berthcri/berth/internal/config"
+	"github.com/berthcri/berth/internal/events"
 	"github.com/berthcri/berth/internal/image"
+	"github.com/berthcri/berth/internal/network"
+	"github.com/berthcri/berth/internal/sandbox"
+	"github.com/berthcri/berth/internal/streaming"
 )
 
 // Service implements runtime.v1.RuntimeService and runtime.v1.ImageService.
@@ -23,7 +27,14 @@ type Service struct {
 	cfg     *config.Config
 	version string
 	log     *slog.Logger
-	images  *image.Store
+	addrs   Addresses
+
+	// Components, one per line so that branches adding one merge cleanly.
+	events    *events.Broker
+	images    *image.Store
+	network   *network.Network
+	sandboxes *sandbox.Store
+	streaming *streaming.Server
 
 	// podCIDR is what the kubelet last sent through UpdateRuntimeConfig.
 	mu      sync.Mutex
@@ -35,16 +46,43 @@ type Options struct {
 	Config  *config.Config
 	Version string
 	Logger  *slog.Logger
-	Images  *image.Store
+	// Addresses are where the side servers actually listen.
+	Addresses Addresses
+
+	Events    *events.Broker
+	Images    *image.Store
+	Network   *network.Network
+	Sandboxes *sandbox.Store
+	Streaming *streaming.Server
+}
+
+// Addresses of berthd's side servers, resolved (port 0 replaced).
+type Addresses struct {
+	Streaming string
+	Metrics   string // "" when off
 }
 
 // New builds the CRI service over the daemon's components.
 func New(opts Options) *Service {
-	log := opts.Logger
-	if log == nil {
-		log = slog.Default()
+	s := &Service{
+		cfg:     opts.Config,
+		version: opts.Version,
+		log:     opts.Logger,
+		addrs:   opts.Addresses,
+
+		events:    opts.Events,
+		images:    opts.Images,
+		network:   opts.Network,
+		sandboxes: opts.Sandboxes,
+		streaming: opts.Streaming,
 	}
-	return &Service{cfg: opts.Config, version: opts.Version, log: log, images: opts.Images}
+	if s.log == nil {
+		s.log = slog.Default()
+	}
+	if s.events == nil {
+		s.events = events.NewBroker()
+	}
+	return s
 }
 
 // Register attaches both CRI services to a gRPC server.

@@ -35,13 +35,15 @@ func (s *Service) runtimeCondition() *runtime.RuntimeCondition {
 }
 
 func (s *Service) networkCondition() *runtime.RuntimeCondition {
-	// Pod networking arrives with the sandbox work; until then say so.
-	return &runtime.RuntimeCondition{
-		Type:    runtime.NetworkReady,
-		Status:  false,
-		Reason:  "NetworkPluginNotReady",
-		Message: "berth: pod networking is not built yet",
+	cond := &runtime.RuntimeCondition{Type: runtime.NetworkReady, Status: true}
+	if s.network == nil {
+		cond.Status, cond.Reason, cond.Message = false, "NetworkPluginNotReady", "berth: pod networking is not configured"
+		return cond
 	}
+	if err := s.network.Ready(); err != nil {
+		cond.Status, cond.Reason, cond.Message = false, "NetworkPluginNotReady", "berth: CNI: "+err.Error()
+	}
+	return cond
 }
 
 func (s *Service) statusInfo() (map[string]string, error) {
@@ -53,8 +55,10 @@ func (s *Service) statusInfo() (map[string]string, error) {
 	podCIDR := s.podCIDR
 	s.mu.Unlock()
 	return map[string]string{
-		"config":  string(cfgJSON),
-		"podCIDR": podCIDR,
-		"version": s.version,
+		"config":           string(cfgJSON),
+		"podCIDR":          podCIDR,
+		"version":          s.version,
+		"streamingAddress": s.addrs.Streaming,
+		"metricsAddress":   s.addrs.Metrics,
 	}, nil
 }

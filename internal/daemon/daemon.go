@@ -14,11 +14,17 @@ import (
 
 	"golang.org/x/sys/unix"
 	"google.golang.org/grpc"
+	criapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/berthcri/berth/internal/admin"
 	"github.com/berthcri/berth/internal/config"
 	"github.com/berthcri/berth/internal/cri"
+	"github.com/berthcri/berth/internal/events"
 	"github.com/berthcri/berth/internal/image"
+	"github.com/berthcri/berth/internal/metrics"
+	"github.com/berthcri/berth/internal/network"
+	"github.com/berthcri/berth/internal/sandbox"
+	"github.com/berthcri/berth/internal/streaming"
 )
 
 // shutdownGrace bounds how long in-flight RPCs may run after SIGTERM.
@@ -32,6 +38,8 @@ type Daemon struct {
 	lock     *os.File
 	listener net.Listener
 	grpc     *grpc.Server
+	stream   *streaming.Server
+	metrics  *metrics.Server // nil when --metrics-address is empty
 }
 
 // New takes the root lock, prepares directories and the socket, and builds
@@ -70,10 +78,59 @@ func New(ctx context.Context, cfg *config.Config, version string, log *slog.Logg
 		return nil, fmt.Errorf("open image store: %w", err)
 	}
 
-	svc := cri.New(cri.Options{Config: cfg, Version: version, Logger: log, Images: images})
+	m := metrics.New()
+	if cfg.MetricsAddress != "" {
+		if d.metrics, err = m.Listen(cfg.MetricsAddress); err != nil {
+			return nil, err
+		}
+	}
+
+	netw := network.New(network.Options{
+		ConfDir: cfg.CNIConfDir, BinDirs: cfg.CNIBinDirs,
+		CacheDir:    filepath.Join(cfg.State, "cni", "cache"),
+		IPAMDataDir: filepath.Join(cfg.Root, "cni", "networks"),
+		Bridge:      cfg.DefaultNetwork.Bridge, Subnet: cfg.DefaultNetwork.Subnet,
+		Logger: log,
+	})
+	handlers := make([]string, 0, len(cfg.RuntimeHandlers))
+	for name := range cfg.RuntimeHandlers {
+		handlers = append(handlers, name)
+	}
+	sandboxes, err := sandbox.New(sandbox.Options{
+		Root: cfg.Root, State: cfg.State,
+		CgroupParent: cfg.CgroupParent, CgroupDriver: cfg.CgroupDriver,
+		RuntimeHandlers: handlers, DefaultRuntimeHandler: cfg.DefaultRuntimeHandler,
+		Network: netw, Logger: log,
+		TestFaults: os.Getenv("BERTHD_TEST_FAULTS") == "1",
+	})
+	if err != nil {
+		return nil, err
+	}
+
+	// Exec and attach need containers: until they exist the streaming
+	// server answers those with an error.
+	if d.stream, err = streaming.New(cfg.StreamingAddress, nil, nil, podNetwork{sandboxes}, log); err != nil {
+		return nil, err
+	}
+
+	svc := cri.New(cri.Options{
+		Config:  cfg,
+		Version: version,
+		Logger:  log,
+		Addresses: cri.Addresses{
+			Streaming: d.stream.Addr(),
+			Metrics:   metricsAddr(d.metrics),
+		},
+
+		Events:    events.NewBroker(),
+		Images:    images,
+		Network:   netw,
+		Sandboxes: sandboxes,
+		Streaming: d.stream,
+	})
 	d.grpc = grpc.NewServer(
-		grpc.ChainUnaryInterceptor(unaryLogger(log)),
-		grpc.ChainStreamInterceptor(streamLogger(log)),
+		grpc.ChainUnaryInterceptor(m.UnaryInterceptor(), unaryLogger(log)),
+		grpc.ChainStreamInterceptor(m.StreamInterceptor(), streamLogger(log)),
 	)
 	svc.Register(d.grpc)
 	admin.New(images, log.With("component", "admin")).Register(d.grpc)
@@ -86,7 +143,20 @@ func New(ctx context.Context, cfg *config.Config, version string, log *slog.Logg
 func (d *Daemon) Serve(ctx context.Context) error {
 	errc := make(chan error, 1)
 	go func() { errc <- d.grpc.Serve(d.listener) }()
-	d.log.Info("berthd serving", "listen", d.cfg.Listen, "root", d.cfg.Root, "state", d.cfg.State, "version", d.version)
+	go func() {
+		if err := d.stream.Serve(); err != nil {
+			d.log.Error("streaming server failed", "error", err)
+		}
+	}()
+	if d.metrics != nil {
+		go func() {
+			if err := d.metrics.Serve(); err != nil {
+				d.log.Error("metrics server failed", "error", err)
+			}
+		}()
+	}
+	d.log.Info("berthd serving", "listen", d.cfg.Listen, "root", d.cfg.Root, "state", d.cfg.State,
+		"streaming", d.stream.Addr(), "metrics", metricsAddr(d.metrics), "version", d.version)
 
 	var serveErr error
 	select {
@@ -112,6 +182,12 @@ func (d *Daemon) Serve(ctx context.Context) error {
 }
 
 func (d *Daemon) close() {
+	if d.stream != nil {
+		d.stream.Close()
+	}
+	if d.metrics != nil {
+		d.metrics.Close()
+	}
 	if d.listener != nil {
 		d.listener.Close()
 		os.Remove(d.cfg.SocketPath())
@@ -141,6 +217,27 @@ func lockRoot(root string) (*os.File, error) {
 		fmt.Fprintf(f, "%d\n", os.Getpid())
 	}
 	return f, nil
+}
+
+// podNetwork finds a ready pod's network namespace for port-forward.
+type podNetwork struct{ sandboxes *sandbox.Store }
+
+func (p podNetwork) NetNSPath(id string) (string, error) {
+	sb, err := p.sandboxes.Get(id)
+	if err != nil {
+		return "", err
+	}
+	if sb.State != criapi.PodSandboxState_SANDBOX_READY {
+		return "", fmt.Errorf("pod sandbox %s is not ready", id)
+	}
+	return sb.NetNSPath, nil
+}
+
+func metricsAddr(s *metrics.Server) string {
+	if s == nil {
+		return ""
+	}
+	return s.Addr()
 }
 
 func trimPID(b []byte) string {

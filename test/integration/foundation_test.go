@@ -67,8 +67,8 @@ func TestStatusReportsConditionsAndVerboseConfig(t *testing.T) {
 	if err := json.Unmarshal([]byte(st.Info["config"]), &cfg); err != nil {
 		t.Fatalf("verbose info config is not JSON: %v (%q)", err, st.Info["config"])
 	}
-	if cfg["Root"] != d.Root {
-		t.Fatalf("verbose config root = %v, want %s", cfg["Root"], d.Root)
+	if cfg["root"] != d.Root {
+		t.Fatalf("verbose config root = %v, want %s", cfg["root"], d.Root)
 	}
 	st, err = d.Runtime.Status(ctxT(t), &criapi.StatusRequest{})
 	if err != nil {
@@ -212,17 +212,12 @@ func TestUnbuiltRPCsReturnUnimplemented(t *testing.T) {
 	// Every RPC listed here is not built yet; each later capability removes
 	// its RPCs from this table as it lands.
 	calls := map[string]func() error{
-		"RunPodSandbox":    func() error { _, err := d.Runtime.RunPodSandbox(ctx, &criapi.RunPodSandboxRequest{}); return err },
-		"StopPodSandbox":   func() error { _, err := d.Runtime.StopPodSandbox(ctx, &criapi.StopPodSandboxRequest{}); return err },
-		"RemovePodSandbox": func() error { _, err := d.Runtime.RemovePodSandbox(ctx, &criapi.RemovePodSandboxRequest{}); return err },
-		"PodSandboxStatus": func() error { _, err := d.Runtime.PodSandboxStatus(ctx, &criapi.PodSandboxStatusRequest{}); return err },
-		"ListPodSandbox":   func() error { _, err := d.Runtime.ListPodSandbox(ctx, &criapi.ListPodSandboxRequest{}); return err },
-		"CreateContainer":  func() error { _, err := d.Runtime.CreateContainer(ctx, &criapi.CreateContainerRequest{}); return err },
-		"StartContainer":   func() error { _, err := d.Runtime.StartContainer(ctx, &criapi.StartContainerRequest{}); return err },
-		"StopContainer":    func() error { _, err := d.Runtime.StopContainer(ctx, &criapi.StopContainerRequest{}); return err },
-		"RemoveContainer":  func() error { _, err := d.Runtime.RemoveContainer(ctx, &criapi.RemoveContainerRequest{}); return err },
-		"ListContainers":   func() error { _, err := d.Runtime.ListContainers(ctx, &criapi.ListContainersRequest{}); return err },
-		"ContainerStatus":  func() error { _, err := d.Runtime.ContainerStatus(ctx, &criapi.ContainerStatusRequest{}); return err },
+		"CreateContainer": func() error { _, err := d.Runtime.CreateContainer(ctx, &criapi.CreateContainerRequest{}); return err },
+		"StartContainer":  func() error { _, err := d.Runtime.StartContainer(ctx, &criapi.StartContainerRequest{}); return err },
+		"StopContainer":   func() error { _, err := d.Runtime.StopContainer(ctx, &criapi.StopContainerRequest{}); return err },
+		"RemoveContainer": func() error { _, err := d.Runtime.RemoveContainer(ctx, &criapi.RemoveContainerRequest{}); return err },
+		"ListContainers":  func() error { _, err := d.Runtime.ListContainers(ctx, &criapi.ListContainersRequest{}); return err },
+		"ContainerStatus": func() error { _, err := d.Runtime.ContainerStatus(ctx, &criapi.ContainerStatusRequest{}); return err },
 		"UpdateContainerResources": func() error {
 			_, err := d.Runtime.UpdateContainerResources(ctx, &criapi.UpdateContainerResourcesRequest{})
 			return err
@@ -234,7 +229,6 @@ func TestUnbuiltRPCsReturnUnimplemented(t *testing.T) {
 		"ExecSync":       func() error { _, err := d.Runtime.ExecSync(ctx, &criapi.ExecSyncRequest{}); return err },
 		"Exec":           func() error { _, err := d.Runtime.Exec(ctx, &criapi.ExecRequest{}); return err },
 		"Attach":         func() error { _, err := d.Runtime.Attach(ctx, &criapi.AttachRequest{}); return err },
-		"PortForward":    func() error { _, err := d.Runtime.PortForward(ctx, &criapi.PortForwardRequest{}); return err },
 		"ContainerStats": func() error { _, err := d.Runtime.ContainerStats(ctx, &criapi.ContainerStatsRequest{}); return err },
 		"ListContainerStats": func() error {
 			_, err := d.Runtime.ListContainerStats(ctx, &criapi.ListContainerStatsRequest{})
@@ -259,14 +253,6 @@ func TestUnbuiltRPCsReturnUnimplemented(t *testing.T) {
 		},
 		"UpdatePodSandboxResources": func() error {
 			_, err := d.Runtime.UpdatePodSandboxResources(ctx, &criapi.UpdatePodSandboxResourcesRequest{})
-			return err
-		},
-		"GetContainerEvents": func() error {
-			stream, err := d.Runtime.GetContainerEvents(ctx, &criapi.GetEventsRequest{})
-			if err != nil {
-				return err
-			}
-			_, err = stream.Recv()
 			return err
 		},
 	}

@@ -55,6 +55,8 @@ type Daemon struct {
 	done chan struct{} // closed when cmd exits
 	err  error         // cmd's exit error, valid after done
 	logs *lockedBuffer
+
+	netSlot *netSlot
 }
 
 // Start launches berthd and waits until it answers Version. The daemon and
@@ -85,6 +87,14 @@ func Start(t testing.TB, opts Options) *Daemon {
 	cfg.RegistryConfigDir = filepath.Join(dir, "certs.d")
 	cfg.LogLevel = "debug"
 	cfg.CgroupParent = "berthtest-" + filepath.Base(dir)
+	// A bridge and subnet of its own for the embedded default network, so
+	// parallel test daemons never share them.
+	slot, err := allocNetSlot()
+	if err != nil {
+		t.Fatalf("allocate test network: %v", err)
+	}
+	d.netSlot = slot
+	cfg.DefaultNetwork.Bridge, cfg.DefaultNetwork.Subnet = slot.Bridge, slot.Subnet
 	if opts.Configure != nil {
 		opts.Configure(cfg)
 	}
@@ -251,6 +261,9 @@ func (d *Daemon) cleanup() {
 	if err := CleanupNode(d.Dir, d.Config.CgroupParent); err != nil {
 		d.t.Errorf("clean up after berthd: %v", err)
 	}
+	if err := d.netSlot.release(); err != nil {
+		d.t.Errorf("clean up pod network: %v", err)
+	}
 }
 
 // RequireRoot skips the test unless it runs as root on Linux: berthd needs
@@ -282,6 +295,10 @@ func Binary(t testing.TB) string {
 			return
 		}
 		buildPath, buildErr = BuildCommand(dir, "berthd")
+		if buildErr == nil {
+			// Helpers berthd finds next to its own binary.
+			_, buildErr = BuildCommand(dir, "berth-pause")
+		}
 	})
 	if buildErr != nil {
 		t.Fatalf("build berthd: %v", buildErr)

@@ -1,0 +1,273 @@
+package bench
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"time"
+
+	"gonum.org/v1/plot"
+	"gonum.org/v1/plot/plotter"
+	"gonum.org/v1/plot/vg"
+)
+
+// Comparison holds the samples of every series per endpoint.
+type Comparison struct {
+	Endpoints []string
+	// Series maps "workload: series" → endpoint → samples.
+	Series map[string]map[string][]time.Duration
+	// Order keeps series in the order they were first measured.
+	Order []string
+	// Skipped maps endpoint → workloads it could not run, with why.
+	Skipped map[string][]string
+	Scale   map[string]ScaleResult
+}
+
+// NewComparison prepares a comparison of the named endpoints.
+func NewComparison(endpoints ...string) *Comparison {
+	return &Comparison{Endpoints: endpoints, Series: map[string]map[string][]time.Duration{},
+		Skipped: map[string][]string{}, Scale: map[string]ScaleResult{}}
+}
+
+func (c *Comparison) add(series, endpoint string, d time.Duration) {
+	m, ok := c.Series[series]
+	if !ok {
+		m = map[string][]time.Duration{}
+		c.Series[series] = m
+		c.Order = append(c.Order, series)
+	}
+	m[endpoint] = append(m[endpoint], d)
+}
+
+// warmup samples run before measuring and are discarded.
+const warmup = 3
+
+// Run measures w on every endpoint, alternating endpoints sample by sample
+// so that drift of the machine hits all of them alike.
+func (c *Comparison) Run(ctx context.Context, w Workload, eps ...*Endpoint) {
+	states := map[*Endpoint]any{}
+	live := []*Endpoint{}
+	for _, ep := range eps {
+		var st any
+		var err error
+		if w.Setup != nil {
+			st, err = w.Setup(ctx, ep)
+		}
+		if err != nil {
+			c.skip(ep.Name, w.Name, err)
+			if w.Teardown != nil && st != nil {
+				w.Teardown(ctx, ep, st)
+			}
+			continue
+		}
+		states[ep] = st
+		live = append(live, ep)
+	}
+	failed := map[*Endpoint]bool{}
+	for i := 0; i < warmup+w.Samples; i++ {
+		for _, ep := range live {
+			if failed[ep] {
+				continue
+			}
+			ds, err := w.Sample(ctx, ep, states[ep], i)
+			if err != nil {
+				c.skip(ep.Name, w.Name, err)
+				failed[ep] = true
+				continue
+			}
+			if i < warmup {
+				continue
+			}
+			keys := make([]string, 0, len(ds))
+			for k := range ds {
+				keys = append(keys, k)
+			}
+			sort.Strings(keys)
+			for _, k := range keys {
+				c.add(w.Name+": "+k, ep.Name, ds[k])
+			}
+		}
+	}
+	for _, ep := range live {
+		if w.Teardown != nil {
+			w.Teardown(ctx, ep, states[ep])
+		}
+	}
+}
+
+func (c *Comparison) skip(endpoint, workload string, err error) {
+	why := err.Error()
+	if errors.Is(err, errUnsupported) {
+		why = "unsupported"
+	}
+	c.Skipped[endpoint] = append(c.Skipped[endpoint], fmt.Sprintf("%s (%s)", workload, firstLine(why)))
+}
+
+func firstLine(s string) string {
+	line, _, _ := strings.Cut(s, "\n")
+	if len(line) > 400 {
+		line = line[:400] + "…"
+	}
+	return line
+}
+
+type comparisonJSON struct {
+	Time      time.Time              `json:"time"`
+	Endpoints []string               `json:"endpoints"`
+	Series    []seriesJSON           `json:"series"`
+	Skipped   map[string][]string    `json:"skipped"`
+	Scale     map[string]ScaleResult `json:"scale"`
+}
+
+type seriesJSON struct {
+	Name  string           `json:"name"`
+	Stats map[string]Stats `json:"stats"`
+}
+
+// Write prints the markdown table to w and, when dir is set, writes
+// compare.json and compare.png there.
+func (c *Comparison) Write(w io.Writer, dir string) error {
+	var b strings.Builder
+	b.WriteString("\n| workload | ")
+	for _, e := range c.Endpoints {
+		fmt.Fprintf(&b, "%s p50 / p90 / max ms | ", e)
+	}
+	if len(c.Endpoints) == 2 {
+		fmt.Fprintf(&b, "p50 ratio %s/%s |", c.Endpoints[0], c.Endpoints[1])
+	}
+	b.WriteString("\n|---|")
+	for range c.Endpoints {
+		b.WriteString("---:|")
+	}
+	if len(c.Endpoints) == 2 {
+		b.WriteString("---:|")
+	}
+	b.WriteString("\n")
+	out := comparisonJSON{Time: time.Now().UTC(), Endpoints: c.Endpoints, Skipped: c.Skipped, Scale: c.Scale}
+	for _, name := range c.Order {
+		sj := seriesJSON{Name: name, Stats: map[string]Stats{}}
+		fmt.Fprintf(&b, "| %s | ", name)
+		var p50 []float64
+		for _, e := range c.Endpoints {
+			samples := c.Series[name][e]
+			if len(samples) == 0 {
+				b.WriteString("— | ")
+				p50 = append(p50, 0)
+				continue
+			}
+			st := Series{Name: name, Samples: samples}.Summary()
+			sj.Stats[e] = st
+			p50 = append(p50, st.P50ms)
+			fmt.Fprintf(&b, "%.2f / %.2f / %.2f | ", st.P50ms, st.P90ms, st.Maxms)
+		}
+		if len(p50) == 2 {
+			if p50[0] > 0 && p50[1] > 0 {
+				fmt.Fprintf(&b, "%.2f× |", p50[0]/p50[1])
+			} else {
+				b.WriteString("— |")
+			}
+		}
+		b.WriteString("\n")
+		out.Series = append(out.Series, sj)
+	}
+	if len(c.Scale) > 0 {
+		b.WriteString("\n| scale | pods | parallel | up pods/s | down pods/s | runtime processes | runtime PSS MiB |\n|---|---:|---:|---:|---:|---:|---:|\n")
+		for _, e := range c.Endpoints {
+			if s, ok := c.Scale[e]; ok {
+				fmt.Fprintf(&b, "| %s | %d | %d | %.1f | %.1f | %d | %.1f |\n", e, s.Pods, s.Parallel, s.UpPodsPerSec, s.DownPerSec, s.Processes, float64(s.PSSKiB)/1024)
+			}
+		}
+	}
+	for _, e := range c.Endpoints {
+		for _, s := range c.Skipped[e] {
+			fmt.Fprintf(&b, "\n- %s skipped: %s", e, s)
+		}
+	}
+	b.WriteString("\n")
+	if _, err := io.WriteString(w, b.String()); err != nil {
+		return err
+	}
+	if dir == "" {
+		return nil
+	}
+	data, err := json.MarshalIndent(out, "", "  ")
+	if err != nil {
+		return err
+	}
+	if err := os.WriteFile(filepath.Join(dir, "compare.json"), data, 0o644); err != nil {
+		return err
+	}
+	if err := os.WriteFile(filepath.Join(dir, "compare.md"), []byte(b.String()), 0o644); err != nil {
+		return err
+	}
+	return c.chart(filepath.Join(dir, "compare.png"))
+}
+
+// chart draws every series' latency distribution as box plots, one box per
+// endpoint side by side, on a log scale so fast and slow calls both show.
+func (c *Comparison) chart(path string) error {
+	if len(c.Order) == 0 {
+		return nil
+	}
+	p := plot.New()
+	p.Title.Text = "berth benchmark: latency distributions (ms, log scale)"
+	p.Y.Label.Text = "ms"
+	p.Y.Scale = plot.LogScale{}
+	p.Y.Tick.Marker = plot.LogTicks{Prec: -1}
+	width := vg.Points(12)
+	var names []string
+	for si, name := range c.Order {
+		names = append(names, shortName(name))
+		for ei, e := range c.Endpoints {
+			samples := c.Series[name][e]
+			if len(samples) == 0 {
+				continue
+			}
+			vals := make(plotter.Values, len(samples))
+			for i, d := range samples {
+				ms := float64(d.Microseconds()) / 1000
+				if ms <= 0 {
+					ms = 0.001
+				}
+				vals[i] = ms
+			}
+			box, err := plotter.NewBoxPlot(width, float64(si), vals)
+			if err != nil {
+				return err
+			}
+			box.Offset = width * vg.Length(float64(ei)-float64(len(c.Endpoints)-1)/2) * 1.2
+			box.FillColor = palette[ei%len(palette)]
+			p.Add(box)
+			if si == 0 {
+				swatch, _ := plotter.NewPolygon(plotter.XYs{{X: 0, Y: 0}})
+				swatch.Color = palette[ei%len(palette)]
+				p.Legend.Add(e, swatch)
+			}
+		}
+	}
+	p.NominalX(names...)
+	p.X.Tick.Label.Rotation = 0.6
+	p.X.Tick.Label.XAlign = -0.9
+	p.Legend.Top = true
+	w := vg.Length(len(c.Order)) * vg.Centimeter * 2.2
+	if w < 16*vg.Centimeter {
+		w = 16 * vg.Centimeter
+	}
+	return p.Save(w, 14*vg.Centimeter, path)
+}
+
+func shortName(s string) string {
+	if _, after, ok := strings.Cut(s, ": "); ok {
+		s = after
+	}
+	if len(s) > 28 {
+		s = s[:28] + "…"
+	}
+	return s
+}

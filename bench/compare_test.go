@@ -1,0 +1,86 @@
+package bench
+
+import (
+	"context"
+	"os"
+	"testing"
+	"time"
+
+	v1 "github.com/google/go-containerregistry/pkg/v1"
+	"github.com/google/go-containerregistry/pkg/v1/empty"
+	"github.com/google/go-containerregistry/pkg/v1/mutate"
+	criapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+
+	"github.com/berthcri/berth/internal/testutil/testimages"
+)
+
+// pauseImage is a stand-in for the reference runtime's sandbox image: busybox
+// sleeping forever, served from the local registry.
+func pauseImage(tb testing.TB) v1.Image {
+	tb.Helper()
+	files, err := testimages.BaseFiles()
+	if err != nil {
+		tb.Fatal(err)
+	}
+	layer, err := testimages.Layer(files)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	img, err := mutate.AppendLayers(empty.Image, layer)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	cf, err := img.ConfigFile()
+	if err != nil {
+		tb.Fatal(err)
+	}
+	cf = cf.DeepCopy()
+	cf.OS, cf.Architecture = "linux", "amd64"
+	cf.Config.Entrypoint = []string{"/bin/sleep", "2147483647"}
+	img, err = mutate.ConfigFile(img, cf)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return img
+}
+
+// BenchmarkCompare runs the CRI workloads against berth and the reference
+// runtime, alternating sample by sample, and writes compare.{md,json,png}.
+func BenchmarkCompare(b *testing.B) {
+	reg := testimages.StartRegistry(b)
+	reg.PushStandard(b)
+	reg.Push(b, "pause:latest", pauseImage(b))
+	image := reg.Ref(testimages.BusyboxRef)
+	multi := reg.Ref(testimages.MultiLayerRef)
+
+	eps := []*Endpoint{StartBerth(b)}
+	if ref := StartReference(b, reg.Host); ref != nil && os.Getenv("BENCH_NO_REF") == "" {
+		eps = append(eps, ref)
+	}
+	names := make([]string, len(eps))
+	for i, ep := range eps {
+		names[i] = ep.Name
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 40*time.Minute)
+	defer cancel()
+	cmp := NewComparison(names...)
+	for _, ep := range eps {
+		if _, err := ep.Image.PullImage(ctx, &criapi.PullImageRequest{Image: &criapi.ImageSpec{Image: image}}); err != nil {
+			cmp.skip(ep.Name, "all workloads (pull "+image+")", unsupported(err))
+		}
+	}
+	for _, w := range Workloads(image, multi) {
+		cmp.Run(ctx, w, eps...)
+	}
+	for _, ep := range eps {
+		res, err := Scale(ctx, ep, image, 48, 8)
+		if err != nil {
+			cmp.skip(ep.Name, "48 pods at 8 in parallel", unsupported(err))
+			continue
+		}
+		cmp.Scale[ep.Name] = res
+	}
+	if err := cmp.Write(os.Stdout, os.Getenv("BENCH_OUT")); err != nil {
+		b.Fatal(err)
+	}
+}

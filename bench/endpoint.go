@@ -1,0 +1,223 @@
+package bench
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	criapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+
+	"github.com/berthcri/berth/internal/testutil/berthdtest"
+)
+
+// Endpoint is one CRI runtime under measurement. Workloads use only these
+// clients, so the same code measures berth and any reference runtime.
+type Endpoint struct {
+	Name    string
+	Runtime criapi.RuntimeServiceClient
+	Image   criapi.ImageServiceClient
+	// Pids returns the runtime's own processes (daemon and helpers such
+	// as shims) for memory accounting.
+	Pids func() []int
+	// Dir is a scratch directory for pod log directories.
+	Dir string
+}
+
+// StartBerth starts a berthd for the benchmark.
+func StartBerth(tb testing.TB) *Endpoint {
+	tb.Helper()
+	d := berthdtest.Start(tb, berthdtest.Options{})
+	return &Endpoint{
+		Name:    "berth",
+		Runtime: d.Runtime,
+		Image:   d.Image,
+		Dir:     d.Dir,
+		Pids: func() []int {
+			pids := []int{d.Pid()}
+			return append(pids, processesNamed("berth-shim", "berth-pause")...)
+		},
+	}
+}
+
+// StartReference connects to the reference runtime: $BENCH_REF_ENDPOINT
+// when set (e.g. unix:///run/containerd/containerd.sock), else a private
+// containerd when the binary is installed, else nil.
+func StartReference(tb testing.TB, registryHost string) *Endpoint {
+	tb.Helper()
+	if ep := os.Getenv("BENCH_REF_ENDPOINT"); ep != "" {
+		rt, img := dial(tb, ep)
+		return &Endpoint{Name: "reference", Runtime: rt, Image: img, Dir: tb.TempDir(), Pids: func() []int { return nil }}
+	}
+	if _, err := exec.LookPath("containerd"); err != nil {
+		tb.Logf("no reference runtime: containerd not installed and BENCH_REF_ENDPOINT unset")
+		return nil
+	}
+	return startContainerd(tb, registryHost)
+}
+
+func dial(tb testing.TB, endpoint string) (criapi.RuntimeServiceClient, criapi.ImageServiceClient) {
+	tb.Helper()
+	conn, err := grpc.NewClient(endpoint, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		tb.Fatalf("dial %s: %v", endpoint, err)
+	}
+	tb.Cleanup(func() { conn.Close() })
+	return criapi.NewRuntimeServiceClient(conn), criapi.NewImageServiceClient(conn)
+}
+
+// startContainerd runs containerd on private root/state/socket with its own
+// CNI bridge, and a pause image from the benchmark's local registry.
+func startContainerd(tb testing.TB, registryHost string) *Endpoint {
+	tb.Helper()
+	dir, err := os.MkdirTemp("", "bench-ctrd-")
+	if err != nil {
+		tb.Fatal(err)
+	}
+	sock := filepath.Join(dir, "containerd.sock")
+	netd := filepath.Join(dir, "net.d")
+	os.MkdirAll(netd, 0o755)
+	suffix := fmt.Sprintf("%d", os.Getpid()%1000)
+	conflist := fmt.Sprintf(`{"cniVersion":"0.4.0","name":"benchref","plugins":[
+ {"type":"bridge","bridge":"bref%s","isGateway":true,"ipMasq":true,
+  "ipam":{"type":"host-local","ranges":[[{"subnet":"10.77.0.0/16"}]],"routes":[{"dst":"0.0.0.0/0"}],"dataDir":"%s/ipam"}},
+ {"type":"portmap","capabilities":{"portMappings":true}}]}`, suffix, dir)
+	if err := os.WriteFile(filepath.Join(netd, "10-bench.conflist"), []byte(conflist), 0o644); err != nil {
+		tb.Fatal(err)
+	}
+	cfg := fmt.Sprintf(`version = 2
+root = "%[1]s/root"
+state = "%[1]s/state"
+[grpc]
+  address = "%[2]s"
+[plugins."io.containerd.grpc.v1.cri"]
+  sandbox_image = "%[3]s/pause:latest"
+  # Without CAP_SYS_RESOURCE the pause container's -998 is refused.
+  restrict_oom_score_adj = true
+  [plugins."io.containerd.grpc.v1.cri".cni]
+    bin_dir = "/usr/lib/cni"
+    conf_dir = "%[4]s"
+  [plugins."io.containerd.grpc.v1.cri".containerd]
+    snapshotter = "overlayfs"
+  [plugins."io.containerd.grpc.v1.cri".registry.mirrors."%[3]s"]
+    endpoint = ["http://%[3]s"]
+`, dir, sock, registryHost, netd)
+	cfgPath := filepath.Join(dir, "config.toml")
+	if err := os.WriteFile(cfgPath, []byte(cfg), 0o644); err != nil {
+		tb.Fatal(err)
+	}
+	logf, _ := os.Create(filepath.Join(dir, "containerd.log"))
+	cmd := exec.Command("containerd", "--config", cfgPath)
+	cmd.Stdout, cmd.Stderr = logf, logf
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := cmd.Start(); err != nil {
+		tb.Fatalf("start containerd: %v", err)
+	}
+	tb.Cleanup(func() {
+		cmd.Process.Signal(syscall.SIGTERM)
+		done := make(chan struct{})
+		go func() { cmd.Wait(); close(done) }()
+		select {
+		case <-done:
+		case <-time.After(10 * time.Second):
+			cmd.Process.Kill()
+			<-done
+		}
+		for _, pid := range berthdtest.PidsMentioning(dir) {
+			syscall.Kill(pid, syscall.SIGKILL)
+		}
+		berthdtest.UnmountBelow(dir)
+		os.RemoveAll(dir)
+	})
+	rt, img := dial(tb, "unix://"+sock)
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		_, err := rt.Version(ctx, &criapi.VersionRequest{})
+		cancel()
+		if err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			b, _ := os.ReadFile(filepath.Join(dir, "containerd.log"))
+			tb.Fatalf("containerd not ready: %v\n%s", err, b)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	return &Endpoint{
+		Name: "containerd", Runtime: rt, Image: img, Dir: dir,
+		Pids: func() []int {
+			return append([]int{cmd.Process.Pid}, processesMentioning("containerd-shim", dir)...)
+		},
+	}
+}
+
+// processesNamed lists processes whose comm is one of names.
+func processesNamed(names ...string) []int {
+	var pids []int
+	entries, _ := os.ReadDir("/proc")
+	for _, e := range entries {
+		comm, err := os.ReadFile(filepath.Join("/proc", e.Name(), "comm"))
+		if err != nil {
+			continue
+		}
+		c := strings.TrimSpace(string(comm))
+		for _, n := range names {
+			if c == n {
+				var pid int
+				fmt.Sscan(e.Name(), &pid)
+				pids = append(pids, pid)
+			}
+		}
+	}
+	return pids
+}
+
+// processesMentioning lists processes whose command line contains all of words.
+func processesMentioning(words ...string) []int {
+	var pids []int
+	entries, _ := os.ReadDir("/proc")
+	for _, e := range entries {
+		cmdline, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
+		if err != nil {
+			continue
+		}
+		ok := true
+		for _, w := range words {
+			ok = ok && strings.Contains(string(cmdline), w)
+		}
+		if ok {
+			var pid int
+			fmt.Sscan(e.Name(), &pid)
+			pids = append(pids, pid)
+		}
+	}
+	return pids
+}
+
+// PSSKiB sums the proportional set size of pids (shared pages divided
+// among their users), from /proc/PID/smaps_rollup.
+func PSSKiB(pids []int) uint64 {
+	var total uint64
+	for _, pid := range pids {
+		data, err := os.ReadFile(fmt.Sprintf("/proc/%d/smaps_rollup", pid))
+		if err != nil {
+			continue
+		}
+		for _, line := range strings.Split(string(data), "\n") {
+			if strings.HasPrefix(line, "Pss:") {
+				var kb uint64
+				fmt.Sscan(strings.TrimSpace(strings.TrimPrefix(line, "Pss:")), &kb)
+				total += kb
+			}
+		}
+	}
+	return total
+}

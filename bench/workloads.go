@@ -1,0 +1,352 @@
+package bench
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	criapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+)
+
+// errUnsupported marks a workload the endpoint cannot run (Unimplemented).
+var errUnsupported = errors.New("unsupported by this runtime")
+
+func unsupported(err error) error {
+	if status.Code(err) == codes.Unimplemented {
+		return fmt.Errorf("%w: %v", errUnsupported, err)
+	}
+	return err
+}
+
+// Workload is one measured scenario. Sample runs once per iteration and
+// returns one duration per series it measures (several steps may be timed
+// in one sample, e.g. run and stop+remove of a pod).
+type Workload struct {
+	Name     string
+	Samples  int
+	Setup    func(ctx context.Context, ep *Endpoint) (any, error)
+	Sample   func(ctx context.Context, ep *Endpoint, state any, i int) (map[string]time.Duration, error)
+	Teardown func(ctx context.Context, ep *Endpoint, state any)
+}
+
+// counter makes pod and container names unique across a whole run.
+type counter struct {
+	mu sync.Mutex
+	n  int
+}
+
+func (c *counter) next() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.n++
+	return c.n
+}
+
+var names counter
+
+func podConfig(ep *Endpoint, prefix string) *criapi.PodSandboxConfig {
+	n := names.next()
+	name := fmt.Sprintf("%s-%d", prefix, n)
+	return &criapi.PodSandboxConfig{
+		Metadata:     &criapi.PodSandboxMetadata{Name: name, Namespace: "bench", Uid: fmt.Sprintf("uid-%s-%d", ep.Name, n)},
+		Hostname:     name,
+		LogDirectory: fmt.Sprintf("%s/logs/%s", ep.Dir, name),
+		Linux:        &criapi.LinuxPodSandboxConfig{},
+	}
+}
+
+func containerConfig(image string, cmd ...string) *criapi.ContainerConfig {
+	n := names.next()
+	return &criapi.ContainerConfig{
+		Metadata: &criapi.ContainerMetadata{Name: fmt.Sprintf("c%d", n)},
+		Image:    &criapi.ImageSpec{Image: image},
+		Command:  cmd,
+		LogPath:  fmt.Sprintf("c%d.log", n),
+		Linux:    &criapi.LinuxContainerConfig{},
+	}
+}
+
+func timed(f func() error) (time.Duration, error) {
+	start := time.Now()
+	err := f()
+	return time.Since(start), err
+}
+
+// removePod stops and removes a pod, retrying once: a runtime that fails a
+// teardown transiently (containerd 1.6 sometimes finds its netns busy)
+// should not end the whole series.
+func removePod(ctx context.Context, ep *Endpoint, id string) error {
+	var err error
+	for attempt := 0; attempt < 2; attempt++ {
+		if attempt > 0 {
+			time.Sleep(200 * time.Millisecond)
+		}
+		if _, err = ep.Runtime.StopPodSandbox(ctx, &criapi.StopPodSandboxRequest{PodSandboxId: id}); err != nil {
+			continue
+		}
+		if _, err = ep.Runtime.RemovePodSandbox(ctx, &criapi.RemovePodSandboxRequest{PodSandboxId: id}); err == nil {
+			return nil
+		}
+	}
+	return err
+}
+
+// podWithContainer runs a pod and a started `sleep` container in it.
+func podWithContainer(ctx context.Context, ep *Endpoint, image string) (podID, ctrID string, err error) {
+	pc := podConfig(ep, "pc")
+	pod, err := ep.Runtime.RunPodSandbox(ctx, &criapi.RunPodSandboxRequest{Config: pc})
+	if err != nil {
+		return "", "", unsupported(err)
+	}
+	c, err := ep.Runtime.CreateContainer(ctx, &criapi.CreateContainerRequest{
+		PodSandboxId: pod.PodSandboxId, Config: containerConfig(image, "sleep", "3600"), SandboxConfig: pc})
+	if err != nil {
+		removePod(ctx, ep, pod.PodSandboxId)
+		return "", "", unsupported(err)
+	}
+	if _, err := ep.Runtime.StartContainer(ctx, &criapi.StartContainerRequest{ContainerId: c.ContainerId}); err != nil {
+		removePod(ctx, ep, pod.PodSandboxId)
+		return "", "", unsupported(err)
+	}
+	return pod.PodSandboxId, c.ContainerId, nil
+}
+
+// Workloads returns the standard set, all through CRI only.
+func Workloads(image, multiLayerImage string) []Workload {
+	return []Workload{
+		{
+			Name: "pod run / stop+remove", Samples: 30,
+			Sample: func(ctx context.Context, ep *Endpoint, _ any, i int) (map[string]time.Duration, error) {
+				var id string
+				run, err := timed(func() error {
+					r, err := ep.Runtime.RunPodSandbox(ctx, &criapi.RunPodSandboxRequest{Config: podConfig(ep, "p")})
+					if err == nil {
+						id = r.PodSandboxId
+					}
+					return err
+				})
+				if err != nil {
+					return nil, unsupported(err)
+				}
+				down, err := timed(func() error { return removePod(ctx, ep, id) })
+				if err != nil {
+					return nil, unsupported(err)
+				}
+				return map[string]time.Duration{"RunPodSandbox": run, "StopPodSandbox+RemovePodSandbox": down}, nil
+			},
+		},
+		{
+			Name: "container create / start / stop+remove", Samples: 30,
+			Setup: func(ctx context.Context, ep *Endpoint) (any, error) {
+				pc := podConfig(ep, "cl")
+				r, err := ep.Runtime.RunPodSandbox(ctx, &criapi.RunPodSandboxRequest{Config: pc})
+				if err != nil {
+					return nil, unsupported(err)
+				}
+				return &podState{id: r.PodSandboxId, cfg: pc}, nil
+			},
+			Sample: func(ctx context.Context, ep *Endpoint, st any, i int) (map[string]time.Duration, error) {
+				pod := st.(*podState)
+				var id string
+				create, err := timed(func() error {
+					r, err := ep.Runtime.CreateContainer(ctx, &criapi.CreateContainerRequest{
+						PodSandboxId: pod.id, Config: containerConfig(image, "sleep", "3600"), SandboxConfig: pod.cfg})
+					if err == nil {
+						id = r.ContainerId
+					}
+					return err
+				})
+				if err != nil {
+					return nil, unsupported(err)
+				}
+				start, err := timed(func() error {
+					_, err := ep.Runtime.StartContainer(ctx, &criapi.StartContainerRequest{ContainerId: id})
+					return err
+				})
+				if err != nil {
+					return nil, unsupported(err)
+				}
+				down, err := timed(func() error {
+					if _, err := ep.Runtime.StopContainer(ctx, &criapi.StopContainerRequest{ContainerId: id, Timeout: 0}); err != nil {
+						return err
+					}
+					_, err := ep.Runtime.RemoveContainer(ctx, &criapi.RemoveContainerRequest{ContainerId: id})
+					return err
+				})
+				if err != nil {
+					return nil, unsupported(err)
+				}
+				return map[string]time.Duration{"CreateContainer": create, "StartContainer": start, "StopContainer+RemoveContainer": down}, nil
+			},
+			Teardown: func(ctx context.Context, ep *Endpoint, st any) { removePod(ctx, ep, st.(*podState).id) },
+		},
+		{
+			Name: "pod start end to end", Samples: 30,
+			Sample: func(ctx context.Context, ep *Endpoint, _ any, i int) (map[string]time.Duration, error) {
+				var podID string
+				d, err := timed(func() error {
+					var err error
+					podID, _, err = podWithContainer(ctx, ep, image)
+					return err
+				})
+				if err != nil {
+					return nil, err
+				}
+				if err := removePod(ctx, ep, podID); err != nil {
+					return nil, err
+				}
+				return map[string]time.Duration{"RunPodSandbox+CreateContainer+StartContainer": d}, nil
+			},
+		},
+		{
+			Name: "exec", Samples: 50,
+			Setup: func(ctx context.Context, ep *Endpoint) (any, error) {
+				podID, ctrID, err := podWithContainer(ctx, ep, image)
+				if err != nil {
+					return nil, err
+				}
+				return &podState{id: podID, ctr: ctrID}, nil
+			},
+			Sample: func(ctx context.Context, ep *Endpoint, st any, i int) (map[string]time.Duration, error) {
+				d, err := timed(func() error {
+					r, err := ep.Runtime.ExecSync(ctx, &criapi.ExecSyncRequest{ContainerId: st.(*podState).ctr, Cmd: []string{"true"}, Timeout: 10})
+					if err == nil && r.ExitCode != 0 {
+						err = fmt.Errorf("exec true exited %d", r.ExitCode)
+					}
+					return err
+				})
+				if err != nil {
+					return nil, unsupported(err)
+				}
+				return map[string]time.Duration{"ExecSync true": d}, nil
+			},
+			Teardown: func(ctx context.Context, ep *Endpoint, st any) { removePod(ctx, ep, st.(*podState).id) },
+		},
+		{
+			Name: "list 500 containers", Samples: 30,
+			Setup: func(ctx context.Context, ep *Endpoint) (any, error) {
+				var pods []string
+				for p := 0; p < 10; p++ {
+					pc := podConfig(ep, "lc")
+					r, err := ep.Runtime.RunPodSandbox(ctx, &criapi.RunPodSandboxRequest{Config: pc})
+					if err != nil {
+						return &podList{ids: pods}, unsupported(err)
+					}
+					pods = append(pods, r.PodSandboxId)
+					for c := 0; c < 50; c++ {
+						if _, err := ep.Runtime.CreateContainer(ctx, &criapi.CreateContainerRequest{
+							PodSandboxId: r.PodSandboxId, Config: containerConfig(image, "sleep", "3600"), SandboxConfig: pc}); err != nil {
+							return &podList{ids: pods}, unsupported(err)
+						}
+					}
+				}
+				return &podList{ids: pods}, nil
+			},
+			Sample: func(ctx context.Context, ep *Endpoint, _ any, i int) (map[string]time.Duration, error) {
+				d, err := timed(func() error {
+					r, err := ep.Runtime.ListContainers(ctx, &criapi.ListContainersRequest{})
+					if err == nil && len(r.Containers) < 500 {
+						err = fmt.Errorf("listed %d containers, want ≥500", len(r.Containers))
+					}
+					return err
+				})
+				if err != nil {
+					return nil, unsupported(err)
+				}
+				return map[string]time.Duration{"ListContainers (500)": d}, nil
+			},
+			Teardown: func(ctx context.Context, ep *Endpoint, st any) {
+				if st == nil {
+					return
+				}
+				for _, id := range st.(*podList).ids {
+					removePod(ctx, ep, id)
+				}
+			},
+		},
+		{
+			Name: "image pull", Samples: 10,
+			Sample: func(ctx context.Context, ep *Endpoint, _ any, i int) (map[string]time.Duration, error) {
+				d, err := timed(func() error {
+					_, err := ep.Image.PullImage(ctx, &criapi.PullImageRequest{Image: &criapi.ImageSpec{Image: multiLayerImage}})
+					return err
+				})
+				if err != nil {
+					return nil, unsupported(err)
+				}
+				if _, err := ep.Image.RemoveImage(ctx, &criapi.RemoveImageRequest{Image: &criapi.ImageSpec{Image: multiLayerImage}}); err != nil {
+					return nil, unsupported(err)
+				}
+				return map[string]time.Duration{"PullImage (4 layers, local registry)": d}, nil
+			},
+		},
+	}
+}
+
+type podState struct {
+	id, ctr string
+	cfg     *criapi.PodSandboxConfig
+}
+
+type podList struct{ ids []string }
+
+// ScaleResult is the outcome of the parallel pods scenario.
+type ScaleResult struct {
+	Pods         int     `json:"pods"`
+	Parallel     int     `json:"parallel"`
+	UpPodsPerSec float64 `json:"up_pods_per_sec"`
+	DownPerSec   float64 `json:"down_pods_per_sec"`
+	PSSKiB       uint64  `json:"runtime_pss_kib"`
+	Processes    int     `json:"runtime_processes"`
+}
+
+// Scale starts pods (each with one container) at the given parallelism,
+// measures the runtime's memory with them running, then tears them down.
+func Scale(ctx context.Context, ep *Endpoint, image string, pods, parallel int) (ScaleResult, error) {
+	res := ScaleResult{Pods: pods, Parallel: parallel}
+	ids := make([]string, pods)
+	run := func(f func(i int) error) (time.Duration, error) {
+		sem := make(chan struct{}, parallel)
+		var wg sync.WaitGroup
+		errs := make([]error, pods)
+		start := time.Now()
+		for i := 0; i < pods; i++ {
+			wg.Add(1)
+			sem <- struct{}{}
+			go func(i int) {
+				defer wg.Done()
+				defer func() { <-sem }()
+				errs[i] = f(i)
+			}(i)
+		}
+		wg.Wait()
+		return time.Since(start), errors.Join(errs...)
+	}
+	up, err := run(func(i int) error {
+		var err error
+		ids[i], _, err = podWithContainer(ctx, ep, image)
+		return err
+	})
+	if err != nil {
+		for _, id := range ids {
+			if id != "" {
+				removePod(ctx, ep, id)
+			}
+		}
+		return res, err
+	}
+	res.UpPodsPerSec = float64(pods) / up.Seconds()
+	pids := ep.Pids()
+	res.Processes = len(pids)
+	res.PSSKiB = PSSKiB(pids)
+	down, err := run(func(i int) error { return removePod(ctx, ep, ids[i]) })
+	if err != nil {
+		return res, err
+	}
+	res.DownPerSec = float64(pods) / down.Seconds()
+	return res, nil
+}

@@ -1,0 +1,23 @@
+package cri
+
+import (
+	"context"
+
+	runtime "k8s.io/cri-api/pkg/apis/runtime/v1"
+
+	"github.com/berthcri/berth/internal/errdefs"
+)
+
+// StopPodSandbox tears down the pod's network and namespaces. Stopping a
+// stopped or unknown sandbox succeeds, as the kubelet expects.
+func (s *Service) StopPodSandbox(ctx context.Context, req *runtime.StopPodSandboxRequest) (*runtime.StopPodSandboxResponse, error) {
+	if req.GetPodSandboxId() == "" {
+		return nil, invalidArgument("StopPodSandbox: pod_sandbox_id is required")
+	}
+	// containers: stop them first (the container package's stop-all for the pod).
+	err := s.sandboxes.Stop(ctx, req.GetPodSandboxId())
+	if err != nil && !errdefs.IsNotFound(err) {
+		return nil, toStatus(err)
+	}
+	return &runtime.StopPodSandboxResponse{}, nil
+}

@@ -1,0 +1,320 @@
+// Package doctor checks a node the way an operator would before pointing
+// the kubelet at berth: runtime, CNI, overlayfs, cgroups, iptables, kernel
+// features and permissions. Each check says ok, warn or fail, with a hint.
+package doctor
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/berthcri/berth/internal/config"
+)
+
+// Level is a check's verdict.
+type Level string
+
+// Verdicts, from good to bad.
+const (
+	OK   Level = "ok"
+	Warn Level = "warn"
+	Fail Level = "fail"
+)
+
+// Result is one check's outcome.
+type Result struct {
+	Name    string
+	Level   Level
+	Message string
+	Hint    string // how to fix, when not ok
+}
+
+// Run performs every check against cfg.
+func Run(ctx context.Context, cfg *config.Config) []Result {
+	var out []Result
+	out = append(out, checkRuntimes(ctx, cfg)...)
+	out = append(out, checkCNI(cfg)...)
+	out = append(out,
+		checkOverlay(),
+		checkCgroups(),
+		checkIptables(ctx),
+		checkNamespaces(),
+		checkSeccomp(),
+		checkPrivileges(),
+		checkDir("root", cfg.Root),
+		checkDir("state", cfg.State),
+		checkDir("socket directory", filepath.Dir(cfg.SocketPath())),
+	)
+	return out
+}
+
+// Failed reports whether any result is a failure.
+func Failed(results []Result) bool {
+	for _, r := range results {
+		if r.Level == Fail {
+			return true
+		}
+	}
+	return false
+}
+
+// Print writes one line per result, with hints indented below.
+func Print(w io.Writer, results []Result) {
+	for _, r := range results {
+		fmt.Fprintf(w, "%-4s  %-22s %s\n", r.Level, r.Name, r.Message)
+		if r.Hint != "" && r.Level != OK {
+			fmt.Fprintf(w, "      %-22s fix: %s\n", "", r.Hint)
+		}
+	}
+}
+
+func checkRuntimes(ctx context.Context, cfg *config.Config) []Result {
+	names := make([]string, 0, len(cfg.RuntimeHandlers))
+	for n := range cfg.RuntimeHandlers {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	var out []Result
+	for _, name := range names {
+		h := cfg.RuntimeHandlers[name]
+		r := Result{Name: "runtime " + name}
+		path, err := exec.LookPath(h.Binary)
+		if err != nil {
+			r.Level, r.Message = Fail, fmt.Sprintf("OCI runtime %q not found", h.Binary)
+			r.Hint = "install it (apt-get install runc) or set runtime / runtime_handlers." + name + ".binary to its path"
+			out = append(out, r)
+			continue
+		}
+		vctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		v, err := exec.CommandContext(vctx, path, "--version").CombinedOutput()
+		cancel()
+		if err != nil {
+			r.Level, r.Message = Fail, fmt.Sprintf("%s --version failed: %v", path, err)
+			r.Hint = "reinstall the runtime; it must run on this kernel"
+		} else {
+			r.Level, r.Message = OK, fmt.Sprintf("%s (%s)", path, firstLine(string(v)))
+		}
+		out = append(out, r)
+	}
+	return out
+}
+
+// requiredPlugins are what berth's embedded default network uses.
+var requiredPlugins = []string{"bridge", "host-local", "loopback", "portmap"}
+
+func checkCNI(cfg *config.Config) []Result {
+	plugins := Result{Name: "cni plugins", Level: OK}
+	var missing []string
+	for _, p := range requiredPlugins {
+		if findPlugin(cfg.CNIBinDirs, p) == "" {
+			missing = append(missing, p)
+		}
+	}
+	if len(missing) > 0 {
+		plugins.Level = Fail
+		plugins.Message = fmt.Sprintf("missing %s in %s", strings.Join(missing, ", "), strings.Join(cfg.CNIBinDirs, ":"))
+		plugins.Hint = "apt-get install containernetworking-plugins, or point cni_bin_dirs at your plugins"
+	} else {
+		plugins.Message = "bridge, host-local, loopback, portmap found"
+	}
+	conf := Result{Name: "cni config", Level: OK}
+	matches, _ := filepath.Glob(filepath.Join(cfg.CNIConfDir, "*.conf*"))
+	var found []string
+	for _, m := range matches {
+		if ext := filepath.Ext(m); ext == ".conf" || ext == ".conflist" || ext == ".json" {
+			found = append(found, filepath.Base(m))
+		}
+	}
+	if len(found) == 0 {
+		conf.Message = fmt.Sprintf("no config in %s: the embedded default bridge network will be used", cfg.CNIConfDir)
+	} else {
+		sort.Strings(found)
+		conf.Message = fmt.Sprintf("using %s from %s", found[0], cfg.CNIConfDir)
+	}
+	return []Result{plugins, conf}
+}
+
+func findPlugin(dirs []string, name string) string {
+	for _, d := range dirs {
+		p := filepath.Join(d, name)
+		if fi, err := os.Stat(p); err == nil && !fi.IsDir() && fi.Mode()&0o111 != 0 {
+			return p
+		}
+	}
+	return ""
+}
+
+func checkOverlay() Result {
+	r := Result{Name: "overlayfs"}
+	data, err := os.ReadFile("/proc/filesystems")
+	if err == nil && strings.Contains(string(data), "\toverlay\n") {
+		r.Level, r.Message = OK, "supported by the kernel"
+		return r
+	}
+	// The module may simply not be loaded yet.
+	if _, err := os.Stat("/sys/module/overlay"); err == nil {
+		r.Level, r.Message = OK, "module loaded"
+		return r
+	}
+	r.Level, r.Message = Fail, "the kernel does not list overlay in /proc/filesystems"
+	r.Hint = "modprobe overlay (and add it to /etc/modules-load.d)"
+	return r
+}
+
+func checkCgroups() Result {
+	r := Result{Name: "cgroups"}
+	unified, _ := os.ReadFile("/sys/fs/cgroup/cgroup.controllers")
+	if len(unified) > 0 {
+		ctrls := strings.Fields(string(unified))
+		r.Level, r.Message = OK, "v2 (unified), controllers: "+strings.Join(ctrls, " ")
+		for _, want := range []string{"cpu", "memory", "pids"} {
+			if !contains(ctrls, want) {
+				r.Level, r.Message = Warn, fmt.Sprintf("v2 without the %s controller", want)
+				r.Hint = "enable it in the root cgroup's cgroup.subtree_control"
+			}
+		}
+		return r
+	}
+	var missing []string
+	for _, c := range []string{"cpu", "cpuacct", "memory", "pids", "devices", "cpuset"} {
+		if _, err := os.Stat(filepath.Join("/sys/fs/cgroup", c)); err != nil {
+			missing = append(missing, c)
+		}
+	}
+	if len(missing) > 0 {
+		r.Level, r.Message = Fail, "cgroup v1 controllers not mounted: "+strings.Join(missing, " ")
+		r.Hint = "mount the cgroup controllers (or boot with cgroup v2)"
+		return r
+	}
+	mode := "v1"
+	if _, err := os.Stat("/sys/fs/cgroup/unified"); err == nil {
+		mode = "v1 (hybrid)"
+	}
+	r.Level, r.Message = OK, mode+", controllers: cpu cpuacct memory pids devices cpuset"
+	return r
+}
+
+func checkIptables(ctx context.Context) Result {
+	r := Result{Name: "iptables"}
+	path, err := exec.LookPath("iptables")
+	if err != nil {
+		r.Level, r.Message = Warn, "iptables not found: port mappings and masquerade will fail"
+		r.Hint = "apt-get install iptables"
+		return r
+	}
+	vctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	v, err := exec.CommandContext(vctx, path, "--version").CombinedOutput()
+	if err != nil {
+		r.Level, r.Message = Warn, fmt.Sprintf("%s --version failed: %v", path, err)
+		return r
+	}
+	r.Level, r.Message = OK, firstLine(string(v))
+	return r
+}
+
+func checkNamespaces() Result {
+	r := Result{Name: "namespaces", Level: OK}
+	var missing []string
+	for _, ns := range []string{"net", "ipc", "uts", "pid", "mnt", "cgroup"} {
+		if _, err := os.Stat("/proc/self/ns/" + ns); err != nil {
+			missing = append(missing, ns)
+		}
+	}
+	if len(missing) > 0 {
+		r.Level, r.Message = Fail, "kernel lacks namespaces: "+strings.Join(missing, " ")
+		r.Hint = "use a kernel built with CONFIG_NAMESPACES and these namespace types"
+		return r
+	}
+	r.Message = "net ipc uts pid mnt cgroup"
+	if b, err := os.ReadFile("/proc/sys/user/max_user_namespaces"); err == nil && strings.TrimSpace(string(b)) != "0" {
+		r.Message += " user"
+	}
+	return r
+}
+
+func checkSeccomp() Result {
+	r := Result{Name: "seccomp"}
+	f, err := os.Open("/proc/self/status")
+	if err != nil {
+		r.Level, r.Message = Warn, err.Error()
+		return r
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		if strings.HasPrefix(sc.Text(), "Seccomp:") {
+			r.Level, r.Message = OK, "supported"
+			return r
+		}
+	}
+	r.Level, r.Message = Warn, "the kernel does not report seccomp: RuntimeDefault profiles cannot apply"
+	r.Hint = "use a kernel with CONFIG_SECCOMP_FILTER"
+	return r
+}
+
+func checkPrivileges() Result {
+	if os.Geteuid() != 0 {
+		return Result{Name: "privileges", Level: Fail, Message: "not running as root",
+			Hint: "berthd needs root for namespaces, mounts and cgroups"}
+	}
+	return Result{Name: "privileges", Level: OK, Message: "root"}
+}
+
+// checkDir verifies dir exists and is writable, or that its nearest
+// existing parent is (berthd creates it on start).
+func checkDir(what, dir string) Result {
+	r := Result{Name: what}
+	p := dir
+	for {
+		fi, err := os.Stat(p)
+		if err == nil {
+			if !fi.IsDir() {
+				r.Level, r.Message = Fail, fmt.Sprintf("%s exists and is not a directory", p)
+				r.Hint = "remove it or choose another path"
+				return r
+			}
+			break
+		}
+		parent := filepath.Dir(p)
+		if parent == p {
+			break
+		}
+		p = parent
+	}
+	probe, err := os.CreateTemp(p, ".berth-doctor-")
+	if err != nil {
+		r.Level, r.Message = Fail, fmt.Sprintf("%s: cannot write in %s: %v", dir, p, err)
+		r.Hint = "run as root, or fix the directory's permissions"
+		return r
+	}
+	probe.Close()
+	os.Remove(probe.Name())
+	if p == dir {
+		r.Level, r.Message = OK, dir+" is writable"
+	} else {
+		r.Level, r.Message = OK, fmt.Sprintf("%s will be created (in %s)", dir, p)
+	}
+	return r
+}
+
+func firstLine(s string) string {
+	line, _, _ := strings.Cut(strings.TrimSpace(s), "\n")
+	return line
+}
+
+func contains(list []string, s string) bool {
+	for _, x := range list {
+		if x == s {
+			return true
+		}
+	}
+	return false
+}

@@ -1,0 +1,83 @@
+package doctor
+
+import (
+	"bytes"
+	"context"
+	"os"
+	"strings"
+	"testing"
+
+	"github.com/berthcri/berth/internal/config"
+)
+
+func testConfig(t *testing.T) *config.Config {
+	t.Helper()
+	cfg := config.Default()
+	dir := t.TempDir()
+	cfg.Root, cfg.State = dir+"/root", dir+"/state"
+	cfg.Listen = "unix://" + dir + "/berth.sock"
+	cfg.CNIConfDir = dir + "/net.d"
+	if err := cfg.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	return cfg
+}
+
+func find(t *testing.T, rs []Result, name string) Result {
+	t.Helper()
+	for _, r := range rs {
+		if r.Name == name {
+			return r
+		}
+	}
+	t.Fatalf("no %q check in %+v", name, rs)
+	return Result{}
+}
+
+func TestDoctorPassesOnThisNode(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("the node checks expect root")
+	}
+	rs := Run(context.Background(), testConfig(t))
+	var buf bytes.Buffer
+	Print(&buf, rs)
+	if Failed(rs) {
+		t.Fatalf("doctor fails on the test node:\n%s", buf.String())
+	}
+	if !strings.Contains(buf.String(), "embedded default") {
+		t.Fatalf("empty conf dir not explained:\n%s", buf.String())
+	}
+}
+
+func TestDoctorFailsWithAHintWhenTheRuntimeIsMissing(t *testing.T) {
+	cfg := testConfig(t)
+	cfg.RuntimeHandlers["runc"] = config.RuntimeHandler{Binary: "/nonexistent/runc"}
+	r := find(t, Run(context.Background(), cfg), "runtime runc")
+	if r.Level != Fail || !strings.Contains(r.Message, "/nonexistent/runc") || !strings.Contains(r.Hint, "apt-get install runc") {
+		t.Fatalf("missing runtime: %+v", r)
+	}
+}
+
+func TestDoctorFailsWithAHintWhenCNIPluginsAreMissing(t *testing.T) {
+	cfg := testConfig(t)
+	cfg.CNIBinDirs = []string{t.TempDir()}
+	rs := Run(context.Background(), cfg)
+	r := find(t, rs, "cni plugins")
+	if r.Level != Fail || !strings.Contains(r.Message, "bridge") || !strings.Contains(r.Hint, "containernetworking-plugins") {
+		t.Fatalf("missing plugins: %+v", r)
+	}
+	if !Failed(rs) {
+		t.Fatal("Failed() false with a failing check")
+	}
+}
+
+func TestDoctorNamesTheCNIConfigInUse(t *testing.T) {
+	cfg := testConfig(t)
+	os.MkdirAll(cfg.CNIConfDir, 0o755)
+	os.WriteFile(cfg.CNIConfDir+"/20-b.conflist", []byte("{}"), 0o644)
+	os.WriteFile(cfg.CNIConfDir+"/10-a.conf", []byte("{}"), 0o644)
+	r := find(t, Run(context.Background(), cfg), "cni config")
+	if !strings.Contains(r.Message, "10-a.conf") {
+		t.Fatalf("cni config: %+v", r)
+	}
+}

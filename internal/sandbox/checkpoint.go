@@ -1,0 +1,136 @@
+package sandbox
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"time"
+
+	"google.golang.org/protobuf/encoding/protojson"
+	runtime "k8s.io/cri-api/pkg/apis/runtime/v1"
+
+	"github.com/berthcri/berth/internal/network"
+)
+
+// checkpointVersion is bumped when the format changes incompatibly.
+const checkpointVersion = "v1"
+
+const checkpointFile = "checkpoint.json"
+
+// checkpoint is the on-disk record of one sandbox: everything needed to
+// list it, stop it (CNI DEL with the config ADD used) and remove it after
+// a daemon restart.
+type checkpoint struct {
+	Version        string          `json:"version"`
+	ID             string          `json:"id"`
+	Config         json.RawMessage `json:"config"` // PodSandboxConfig, protojson
+	RuntimeHandler string          `json:"runtimeHandler"`
+	// State is SANDBOX_READY or SANDBOX_NOTREADY as last recorded.
+	State     string    `json:"state"`
+	CreatedAt time.Time `json:"createdAt"`
+
+	NetNSPath  string `json:"netnsPath,omitempty"`
+	IPCNSPath  string `json:"ipcnsPath,omitempty"`
+	UTSNSPath  string `json:"utsnsPath,omitempty"`
+	PausePID   int    `json:"pausePid,omitempty"`
+	PauseStart uint64 `json:"pauseStart,omitempty"`
+
+	CgroupParent   string `json:"cgroupParent"`
+	HostnamePath   string `json:"hostnamePath"`
+	HostsPath      string `json:"hostsPath"`
+	ResolvConfPath string `json:"resolvConfPath"`
+	ShmPath        string `json:"shmPath,omitempty"`
+
+	PortMappings []network.PortMapping `json:"portMappings,omitempty"`
+	// Network is the CNI attachment: config list, result, IPs. Nil until
+	// ADD succeeded and after DEL succeeded.
+	Network *network.Attachment `json:"network,omitempty"`
+}
+
+func (r *record) toCheckpoint() (*checkpoint, error) {
+	cfg, err := protojson.Marshal(r.sb.Config)
+	if err != nil {
+		return nil, fmt.Errorf("encode sandbox config: %w", err)
+	}
+	sb := r.sb
+	return &checkpoint{
+		Version: checkpointVersion, ID: sb.ID, Config: cfg, RuntimeHandler: sb.RuntimeHandler,
+		State: sb.State.String(), CreatedAt: sb.CreatedAt,
+		NetNSPath: sb.NetNSPath, IPCNSPath: sb.IPCNSPath, UTSNSPath: sb.UTSNSPath,
+		PausePID: r.pausePID, PauseStart: r.pauseStart,
+		CgroupParent: sb.CgroupParent, HostnamePath: sb.HostnamePath, HostsPath: sb.HostsPath,
+		ResolvConfPath: sb.ResolvConfPath, ShmPath: sb.ShmPath,
+		PortMappings: r.ports, Network: r.attachment,
+	}, nil
+}
+
+func (c *checkpoint) toRecord() (*record, error) {
+	if c.Version != checkpointVersion {
+		return nil, fmt.Errorf("checkpoint version %q, want %q", c.Version, checkpointVersion)
+	}
+	cfg := &runtime.PodSandboxConfig{}
+	if err := protojson.Unmarshal(c.Config, cfg); err != nil {
+		return nil, fmt.Errorf("decode sandbox config: %w", err)
+	}
+	state := runtime.PodSandboxState_SANDBOX_NOTREADY
+	if c.State == runtime.PodSandboxState_SANDBOX_READY.String() {
+		state = runtime.PodSandboxState_SANDBOX_READY
+	}
+	r := &record{
+		sb: Sandbox{
+			ID: c.ID, Config: cfg, RuntimeHandler: c.RuntimeHandler, State: state, CreatedAt: c.CreatedAt,
+			NetNSPath: c.NetNSPath, IPCNSPath: c.IPCNSPath, UTSNSPath: c.UTSNSPath,
+			CgroupParent: c.CgroupParent, HostnamePath: c.HostnamePath, HostsPath: c.HostsPath,
+			ResolvConfPath: c.ResolvConfPath, ShmPath: c.ShmPath,
+		},
+		pausePID: c.PausePID, pauseStart: c.PauseStart,
+		ports: c.PortMappings, attachment: c.Network,
+	}
+	if c.PausePID > 0 {
+		r.sb.PIDNSPath = fmt.Sprintf("/proc/%d/ns/pid", c.PausePID)
+	}
+	r.fillFromAttachment()
+	return r, nil
+}
+
+// writeCheckpoint stores the record atomically: temp file in the same
+// directory, fsync, rename.
+func writeCheckpoint(dir string, c *checkpoint) error {
+	data, err := json.MarshalIndent(c, "", "  ")
+	if err != nil {
+		return fmt.Errorf("encode checkpoint %s: %w", c.ID, err)
+	}
+	tmp, err := os.CreateTemp(dir, ".checkpoint-*")
+	if err != nil {
+		return fmt.Errorf("write checkpoint %s: %w", c.ID, err)
+	}
+	defer os.Remove(tmp.Name())
+	if _, err := tmp.Write(data); err != nil {
+		tmp.Close()
+		return fmt.Errorf("write checkpoint %s: %w", c.ID, err)
+	}
+	if err := tmp.Sync(); err != nil {
+		tmp.Close()
+		return fmt.Errorf("sync checkpoint %s: %w", c.ID, err)
+	}
+	if err := tmp.Close(); err != nil {
+		return fmt.Errorf("write checkpoint %s: %w", c.ID, err)
+	}
+	if err := os.Rename(tmp.Name(), filepath.Join(dir, checkpointFile)); err != nil {
+		return fmt.Errorf("commit checkpoint %s: %w", c.ID, err)
+	}
+	return nil
+}
+
+func readCheckpoint(dir string) (*checkpoint, error) {
+	data, err := os.ReadFile(filepath.Join(dir, checkpointFile))
+	if err != nil {
+		return nil, err
+	}
+	c := &checkpoint{}
+	if err := json.Unmarshal(data, c); err != nil {
+		return nil, fmt.Errorf("decode checkpoint %s: %w", dir, err)
+	}
+	return c, nil
+}

@@ -1,0 +1,217 @@
+package sandbox
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// nsRequest says which namespaces a pod gets and what to set inside them.
+type nsRequest struct {
+	netPin, ipcPin, utsPin string // "" = use the host's
+	hostname               string
+	sysctls                map[string]string // already validated
+	pause                  *pauseRequest     // nil unless pid NamespaceMode_POD
+}
+
+type pauseRequest struct {
+	binary string
+	arg    string // its state dir: makes the process findable by path
+}
+
+// createNamespaces unshares the requested namespaces on a dedicated OS
+// thread, configures them (hostname, lo up, sysctls), pins each by bind
+// mounting /proc/thread-self/ns/<kind> onto a file and, for a shared PID
+// namespace, forks the pause holder from the same thread so it inherits
+// them. The thread is never unlocked: it exits with its goroutine, so no
+// Go code ever runs in the pod's namespaces afterwards.
+//
+// It returns the pause process's pid (0 when none). Pins made before a
+// failure are left for the caller's teardown, which removes pins by path.
+func createNamespaces(req nsRequest) (int, error) {
+	type result struct {
+		pid int
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		runtime.LockOSThread()
+		pid, err := setupOnThread(req)
+		done <- result{pid, err}
+	}()
+	r := <-done
+	return r.pid, r.err
+}
+
+func setupOnThread(req nsRequest) (int, error) {
+	var flags int
+	if req.netPin != "" {
+		flags |= unix.CLONE_NEWNET
+	}
+	if req.utsPin != "" {
+		flags |= unix.CLONE_NEWUTS
+	}
+	if req.ipcPin != "" {
+		flags |= unix.CLONE_NEWIPC
+	}
+	if flags != 0 {
+		if err := unix.Unshare(flags); err != nil {
+			return 0, fmt.Errorf("unshare namespaces: %w", err)
+		}
+	}
+	if req.utsPin != "" && req.hostname != "" {
+		if err := unix.Sethostname([]byte(req.hostname)); err != nil {
+			return 0, fmt.Errorf("set hostname %q: %w", req.hostname, err)
+		}
+	}
+	if req.netPin != "" {
+		if err := loopbackUp(); err != nil {
+			return 0, err
+		}
+	}
+	// /proc/sys/net and the IPC sysctls resolve against the opening
+	// thread's namespaces, which are the pod's here.
+	for key, val := range req.sysctls {
+		path := "/proc/sys/" + strings.ReplaceAll(key, ".", "/")
+		if err := os.WriteFile(path, []byte(val), 0o644); err != nil {
+			return 0, fmt.Errorf("set sysctl %s=%s: %w", key, val, err)
+		}
+	}
+	tid := strconv.Itoa(unix.Gettid())
+	for _, p := range []struct{ kind, pin string }{{"net", req.netPin}, {"ipc", req.ipcPin}, {"uts", req.utsPin}} {
+		if p.pin == "" {
+			continue
+		}
+		if err := pin("/proc/self/task/"+tid+"/ns/"+p.kind, p.pin); err != nil {
+			return 0, err
+		}
+	}
+	if req.pause == nil {
+		return 0, nil
+	}
+	cmd := exec.Command(req.pause.binary, req.pause.arg)
+	// Forked from this thread, the child inherits the pod's net/ipc/uts;
+	// CLONE_NEWPID makes it pid 1 of the pod's PID namespace. Its own
+	// process group keeps signals to berthd's group away from it.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Cloneflags: unix.CLONE_NEWPID, Setpgid: true}
+	if err := cmd.Start(); err != nil {
+		return 0, fmt.Errorf("start pause %s: %w", req.pause.binary, err)
+	}
+	pid := cmd.Process.Pid
+	// Reap it when it exits while this daemon is its parent.
+	go func() { _ = cmd.Wait() }()
+	return pid, nil
+}
+
+func loopbackUp() error {
+	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return fmt.Errorf("bring lo up: socket: %w", err)
+	}
+	defer unix.Close(fd)
+	ifr, err := unix.NewIfreq("lo")
+	if err != nil {
+		return fmt.Errorf("bring lo up: %w", err)
+	}
+	if err := unix.IoctlIfreq(fd, unix.SIOCGIFFLAGS, ifr); err != nil {
+		return fmt.Errorf("bring lo up: get flags: %w", err)
+	}
+	ifr.SetUint16(ifr.Uint16() | unix.IFF_UP)
+	if err := unix.IoctlIfreq(fd, unix.SIOCSIFFLAGS, ifr); err != nil {
+		return fmt.Errorf("bring lo up: set flags: %w", err)
+	}
+	return nil
+}
+
+// pin bind-mounts a namespace file onto path, keeping the namespace alive
+// without a process.
+func pin(src, path string) error {
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_EXCL|os.O_RDONLY, 0o444)
+	if err != nil {
+		return fmt.Errorf("create namespace pin %s: %w", path, err)
+	}
+	f.Close()
+	if err := unix.Mount(src, path, "", unix.MS_BIND, ""); err != nil {
+		return fmt.Errorf("pin %s at %s: %w", src, path, err)
+	}
+	return nil
+}
+
+// unpin unmounts and removes a pin; absent pins are fine.
+func unpin(path string) error {
+	if path == "" {
+		return nil
+	}
+	if err := unix.Unmount(path, unix.MNT_DETACH); err != nil && !errors.Is(err, unix.EINVAL) && !errors.Is(err, unix.ENOENT) {
+		return fmt.Errorf("unmount namespace pin %s: %w", path, err)
+	}
+	if err := os.Remove(path); err != nil && !os.IsNotExist(err) {
+		return fmt.Errorf("remove namespace pin %s: %w", path, err)
+	}
+	return nil
+}
+
+// pinAlive reports whether path still pins a namespace (an nsfs mount).
+func pinAlive(path string) bool {
+	var st unix.Statfs_t
+	if err := unix.Statfs(path, &st); err != nil {
+		return false
+	}
+	return st.Type == unix.NSFS_MAGIC
+}
+
+// procStartTime is field 22 of /proc/<pid>/stat, to tell a pid apart from
+// a later process that reused it. Zombies count as gone.
+func procStartTime(pid int) (uint64, bool) {
+	data, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "stat"))
+	if err != nil {
+		return 0, false
+	}
+	s := string(data)
+	i := strings.LastIndexByte(s, ')')
+	if i < 0 {
+		return 0, false
+	}
+	fields := strings.Fields(s[i+1:])
+	if len(fields) < 20 || fields[0] == "Z" || fields[0] == "X" {
+		return 0, false
+	}
+	st, err := strconv.ParseUint(fields[19], 10, 64)
+	if err != nil {
+		return 0, false
+	}
+	return st, true
+}
+
+// stopPause ends the pod's PID namespace holder: SIGTERM, then SIGKILL.
+func stopPause(pid int, start uint64) {
+	if pid <= 0 {
+		return
+	}
+	alive := func() bool {
+		st, ok := procStartTime(pid)
+		return ok && (start == 0 || st == start)
+	}
+	if !alive() {
+		return
+	}
+	_ = unix.Kill(pid, unix.SIGTERM)
+	for i := 0; i < 100 && alive(); i++ {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if alive() {
+		_ = unix.Kill(pid, unix.SIGKILL)
+		for i := 0; i < 100 && alive(); i++ {
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+}

@@ -1,0 +1,95 @@
+package sandbox
+
+import (
+	"fmt"
+	"os"
+	"strings"
+
+	runtime "k8s.io/cri-api/pkg/apis/runtime/v1"
+
+	"github.com/berthcri/berth/internal/errdefs"
+)
+
+// The same defaults containerd writes for a pod with its own network.
+const defaultHosts = `127.0.0.1	localhost
+::1	localhost ip6-localhost ip6-loopback
+fe00::0	ip6-localnet
+fe00::0	ip6-mcastprefix
+fe00::1	ip6-allnodes
+fe00::2	ip6-allrouters
+`
+
+// shmSize is the per-pod /dev/shm size, as containerd.
+const shmSize = 64 << 20
+
+func hostsContent(hostNetwork bool) ([]byte, error) {
+	if hostNetwork {
+		b, err := os.ReadFile("/etc/hosts")
+		if err == nil {
+			return b, nil
+		}
+		if !os.IsNotExist(err) {
+			return nil, fmt.Errorf("read host /etc/hosts: %w", err)
+		}
+	}
+	return []byte(defaultHosts), nil
+}
+
+// resolvConfContent renders the DNS config, or copies the host's file when
+// the pod gives none (kubelet's ClusterFirst always gives one).
+func resolvConfContent(dns *runtime.DNSConfig) ([]byte, error) {
+	if dns == nil || (len(dns.Servers) == 0 && len(dns.Searches) == 0 && len(dns.Options) == 0) {
+		b, err := os.ReadFile("/etc/resolv.conf")
+		if err != nil && !os.IsNotExist(err) {
+			return nil, fmt.Errorf("read host /etc/resolv.conf: %w", err)
+		}
+		return b, nil
+	}
+	var b strings.Builder
+	if len(dns.Searches) > 0 {
+		fmt.Fprintf(&b, "search %s\n", strings.Join(dns.Searches, " "))
+	}
+	for _, s := range dns.Servers {
+		fmt.Fprintf(&b, "nameserver %s\n", s)
+	}
+	if len(dns.Options) > 0 {
+		fmt.Fprintf(&b, "options %s\n", strings.Join(dns.Options, " "))
+	}
+	return []byte(b.String()), nil
+}
+
+// Namespaced sysctls, as runc and the kubelet define them.
+var ipcSysctls = map[string]bool{
+	"kernel.sem": true, "kernel.shmall": true, "kernel.shmmax": true, "kernel.shmmni": true,
+	"kernel.shm_rmid_forced": true, "kernel.msgmax": true, "kernel.msgmnb": true, "kernel.msgmni": true,
+}
+
+// validateSysctls normalises keys (a/b/c → a.b.c) and refuses sysctls that
+// are not namespaced or whose namespace the pod shares with the host.
+func validateSysctls(in map[string]string, hostNetwork, hostIPC bool) (map[string]string, error) {
+	out := make(map[string]string, len(in))
+	for k, v := range in {
+		key := strings.ReplaceAll(k, "/", ".")
+		switch {
+		case ipcSysctls[key] || strings.HasPrefix(key, "fs.mqueue."):
+			if hostIPC {
+				return nil, fmt.Errorf("sysctl %q needs the pod's own IPC namespace, but the pod uses the host's: %w", k, errdefs.ErrInvalidArgument)
+			}
+		case strings.HasPrefix(key, "net."):
+			if hostNetwork {
+				return nil, fmt.Errorf("sysctl %q needs the pod's own network namespace, but the pod uses the host's: %w", k, errdefs.ErrInvalidArgument)
+			}
+		case key == "kernel.domainname":
+			if hostNetwork {
+				return nil, fmt.Errorf("sysctl %q needs the pod's own UTS namespace: %w", k, errdefs.ErrInvalidArgument)
+			}
+		default:
+			return nil, fmt.Errorf("sysctl %q is not namespaced and cannot be set per pod: %w", k, errdefs.ErrInvalidArgument)
+		}
+		if strings.Contains(key, "..") {
+			return nil, fmt.Errorf("sysctl %q: %w", k, errdefs.ErrInvalidArgument)
+		}
+		out[key] = v
+	}
+	return out, nil
+}

@@ -1,0 +1,627 @@
+// Package sandbox owns pod sandboxes: network, IPC and UTS namespaces pinned
+// by bind mounts (no process runs for a pod until it has containers, except
+// a pause holder for a shared PID namespace), pod files, the pod cgroup, the
+// pod's CNI attachment and one checkpoint per sandbox.
+package sandbox
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"golang.org/x/sys/unix"
+	"google.golang.org/protobuf/proto"
+	runtime "k8s.io/cri-api/pkg/apis/runtime/v1"
+
+	"github.com/berthcri/berth/internal/errdefs"
+	"github.com/berthcri/berth/internal/network"
+)
+
+// Sandbox is one pod sandbox as the rest of berth sees it.
+type Sandbox struct {
+	ID             string
+	Config         *runtime.PodSandboxConfig
+	RuntimeHandler string
+	State          runtime.PodSandboxState
+	CreatedAt      time.Time
+	NetNSPath      string // "" when hostNetwork
+	IPCNSPath      string // "" when host IPC
+	UTSNSPath      string // "" when hostNetwork (UTS follows network, as in kubelet)
+	PIDNSPath      string // /proc/<holder>/ns/pid when pid NamespaceMode_POD, else ""
+	CgroupParent   string // the pod's own cgroup (cgroupfs path); container cgroups go below it
+	HostnamePath   string
+	HostsPath      string
+	ResolvConfPath string
+	ShmPath        string // per-pod tmpfs to bind-mount at /dev/shm; "" when host IPC
+	IP             string
+	AdditionalIPs  []string
+	// Overhead and Resources are the pod-level values from
+	// LinuxPodSandboxConfig, for the container side's accounting.
+	Overhead  *runtime.LinuxContainerResources
+	Resources *runtime.LinuxContainerResources
+}
+
+// Options configure a Store.
+type Options struct {
+	Root, State string
+	// CgroupParent is the parent of pod cgroups whose config names none.
+	CgroupParent string
+	CgroupDriver string
+	// RuntimeHandlers are the accepted runtime_handler names; "" maps to
+	// DefaultRuntimeHandler.
+	RuntimeHandlers       []string
+	DefaultRuntimeHandler string
+	Network               *network.Network
+	// PauseBinary is berth-pause; empty looks next to the running
+	// executable, then in PATH, when a pod first needs it.
+	PauseBinary string
+	Logger      *slog.Logger
+	// TestFaults honours the pod annotation testCrashAnnotation: berthd
+	// exits at the named step, as a crash would. For crash-recovery tests
+	// only (berthd sets it from BERTHD_TEST_FAULTS=1).
+	TestFaults bool
+}
+
+// testCrashAnnotation names the RunPodSandbox step at which a daemon with
+// TestFaults exits: "after-namespaces" or "after-cni-add".
+const testCrashAnnotation = "berth.test/crash-at"
+
+// Store holds every sandbox. The store lock guards only the maps; each
+// sandbox has its own lock, held across its slow steps (CNI), so pods
+// never wait on each other.
+type Store struct {
+	opts Options
+	log  *slog.Logger
+
+	mu    sync.Mutex
+	byID  map[string]*record
+	names map[string]string // reservation key → id
+}
+
+// record is one sandbox plus what only this package needs.
+type record struct {
+	mu         sync.Mutex
+	sb         Sandbox
+	pausePID   int
+	pauseStart uint64
+	ports      []network.PortMapping
+	attachment *network.Attachment
+	removed    bool
+	// view is the last published snapshot: Get and List read it without
+	// taking mu, so they never wait on a sandbox busy in CNI.
+	view atomic.Pointer[Sandbox]
+}
+
+// publish makes the current state visible to Get and List; call with mu
+// held (or before the record is shared).
+func (r *record) publish() { r.view.Store(r.snapshot()) }
+
+// New loads the sandboxes checkpointed under <root>/sandboxes. A sandbox
+// whose namespace pins or pause process are gone comes back NOTREADY.
+func New(opts Options) (*Store, error) {
+	log := opts.Logger
+	if log == nil {
+		log = slog.Default()
+	}
+	s := &Store{opts: opts, log: log, byID: map[string]*record{}, names: map[string]string{}}
+	for _, dir := range []string{s.sandboxesDir(), s.netnsDir(), filepath.Join(opts.State, "sandboxes")} {
+		if err := os.MkdirAll(dir, 0o711); err != nil {
+			return nil, fmt.Errorf("create %s: %w", dir, err)
+		}
+	}
+	entries, err := os.ReadDir(s.sandboxesDir())
+	if err != nil {
+		return nil, fmt.Errorf("read %s: %w", s.sandboxesDir(), err)
+	}
+	for _, e := range entries {
+		if !e.IsDir() {
+			continue
+		}
+		c, err := readCheckpoint(filepath.Join(s.sandboxesDir(), e.Name()))
+		if os.IsNotExist(err) {
+			// A Run cut off before its first checkpoint made only these
+			// two empty directories.
+			log.Info("removing sandbox directory without a checkpoint", "pod", e.Name())
+			os.RemoveAll(filepath.Join(s.sandboxesDir(), e.Name()))
+			os.Remove(filepath.Join(opts.State, "sandboxes", e.Name()))
+			continue
+		}
+		if err != nil {
+			log.Warn("skipping sandbox without a readable checkpoint", "dir", e.Name(), "err", err)
+			continue
+		}
+		r, err := c.toRecord()
+		if err != nil {
+			log.Warn("skipping sandbox with a bad checkpoint", "pod", e.Name(), "err", err)
+			continue
+		}
+		if r.sb.State == runtime.PodSandboxState_SANDBOX_READY && !r.alive() {
+			log.Info("sandbox namespaces are gone; listing it NOTREADY", "pod", r.sb.ID)
+			r.sb.State = runtime.PodSandboxState_SANDBOX_NOTREADY
+		}
+		r.publish()
+		s.byID[r.sb.ID] = r
+		s.names[reservationKey(r.sb.Config.GetMetadata())] = r.sb.ID
+	}
+	return s, nil
+}
+
+func (s *Store) sandboxesDir() string { return filepath.Join(s.opts.Root, "sandboxes") }
+func (s *Store) netnsDir() string     { return filepath.Join(s.opts.State, "netns") }
+
+// alive reports whether every namespace the sandbox owns still exists.
+func (r *record) alive() bool {
+	for _, p := range []string{r.sb.NetNSPath, r.sb.IPCNSPath, r.sb.UTSNSPath} {
+		if p != "" && !pinAlive(p) {
+			return false
+		}
+	}
+	if r.pausePID > 0 {
+		st, ok := procStartTime(r.pausePID)
+		if !ok || st != r.pauseStart {
+			return false
+		}
+	}
+	return true
+}
+
+func (r *record) fillFromAttachment() {
+	r.sb.IP, r.sb.AdditionalIPs = "", nil
+	if r.attachment != nil && len(r.attachment.IPs) > 0 {
+		r.sb.IP = r.attachment.IPs[0]
+		r.sb.AdditionalIPs = append([]string(nil), r.attachment.IPs[1:]...)
+	}
+	if l := r.sb.Config.GetLinux(); l != nil {
+		r.sb.Overhead, r.sb.Resources = l.Overhead, l.Resources
+	}
+}
+
+func reservationKey(md *runtime.PodSandboxMetadata) string {
+	return fmt.Sprintf("%s_%s_%s_%d", md.GetName(), md.GetNamespace(), md.GetUid(), md.GetAttempt())
+}
+
+// snapshot copies the public view under the record lock.
+func (r *record) snapshot() *Sandbox {
+	sb := r.sb
+	sb.AdditionalIPs = append([]string(nil), r.sb.AdditionalIPs...)
+	return &sb
+}
+
+// lookup resolves a full ID or unique prefix.
+func (s *Store) lookup(id string) (*record, error) {
+	if id == "" {
+		return nil, fmt.Errorf("empty sandbox id: %w", errdefs.ErrNotFound)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if r, ok := s.byID[id]; ok {
+		return r, nil
+	}
+	var found *record
+	for full, r := range s.byID {
+		if strings.HasPrefix(full, id) {
+			if found != nil {
+				return nil, fmt.Errorf("sandbox id prefix %q is ambiguous: %w", id, errdefs.ErrNotFound)
+			}
+			found = r
+		}
+	}
+	if found == nil {
+		return nil, fmt.Errorf("sandbox %q: %w", id, errdefs.ErrNotFound)
+	}
+	return found, nil
+}
+
+// Get returns a sandbox by full ID or unique prefix.
+func (s *Store) Get(id string) (*Sandbox, error) {
+	r, err := s.lookup(id)
+	if err != nil {
+		return nil, err
+	}
+	v := r.view.Load()
+	if v == nil {
+		return nil, fmt.Errorf("sandbox %q: %w", id, errdefs.ErrNotFound)
+	}
+	return copySandbox(v), nil
+}
+
+func copySandbox(v *Sandbox) *Sandbox {
+	sb := *v
+	sb.AdditionalIPs = append([]string(nil), v.AdditionalIPs...)
+	return &sb
+}
+
+// List returns every sandbox, oldest first, from the published snapshots.
+func (s *Store) List() []*Sandbox {
+	s.mu.Lock()
+	recs := make([]*record, 0, len(s.byID))
+	for _, r := range s.byID {
+		recs = append(recs, r)
+	}
+	s.mu.Unlock()
+	out := make([]*Sandbox, 0, len(recs))
+	for _, r := range recs {
+		if v := r.view.Load(); v != nil {
+			out = append(out, copySandbox(v))
+		}
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].CreatedAt.Before(out[j].CreatedAt) })
+	return out
+}
+
+func newID() string {
+	b := make([]byte, 32)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
+}
+
+// Run creates a sandbox. Every step already done is undone when a later
+// one fails, so a failed Run leaves nothing behind.
+func (s *Store) Run(ctx context.Context, cfg *runtime.PodSandboxConfig, handler string) (_ *Sandbox, retErr error) {
+	md := cfg.GetMetadata()
+	if md.GetName() == "" || md.GetNamespace() == "" || md.GetUid() == "" {
+		return nil, fmt.Errorf("sandbox metadata needs name, namespace and uid: %w", errdefs.ErrInvalidArgument)
+	}
+	if handler == "" {
+		handler = s.opts.DefaultRuntimeHandler
+	}
+	if !contains(s.opts.RuntimeHandlers, handler) {
+		return nil, fmt.Errorf("runtime handler %q is not configured (runtime_handlers has %v): %w", handler, s.opts.RuntimeHandlers, errdefs.ErrInvalidArgument)
+	}
+	if s.opts.CgroupDriver == "systemd" {
+		return nil, fmt.Errorf("the systemd cgroup driver is not supported yet: %w", errdefs.ErrFailedPrecondition)
+	}
+	nsOpts := cfg.GetLinux().GetSecurityContext().GetNamespaceOptions()
+	hostNet := nsOpts.GetNetwork() == runtime.NamespaceMode_NODE
+	hostIPC := nsOpts.GetIpc() == runtime.NamespaceMode_NODE
+	podPID := nsOpts.GetPid() == runtime.NamespaceMode_POD
+	sysctls, err := validateSysctls(cfg.GetLinux().GetSysctls(), hostNet, hostIPC)
+	if err != nil {
+		return nil, err
+	}
+	var ports []network.PortMapping
+	for _, pm := range cfg.GetPortMappings() {
+		if pm.GetHostPort() <= 0 {
+			continue // only host ports need forwarding, as in kubelet
+		}
+		if pm.GetContainerPort() <= 0 || pm.GetContainerPort() > 65535 || pm.GetHostPort() > 65535 {
+			return nil, fmt.Errorf("port mapping %v: %w", pm, errdefs.ErrInvalidArgument)
+		}
+		ports = append(ports, network.PortMapping{
+			HostPort: pm.GetHostPort(), ContainerPort: pm.GetContainerPort(),
+			Protocol: strings.ToLower(pm.GetProtocol().String()), HostIP: pm.GetHostIp(),
+		})
+	}
+	hostname := cfg.GetHostname()
+	if hostname == "" {
+		// The kubelet always sets one; others get the pod name, cut to
+		// the kernel's limit as the kubelet does.
+		hostname = strings.TrimRight(truncate(md.GetName(), 63), "-.")
+	}
+	if len(hostname) > 64 {
+		return nil, fmt.Errorf("hostname %q is longer than 64 bytes: %w", hostname, errdefs.ErrInvalidArgument)
+	}
+	var pauseBin string
+	if podPID {
+		if pauseBin, err = s.pauseBinary(); err != nil {
+			return nil, err
+		}
+	}
+
+	id := newID()
+	key := reservationKey(md)
+	s.mu.Lock()
+	if other, ok := s.names[key]; ok {
+		s.mu.Unlock()
+		return nil, fmt.Errorf("sandbox name %q is reserved by %s: %w", key, other, errdefs.ErrAlreadyExists)
+	}
+	s.names[key] = id
+	s.mu.Unlock()
+	defer func() {
+		if retErr != nil {
+			s.mu.Lock()
+			delete(s.names, key)
+			s.mu.Unlock()
+		}
+	}()
+
+	cgroup, err := podCgroupPath(cfg.GetLinux().GetCgroupParent(), s.opts.CgroupParent, id)
+	if err != nil {
+		return nil, err
+	}
+	dir := filepath.Join(s.sandboxesDir(), id)
+	stateDir := filepath.Join(s.opts.State, "sandboxes", id)
+	r := &record{
+		sb: Sandbox{
+			ID: id, Config: proto.Clone(cfg).(*runtime.PodSandboxConfig), RuntimeHandler: handler,
+			State: runtime.PodSandboxState_SANDBOX_NOTREADY, CreatedAt: time.Now(),
+			CgroupParent: cgroup,
+			HostnamePath: filepath.Join(dir, "hostname"), HostsPath: filepath.Join(dir, "hosts"),
+			ResolvConfPath: filepath.Join(dir, "resolv.conf"),
+		},
+		ports: ports,
+	}
+	if !hostNet {
+		r.sb.NetNSPath = filepath.Join(s.netnsDir(), id+"-net")
+		r.sb.UTSNSPath = filepath.Join(s.netnsDir(), id+"-uts")
+	}
+	if !hostIPC {
+		r.sb.IPCNSPath = filepath.Join(s.netnsDir(), id+"-ipc")
+		r.sb.ShmPath = filepath.Join(stateDir, "shm")
+	}
+	if !hostNet {
+		// Chosen (and checkpointed below) up front: from here on, DEL
+		// runs in every teardown, with this config.
+		if r.attachment, err = s.opts.Network.Prepare(); err != nil {
+			return nil, err
+		}
+	}
+	r.fillFromAttachment()
+	log := s.log.With("pod", id, "name", md.GetName(), "namespace", md.GetNamespace())
+
+	// From here on, teardown knows every path and removes whatever exists.
+	defer func() {
+		if retErr != nil {
+			if err := s.teardown(context.WithoutCancel(ctx), r, true); err != nil {
+				log.Error("undo failed sandbox", "err", err)
+			}
+			if err := os.RemoveAll(dir); err != nil {
+				log.Error("undo failed sandbox", "err", err)
+			}
+			if err := removeCgroup(cgroup); err != nil {
+				log.Error("undo failed sandbox", "err", err)
+			}
+			os.RemoveAll(stateDir)
+		}
+	}()
+	for _, d := range []string{dir, stateDir} {
+		if err := os.Mkdir(d, 0o711); err != nil {
+			return nil, fmt.Errorf("create %s: %w", d, err)
+		}
+	}
+	// Written first, NOTREADY: a daemon crash from here on still leaves a
+	// sandbox that can be listed, stopped and removed.
+	if err := s.persist(r); err != nil {
+		return nil, err
+	}
+
+	if hostNet {
+		if hostname, err = os.Hostname(); err != nil {
+			return nil, fmt.Errorf("read host name: %w", err)
+		}
+	}
+	hosts, err := hostsContent(hostNet)
+	if err != nil {
+		return nil, err
+	}
+	resolv, err := resolvConfContent(cfg.GetDnsConfig())
+	if err != nil {
+		return nil, err
+	}
+	for path, data := range map[string][]byte{r.sb.HostnamePath: []byte(hostname + "\n"), r.sb.HostsPath: hosts, r.sb.ResolvConfPath: resolv} {
+		if err := os.WriteFile(path, data, 0o644); err != nil {
+			return nil, fmt.Errorf("write %s: %w", path, err)
+		}
+	}
+	if r.sb.ShmPath != "" {
+		if err := os.Mkdir(r.sb.ShmPath, 0o755); err != nil {
+			return nil, fmt.Errorf("create %s: %w", r.sb.ShmPath, err)
+		}
+		if err := unix.Mount("shm", r.sb.ShmPath, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, fmt.Sprintf("mode=1777,size=%d", shmSize)); err != nil {
+			return nil, fmt.Errorf("mount pod /dev/shm at %s: %w", r.sb.ShmPath, err)
+		}
+	}
+	if err := createCgroup(cgroup); err != nil {
+		return nil, err
+	}
+	req := nsRequest{netPin: r.sb.NetNSPath, ipcPin: r.sb.IPCNSPath, utsPin: r.sb.UTSNSPath, hostname: hostname, sysctls: sysctls}
+	if podPID {
+		req.pause = &pauseRequest{binary: pauseBin, arg: stateDir}
+	}
+	pid, err := createNamespaces(req)
+	if pid > 0 {
+		r.pausePID = pid
+		r.pauseStart, _ = procStartTime(pid)
+		r.sb.PIDNSPath = fmt.Sprintf("/proc/%d/ns/pid", pid)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("create pod namespaces: %w", err)
+	}
+	if pid > 0 {
+		if err := joinCgroup(cgroup, pid); err != nil {
+			return nil, err
+		}
+	}
+	s.crashPoint(cfg, "after-namespaces")
+	if r.attachment != nil {
+		if err := s.opts.Network.Attach(ctx, s.netPod(r), r.attachment); err != nil {
+			return nil, err
+		}
+		r.fillFromAttachment()
+	}
+	s.crashPoint(cfg, "after-cni-add")
+	r.sb.State = runtime.PodSandboxState_SANDBOX_READY
+	if err := s.persist(r); err != nil {
+		return nil, err
+	}
+	r.publish()
+	s.mu.Lock()
+	s.byID[id] = r
+	s.mu.Unlock()
+	log.Info("sandbox ready", "ip", r.sb.IP, "handler", handler, "cgroup", cgroup)
+	return r.snapshot(), nil
+}
+
+func (s *Store) crashPoint(cfg *runtime.PodSandboxConfig, point string) {
+	if s.opts.TestFaults && cfg.GetAnnotations()[testCrashAnnotation] == point {
+		s.log.Warn("test fault: exiting mid-RunPodSandbox", "point", point)
+		os.Exit(70)
+	}
+}
+
+func truncate(s string, n int) string {
+	if len(s) > n {
+		return s[:n]
+	}
+	return s
+}
+
+func contains(list []string, s string) bool {
+	for _, x := range list {
+		if x == s {
+			return true
+		}
+	}
+	return false
+}
+
+func (s *Store) netPod(r *record) network.Pod {
+	md := r.sb.Config.GetMetadata()
+	return network.Pod{
+		ID: r.sb.ID, Name: md.GetName(), Namespace: md.GetNamespace(), UID: md.GetUid(),
+		NetNSPath: r.sb.NetNSPath, PortMappings: r.ports,
+	}
+}
+
+func (s *Store) persist(r *record) error {
+	c, err := r.toCheckpoint()
+	if err != nil {
+		return err
+	}
+	return writeCheckpoint(filepath.Join(s.sandboxesDir(), r.sb.ID), c)
+}
+
+// teardown releases what a sandbox holds on the node, except its cgroup,
+// files and checkpoint: CNI attachment, pause process, namespace pins and
+// /dev/shm. Every step tolerates already-undone state. When CNI DEL fails
+// it stops there (keeping the netns so a retry can finish DEL), unless
+// force is set: a failed Run must not keep anything.
+func (s *Store) teardown(ctx context.Context, r *record, force bool) error {
+	var errs []error
+	if r.attachment != nil {
+		if err := s.opts.Network.Detach(ctx, s.netPod(r), r.attachment); err != nil {
+			if !force {
+				return err
+			}
+			errs = append(errs, err)
+		} else {
+			r.attachment = nil
+			r.fillFromAttachment()
+		}
+	}
+	stopPause(r.pausePID, r.pauseStart)
+	for _, p := range []string{r.sb.NetNSPath, r.sb.IPCNSPath, r.sb.UTSNSPath} {
+		if err := unpin(p); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if r.sb.ShmPath != "" {
+		if err := unix.Unmount(r.sb.ShmPath, unix.MNT_DETACH); err != nil && !errors.Is(err, unix.EINVAL) && !errors.Is(err, unix.ENOENT) {
+			errs = append(errs, fmt.Errorf("unmount %s: %w", r.sb.ShmPath, err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// Stop releases the sandbox's network, namespaces and pause process and
+// marks it NOTREADY. Stopping a stopped sandbox does nothing.
+func (s *Store) Stop(ctx context.Context, id string) error {
+	r, err := s.lookup(id)
+	if err != nil {
+		return err
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.removed {
+		return fmt.Errorf("sandbox %q: %w", id, errdefs.ErrNotFound)
+	}
+	return s.stopLocked(ctx, r)
+}
+
+func (s *Store) stopLocked(ctx context.Context, r *record) error {
+	log := s.log.With("pod", r.sb.ID)
+	err := s.teardown(ctx, r, false)
+	// Whatever got released is recorded, even on partial failure.
+	if err == nil {
+		r.sb.State = runtime.PodSandboxState_SANDBOX_NOTREADY
+	}
+	r.publish()
+	if perr := s.persist(r); perr != nil {
+		err = errors.Join(err, perr)
+	}
+	if err != nil {
+		return fmt.Errorf("stop sandbox %s: %w", r.sb.ID, err)
+	}
+	log.Info("sandbox stopped")
+	return nil
+}
+
+// Remove stops the sandbox if needed, then deletes its cgroup, files and
+// checkpoint. A sandbox that does not exist is not an error.
+func (s *Store) Remove(ctx context.Context, id string) error {
+	r, err := s.lookup(id)
+	if errdefs.IsNotFound(err) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.removed {
+		return nil
+	}
+	if err := s.stopLocked(ctx, r); err != nil {
+		return err
+	}
+	if err := removeCgroup(r.sb.CgroupParent); err != nil {
+		return fmt.Errorf("remove sandbox %s: %w", r.sb.ID, err)
+	}
+	if err := os.RemoveAll(filepath.Join(s.opts.State, "sandboxes", r.sb.ID)); err != nil {
+		return fmt.Errorf("remove sandbox %s: %w", r.sb.ID, err)
+	}
+	// The checkpoint goes last: until then a retry can finish the job.
+	if err := os.RemoveAll(filepath.Join(s.sandboxesDir(), r.sb.ID)); err != nil {
+		return fmt.Errorf("remove sandbox %s: %w", r.sb.ID, err)
+	}
+	r.removed = true
+	r.view.Store(nil)
+	s.mu.Lock()
+	delete(s.byID, r.sb.ID)
+	if s.names[reservationKey(r.sb.Config.GetMetadata())] == r.sb.ID {
+		delete(s.names, reservationKey(r.sb.Config.GetMetadata()))
+	}
+	s.mu.Unlock()
+	s.log.Info("sandbox removed", "pod", r.sb.ID)
+	return nil
+}
+
+// pauseBinary finds berth-pause next to the running executable, then in
+// PATH.
+func (s *Store) pauseBinary() (string, error) {
+	if s.opts.PauseBinary != "" {
+		return s.opts.PauseBinary, nil
+	}
+	if exe, err := os.Executable(); err == nil {
+		p := filepath.Join(filepath.Dir(exe), "berth-pause")
+		if _, err := os.Stat(p); err == nil {
+			return p, nil
+		}
+	}
+	p, err := exec.LookPath("berth-pause")
+	if err != nil {
+		return "", fmt.Errorf("a shared PID namespace needs berth-pause next to berthd or in PATH: %w", errdefs.ErrFailedPrecondition)
+	}
+	return p, nil
+}

@@ -1,0 +1,112 @@
+package sandbox
+
+import (
+	"errors"
+	"os"
+	"testing"
+	"time"
+
+	runtime "k8s.io/cri-api/pkg/apis/runtime/v1"
+
+	"github.com/berthcri/berth/internal/errdefs"
+	"github.com/berthcri/berth/internal/network"
+)
+
+func TestPodCgroupPath(t *testing.T) {
+	for _, tc := range []struct{ parent, def, want string }{
+		{"", "berth", "/berth/pod-abc"},
+		{"/kubepods/burstable/pod1", "berth", "/kubepods/burstable/pod1/pod-abc"},
+		{"kubepods", "berth", "/kubepods/pod-abc"},
+		{"kubepods-burstable-pod1.slice", "berth", "/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod1.slice/pod-abc"},
+	} {
+		got, err := podCgroupPath(tc.parent, tc.def, "abc")
+		if err != nil || got != tc.want {
+			t.Errorf("podCgroupPath(%q) = %q, %v; want %q", tc.parent, got, err, tc.want)
+		}
+	}
+	for _, bad := range []string{"-a.slice", "a--b.slice", "a-.slice"} {
+		if _, err := podCgroupPath(bad, "berth", "abc"); !errors.Is(err, errdefs.ErrInvalidArgument) {
+			t.Errorf("podCgroupPath(%q): err %v, want InvalidArgument", bad, err)
+		}
+	}
+}
+
+func TestValidateSysctls(t *testing.T) {
+	got, err := validateSysctls(map[string]string{"net/ipv4/ip_forward": "1", "kernel.shmmax": "100", "fs.mqueue.msg_max": "20"}, false, false)
+	if err != nil || got["net.ipv4.ip_forward"] != "1" || got["kernel.shmmax"] != "100" || len(got) != 3 {
+		t.Fatalf("got %v, %v", got, err)
+	}
+	for _, tc := range []struct {
+		key              string
+		hostNet, hostIPC bool
+	}{
+		{"kernel.pid_max", false, false},
+		{"vm.swappiness", false, false},
+		{"net.ipv4.ip_forward", true, false},
+		{"kernel.shmmax", false, true},
+		{"kernel.domainname", true, false},
+	} {
+		if _, err := validateSysctls(map[string]string{tc.key: "1"}, tc.hostNet, tc.hostIPC); !errors.Is(err, errdefs.ErrInvalidArgument) {
+			t.Errorf("sysctl %s (hostNet %v hostIPC %v): err %v, want InvalidArgument", tc.key, tc.hostNet, tc.hostIPC, err)
+		}
+	}
+}
+
+func TestResolvConfContent(t *testing.T) {
+	got, err := resolvConfContent(&runtime.DNSConfig{Servers: []string{"1.1.1.1"}, Searches: []string{"a.b", "b"}, Options: []string{"ndots:2", "edns0"}})
+	want := "search a.b b\nnameserver 1.1.1.1\noptions ndots:2 edns0\n"
+	if err != nil || string(got) != want {
+		t.Fatalf("got %q, %v; want %q", got, err, want)
+	}
+	got, err = resolvConfContent(&runtime.DNSConfig{})
+	host, _ := os.ReadFile("/etc/resolv.conf")
+	if err != nil || string(got) != string(host) {
+		t.Fatalf("empty DNS config: got %q, want the host's %q", got, host)
+	}
+}
+
+func TestCheckpointRoundTrip(t *testing.T) {
+	dir := t.TempDir()
+	cfg := &runtime.PodSandboxConfig{
+		Metadata:     &runtime.PodSandboxMetadata{Name: "p", Namespace: "ns", Uid: "u", Attempt: 2},
+		Labels:       map[string]string{"a": "b"},
+		PortMappings: []*runtime.PortMapping{{ContainerPort: 80, HostPort: 8080}},
+		Linux:        &runtime.LinuxPodSandboxConfig{Overhead: &runtime.LinuxContainerResources{MemoryLimitInBytes: 1 << 20}},
+	}
+	r := &record{
+		sb: Sandbox{ID: "id1", Config: cfg, RuntimeHandler: "runc", State: runtime.PodSandboxState_SANDBOX_READY,
+			CreatedAt: time.Unix(100, 5).UTC(), NetNSPath: "/n", CgroupParent: "/berth/pod-id1"},
+		pausePID: 42, pauseStart: 7,
+		ports:      []network.PortMapping{{HostPort: 8080, ContainerPort: 80, Protocol: "tcp"}},
+		attachment: &network.Attachment{ConfList: []byte(`{"name":"x"}`), IPs: []string{"10.0.0.2", "fd00::2"}},
+	}
+	c, err := r.toCheckpoint()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := writeCheckpoint(dir, c); err != nil {
+		t.Fatal(err)
+	}
+	c2, err := readCheckpoint(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r2, err := c2.toRecord()
+	if err != nil {
+		t.Fatal(err)
+	}
+	sb := r2.sb
+	if sb.ID != "id1" || sb.Config.Metadata.Attempt != 2 || sb.Config.Labels["a"] != "b" || sb.State != runtime.PodSandboxState_SANDBOX_READY ||
+		!sb.CreatedAt.Equal(r.sb.CreatedAt) || sb.IP != "10.0.0.2" || len(sb.AdditionalIPs) != 1 || sb.PIDNSPath != "/proc/42/ns/pid" ||
+		sb.Overhead.GetMemoryLimitInBytes() != 1<<20 || r2.ports[0].HostPort != 8080 || r2.pauseStart != 7 {
+		t.Fatalf("round trip lost data: %+v", r2)
+	}
+	entries, _ := os.ReadDir(dir)
+	if len(entries) != 1 {
+		t.Fatalf("temp files left: %v", entries)
+	}
+	c2.Version = "v0"
+	if _, err := c2.toRecord(); err == nil {
+		t.Fatal("unknown checkpoint version accepted")
+	}
+}

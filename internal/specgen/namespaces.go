@@ -1,0 +1,154 @@
+package specgen
+
+import (
+	"slices"
+	"strings"
+
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+	runtime "k8s.io/cri-api/pkg/apis/runtime/v1"
+)
+
+// applyNamespaces joins the pod's network, IPC and UTS namespaces (none
+// when the pod uses the host's), picks the PID namespace per the
+// container's mode, and always makes a new mount namespace. The hostname
+// is set only in a UTS namespace that is not the host's.
+func applyNamespaces(in *Input, s *specs.Spec) error {
+	ns, err := namespaces(in)
+	if err != nil {
+		return err
+	}
+	s.Linux.Namespaces = ns
+	for _, n := range ns {
+		if n.Type == specs.UTSNamespace {
+			s.Hostname = in.SandboxConfig.GetHostname()
+		}
+	}
+	return nil
+}
+
+func namespaces(in *Input) ([]specs.LinuxNamespace, error) {
+	opts := in.Config.GetLinux().GetSecurityContext().GetNamespaceOptions()
+	podOpts := in.SandboxConfig.GetLinux().GetSecurityContext().GetNamespaceOptions()
+	if u := opts.GetUsernsOptions(); u != nil && u.GetMode() != runtime.NamespaceMode_NODE {
+		return nil, invalid("user namespaces (mode %s) are not supported", u.GetMode())
+	}
+	out := []specs.LinuxNamespace{{Type: specs.MountNamespace}}
+
+	// Network, IPC and UTS always follow the pod, as in containerd; a
+	// container asking for something else is refused, not ignored.
+	for _, x := range []struct {
+		name string
+		typ  specs.LinuxNamespaceType
+		mode runtime.NamespaceMode
+		path string
+	}{
+		{"network", specs.NetworkNamespace, opts.GetNetwork(), in.Pod.NetNSPath},
+		{"ipc", specs.IPCNamespace, opts.GetIpc(), in.Pod.IPCNSPath},
+		// UTS follows the network: a hostNetwork pod has the host's name.
+		{"uts", specs.UTSNamespace, opts.GetNetwork(), in.Pod.UTSNSPath},
+	} {
+		switch x.mode {
+		case runtime.NamespaceMode_POD:
+		case runtime.NamespaceMode_NODE:
+			if x.path != "" {
+				return nil, invalid("%s namespace mode NODE but the pod has its own %s namespace", x.name, x.name)
+			}
+		default:
+			return nil, invalid("%s namespace mode %s is not supported (only POD or NODE)", x.name, x.mode)
+		}
+		if x.path != "" {
+			out = append(out, specs.LinuxNamespace{Type: x.typ, Path: x.path})
+		}
+	}
+
+	switch mode := opts.GetPid(); mode {
+	case runtime.NamespaceMode_POD:
+		switch {
+		case in.Pod.PIDNSPath != "":
+			out = append(out, specs.LinuxNamespace{Type: specs.PIDNamespace, Path: in.Pod.PIDNSPath})
+		case podOpts.GetPid() == runtime.NamespaceMode_NODE:
+			// The pod's PID namespace is the host's.
+		default:
+			return nil, invalid("pid namespace mode POD but the pod has no shared PID namespace")
+		}
+	case runtime.NamespaceMode_CONTAINER:
+		out = append(out, specs.LinuxNamespace{Type: specs.PIDNamespace})
+	case runtime.NamespaceMode_NODE:
+	case runtime.NamespaceMode_TARGET:
+		if opts.GetTargetId() == "" || in.TargetPIDNSPath == "" {
+			return nil, invalid("pid namespace mode TARGET needs target_id and its PID namespace")
+		}
+		out = append(out, specs.LinuxNamespace{Type: specs.PIDNamespace, Path: in.TargetPIDNSPath})
+	default:
+		return nil, invalid("unknown pid namespace mode %d", mode)
+	}
+
+	// A cgroup namespace hides the host's cgroup tree; on v1 containerd
+	// skips it for compatibility, and privileged containers see the host's.
+	if in.Host.CgroupV2 && !in.Config.GetLinux().GetSecurityContext().GetPrivileged() {
+		out = append(out, specs.LinuxNamespace{Type: specs.CgroupNamespace})
+	}
+	return out, nil
+}
+
+// applySysctls sets the pod's sysctls (CRI keeps them in the sandbox
+// config) in the container's namespaces. Only namespaced sysctls are
+// allowed, and only when the namespace is not the host's: runc would
+// refuse the rest later with a worse message.
+func applySysctls(in *Input, s *specs.Spec) error {
+	sysctls := in.SandboxConfig.GetLinux().GetSysctls()
+	if len(sysctls) == 0 {
+		return nil
+	}
+	has := map[specs.LinuxNamespaceType]bool{}
+	for _, n := range s.Linux.Namespaces {
+		has[n.Type] = true
+	}
+	out := make(map[string]string, len(sysctls))
+	for k, v := range sysctls {
+		key := sysctlDots(k)
+		var need specs.LinuxNamespaceType
+		switch {
+		case strings.HasPrefix(key, "net."):
+			need = specs.NetworkNamespace
+		case strings.HasPrefix(key, "fs.mqueue.") || slices.Contains(ipcSysctls, key):
+			need = specs.IPCNamespace
+		case key == "kernel.domainname":
+			need = specs.UTSNamespace
+		case key == "kernel.hostname":
+			// runc refuses it: the spec's hostname field (the pod's) owns it.
+			return invalid("sysctl kernel.hostname conflicts with the pod hostname")
+		default:
+			return invalid("sysctl %q is not namespaced", k)
+		}
+		if !has[need] {
+			return invalid("sysctl %q needs a %s namespace of the pod's own, not the host's", k, need)
+		}
+		out[key] = v
+	}
+	s.Linux.Sysctl = out
+	return nil
+}
+
+// ipcSysctls are the IPC-namespaced sysctls runc accepts (besides fs.mqueue.*).
+var ipcSysctls = []string{
+	"kernel.msgmax", "kernel.msgmnb", "kernel.msgmni", "kernel.sem",
+	"kernel.shmall", "kernel.shmmax", "kernel.shmmni", "kernel.shm_rmid_forced",
+}
+
+// sysctlDots turns a slash-separated name (net/ipv4/conf/eth0.100/x) into
+// the dotted form, swapping its dots for slashes, as runc and kubelet do.
+func sysctlDots(k string) string {
+	if i := strings.IndexAny(k, "./"); i < 0 || k[i] == '.' {
+		return k
+	}
+	return strings.Map(func(r rune) rune {
+		switch r {
+		case '/':
+			return '.'
+		case '.':
+			return '/'
+		}
+		return r
+	}, k)
+}

@@ -1,0 +1,182 @@
+package stats
+
+import (
+	"errors"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/berthcri/berth/internal/errdefs"
+	"github.com/berthcri/berth/internal/netns"
+)
+
+func TestGroupPathExpandsSystemdAndKeepsCgroupfs(t *testing.T) {
+	for in, want := range map[string]string{
+		"/berth/pod1/ctr1": "/berth/pod1/ctr1",
+		"kubepods-besteffort-pod1234.slice:cri-berth:ctr1": "/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod1234.slice/cri-berth-ctr1.scope",
+		"system.slice:berth:abc":                           "/system.slice/berth-abc.scope",
+		"-.slice:berth:abc":                                "/berth-abc.scope",
+	} {
+		got, err := GroupPath(in)
+		if err != nil || got != want {
+			t.Errorf("GroupPath(%q) = %q, %v; want %q", in, got, err, want)
+		}
+	}
+	for _, bad := range []string{"relative/path", "a--b.slice:x:y", "noslice:x:y"} {
+		if _, err := GroupPath(bad); !errors.Is(err, errdefs.ErrInvalidArgument) {
+			t.Errorf("GroupPath(%q) error = %v, want InvalidArgument", bad, err)
+		}
+	}
+}
+
+func TestReadV2FromARealShapedFixtureTree(t *testing.T) {
+	group, err := GroupPath("kubepods-besteffort-pod1234.slice:cri-berth:ctr1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	u, err := ReadV2("testdata/cgroupv2", group)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := Usage{
+		CPUUsageNanos: 2500000 * 1000,
+		MemoryUsage:   78643200,
+		WorkingSet:    78643200 - 8388608,
+		RSS:           67108864,
+		PageFaults:    17000, MajorPageFaults: 12,
+		MemoryLimit: 134217728,
+		Processes:   3,
+	}
+	u.Timestamp = time.Time{}
+	if *u != want {
+		t.Fatalf("usage\n got %+v\nwant %+v", *u, want)
+	}
+	if got := u.AvailableBytes(); got != 134217728-(78643200-8388608) {
+		t.Fatalf("available = %d", got)
+	}
+	// The pod's cgroup has no limit: "max".
+	pod, err := ReadV2("testdata/cgroupv2", "/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod1234.slice")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if pod.MemoryLimit != 0 || pod.AvailableBytes() != 0 || pod.Processes != 4 {
+		t.Fatalf("unlimited pod cgroup: %+v", pod)
+	}
+	if _, err := ReadV2("testdata/cgroupv2", "/absent"); !errors.Is(err, errdefs.ErrNotFound) {
+		t.Fatalf("missing cgroup: %v, want NotFound", err)
+	}
+}
+
+func TestCPURateComputesNanoCoresBetweenSamples(t *testing.T) {
+	r := NewCPURate()
+	t0 := time.Unix(100, 0)
+	if got := r.NanoCores("c", t0, 1e9); got != 0 {
+		t.Fatalf("first sample = %d, want 0", got)
+	}
+	if got := r.NanoCores("c", t0.Add(2*time.Second), 2e9); got != 5e8 {
+		t.Fatalf("half a core = %d, want 5e8", got)
+	}
+	if got := r.NanoCores("c", t0.Add(3*time.Second), 1e9); got != 0 {
+		t.Fatalf("counter reset = %d, want 0", got)
+	}
+}
+
+func TestParseNetDevSkipsLoopback(t *testing.T) {
+	data := []byte(`Inter-|   Receive                                                |  Transmit
+ face |bytes    packets errs drop fifo frame compressed multicast|bytes    packets errs drop fifo colls carrier compressed
+    lo:    1000      10    0    0    0     0          0         0     1000      10    0    0    0     0       0          0
+  eth0:   52345     120    2    0    0     0          0         0    10234      80    1    0    0     0       0          0
+`)
+	ifs, err := parseNetDev(data)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(ifs) != 1 || ifs[0] != (Interface{Name: "eth0", RxBytes: 52345, RxErrors: 2, TxBytes: 10234, TxErrors: 1}) {
+		t.Fatalf("interfaces %+v", ifs)
+	}
+}
+
+func TestNetworkReadsInsideANamespace(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root")
+	}
+	pin := netns.NewForTest(t)
+	ifs, err := Network(pin)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(ifs) != 0 {
+		t.Fatalf("a fresh namespace has only loopback, got %+v", ifs)
+	}
+}
+
+func TestReadV1SeesAProcessBurningCPU(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root")
+	}
+	if _, err := os.Stat("/sys/fs/cgroup/cpuacct"); err != nil {
+		t.Skip("no cgroup v1 cpuacct hierarchy here")
+	}
+	group := "/berth-stats-test-" + strconv.Itoa(os.Getpid())
+	for _, ctrl := range []string{"cpuacct", "memory", "pids"} {
+		dir := filepath.Join("/sys/fs/cgroup", ctrl, group)
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { os.Remove(dir) })
+	}
+	// The shell joins the cgroups, then execs the busy loop so that its
+	// memory is charged there (v1 does not move charges on migration).
+	join := ""
+	for _, ctrl := range []string{"cpuacct", "memory", "pids"} {
+		join += "echo $$ > " + filepath.Join("/sys/fs/cgroup", ctrl, group, "cgroup.procs") + "; "
+	}
+	cmd := exec.Command("sh", "-c", join+`exec sh -c 'while :; do :; done'`)
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+	time.Sleep(100 * time.Millisecond)
+	r := NewCPURate()
+	u1, err := ReadV1(group)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.NanoCores("x", u1.Timestamp, u1.CPUUsageNanos)
+	time.Sleep(500 * time.Millisecond)
+	u2, err := ReadV1(group)
+	if err != nil {
+		t.Fatal(err)
+	}
+	nc := r.NanoCores("x", u2.Timestamp, u2.CPUUsageNanos)
+	// A busy loop uses about one core; allow for a loaded 2-core machine.
+	if nc < 2e8 || nc > 1.2e9 {
+		t.Fatalf("nano-cores %d for a busy loop", nc)
+	}
+	if u2.Processes != 1 || u2.MemoryUsage == 0 {
+		t.Fatalf("usage %+v", u2)
+	}
+	if _, err := ReadV1("/berth-absent-cgroup"); !errors.Is(err, errdefs.ErrNotFound) {
+		t.Fatalf("missing cgroup: %v, want NotFound", err)
+	}
+}
+
+func TestDirUsageCountsHardLinksOnce(t *testing.T) {
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "a"), make([]byte, 64*1024), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Link(filepath.Join(dir, "a"), filepath.Join(dir, "b")); err != nil {
+		t.Fatal(err)
+	}
+	bytes, inodes, err := DirUsage(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if inodes != 2 || bytes < 64*1024 {
+		t.Fatalf("bytes %d inodes %d; want ≥65536 bytes and 2 inodes (dir + file)", bytes, inodes)
+	}
+}

@@ -1,0 +1,184 @@
+// Package leakcheck snapshots what a test daemon can leave on the node
+// (mounts, veths, IPAM reservations, iptables rules, cgroups, processes and
+// files) so a test can assert that a run of operations left nothing new.
+// Every probe is scoped to one daemon (its dirs, bridge, subnet, cgroup
+// parent), so parallel tests do not disturb each other's snapshots.
+package leakcheck
+
+import (
+	"io/fs"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/berthcri/berth/internal/testutil/berthdtest"
+)
+
+// Scope says what belongs to the daemon under test.
+type Scope struct {
+	// Dir is the daemon's scratch dir: processes naming it are its own.
+	Dir string
+	// State is --state: every mount and file below it counts.
+	State string
+	// IPAMDir is host-local's dataDir; reservations are files in it.
+	IPAMDir string
+	// Bridge is the pod bridge; its ports (veths) count.
+	Bridge string
+	// IPPrefix (e.g. "10.234.7.") selects iptables rules about pod IPs.
+	IPPrefix string
+	// CgroupParent is the daemon's cgroup parent, relative to each hierarchy.
+	CgroupParent string
+	// IgnoreFiles are paths (relative to State or IPAMDir) that are
+	// expected to persist, such as host-local's lock file.
+	IgnoreFiles []string
+}
+
+// Snapshot maps a category to the sorted items found in it.
+type Snapshot map[string][]string
+
+// ForDaemon builds the scope of a berthdtest daemon.
+func ForDaemon(d *berthdtest.Daemon) Scope {
+	subnet := d.Config.DefaultNetwork.Subnet
+	prefix := subnet
+	if i := strings.LastIndex(subnet, "."); i >= 0 {
+		prefix = subnet[:i+1]
+	}
+	return Scope{
+		Dir: d.Dir, State: d.State, IPAMDir: filepath.Join(d.Root, "cni", "networks"),
+		Bridge: d.Config.DefaultNetwork.Bridge, IPPrefix: prefix, CgroupParent: d.Config.CgroupParent,
+		IgnoreFiles: []string{"lock", "last_reserved_ip.0", "last_reserved_ip.1"},
+	}
+}
+
+// Take records the current state of every category.
+func Take(t testing.TB, s Scope) Snapshot {
+	t.Helper()
+	snap := Snapshot{}
+	mounts, err := berthdtest.MountsBelow(s.State)
+	if err != nil {
+		t.Fatalf("leakcheck: mounts: %v", err)
+	}
+	snap["mount"] = mounts
+	snap["file"] = files(s.State, s.IgnoreFiles)
+	if s.IPAMDir != "" {
+		snap["ipam"] = files(s.IPAMDir, s.IgnoreFiles)
+	}
+	if s.Bridge != "" {
+		out, _ := exec.Command("ip", "-o", "link", "show", "master", s.Bridge).Output()
+		snap["veth"] = linkNames(string(out))
+	}
+	if s.IPPrefix != "" {
+		out, err := exec.Command("iptables-save").Output()
+		if err != nil {
+			t.Fatalf("leakcheck: iptables-save: %v", err)
+		}
+		var rules []string
+		for _, l := range strings.Split(string(out), "\n") {
+			if strings.Contains(l, s.IPPrefix) {
+				rules = append(rules, l)
+			}
+		}
+		snap["iptables"] = rules
+	}
+	if s.CgroupParent != "" {
+		snap["cgroup"] = cgroups(s.CgroupParent)
+	}
+	if s.Dir != "" {
+		var procs []string
+		for _, pid := range berthdtest.PidsMentioning(s.Dir) {
+			cmd, _ := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "cmdline"))
+			// The daemon itself is expected; anything else it started is not.
+			if strings.Contains(string(cmd), "berthd") {
+				continue
+			}
+			procs = append(procs, strconv.Itoa(pid)+" "+strings.ReplaceAll(string(cmd), "\x00", " "))
+		}
+		snap["process"] = procs
+	}
+	for k := range snap {
+		sort.Strings(snap[k])
+	}
+	return snap
+}
+
+// Diff lists items in after that are not in before, as "category: item".
+func Diff(before, after Snapshot) []string {
+	var out []string
+	for cat, items := range after {
+		old := map[string]bool{}
+		for _, i := range before[cat] {
+			old[i] = true
+		}
+		for _, i := range items {
+			if !old[i] {
+				out = append(out, cat+": "+i)
+			}
+		}
+	}
+	sort.Strings(out)
+	return out
+}
+
+// Check fails the test if after holds anything before did not.
+func Check(t testing.TB, before, after Snapshot) {
+	t.Helper()
+	if leaks := Diff(before, after); len(leaks) > 0 {
+		t.Fatalf("leaked %d items:\n%s", len(leaks), strings.Join(leaks, "\n"))
+	}
+}
+
+func files(root string, ignore []string) []string {
+	var out []string
+	_ = filepath.WalkDir(root, func(p string, e fs.DirEntry, err error) error {
+		if err != nil || e.IsDir() {
+			return nil
+		}
+		for _, ig := range ignore {
+			if e.Name() == ig {
+				return nil
+			}
+		}
+		out = append(out, p)
+		return nil
+	})
+	return out
+}
+
+func linkNames(out string) []string {
+	var names []string
+	for _, l := range strings.Split(out, "\n") {
+		f := strings.Fields(l)
+		if len(f) < 2 {
+			continue
+		}
+		name := strings.TrimSuffix(f[1], ":")
+		if i := strings.Index(name, "@"); i >= 0 {
+			name = name[:i]
+		}
+		names = append(names, name)
+	}
+	return names
+}
+
+func cgroups(parent string) []string {
+	var out []string
+	roots, _ := filepath.Glob("/sys/fs/cgroup/*")
+	roots = append(roots, "/sys/fs/cgroup")
+	for _, r := range roots {
+		top := filepath.Join(r, parent)
+		if fi, err := os.Stat(top); err != nil || !fi.IsDir() {
+			continue
+		}
+		_ = filepath.WalkDir(top, func(p string, e fs.DirEntry, err error) error {
+			if err == nil && e.IsDir() && p != top {
+				out = append(out, p)
+			}
+			return nil
+		})
+	}
+	return out
+}
