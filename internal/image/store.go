@@ -447,6 +447,24 @@ func (s *Store) Release(owner string) error {
 	return s.gc()
 }
 
+// Owners lists the owners holding leases, so that a restarted daemon can
+// release the leases of containers that no longer exist.
+func (s *Store) Owners() ([]string, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	es, err := os.ReadDir(s.path("leases"))
+	if err != nil {
+		return nil, fmt.Errorf("read image leases: %w", err)
+	}
+	var out []string
+	for _, e := range es {
+		if owner, ok := strings.CutSuffix(e.Name(), ".json"); ok {
+			out = append(out, owner)
+		}
+	}
+	return out, nil
+}
+
 // gc removes blobs and layers that no record, lease or running pull refers
 // to. Caller holds s.mu (or is Open).
 func (s *Store) gc() error {

@@ -90,8 +90,14 @@ func TestAcquireKeepsLayersUntilReleaseAcrossReopen(t *testing.T) {
 			t.Fatalf("layer in use freed: %v", err)
 		}
 	}
+	if owners, err := s.Owners(); err != nil || len(owners) != 1 || owners[0] != "ctr1" {
+		t.Fatalf("owners after reopen: %v %v", owners, err)
+	}
 	if err := s.Release("ctr1"); err != nil {
 		t.Fatal(err)
+	}
+	if owners, err := s.Owners(); err != nil || len(owners) != 0 {
+		t.Fatalf("owners after release: %v %v", owners, err)
 	}
 	if err := s.Release("ctr1"); err != nil {
 		t.Fatalf("second release: %v", err)
