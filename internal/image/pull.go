@@ -22,6 +22,7 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/remote/transport"
 	"github.com/google/go-containerregistry/pkg/v1/types"
 	ocispecv1 "github.com/opencontainers/image-spec/specs-go/v1"
+	"golang.org/x/sync/errgroup"
 
 	"github.com/berthcri/berth/internal/errdefs"
 )
@@ -243,6 +244,9 @@ func classify(err error) error {
 	return err
 }
 
+// layerParallelism is how many layers of one image download and unpack at once.
+const layerParallelism = 3
+
 // commit stores img's blobs and layers and then its record under names
 // (repo:tag and repo@digest strings). Used by pulls and imports.
 func (s *Store) commit(ctx context.Context, img v1.Image, names []string) (*Image, error) {
@@ -315,17 +319,26 @@ func (s *Store) commit(ctx context.Context, img v1.Image, names []string) (*Imag
 	if err := s.writeBlob(cdigest.String(), cfgRaw); err != nil {
 		return nil, err
 	}
-	for i, l := range layers {
-		lr := rec.Layers[i]
+	for _, lr := range rec.Layers {
 		if !types.MediaType(lr.MediaType).IsDistributable() {
 			return nil, fmt.Errorf("layer %s is non-distributable: %w", lr.Digest, errdefs.ErrFailedPrecondition)
 		}
-		if err := s.ensureBlob(ctx, lr.Digest, l.Compressed); err != nil {
-			return nil, classify(err)
-		}
-		if err := s.ensureLayer(ctx, lr); err != nil {
-			return nil, err
-		}
+	}
+	// Each layer unpacks into its own dir, so layers download and unpack
+	// in parallel, a few at a time.
+	g, gctx := errgroup.WithContext(ctx)
+	g.SetLimit(layerParallelism)
+	for i, l := range layers {
+		lr := rec.Layers[i]
+		g.Go(func() error {
+			if err := s.ensureBlob(gctx, lr.Digest, l.Compressed); err != nil {
+				return classify(err)
+			}
+			return s.ensureLayer(gctx, lr)
+		})
+	}
+	if err := g.Wait(); err != nil {
+		return nil, err
 	}
 	return s.register(rec, names)
 }
