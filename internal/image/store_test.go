@@ -1,16 +1,20 @@
 package image
 
 import (
+	"bytes"
 	"context"
 	"io"
 	"os"
 	"path/filepath"
+	goruntime "runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
 	"testing"
 
 	"github.com/google/go-containerregistry/pkg/compression"
+	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/google/go-containerregistry/pkg/v1/empty"
 	"github.com/google/go-containerregistry/pkg/v1/mutate"
 	"github.com/google/go-containerregistry/pkg/v1/static"
@@ -228,5 +232,79 @@ func TestConcurrentPullsRemovesAndLeases(t *testing.T) {
 		if len(es) != 0 {
 			t.Fatalf("%s not empty after removing everything: %d entries", sub, len(es))
 		}
+	}
+}
+
+func TestPullDockerSchema2ManifestAndManifestList(t *testing.T) {
+	requireRoot(t)
+	reg := testimages.StartRegistry(t)
+	base, err := testimages.Busybox()
+	if err != nil {
+		t.Fatal(err)
+	}
+	layers, err := base.Layers()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cf, err := base.ConfigFile()
+	if err != nil {
+		t.Fatal(err)
+	}
+	img := mutate.ConfigMediaType(mutate.MediaType(empty.Image, types.DockerManifestSchema2), types.DockerConfigJSON)
+	for _, l := range layers {
+		rc, err := l.Uncompressed()
+		if err != nil {
+			t.Fatal(err)
+		}
+		data, err := io.ReadAll(rc)
+		rc.Close()
+		if err != nil {
+			t.Fatal(err)
+		}
+		dl, err := tarball.LayerFromOpener(func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(data)), nil },
+			tarball.WithMediaType(types.DockerLayer))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if img, err = mutate.AppendLayers(img, dl); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if img, err = mutate.ConfigFile(img, cf); err != nil {
+		t.Fatal(err)
+	}
+	if mt, _ := img.MediaType(); mt != types.DockerManifestSchema2 {
+		t.Fatalf("test image media type %s", mt)
+	}
+	reg.Push(t, "docker:v2", img)
+	list := mutate.IndexMediaType(empty.Index, types.DockerManifestList)
+	list = mutate.AppendManifests(list, mutate.IndexAddendum{Add: img, Descriptor: v1.Descriptor{
+		MediaType: types.DockerManifestSchema2,
+		Platform:  &v1.Platform{OS: "linux", Architecture: goruntime.GOARCH},
+	}})
+	listDigest := reg.PushIndex(t, "docker:list", list)
+
+	s, err := Open(Options{Root: filepath.Join(t.TempDir(), "images")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	want, _ := img.ConfigName()
+	for _, ref := range []string{reg.Ref("docker:v2"), reg.Ref("docker:list")} {
+		got, err := s.Pull(ctx, ref, nil)
+		if err != nil {
+			t.Fatalf("pull %s: %v", ref, err)
+		}
+		if got.ID != want.String() {
+			t.Fatalf("pull %s: ID %s, want %s", ref, got.ID, want)
+		}
+	}
+	got, err := s.Get(reg.Ref("docker:list"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantDigest := reg.Host + "/docker@" + listDigest.String()
+	if !slices.Contains(got.RepoDigests, wantDigest) || len(got.RepoTags) != 2 {
+		t.Fatalf("tags %v digests %v; want both tags and %s", got.RepoTags, got.RepoDigests, wantDigest)
 	}
 }
