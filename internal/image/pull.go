@@ -210,24 +210,32 @@ func (s *Store) pullFrom(ctx context.Context, ep endpoint, n Named, names []stri
 	return s.commit(ctx, img, names)
 }
 
-// pickManifest chooses linux/GOARCH from an index, or its only manifest.
+// pickManifest chooses linux/GOARCH from an index, or its only image
+// manifest when that one does not name a platform. An image that names
+// another OS or architecture is never picked: it could not run here.
 func pickManifest(im *v1.IndexManifest) (v1.Descriptor, error) {
 	var candidates []v1.Descriptor
+	var seen []string
 	for _, m := range im.Manifests {
 		if !m.MediaType.IsImage() {
 			continue
 		}
-		if p := m.Platform; p != nil && p.OS == "linux" && p.Architecture == runtime.GOARCH {
+		p := m.Platform
+		if p == nil || (p.OS == "" && p.Architecture == "") {
+			candidates = append(candidates, m)
+			continue
+		}
+		seen = append(seen, p.OS+"/"+p.Architecture)
+		if p.OS == "linux" && p.Architecture == runtime.GOARCH {
 			if runtime.GOARCH != "arm64" || p.Variant == "" || p.Variant == "v8" {
 				return m, nil
 			}
 		}
-		candidates = append(candidates, m)
 	}
-	if len(candidates) == 1 && (candidates[0].Platform == nil || candidates[0].Platform.OS == "" || candidates[0].Platform.OS == "linux") {
+	if len(candidates) == 1 && len(seen) == 0 {
 		return candidates[0], nil
 	}
-	return v1.Descriptor{}, fmt.Errorf("no manifest for linux/%s in the image index: %w", runtime.GOARCH, errdefs.ErrNotFound)
+	return v1.Descriptor{}, fmt.Errorf("no manifest for linux/%s in the image index (it has %v): %w", runtime.GOARCH, seen, errdefs.ErrNotFound)
 }
 
 // classify maps registry errors to error kinds.
