@@ -21,6 +21,8 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
 	"github.com/google/go-containerregistry/pkg/v1/types"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/berthcri/berth/internal/errdefs"
 	"github.com/berthcri/berth/internal/testutil/testimages"
 )
@@ -306,5 +308,51 @@ func TestPullDockerSchema2ManifestAndManifestList(t *testing.T) {
 	wantDigest := reg.Host + "/docker@" + listDigest.String()
 	if !slices.Contains(got.RepoDigests, wantDigest) || len(got.RepoTags) != 2 {
 		t.Fatalf("tags %v digests %v; want both tags and %s", got.RepoTags, got.RepoDigests, wantDigest)
+	}
+}
+
+// TestAcquiredLayersMountAsOverlay mounts the lower dirs Acquire returns
+// with overlayfs, as the container code does, and checks that whiteouts
+// and opaque dirs hide what the image deleted.
+func TestAcquiredLayersMountAsOverlay(t *testing.T) {
+	requireRoot(t)
+	reg := testimages.StartRegistry(t)
+	reg.PushStandard(t)
+	s, err := Open(Options{Root: filepath.Join(t.TempDir(), "images")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	ref := reg.Ref(testimages.MultiLayerRef)
+	if _, err := s.Pull(ctx, ref, nil); err != nil {
+		t.Fatal(err)
+	}
+	_, lower, err := s.Acquire(ctx, ref, "overlay-test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	upper, work, merged := filepath.Join(dir, "upper"), filepath.Join(dir, "work"), filepath.Join(dir, "merged")
+	for _, d := range []string{upper, work, merged} {
+		if err := os.Mkdir(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	opts := "lowerdir=" + strings.Join(lower, ":") + ",upperdir=" + upper + ",workdir=" + work
+	if err := unix.Mount("overlay", merged, "overlay", 0, opts); err != nil {
+		t.Skipf("overlayfs not available here: %v", err)
+	}
+	defer unix.Unmount(merged, unix.MNT_DETACH)
+	for p, want := range map[string]bool{
+		"bin/busybox": true, "data/keep": true, "data/link": true, "data/hard": true,
+		"data/gone": false, "opaque/old": false, "opaque/new": true,
+	} {
+		_, err := os.Lstat(filepath.Join(merged, p))
+		if got := err == nil; got != want {
+			t.Errorf("%s present = %v, want %v (%v)", p, got, want, err)
+		}
+	}
+	if data, err := os.ReadFile(filepath.Join(merged, "data", "link")); err != nil || string(data) != "keep\n" {
+		t.Errorf("data/link reads %q, %v", data, err)
 	}
 }
