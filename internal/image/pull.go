@@ -306,6 +306,10 @@ func (s *Store) commit(ctx context.Context, img v1.Image, names []string) (*Imag
 			return nil, fmt.Errorf("layer %s media type: %w", d, err)
 		}
 		diffID := cfg.RootFS.DiffIDs[i].String()
+		// Digests name files and dirs in the store: only well-formed ones.
+		if !digestPattern.MatchString(diffID) || !digestPattern.MatchString(d.String()) {
+			return nil, fmt.Errorf("layer %d: digest %q / diff ID %q is not sha256:<64 hex>: %w", i, d, diffID, errdefs.ErrInvalidArgument)
+		}
 		if i == 0 {
 			chain = diffID
 		} else {

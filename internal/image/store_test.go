@@ -3,6 +3,10 @@ package image
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
 	"io"
 	"os"
 	"path/filepath"
@@ -17,6 +21,7 @@ import (
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/google/go-containerregistry/pkg/v1/empty"
 	"github.com/google/go-containerregistry/pkg/v1/mutate"
+	"github.com/google/go-containerregistry/pkg/v1/partial"
 	"github.com/google/go-containerregistry/pkg/v1/static"
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
 	"github.com/google/go-containerregistry/pkg/v1/types"
@@ -355,4 +360,63 @@ func TestAcquiredLayersMountAsOverlay(t *testing.T) {
 	if data, err := os.ReadFile(filepath.Join(merged, "data", "link")); err != nil || string(data) != "keep\n" {
 		t.Errorf("data/link reads %q, %v", data, err)
 	}
+}
+
+func TestPullRefusesConfigWithMalformedDiffID(t *testing.T) {
+	requireRoot(t)
+	reg := testimages.StartRegistry(t)
+	img, err := testimages.Busybox()
+	if err != nil {
+		t.Fatal(err)
+	}
+	raw, err := img.RawConfigFile()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cf, _ := img.ConfigFile()
+	good := cf.RootFS.DiffIDs[0].String()
+	// A config whose diff ID tries to name a path outside the store.
+	evil := []byte(strings.Replace(string(raw), good, "sha256:../../../../tmp/evil", 1))
+	m, err := img.Manifest()
+	if err != nil {
+		t.Fatal(err)
+	}
+	m = m.DeepCopy()
+	sum := sha256.Sum256(evil)
+	m.Config.Digest = v1.Hash{Algorithm: "sha256", Hex: hex.EncodeToString(sum[:])}
+	m.Config.Size = int64(len(evil))
+	rawManifest, err := json.Marshal(m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	bad, err := partial.CompressedToImage(&evilImage{base: img, config: evil, manifest: rawManifest})
+	if err != nil {
+		t.Fatal(err)
+	}
+	reg.Push(t, "evil:latest", bad)
+	s, err := Open(Options{Root: filepath.Join(t.TempDir(), "images")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = s.Pull(context.Background(), reg.Ref("evil:latest"), nil)
+	if err == nil || !errors.Is(err, errdefs.ErrInvalidArgument) || !strings.Contains(err.Error(), "diff ID") {
+		t.Fatalf("pull with a malformed diff ID: %v", err)
+	}
+	if m, _ := filepath.Glob("/tmp/evil*"); len(m) != 0 {
+		t.Fatalf("created outside the store: %v", m)
+	}
+}
+
+// evilImage serves a hand-made config and manifest over a real image's layers.
+type evilImage struct {
+	base     v1.Image
+	config   []byte
+	manifest []byte
+}
+
+func (e *evilImage) RawConfigFile() ([]byte, error)      { return e.config, nil }
+func (e *evilImage) MediaType() (types.MediaType, error) { return types.OCIManifestSchema1, nil }
+func (e *evilImage) RawManifest() ([]byte, error)        { return e.manifest, nil }
+func (e *evilImage) LayerByDigest(h v1.Hash) (partial.CompressedLayer, error) {
+	return e.base.LayerByDigest(h)
 }
