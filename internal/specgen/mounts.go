@@ -79,8 +79,10 @@ func shmMount(in *Input) specs.Mount {
 	bind := func(src string) specs.Mount {
 		return specs.Mount{Destination: "/dev/shm", Type: "bind", Source: src, Options: []string{"rbind", "rprivate", "rw"}}
 	}
+	hostIPC := in.Config.GetLinux().GetSecurityContext().GetNamespaceOptions().GetIpc() == runtime.NamespaceMode_NODE ||
+		in.SandboxConfig.GetLinux().GetSecurityContext().GetNamespaceOptions().GetIpc() == runtime.NamespaceMode_NODE
 	switch {
-	case in.Config.GetLinux().GetSecurityContext().GetNamespaceOptions().GetIpc() == runtime.NamespaceMode_NODE:
+	case hostIPC:
 		return bind("/dev/shm")
 	case in.Pod.ShmPath != "":
 		return bind(in.Pod.ShmPath)

@@ -240,13 +240,21 @@ func TestPodFileMounts(t *testing.T) {
 		t.Fatalf("/dev/shm = %+v, want the pod's", m)
 	}
 
-	// Host IPC shares the host's /dev/shm.
-	sc(&in).NamespaceOptions = &runtime.NamespaceOption{Ipc: runtime.NamespaceMode_NODE}
-	if err := applyMounts(&in, s); err != nil {
-		t.Fatal(err)
-	}
-	if m := findMount(s.Mounts, "/dev/shm"); m == nil || m.Source != "/dev/shm" {
-		t.Fatalf("host IPC /dev/shm = %+v", m)
+	// Host IPC (asked by the container or the pod) shares the host's /dev/shm.
+	for _, set := range []func(){
+		func() { sc(&in).NamespaceOptions = &runtime.NamespaceOption{Ipc: runtime.NamespaceMode_NODE} },
+		func() {
+			sc(&in).NamespaceOptions = nil
+			in.SandboxConfig.Linux.SecurityContext.NamespaceOptions = &runtime.NamespaceOption{Ipc: runtime.NamespaceMode_NODE}
+		},
+	} {
+		set()
+		if err := applyMounts(&in, s); err != nil {
+			t.Fatal(err)
+		}
+		if m := findMount(s.Mounts, "/dev/shm"); m == nil || m.Source != "/dev/shm" {
+			t.Fatalf("host IPC /dev/shm = %+v", m)
+		}
 	}
 }
 

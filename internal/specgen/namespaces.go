@@ -37,15 +37,16 @@ func namespaces(in *Input) ([]specs.LinuxNamespace, error) {
 	// Network, IPC and UTS always follow the pod, as in containerd; a
 	// container asking for something else is refused, not ignored.
 	for _, x := range []struct {
-		name string
-		typ  specs.LinuxNamespaceType
-		mode runtime.NamespaceMode
-		path string
+		name    string
+		typ     specs.LinuxNamespaceType
+		mode    runtime.NamespaceMode
+		podMode runtime.NamespaceMode
+		path    string
 	}{
-		{"network", specs.NetworkNamespace, opts.GetNetwork(), in.Pod.NetNSPath},
-		{"ipc", specs.IPCNamespace, opts.GetIpc(), in.Pod.IPCNSPath},
+		{"network", specs.NetworkNamespace, opts.GetNetwork(), podOpts.GetNetwork(), in.Pod.NetNSPath},
+		{"ipc", specs.IPCNamespace, opts.GetIpc(), podOpts.GetIpc(), in.Pod.IPCNSPath},
 		// UTS follows the network: a hostNetwork pod has the host's name.
-		{"uts", specs.UTSNamespace, opts.GetNetwork(), in.Pod.UTSNSPath},
+		{"uts", specs.UTSNamespace, opts.GetNetwork(), podOpts.GetNetwork(), in.Pod.UTSNSPath},
 	} {
 		switch x.mode {
 		case runtime.NamespaceMode_POD:
@@ -58,6 +59,12 @@ func namespaces(in *Input) ([]specs.LinuxNamespace, error) {
 		}
 		if x.path != "" {
 			out = append(out, specs.LinuxNamespace{Type: x.typ, Path: x.path})
+			continue
+		}
+		// No path: the pod must really use the host's namespace, never a
+		// container landing in it by accident.
+		if x.mode != runtime.NamespaceMode_NODE && x.podMode != runtime.NamespaceMode_NODE {
+			return nil, invalid("%s namespace: the pod has none to join and does not use the host's", x.name)
 		}
 	}
 

@@ -27,6 +27,8 @@ func TestNamespaces(t *testing.T) {
 		pod      Pod
 		opts     *runtime.NamespaceOption
 		podPid   runtime.NamespaceMode
+		podNet   runtime.NamespaceMode
+		podIpc   runtime.NamespaceMode
 		target   string
 		cgroupV2 bool
 		want     string
@@ -40,7 +42,11 @@ func TestNamespaces(t *testing.T) {
 			opts: &runtime.NamespaceOption{Network: runtime.NamespaceMode_NODE},
 			want: "ipc=/i mount= pid=/p"},
 		{name: "pod in host network, container default", pod: Pod{IPCNSPath: "/i", PIDNSPath: "/p"},
-			want: "ipc=/i mount= pid=/p"},
+			podNet: runtime.NamespaceMode_NODE, want: "ipc=/i mount= pid=/p"},
+		{name: "pod without netns path not in host network", pod: Pod{IPCNSPath: "/i", UTSNSPath: "/u", PIDNSPath: "/p"}, err: errInvalid},
+		{name: "pod without ipc path not host ipc", pod: Pod{NetNSPath: "/n", UTSNSPath: "/u", PIDNSPath: "/p"}, err: errInvalid},
+		{name: "pod host ipc, container default", pod: Pod{NetNSPath: "/n", UTSNSPath: "/u", PIDNSPath: "/p"},
+			podIpc: runtime.NamespaceMode_NODE, want: "mount= network=/n pid=/p uts=/u", hostname: "podhost"},
 		{name: "host everything", podPid: runtime.NamespaceMode_NODE,
 			opts: &runtime.NamespaceOption{Network: runtime.NamespaceMode_NODE, Ipc: runtime.NamespaceMode_NODE, Pid: runtime.NamespaceMode_NODE},
 			want: "mount="},
@@ -66,7 +72,7 @@ func TestNamespaces(t *testing.T) {
 			in.TargetPIDNSPath = tc.target
 			in.Host.CgroupV2 = tc.cgroupV2
 			sc(&in).NamespaceOptions = tc.opts
-			in.SandboxConfig.Linux.SecurityContext.NamespaceOptions = &runtime.NamespaceOption{Pid: tc.podPid}
+			in.SandboxConfig.Linux.SecurityContext.NamespaceOptions = &runtime.NamespaceOption{Pid: tc.podPid, Network: tc.podNet, Ipc: tc.podIpc}
 			s := &specs.Spec{Linux: &specs.Linux{}}
 			err := applyNamespaces(&in, s)
 			wantErr(t, err, tc.err)
