@@ -3,6 +3,7 @@ package bench
 import (
 	"bytes"
 	"compress/gzip"
+	"context"
 	"fmt"
 	"io"
 	"os"
@@ -12,8 +13,10 @@ import (
 	"time"
 
 	v1 "github.com/google/go-containerregistry/pkg/v1"
+	criapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/berthcri/berth/internal/image"
+	"github.com/berthcri/berth/internal/testutil/berthdtest"
 	"github.com/berthcri/berth/internal/testutil/testimages"
 )
 
@@ -176,4 +179,37 @@ func uncompressedSize(b *testing.B, layers [][]byte) int64 {
 		total += n
 	}
 	return total
+}
+
+// BenchmarkImagePull measures PullImage of the multi-layer image from an
+// in-process registry over loopback: cold (removed before each pull: every
+// blob downloaded, verified and unpacked) and warm (already stored: only
+// the manifest is resolved again).
+func BenchmarkImagePull(b *testing.B) {
+	reg := testimages.StartRegistry(b)
+	reg.PushStandard(b)
+	d := berthdtest.Start(b, berthdtest.Options{})
+	ctx := context.Background()
+	ref := reg.Ref(testimages.MultiLayerRef)
+	req := &criapi.PullImageRequest{Image: &criapi.ImageSpec{Image: ref}}
+	cold := Series{Name: "cold pull (4 layers, " + testimages.MultiLayerRef + ")"}
+	warm := Series{Name: "warm pull (image present)"}
+	for i := 0; i < 10; i++ {
+		if _, err := d.Image.RemoveImage(ctx, &criapi.RemoveImageRequest{Image: &criapi.ImageSpec{Image: ref}}); err != nil {
+			b.Fatal(err)
+		}
+		start := time.Now()
+		if _, err := d.Image.PullImage(ctx, req); err != nil {
+			b.Fatal(err)
+		}
+		cold.Samples = append(cold.Samples, time.Since(start))
+		start = time.Now()
+		if _, err := d.Image.PullImage(ctx, req); err != nil {
+			b.Fatal(err)
+		}
+		warm.Samples = append(warm.Samples, time.Since(start))
+	}
+	if err := Report(os.Stdout, "image_pull", cold, warm); err != nil {
+		b.Fatal(err)
+	}
 }

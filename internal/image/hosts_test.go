@@ -3,7 +3,13 @@ package image
 import (
 	"os"
 	"path/filepath"
+	goruntime "runtime"
 	"testing"
+
+	v1 "github.com/google/go-containerregistry/pkg/v1"
+	"github.com/google/go-containerregistry/pkg/v1/types"
+
+	"github.com/berthcri/berth/internal/errdefs"
 )
 
 func writeHosts(t *testing.T, dir, ns, content string) {
@@ -87,5 +93,33 @@ func TestEndpointsNamespaceLookup(t *testing.T) {
 	writeHosts(t, dir, "bad.example.com", `[host."ftp://x"]`)
 	if _, err := endpoints(dir, "bad.example.com"); err == nil {
 		t.Fatal("ftp scheme accepted")
+	}
+}
+
+func TestPickManifest(t *testing.T) {
+	native := v1.Descriptor{MediaType: types.OCIManifestSchema1, Digest: v1.Hash{Algorithm: "sha256", Hex: "aa"}, Platform: &v1.Platform{OS: "linux", Architecture: goruntime.GOARCH}}
+	other := v1.Descriptor{MediaType: types.OCIManifestSchema1, Digest: v1.Hash{Algorithm: "sha256", Hex: "bb"}, Platform: &v1.Platform{OS: "linux", Architecture: "mips64le"}}
+	attestation := v1.Descriptor{MediaType: types.OCIManifestSchema1, Digest: v1.Hash{Algorithm: "sha256", Hex: "cc"}, Platform: &v1.Platform{OS: "unknown", Architecture: "unknown"}}
+	bare := v1.Descriptor{MediaType: types.OCIManifestSchema1, Digest: v1.Hash{Algorithm: "sha256", Hex: "dd"}}
+	for name, tc := range map[string]struct {
+		manifests []v1.Descriptor
+		want      string // digest hex, "" for an error
+	}{
+		"native among others":        {[]v1.Descriptor{other, attestation, native}, "aa"},
+		"only another arch":          {[]v1.Descriptor{other}, ""},
+		"other arch and attestation": {[]v1.Descriptor{other, attestation}, ""},
+		"only manifest, no platform": {[]v1.Descriptor{bare}, "dd"},
+		"two without platform":       {[]v1.Descriptor{bare, bare}, ""},
+	} {
+		got, err := pickManifest(&v1.IndexManifest{Manifests: tc.manifests})
+		if tc.want == "" {
+			if err == nil || !errdefs.IsNotFound(err) {
+				t.Errorf("%s: picked %v, %v; want NotFound", name, got.Digest, err)
+			}
+			continue
+		}
+		if err != nil || got.Digest.Hex != tc.want {
+			t.Errorf("%s: picked %v, %v; want %s", name, got.Digest, err, tc.want)
+		}
 	}
 }

@@ -22,6 +22,7 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/remote/transport"
 	"github.com/google/go-containerregistry/pkg/v1/types"
 	ocispecv1 "github.com/opencontainers/image-spec/specs-go/v1"
+	"golang.org/x/sync/errgroup"
 
 	"github.com/berthcri/berth/internal/errdefs"
 )
@@ -209,24 +210,32 @@ func (s *Store) pullFrom(ctx context.Context, ep endpoint, n Named, names []stri
 	return s.commit(ctx, img, names)
 }
 
-// pickManifest chooses linux/GOARCH from an index, or its only manifest.
+// pickManifest chooses linux/GOARCH from an index, or its only image
+// manifest when that one does not name a platform. An image that names
+// another OS or architecture is never picked: it could not run here.
 func pickManifest(im *v1.IndexManifest) (v1.Descriptor, error) {
 	var candidates []v1.Descriptor
+	var seen []string
 	for _, m := range im.Manifests {
 		if !m.MediaType.IsImage() {
 			continue
 		}
-		if p := m.Platform; p != nil && p.OS == "linux" && p.Architecture == runtime.GOARCH {
+		p := m.Platform
+		if p == nil || (p.OS == "" && p.Architecture == "") {
+			candidates = append(candidates, m)
+			continue
+		}
+		seen = append(seen, p.OS+"/"+p.Architecture)
+		if p.OS == "linux" && p.Architecture == runtime.GOARCH {
 			if runtime.GOARCH != "arm64" || p.Variant == "" || p.Variant == "v8" {
 				return m, nil
 			}
 		}
-		candidates = append(candidates, m)
 	}
-	if len(candidates) == 1 && (candidates[0].Platform == nil || candidates[0].Platform.OS == "" || candidates[0].Platform.OS == "linux") {
+	if len(candidates) == 1 && len(seen) == 0 {
 		return candidates[0], nil
 	}
-	return v1.Descriptor{}, fmt.Errorf("no manifest for linux/%s in the image index: %w", runtime.GOARCH, errdefs.ErrNotFound)
+	return v1.Descriptor{}, fmt.Errorf("no manifest for linux/%s in the image index (it has %v): %w", runtime.GOARCH, seen, errdefs.ErrNotFound)
 }
 
 // classify maps registry errors to error kinds.
@@ -242,6 +251,9 @@ func classify(err error) error {
 	}
 	return err
 }
+
+// layerParallelism is how many layers of one image download and unpack at once.
+const layerParallelism = 3
 
 // commit stores img's blobs and layers and then its record under names
 // (repo:tag and repo@digest strings). Used by pulls and imports.
@@ -294,6 +306,10 @@ func (s *Store) commit(ctx context.Context, img v1.Image, names []string) (*Imag
 			return nil, fmt.Errorf("layer %s media type: %w", d, err)
 		}
 		diffID := cfg.RootFS.DiffIDs[i].String()
+		// Digests name files and dirs in the store: only well-formed ones.
+		if !digestPattern.MatchString(diffID) || !digestPattern.MatchString(d.String()) {
+			return nil, fmt.Errorf("layer %d: digest %q / diff ID %q is not sha256:<64 hex>: %w", i, d, diffID, errdefs.ErrInvalidArgument)
+		}
 		if i == 0 {
 			chain = diffID
 		} else {
@@ -315,17 +331,26 @@ func (s *Store) commit(ctx context.Context, img v1.Image, names []string) (*Imag
 	if err := s.writeBlob(cdigest.String(), cfgRaw); err != nil {
 		return nil, err
 	}
-	for i, l := range layers {
-		lr := rec.Layers[i]
+	for _, lr := range rec.Layers {
 		if !types.MediaType(lr.MediaType).IsDistributable() {
 			return nil, fmt.Errorf("layer %s is non-distributable: %w", lr.Digest, errdefs.ErrFailedPrecondition)
 		}
-		if err := s.ensureBlob(ctx, lr.Digest, l.Compressed); err != nil {
-			return nil, classify(err)
-		}
-		if err := s.ensureLayer(ctx, lr); err != nil {
-			return nil, err
-		}
+	}
+	// Each layer unpacks into its own dir, so layers download and unpack
+	// in parallel, a few at a time.
+	g, gctx := errgroup.WithContext(ctx)
+	g.SetLimit(layerParallelism)
+	for i, l := range layers {
+		lr := rec.Layers[i]
+		g.Go(func() error {
+			if err := s.ensureBlob(gctx, lr.Digest, l.Compressed); err != nil {
+				return classify(err)
+			}
+			return s.ensureLayer(gctx, lr)
+		})
+	}
+	if err := g.Wait(); err != nil {
+		return nil, err
 	}
 	return s.register(rec, names)
 }

@@ -27,6 +27,7 @@ import (
 	"strings"
 	"sync"
 	"syscall"
+	"time"
 
 	ocispecv1 "github.com/opencontainers/image-spec/specs-go/v1"
 
@@ -69,6 +70,14 @@ type Store struct {
 	mu       sync.Mutex
 	images   map[string]*record // by ID
 	inflight map[string]int     // digests and chain IDs a running pull needs
+
+	// usage caches the last walk of the store; gen counts changes to it.
+	usageMu    sync.Mutex
+	usage      Usage
+	usageGen   uint64
+	usageValid bool
+	usageAt    time.Time
+	gen        uint64
 
 	pulls  flight[*Image]
 	blobs  flight[struct{}]
@@ -209,7 +218,9 @@ func (s *Store) loadRecord(p string) (*record, error) {
 	return &rec, nil
 }
 
+// writeRecord persists rec. Caller holds s.mu.
 func (s *Store) writeRecord(rec *record) error {
+	s.gen++
 	rec.Version = recordVersion
 	data, err := json.MarshalIndent(rec, "", "  ")
 	if err != nil {
@@ -436,9 +447,28 @@ func (s *Store) Release(owner string) error {
 	return s.gc()
 }
 
+// Owners lists the owners holding leases, so that a restarted daemon can
+// release the leases of containers that no longer exist.
+func (s *Store) Owners() ([]string, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	es, err := os.ReadDir(s.path("leases"))
+	if err != nil {
+		return nil, fmt.Errorf("read image leases: %w", err)
+	}
+	var out []string
+	for _, e := range es {
+		if owner, ok := strings.CutSuffix(e.Name(), ".json"); ok {
+			out = append(out, owner)
+		}
+	}
+	return out, nil
+}
+
 // gc removes blobs and layers that no record, lease or running pull refers
 // to. Caller holds s.mu (or is Open).
 func (s *Store) gc() error {
+	s.gen++
 	keepBlobs := map[string]bool{}
 	keepLayers := map[string]bool{}
 	for k := range s.inflight {
@@ -512,9 +542,30 @@ type Usage struct {
 	Inodes uint64
 }
 
-// Usage walks the store and sums allocated bytes and inodes (hard links
-// counted once).
+// usageMaxAge bounds how stale a cached Usage may be when nothing changed
+// through the store (kubelet asks every few seconds; walks cost O(files)).
+const usageMaxAge = time.Minute
+
+// Usage sums allocated bytes and inodes of the store (hard links counted
+// once). The walk is cached until the store changes or usageMaxAge passes.
 func (s *Store) Usage() (Usage, error) {
+	s.mu.Lock()
+	gen := s.gen
+	s.mu.Unlock()
+	s.usageMu.Lock()
+	defer s.usageMu.Unlock()
+	if s.usageValid && s.usageGen == gen && time.Since(s.usageAt) < usageMaxAge {
+		return s.usage, nil
+	}
+	u, err := s.walkUsage()
+	if err != nil {
+		return u, err
+	}
+	s.usage, s.usageGen, s.usageAt, s.usageValid = u, gen, time.Now(), true
+	return u, nil
+}
+
+func (s *Store) walkUsage() (Usage, error) {
 	var u Usage
 	seen := map[uint64]bool{}
 	err := filepath.WalkDir(s.dir, func(p string, d os.DirEntry, err error) error {

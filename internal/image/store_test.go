@@ -1,21 +1,32 @@
 package image
 
 import (
+	"bytes"
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
 	"io"
 	"os"
 	"path/filepath"
+	goruntime "runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
 	"testing"
 
 	"github.com/google/go-containerregistry/pkg/compression"
+	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/google/go-containerregistry/pkg/v1/empty"
 	"github.com/google/go-containerregistry/pkg/v1/mutate"
+	"github.com/google/go-containerregistry/pkg/v1/partial"
 	"github.com/google/go-containerregistry/pkg/v1/static"
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
 	"github.com/google/go-containerregistry/pkg/v1/types"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/berthcri/berth/internal/errdefs"
 	"github.com/berthcri/berth/internal/testutil/testimages"
@@ -90,8 +101,14 @@ func TestAcquireKeepsLayersUntilReleaseAcrossReopen(t *testing.T) {
 			t.Fatalf("layer in use freed: %v", err)
 		}
 	}
+	if owners, err := s.Owners(); err != nil || len(owners) != 1 || owners[0] != "ctr1" {
+		t.Fatalf("owners after reopen: %v %v", owners, err)
+	}
 	if err := s.Release("ctr1"); err != nil {
 		t.Fatal(err)
+	}
+	if owners, err := s.Owners(); err != nil || len(owners) != 0 {
+		t.Fatalf("owners after release: %v %v", owners, err)
 	}
 	if err := s.Release("ctr1"); err != nil {
 		t.Fatalf("second release: %v", err)
@@ -223,4 +240,183 @@ func TestConcurrentPullsRemovesAndLeases(t *testing.T) {
 			t.Fatalf("%s not empty after removing everything: %d entries", sub, len(es))
 		}
 	}
+}
+
+func TestPullDockerSchema2ManifestAndManifestList(t *testing.T) {
+	requireRoot(t)
+	reg := testimages.StartRegistry(t)
+	base, err := testimages.Busybox()
+	if err != nil {
+		t.Fatal(err)
+	}
+	layers, err := base.Layers()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cf, err := base.ConfigFile()
+	if err != nil {
+		t.Fatal(err)
+	}
+	img := mutate.ConfigMediaType(mutate.MediaType(empty.Image, types.DockerManifestSchema2), types.DockerConfigJSON)
+	for _, l := range layers {
+		rc, err := l.Uncompressed()
+		if err != nil {
+			t.Fatal(err)
+		}
+		data, err := io.ReadAll(rc)
+		rc.Close()
+		if err != nil {
+			t.Fatal(err)
+		}
+		dl, err := tarball.LayerFromOpener(func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(data)), nil },
+			tarball.WithMediaType(types.DockerLayer))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if img, err = mutate.AppendLayers(img, dl); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if img, err = mutate.ConfigFile(img, cf); err != nil {
+		t.Fatal(err)
+	}
+	if mt, _ := img.MediaType(); mt != types.DockerManifestSchema2 {
+		t.Fatalf("test image media type %s", mt)
+	}
+	reg.Push(t, "docker:v2", img)
+	list := mutate.IndexMediaType(empty.Index, types.DockerManifestList)
+	list = mutate.AppendManifests(list, mutate.IndexAddendum{Add: img, Descriptor: v1.Descriptor{
+		MediaType: types.DockerManifestSchema2,
+		Platform:  &v1.Platform{OS: "linux", Architecture: goruntime.GOARCH},
+	}})
+	listDigest := reg.PushIndex(t, "docker:list", list)
+
+	s, err := Open(Options{Root: filepath.Join(t.TempDir(), "images")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	want, _ := img.ConfigName()
+	for _, ref := range []string{reg.Ref("docker:v2"), reg.Ref("docker:list")} {
+		got, err := s.Pull(ctx, ref, nil)
+		if err != nil {
+			t.Fatalf("pull %s: %v", ref, err)
+		}
+		if got.ID != want.String() {
+			t.Fatalf("pull %s: ID %s, want %s", ref, got.ID, want)
+		}
+	}
+	got, err := s.Get(reg.Ref("docker:list"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantDigest := reg.Host + "/docker@" + listDigest.String()
+	if !slices.Contains(got.RepoDigests, wantDigest) || len(got.RepoTags) != 2 {
+		t.Fatalf("tags %v digests %v; want both tags and %s", got.RepoTags, got.RepoDigests, wantDigest)
+	}
+}
+
+// TestAcquiredLayersMountAsOverlay mounts the lower dirs Acquire returns
+// with overlayfs, as the container code does, and checks that whiteouts
+// and opaque dirs hide what the image deleted.
+func TestAcquiredLayersMountAsOverlay(t *testing.T) {
+	requireRoot(t)
+	reg := testimages.StartRegistry(t)
+	reg.PushStandard(t)
+	s, err := Open(Options{Root: filepath.Join(t.TempDir(), "images")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	ref := reg.Ref(testimages.MultiLayerRef)
+	if _, err := s.Pull(ctx, ref, nil); err != nil {
+		t.Fatal(err)
+	}
+	_, lower, err := s.Acquire(ctx, ref, "overlay-test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	upper, work, merged := filepath.Join(dir, "upper"), filepath.Join(dir, "work"), filepath.Join(dir, "merged")
+	for _, d := range []string{upper, work, merged} {
+		if err := os.Mkdir(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	opts := "lowerdir=" + strings.Join(lower, ":") + ",upperdir=" + upper + ",workdir=" + work
+	if err := unix.Mount("overlay", merged, "overlay", 0, opts); err != nil {
+		t.Skipf("overlayfs not available here: %v", err)
+	}
+	defer unix.Unmount(merged, unix.MNT_DETACH)
+	for p, want := range map[string]bool{
+		"bin/busybox": true, "data/keep": true, "data/link": true, "data/hard": true,
+		"data/gone": false, "opaque/old": false, "opaque/new": true,
+	} {
+		_, err := os.Lstat(filepath.Join(merged, p))
+		if got := err == nil; got != want {
+			t.Errorf("%s present = %v, want %v (%v)", p, got, want, err)
+		}
+	}
+	if data, err := os.ReadFile(filepath.Join(merged, "data", "link")); err != nil || string(data) != "keep\n" {
+		t.Errorf("data/link reads %q, %v", data, err)
+	}
+}
+
+func TestPullRefusesConfigWithMalformedDiffID(t *testing.T) {
+	requireRoot(t)
+	reg := testimages.StartRegistry(t)
+	img, err := testimages.Busybox()
+	if err != nil {
+		t.Fatal(err)
+	}
+	raw, err := img.RawConfigFile()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cf, _ := img.ConfigFile()
+	good := cf.RootFS.DiffIDs[0].String()
+	// A config whose diff ID tries to name a path outside the store.
+	evil := []byte(strings.Replace(string(raw), good, "sha256:../../../../tmp/evil", 1))
+	m, err := img.Manifest()
+	if err != nil {
+		t.Fatal(err)
+	}
+	m = m.DeepCopy()
+	sum := sha256.Sum256(evil)
+	m.Config.Digest = v1.Hash{Algorithm: "sha256", Hex: hex.EncodeToString(sum[:])}
+	m.Config.Size = int64(len(evil))
+	rawManifest, err := json.Marshal(m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	bad, err := partial.CompressedToImage(&evilImage{base: img, config: evil, manifest: rawManifest})
+	if err != nil {
+		t.Fatal(err)
+	}
+	reg.Push(t, "evil:latest", bad)
+	s, err := Open(Options{Root: filepath.Join(t.TempDir(), "images")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = s.Pull(context.Background(), reg.Ref("evil:latest"), nil)
+	if err == nil || !errors.Is(err, errdefs.ErrInvalidArgument) || !strings.Contains(err.Error(), "diff ID") {
+		t.Fatalf("pull with a malformed diff ID: %v", err)
+	}
+	if m, _ := filepath.Glob("/tmp/evil*"); len(m) != 0 {
+		t.Fatalf("created outside the store: %v", m)
+	}
+}
+
+// evilImage serves a hand-made config and manifest over a real image's layers.
+type evilImage struct {
+	base     v1.Image
+	config   []byte
+	manifest []byte
+}
+
+func (e *evilImage) RawConfigFile() ([]byte, error)      { return e.config, nil }
+func (e *evilImage) MediaType() (types.MediaType, error) { return types.OCIManifestSchema1, nil }
+func (e *evilImage) RawManifest() ([]byte, error)        { return e.manifest, nil }
+func (e *evilImage) LayerByDigest(h v1.Hash) (partial.CompressedLayer, error) {
+	return e.base.LayerByDigest(h)
 }

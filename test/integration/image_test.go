@@ -16,6 +16,7 @@ import (
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"golang.org/x/sys/unix"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 	criapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/berthcri/berth/internal/config"
@@ -537,6 +538,12 @@ func TestImageFsInfoReportsStoreUsage(t *testing.T) {
 		after.InodesUsed.GetValue() < before.InodesUsed.GetValue()+uint64(len(testimages.Applets)) {
 		t.Fatalf("usage before %v/%v after %v/%v", before.UsedBytes, before.InodesUsed, after.UsedBytes, after.InodesUsed)
 	}
+	if _, err := d.Image.RemoveImage(ctxT(t), &criapi.RemoveImageRequest{Image: &criapi.ImageSpec{Image: reg.Ref(testimages.BusyboxRef)}}); err != nil {
+		t.Fatal(err)
+	}
+	if gone := fsInfo(); gone.UsedBytes.GetValue() >= after.UsedBytes.GetValue() || gone.InodesUsed.GetValue() >= after.InodesUsed.GetValue() {
+		t.Fatalf("usage did not drop after remove: %v/%v then %v/%v", after.UsedBytes, after.InodesUsed, gone.UsedBytes, gone.InodesUsed)
+	}
 }
 
 func mustImage(t *testing.T, build func() (v1.Image, error)) v1.Image {
@@ -607,5 +614,29 @@ func TestImageHostsTomlTLSCAAndSkipVerify(t *testing.T) {
 	writeHostsToml(t, d, "tls.example.invalid", fmt.Sprintf("server = \"https://127.0.0.1:1\"\n[host.\"https://%s\"]\n  capabilities = [\"pull\", \"resolve\"]\n  skip_verify = true\n", reg.Host))
 	if got := pull(t, d, "tls.example.invalid/busybox:latest", nil); got != id {
 		t.Fatalf("skip_verify pull got %s, want %s", got, id)
+	}
+}
+
+func TestImageTokenAuthRegistry(t *testing.T) {
+	t.Parallel()
+	reg := testimages.StartRegistry(t, testimages.WithTokenAuth("identity-abc", "registry-xyz"))
+	reg.PushStandard(t)
+	d := berthdtest.Start(t, berthdtest.Options{})
+	ref := reg.Ref(testimages.BusyboxRef)
+	for name, auth := range map[string]*criapi.AuthConfig{
+		"wrong registry token": {RegistryToken: "nope"},
+		"wrong identity token": {IdentityToken: "nope"},
+	} {
+		_, err := d.Image.PullImage(ctxT(t), &criapi.PullImageRequest{Image: &criapi.ImageSpec{Image: ref}, Auth: auth})
+		if status.Code(err) != codes.Unauthenticated {
+			t.Fatalf("%s: got %v, want Unauthenticated", name, err)
+		}
+	}
+	id := pull(t, d, ref, &criapi.AuthConfig{RegistryToken: "registry-xyz"})
+	if _, err := d.Image.RemoveImage(ctxT(t), &criapi.RemoveImageRequest{Image: &criapi.ImageSpec{Image: id}}); err != nil {
+		t.Fatal(err)
+	}
+	if got := pull(t, d, ref, &criapi.AuthConfig{IdentityToken: "identity-abc"}); got != id {
+		t.Fatalf("identity-token pull got %s, want %s", got, id)
 	}
 }

@@ -26,6 +26,10 @@ type Registry struct {
 	user     string
 	password string
 	tls      bool
+	// Token auth: Bearer registryToken on every request; POST /token with
+	// refresh_token=identityToken (the OAuth2 flow) hands it out.
+	identityToken string
+	registryToken string
 
 	mu         sync.Mutex
 	blobFetchs map[string]int // digest → GET count
@@ -85,6 +89,23 @@ func WithBasicAuth(user, password string) Option {
 	return func(r *Registry) { r.user, r.password = user, password }
 }
 
+// WithTokenAuth makes the registry demand "Authorization: Bearer
+// registryToken", announcing a token realm at /token that exchanges
+// identityToken (grant_type=refresh_token) for it.
+func WithTokenAuth(identityToken, registryToken string) Option {
+	return func(r *Registry) { r.identityToken, r.registryToken = identityToken, registryToken }
+}
+
+func (r *Registry) serveToken(w http.ResponseWriter, req *http.Request) {
+	if err := req.ParseForm(); err != nil || req.Method != http.MethodPost ||
+		req.PostForm.Get("grant_type") != "refresh_token" || req.PostForm.Get("refresh_token") != r.identityToken {
+		http.Error(w, "bad token request", http.StatusUnauthorized)
+		return
+	}
+	w.Header().Set("Content-Type", "application/json")
+	fmt.Fprintf(w, `{"access_token": %q, "expires_in": 300}`, r.registryToken)
+}
+
 // WithTLS serves HTTPS with a self-signed certificate (see CACertPEM).
 func WithTLS() Option {
 	return func(r *Registry) { r.tls = true }
@@ -104,6 +125,21 @@ func StartRegistry(t testing.TB, opts ...Option) *Registry {
 	}
 	inner := registry.New(registry.Logger(discardLogger()))
 	r.srv = httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+		if r.registryToken != "" {
+			if req.URL.Path == "/token" {
+				r.serveToken(w, req)
+				return
+			}
+			if req.Header.Get("Authorization") != "Bearer "+r.registryToken {
+				scheme := "http"
+				if r.tls {
+					scheme = "https"
+				}
+				w.Header().Set("WWW-Authenticate", fmt.Sprintf(`Bearer realm="%s://%s/token",service="berth-test"`, scheme, req.Host))
+				http.Error(w, "unauthorized", http.StatusUnauthorized)
+				return
+			}
+		}
 		if r.user != "" {
 			u, p, ok := req.BasicAuth()
 			if !ok || u != r.user || p != r.password {
@@ -183,6 +219,9 @@ func (r *Registry) remoteOptions() []remote.Option {
 	}
 	if r.user != "" {
 		opts = append(opts, remote.WithAuth(&authn.Basic{Username: r.user, Password: r.password}))
+	}
+	if r.registryToken != "" {
+		opts = append(opts, remote.WithAuth(&authn.Bearer{Token: r.registryToken}))
 	}
 	return opts
 }
