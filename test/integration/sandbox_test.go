@@ -675,7 +675,7 @@ func TestSandboxLifecycleLeavesNothingBehind(t *testing.T) {
 	if failures != 10 {
 		t.Fatalf("%d failing cycles, want 10", failures)
 	}
-	leakcheck.Check(t, scope, before, leakcheck.Take(t, scope))
+	leakcheck.CheckSettled(t, scope, before, leakcheck.Take(t, scope))
 	resp, _ := d.Runtime.ListPodSandbox(ctx, &criapi.ListPodSandboxRequest{})
 	if len(resp.Items) != 0 {
 		t.Fatalf("%d sandboxes listed after the cycles", len(resp.Items))
@@ -815,6 +815,6 @@ func TestSandboxCrashMidRunRecovers(t *testing.T) {
 		_, err = d.Runtime.RunPodSandbox(ctxT(t), &criapi.RunPodSandboxRequest{Config: podConfig(cfg.Metadata.Name)})
 		wantCode(t, err, codes.AlreadyExists)
 		stopRemove(t, d, resp.Items[0].Id)
-		leakcheck.Check(t, scope, before, leakcheck.Take(t, scope))
+		leakcheck.CheckSettled(t, scope, before, leakcheck.Take(t, scope))
 	}
 }

@@ -125,10 +125,18 @@ func Diff(before, after Snapshot) []string {
 	return out
 }
 
-// Check fails the test if after holds anything before did not. Node-wide
+// Check fails the test if after holds anything before did not.
+func Check(t testing.TB, before, after Snapshot) {
+	t.Helper()
+	if leaks := Diff(before, after); len(leaks) > 0 {
+		t.Fatalf("leaked %d items:\n%s", len(leaks), strings.Join(leaks, "\n"))
+	}
+}
+
+// CheckSettled is Check for tests running beside other daemons: node-wide
 // probes (unreferenced CNI chains) can catch another daemon mid-ADD, so a
 // finding must still be there in a second snapshot a moment later.
-func Check(t testing.TB, s Scope, before, after Snapshot) {
+func CheckSettled(t testing.TB, s Scope, before, after Snapshot) {
 	t.Helper()
 	leaks := Diff(before, after)
 	if len(leaks) == 0 {
