@@ -1,7 +1,9 @@
-// Command berthctl administers a running berthd over its socket.
+// Command berthctl administers a berth node: what crictl does not cover.
 //
-//	berthctl [--address unix:///run/berth/berth.sock] image import FILE
-//	berthctl [--address …] image export IMAGE FILE
+//	berthctl [--address ADDR] image import FILE     load a docker-archive or OCI layout tarball
+//	berthctl [--address ADDR] image export IMAGE FILE
+//	berthctl [--address ADDR] info                   daemon version, config, counts, addresses
+//	berthctl [--config FILE] doctor                  check the node before pointing the kubelet here
 //
 // FILE "-" means stdin or stdout. The address defaults to $BERTH_ADDRESS,
 // then berthd's default socket.
@@ -21,9 +23,39 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
-	"github.com/berthcri/berth/internal/admin"
 	"github.com/berthcri/berth/internal/config"
 )
+
+const usage = `usage: berthctl [--address ADDR] image import FILE
+       berthctl [--address ADDR] image export IMAGE FILE
+       berthctl [--address ADDR] info
+       berthctl [--config FILE] doctor
+`
+
+// errUsage makes run print the usage and exit 2.
+var errUsage = errors.New("usage")
+
+// globals are the flags shared by every command.
+type globals struct {
+	address    string
+	configPath string
+	stdin      io.Reader
+	stdout     io.Writer
+}
+
+func (g *globals) dial() (*grpc.ClientConn, error) {
+	if !strings.HasPrefix(g.address, "unix://") {
+		return nil, fmt.Errorf("--address %q: only unix:///path endpoints are supported", g.address)
+	}
+	conn, err := grpc.NewClient(g.address, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		return nil, fmt.Errorf("connect %s: %w", g.address, err)
+	}
+	return conn, nil
+}
+
+// errFailed reports a command that printed its own failure (doctor).
+var errFailed = errors.New("failed")
 
 func main() {
 	os.Exit(run(os.Args[1:], os.Stdin, os.Stdout, os.Stderr))
@@ -32,14 +64,14 @@ func main() {
 func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("berthctl", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	addr := os.Getenv("BERTH_ADDRESS")
-	if addr == "" {
-		addr = config.DefaultListen
+	g := &globals{stdin: stdin, stdout: stdout}
+	g.address = os.Getenv("BERTH_ADDRESS")
+	if g.address == "" {
+		g.address = config.DefaultListen
 	}
-	fs.StringVar(&addr, "address", addr, "berthd endpoint (unix:///path); env BERTH_ADDRESS")
-	fs.Usage = func() {
-		fmt.Fprintf(stderr, "usage: berthctl [--address ADDR] image import FILE\n       berthctl [--address ADDR] image export IMAGE FILE\n")
-	}
+	fs.StringVar(&g.address, "address", g.address, "berthd endpoint (unix:///path); env BERTH_ADDRESS")
+	fs.StringVar(&g.configPath, "config", config.DefaultConfigPath, "berthd config file, for doctor")
+	fs.Usage = func() { fmt.Fprint(stderr, usage) }
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return 0
@@ -47,84 +79,33 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 		return 2
 	}
 	rest := fs.Args()
-	if len(rest) < 2 || rest[0] != "image" {
+	if len(rest) == 0 {
 		fs.Usage()
-		return 2
-	}
-	if !strings.HasPrefix(addr, "unix://") {
-		fmt.Fprintf(stderr, "berthctl: --address %q: only unix:///path endpoints are supported\n", addr)
 		return 2
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		fmt.Fprintf(stderr, "berthctl: connect %s: %v\n", addr, err)
-		return 1
-	}
-	defer conn.Close()
 
-	switch {
-	case rest[1] == "import" && len(rest) == 3:
-		err = importImage(ctx, conn, rest[2], stdin, stdout)
-	case rest[1] == "export" && len(rest) == 4:
-		err = exportImage(ctx, conn, rest[2], rest[3], stdout)
+	var err error
+	switch rest[0] {
+	case "image":
+		err = imageCommand(ctx, g, rest[1:])
+	case "info":
+		err = infoCommand(ctx, g, rest[1:])
+	case "doctor":
+		err = doctorCommand(ctx, g, rest[1:])
 	default:
+		err = errUsage
+	}
+	switch {
+	case err == nil:
+		return 0
+	case errors.Is(err, errUsage):
 		fs.Usage()
 		return 2
-	}
-	if err != nil {
-		fmt.Fprintf(stderr, "berthctl: %v\n", err)
+	case errors.Is(err, errFailed):
 		return 1
 	}
-	return 0
-}
-
-func importImage(ctx context.Context, conn *grpc.ClientConn, file string, stdin io.Reader, stdout io.Writer) error {
-	r := stdin
-	if file != "-" {
-		f, err := os.Open(file)
-		if err != nil {
-			return err
-		}
-		defer f.Close()
-		r = f
-	}
-	res, err := admin.ImportImage(ctx, conn, r)
-	if err != nil {
-		return fmt.Errorf("import %s: %w", file, err)
-	}
-	for _, v := range res.GetFields()["images"].GetListValue().GetValues() {
-		img := v.GetStructValue().GetFields()
-		var tags []string
-		for _, t := range img["repoTags"].GetListValue().GetValues() {
-			tags = append(tags, t.GetStringValue())
-		}
-		fmt.Fprintf(stdout, "imported %s %s\n", img["id"].GetStringValue(), strings.Join(tags, " "))
-	}
-	return nil
-}
-
-func exportImage(ctx context.Context, conn *grpc.ClientConn, ref, file string, stdout io.Writer) error {
-	if file == "-" {
-		return admin.ExportImage(ctx, conn, ref, stdout)
-	}
-	// Write beside the target and rename, so a failed export leaves no file.
-	tmp := file + ".partial"
-	f, err := os.OpenFile(tmp, os.O_CREATE|os.O_TRUNC|os.O_WRONLY, 0o644)
-	if err != nil {
-		return err
-	}
-	err = admin.ExportImage(ctx, conn, ref, f)
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err == nil {
-		err = os.Rename(tmp, file)
-	}
-	if err != nil {
-		os.Remove(tmp)
-		return fmt.Errorf("export %s: %w", ref, err)
-	}
-	return nil
+	fmt.Fprintf(stderr, "berthctl: %v\n", err)
+	return 1
 }

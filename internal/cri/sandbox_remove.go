@@ -12,7 +12,11 @@ func (s *Service) RemovePodSandbox(ctx context.Context, req *runtime.RemovePodSa
 	if req.GetPodSandboxId() == "" {
 		return nil, invalidArgument("RemovePodSandbox: pod_sandbox_id is required")
 	}
-	// containers: remove them first (the container package's remove-all for the pod).
+	if sb, err := s.sandboxes.Get(req.GetPodSandboxId()); err == nil {
+		if err := s.containers.RemovePod(ctx, sb.ID); err != nil {
+			return nil, toStatus(err)
+		}
+	}
 	if err := s.sandboxes.Remove(ctx, req.GetPodSandboxId()); err != nil {
 		return nil, toStatus(err)
 	}

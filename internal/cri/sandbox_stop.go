@@ -14,7 +14,13 @@ func (s *Service) StopPodSandbox(ctx context.Context, req *runtime.StopPodSandbo
 	if req.GetPodSandboxId() == "" {
 		return nil, invalidArgument("StopPodSandbox: pod_sandbox_id is required")
 	}
-	// containers: stop them first (the container package's stop-all for the pod).
+	// Containers first, as the kubelet expects: their grace is its business,
+	// so they get the default of zero (SIGKILL) here.
+	if sb, err := s.sandboxes.Get(req.GetPodSandboxId()); err == nil {
+		if err := s.containers.StopPod(ctx, sb.ID, 0); err != nil {
+			return nil, toStatus(err)
+		}
+	}
 	err := s.sandboxes.Stop(ctx, req.GetPodSandboxId())
 	if err != nil && !errdefs.IsNotFound(err) {
 		return nil, toStatus(err)

@@ -12,6 +12,7 @@ import (
 	runtime "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/berthcri/berth/internal/config"
+	"github.com/berthcri/berth/internal/container"
 	"github.com/berthcri/berth/internal/events"
 	"github.com/berthcri/berth/internal/image"
 	"github.com/berthcri/berth/internal/network"
@@ -30,11 +31,12 @@ type Service struct {
 	addrs   Addresses
 
 	// Components, one per line so that branches adding one merge cleanly.
-	events    *events.Broker
-	images    *image.Store
-	network   *network.Network
-	sandboxes *sandbox.Store
-	streaming *streaming.Server
+	events     *events.Broker
+	images     *image.Store
+	network    *network.Network
+	sandboxes  *sandbox.Store
+	streaming  *streaming.Server
+	containers *container.Store
 
 	// podCIDR is what the kubelet last sent through UpdateRuntimeConfig.
 	mu      sync.Mutex
@@ -49,11 +51,12 @@ type Options struct {
 	// Addresses are where the side servers actually listen.
 	Addresses Addresses
 
-	Events    *events.Broker
-	Images    *image.Store
-	Network   *network.Network
-	Sandboxes *sandbox.Store
-	Streaming *streaming.Server
+	Events     *events.Broker
+	Images     *image.Store
+	Network    *network.Network
+	Sandboxes  *sandbox.Store
+	Streaming  *streaming.Server
+	Containers *container.Store
 }
 
 // Addresses of berthd's side servers, resolved (port 0 replaced).
@@ -70,11 +73,12 @@ func New(opts Options) *Service {
 		log:     opts.Logger,
 		addrs:   opts.Addresses,
 
-		events:    opts.Events,
-		images:    opts.Images,
-		network:   opts.Network,
-		sandboxes: opts.Sandboxes,
-		streaming: opts.Streaming,
+		events:     opts.Events,
+		images:     opts.Images,
+		network:    opts.Network,
+		sandboxes:  opts.Sandboxes,
+		streaming:  opts.Streaming,
+		containers: opts.Containers,
 	}
 	if s.log == nil {
 		s.log = slog.Default()

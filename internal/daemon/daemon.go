@@ -18,6 +18,7 @@ import (
 
 	"github.com/berthcri/berth/internal/admin"
 	"github.com/berthcri/berth/internal/config"
+	"github.com/berthcri/berth/internal/container"
 	"github.com/berthcri/berth/internal/cri"
 	"github.com/berthcri/berth/internal/events"
 	"github.com/berthcri/berth/internal/image"
@@ -107,6 +108,18 @@ func New(ctx context.Context, cfg *config.Config, version string, log *slog.Logg
 		return nil, err
 	}
 
+	containers, err := container.Open(ctx, container.Options{
+		Dir:        filepath.Join(cfg.Root, "containers"),
+		ShimDir:    filepath.Join(cfg.State, "shims"),
+		ShimBinary: container.ShimBinary(),
+		Runtimes:   container.Runtimes(cfg),
+		Layers:     images,
+		Logger:     log.With("component", "container"),
+	})
+	if err != nil {
+		return nil, fmt.Errorf("open container store: %w", err)
+	}
+
 	// Exec and attach need containers: until they exist the streaming
 	// server answers those with an error.
 	if d.stream, err = streaming.New(cfg.StreamingAddress, nil, nil, podNetwork{sandboxes}, log); err != nil {
@@ -122,11 +135,12 @@ func New(ctx context.Context, cfg *config.Config, version string, log *slog.Logg
 			Metrics:   metricsAddr(d.metrics),
 		},
 
-		Events:    events.NewBroker(),
-		Images:    images,
-		Network:   netw,
-		Sandboxes: sandboxes,
-		Streaming: d.stream,
+		Events:     events.NewBroker(),
+		Images:     images,
+		Network:    netw,
+		Sandboxes:  sandboxes,
+		Streaming:  d.stream,
+		Containers: containers,
 	})
 	d.grpc = grpc.NewServer(
 		grpc.ChainUnaryInterceptor(m.UnaryInterceptor(), unaryLogger(log)),

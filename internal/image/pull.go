@@ -63,7 +63,17 @@ func (s *Store) Pull(ctx context.Context, ref string, auth *Auth) (*Image, error
 		return nil, err
 	}
 	return s.pulls.Do(ctx, n.String()+"|"+auth.key(), func(ctx context.Context) (*Image, error) {
-		return s.pull(ctx, n, auth)
+		img, err := s.pull(ctx, n, auth)
+		if err != nil {
+			// Blobs and layers of a failed pull are garbage now (unless
+			// another image or pull uses them).
+			s.mu.Lock()
+			if gcErr := s.gc(); gcErr != nil {
+				s.log.Warn("clean up after failed pull", "image", n.String(), "error", gcErr)
+			}
+			s.mu.Unlock()
+		}
+		return img, err
 	})
 }
 
@@ -389,6 +399,18 @@ func (s *Store) writeBlob(digest string, data []byte) error {
 // ensureBlob downloads a blob once (concurrent callers share the download)
 // into ingest/, verifies its digest and moves it into blobs/.
 func (s *Store) ensureBlob(ctx context.Context, digest string, open func() (io.ReadCloser, error)) error {
+	for attempt := 0; ; attempt++ {
+		err := s.fetchBlob(ctx, digest, open)
+		// A shared download started by a pull whose callers all left is
+		// cancelled; a caller still waiting fetches it again itself.
+		if err != nil && errors.Is(err, context.Canceled) && ctx.Err() == nil && attempt == 0 {
+			continue
+		}
+		return err
+	}
+}
+
+func (s *Store) fetchBlob(ctx context.Context, digest string, open func() (io.ReadCloser, error)) error {
 	if _, err := os.Stat(s.blobPath(digest)); err == nil {
 		return nil
 	}

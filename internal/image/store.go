@@ -154,7 +154,8 @@ func Open(opts Options) (*Store, error) {
 		s.images[rec.ID] = rec
 	}
 	if err := s.gc(); err != nil {
-		return nil, err
+		// Keeping garbage is safe; refusing to start is not useful.
+		log.Warn("image store cleanup at start failed", "error", err)
 	}
 	return s, nil
 }

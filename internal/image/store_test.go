@@ -2,10 +2,20 @@ package image
 
 import (
 	"context"
+	"io"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
+	"sync"
 	"testing"
+
+	"github.com/google/go-containerregistry/pkg/compression"
+	"github.com/google/go-containerregistry/pkg/v1/empty"
+	"github.com/google/go-containerregistry/pkg/v1/mutate"
+	"github.com/google/go-containerregistry/pkg/v1/static"
+	"github.com/google/go-containerregistry/pkg/v1/tarball"
+	"github.com/google/go-containerregistry/pkg/v1/types"
 
 	"github.com/berthcri/berth/internal/errdefs"
 	"github.com/berthcri/berth/internal/testutil/testimages"
@@ -96,5 +106,121 @@ func TestAcquireKeepsLayersUntilReleaseAcrossReopen(t *testing.T) {
 	}
 	if _, _, err := s.Acquire(ctx, img.ID, "../x"); err == nil {
 		t.Fatal("owner with a slash accepted")
+	}
+}
+
+func TestPullZstdAndUncompressedLayers(t *testing.T) {
+	requireRoot(t)
+	reg := testimages.StartRegistry(t)
+	base, err := testimages.BaseFiles()
+	if err != nil {
+		t.Fatal(err)
+	}
+	gz, err := testimages.Layer(base)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rc, err := gz.Uncompressed()
+	if err != nil {
+		t.Fatal(err)
+	}
+	raw, err := io.ReadAll(rc)
+	rc.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Stored as is: an uncompressed tar blob in the registry.
+	plain := static.NewLayer(raw, types.OCIUncompressedLayer)
+	zstdLayer, err := tarball.LayerFromOpener(func() (io.ReadCloser, error) {
+		l, err := testimages.Layer([]testimages.File{{Name: "zstd-file", Data: []byte("zstd\n")}})
+		if err != nil {
+			return nil, err
+		}
+		return l.Uncompressed()
+	}, tarball.WithCompression(compression.ZStd), tarball.WithMediaType(types.OCILayerZStd))
+	if err != nil {
+		t.Fatal(err)
+	}
+	img, err := mutate.AppendLayers(mutate.MediaType(empty.Image, types.OCIManifestSchema1), plain, zstdLayer)
+	if err != nil {
+		t.Fatal(err)
+	}
+	reg.Push(t, "zstd:latest", img)
+	s, err := Open(Options{Root: filepath.Join(t.TempDir(), "images")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	if _, err := s.Pull(ctx, reg.Ref("zstd:latest"), nil); err != nil {
+		t.Fatal(err)
+	}
+	_, lower, err := s.Acquire(ctx, reg.Ref("zstd:latest"), "c")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if data, err := os.ReadFile(filepath.Join(lower[0], "zstd-file")); err != nil || string(data) != "zstd\n" {
+		t.Fatalf("zstd layer content %q %v", data, err)
+	}
+	if _, err := os.Stat(filepath.Join(lower[1], "bin", "busybox")); err != nil {
+		t.Fatalf("uncompressed layer: %v", err)
+	}
+}
+
+func TestConcurrentPullsRemovesAndLeases(t *testing.T) {
+	requireRoot(t)
+	reg := testimages.StartRegistry(t)
+	reg.PushStandard(t)
+	s, err := Open(Options{Root: filepath.Join(t.TempDir(), "images")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	refs := []string{reg.Ref(testimages.BusyboxRef), reg.Ref(testimages.UserRef), reg.Ref(testimages.MultiLayerRef)}
+	var wg sync.WaitGroup
+	errs := make(chan error, 100)
+	for i := 0; i < 30; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			ref := refs[i%len(refs)]
+			switch i % 5 {
+			case 3:
+				errs <- s.Remove(ref)
+			case 4:
+				owner := "c" + strconv.Itoa(i)
+				if _, _, err := s.Acquire(ctx, ref, owner); err == nil {
+					errs <- s.Release(owner)
+				}
+			default:
+				_, err := s.Pull(ctx, ref, nil)
+				errs <- err
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Whatever survived is complete: every image's layers are on disk.
+	for _, img := range s.List() {
+		for _, c := range img.ChainIDs {
+			if _, err := os.Stat(s.LayerDiffDir(c)); err != nil {
+				t.Fatalf("image %s lost layer %s: %v", img.ID, c, err)
+			}
+		}
+	}
+	for _, ref := range refs {
+		if err := s.Remove(ref); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, sub := range []string{"blobs/sha256", "layers", "leases", "records"} {
+		es, _ := os.ReadDir(filepath.Join(s.Dir(), sub))
+		if len(es) != 0 {
+			t.Fatalf("%s not empty after removing everything: %d entries", sub, len(es))
+		}
 	}
 }

@@ -2,6 +2,7 @@ package specgen
 
 import (
 	"errors"
+	"slices"
 	"testing"
 
 	"github.com/berthcri/berth/internal/errdefs"
@@ -74,5 +75,21 @@ func TestProbeHost(t *testing.T) {
 	in.Host = nil
 	if _, err := Build(in); err != nil {
 		t.Fatal(err)
+	}
+}
+
+func TestEffectiveCapabilities(t *testing.T) {
+	caps, err := effectiveCapabilities("Name:\tx\nCapInh:\t0000000000000000\nCapEff:\t0000000001000021\n")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := []string{"CAP_CHOWN", "CAP_KILL", "CAP_SYS_RESOURCE"}; !slices.Equal(caps, want) {
+		t.Fatalf("caps = %q, want %q", caps, want)
+	}
+	if _, err := effectiveCapabilities("Name:\tx\n"); err == nil {
+		t.Fatal("no error without CapEff")
+	}
+	if _, err := effectiveCapabilities("CapEff:\tzz\n"); err == nil {
+		t.Fatal("no error for a bad mask")
 	}
 }

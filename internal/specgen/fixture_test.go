@@ -28,7 +28,7 @@ func testHost() *Host {
 
 // testRootfs writes an /etc/passwd and /etc/group like testimages' into a
 // temp dir.
-func testRootfs(t *testing.T) string {
+func testRootfs(t testing.TB) string {
 	t.Helper()
 	return testRootfsAt(t, t.TempDir())
 }
@@ -54,7 +54,7 @@ func testRootfsAt(t testing.TB, root string) string {
 }
 
 // testInput is a minimal valid Input; mutate it per case.
-func testInput(t *testing.T) Input {
+func testInput(t testing.TB) Input {
 	t.Helper()
 	return Input{
 		ContainerID: "c1",

@@ -18,7 +18,8 @@ type Host struct {
 	Hostname string
 	// RlimitHard maps "RLIMIT_NOFILE" etc. to the daemon's hard limit.
 	RlimitHard map[string]uint64
-	// AllCapabilities is every capability the kernel knows ("CAP_…").
+	// AllCapabilities are the capabilities berthd holds (its CapEff): the
+	// most a container can get ("ALL", privileged).
 	AllCapabilities []string
 	AppArmor        bool // AppArmor is enabled
 	SELinux         bool // SELinux is enabled
@@ -58,13 +59,13 @@ func ProbeHost() (*Host, error) {
 		}
 		h.RlimitHard[name] = rl.Max
 	}
-	last := len(knownCapabilities) - 1
-	if b, err := os.ReadFile("/proc/sys/kernel/cap_last_cap"); err == nil {
-		if n, err := strconv.Atoi(strings.TrimSpace(string(b))); err == nil && n < last {
-			last = n
-		}
+	status, err := os.ReadFile("/proc/self/status")
+	if err != nil {
+		return nil, fmt.Errorf("read own status: %w", err)
 	}
-	h.AllCapabilities = append([]string(nil), knownCapabilities[:last+1]...)
+	if h.AllCapabilities, err = effectiveCapabilities(string(status)); err != nil {
+		return nil, err
+	}
 	if b, err := os.ReadFile("/sys/module/apparmor/parameters/enabled"); err == nil {
 		h.AppArmor = strings.HasPrefix(string(b), "Y")
 	}
@@ -93,6 +94,30 @@ func ProbeHost() (*Host, error) {
 func exists(p string) bool {
 	_, err := os.Stat(p)
 	return err == nil || !errors.Is(err, os.ErrNotExist)
+}
+
+// effectiveCapabilities lists the CapEff set of a /proc/<pid>/status: a
+// container can only get capabilities the daemon holds (here berthd runs
+// without CAP_SYS_RESOURCE), as containerd's cap.Current.
+func effectiveCapabilities(status string) ([]string, error) {
+	for _, line := range strings.Split(status, "\n") {
+		hex, ok := strings.CutPrefix(line, "CapEff:")
+		if !ok {
+			continue
+		}
+		mask, err := strconv.ParseUint(strings.TrimSpace(hex), 16, 64)
+		if err != nil {
+			return nil, fmt.Errorf("parse CapEff %q: %w", hex, err)
+		}
+		var caps []string
+		for i, c := range knownCapabilities {
+			if mask&(1<<i) != 0 {
+				caps = append(caps, c)
+			}
+		}
+		return caps, nil
+	}
+	return nil, fmt.Errorf("no CapEff in /proc/self/status")
 }
 
 // knownCapabilities in kernel order (capability number = index).

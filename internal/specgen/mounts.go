@@ -79,8 +79,10 @@ func shmMount(in *Input) specs.Mount {
 	bind := func(src string) specs.Mount {
 		return specs.Mount{Destination: "/dev/shm", Type: "bind", Source: src, Options: []string{"rbind", "rprivate", "rw"}}
 	}
+	hostIPC := in.Config.GetLinux().GetSecurityContext().GetNamespaceOptions().GetIpc() == runtime.NamespaceMode_NODE ||
+		in.SandboxConfig.GetLinux().GetSecurityContext().GetNamespaceOptions().GetIpc() == runtime.NamespaceMode_NODE
 	switch {
-	case in.Config.GetLinux().GetSecurityContext().GetNamespaceOptions().GetIpc() == runtime.NamespaceMode_NODE:
+	case hostIPC:
 		return bind("/dev/shm")
 	case in.Pod.ShmPath != "":
 		return bind(in.Pod.ShmPath)
@@ -134,6 +136,13 @@ func criMounts(in *Input) ([]criMount, error) {
 	return out, nil
 }
 
+// extraBindOptions are the CRI mount_options berth passes on: per-mount
+// flags that are safe on a bind mount.
+var extraBindOptions = []string{
+	"noexec", "exec", "nodev", "dev", "nosuid", "suid",
+	"noatime", "atime", "nodiratime", "diratime", "relatime", "norelatime", "strictatime", "nostrictatime",
+}
+
 // bindMount turns one CRI mount into a bind mount, creating a missing host
 // path as a directory (kubelet expects it) and checking that the host
 // mount allows the requested propagation.
@@ -183,6 +192,13 @@ func bindMount(in *Input, m *runtime.Mount) (criMount, error) {
 		opts = append(opts, "ro")
 	default:
 		opts = append(opts, "rw")
+	}
+
+	for _, o := range m.GetMountOptions() {
+		if !slices.Contains(extraBindOptions, o) {
+			return criMount{}, invalid("mount option %q is not one of %q", o, extraBindOptions)
+		}
+		opts = append(opts, o)
 	}
 
 	if _, err := os.Stat(src); errors.Is(err, os.ErrNotExist) {

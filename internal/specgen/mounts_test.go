@@ -135,6 +135,12 @@ func TestApplyMounts(t *testing.T) {
 		{name: "idmapped refused", mounts: func(h string) []*runtime.Mount {
 			return []*runtime.Mount{{ContainerPath: "/data", HostPath: h, UidMappings: []*runtime.IDMapping{{Length: 1}}}}
 		}, err: errInvalid},
+		{name: "mount options", mounts: func(h string) []*runtime.Mount {
+			return []*runtime.Mount{{ContainerPath: "/data", HostPath: h, MountOptions: []string{"noexec", "nosuid"}}}
+		}, checks: []check{hasOpts("/data", "rbind", "noexec", "nosuid")}},
+		{name: "unsafe mount option", mounts: func(h string) []*runtime.Mount {
+			return []*runtime.Mount{{ContainerPath: "/data", HostPath: h, MountOptions: []string{"remount"}}}
+		}, err: errInvalid},
 		{name: "duplicate destination", mounts: func(h string) []*runtime.Mount {
 			return []*runtime.Mount{{ContainerPath: "/d", HostPath: h}, {ContainerPath: "/d/", HostPath: h}}
 		}, err: errInvalid},
@@ -234,13 +240,21 @@ func TestPodFileMounts(t *testing.T) {
 		t.Fatalf("/dev/shm = %+v, want the pod's", m)
 	}
 
-	// Host IPC shares the host's /dev/shm.
-	sc(&in).NamespaceOptions = &runtime.NamespaceOption{Ipc: runtime.NamespaceMode_NODE}
-	if err := applyMounts(&in, s); err != nil {
-		t.Fatal(err)
-	}
-	if m := findMount(s.Mounts, "/dev/shm"); m == nil || m.Source != "/dev/shm" {
-		t.Fatalf("host IPC /dev/shm = %+v", m)
+	// Host IPC (asked by the container or the pod) shares the host's /dev/shm.
+	for _, set := range []func(){
+		func() { sc(&in).NamespaceOptions = &runtime.NamespaceOption{Ipc: runtime.NamespaceMode_NODE} },
+		func() {
+			sc(&in).NamespaceOptions = nil
+			in.SandboxConfig.Linux.SecurityContext.NamespaceOptions = &runtime.NamespaceOption{Ipc: runtime.NamespaceMode_NODE}
+		},
+	} {
+		set()
+		if err := applyMounts(&in, s); err != nil {
+			t.Fatal(err)
+		}
+		if m := findMount(s.Mounts, "/dev/shm"); m == nil || m.Source != "/dev/shm" {
+			t.Fatalf("host IPC /dev/shm = %+v", m)
+		}
 	}
 }
 

@@ -1,6 +1,7 @@
 package specgen
 
 import (
+	"slices"
 	"strings"
 
 	specs "github.com/opencontainers/runtime-spec/specs-go"
@@ -36,15 +37,16 @@ func namespaces(in *Input) ([]specs.LinuxNamespace, error) {
 	// Network, IPC and UTS always follow the pod, as in containerd; a
 	// container asking for something else is refused, not ignored.
 	for _, x := range []struct {
-		name string
-		typ  specs.LinuxNamespaceType
-		mode runtime.NamespaceMode
-		path string
+		name    string
+		typ     specs.LinuxNamespaceType
+		mode    runtime.NamespaceMode
+		podMode runtime.NamespaceMode
+		path    string
 	}{
-		{"network", specs.NetworkNamespace, opts.GetNetwork(), in.Pod.NetNSPath},
-		{"ipc", specs.IPCNamespace, opts.GetIpc(), in.Pod.IPCNSPath},
+		{"network", specs.NetworkNamespace, opts.GetNetwork(), podOpts.GetNetwork(), in.Pod.NetNSPath},
+		{"ipc", specs.IPCNamespace, opts.GetIpc(), podOpts.GetIpc(), in.Pod.IPCNSPath},
 		// UTS follows the network: a hostNetwork pod has the host's name.
-		{"uts", specs.UTSNamespace, opts.GetNetwork(), in.Pod.UTSNSPath},
+		{"uts", specs.UTSNamespace, opts.GetNetwork(), podOpts.GetNetwork(), in.Pod.UTSNSPath},
 	} {
 		switch x.mode {
 		case runtime.NamespaceMode_POD:
@@ -57,6 +59,12 @@ func namespaces(in *Input) ([]specs.LinuxNamespace, error) {
 		}
 		if x.path != "" {
 			out = append(out, specs.LinuxNamespace{Type: x.typ, Path: x.path})
+			continue
+		}
+		// No path: the pod must really use the host's namespace, never a
+		// container landing in it by accident.
+		if x.mode != runtime.NamespaceMode_NODE && x.podMode != runtime.NamespaceMode_NODE {
+			return nil, invalid("%s namespace: the pod has none to join and does not use the host's", x.name)
 		}
 	}
 
@@ -105,16 +113,18 @@ func applySysctls(in *Input, s *specs.Spec) error {
 	}
 	out := make(map[string]string, len(sysctls))
 	for k, v := range sysctls {
-		key := strings.ReplaceAll(k, "/", ".")
+		key := sysctlDots(k)
 		var need specs.LinuxNamespaceType
 		switch {
 		case strings.HasPrefix(key, "net."):
 			need = specs.NetworkNamespace
-		case strings.HasPrefix(key, "fs.mqueue.") || strings.HasPrefix(key, "kernel.msg") ||
-			strings.HasPrefix(key, "kernel.shm") || key == "kernel.sem" || key == "kernel.shm_rmid_forced":
+		case strings.HasPrefix(key, "fs.mqueue.") || slices.Contains(ipcSysctls, key):
 			need = specs.IPCNamespace
-		case key == "kernel.hostname" || key == "kernel.domainname":
+		case key == "kernel.domainname":
 			need = specs.UTSNamespace
+		case key == "kernel.hostname":
+			// runc refuses it: the spec's hostname field (the pod's) owns it.
+			return invalid("sysctl kernel.hostname conflicts with the pod hostname")
 		default:
 			return invalid("sysctl %q is not namespaced", k)
 		}
@@ -125,4 +135,27 @@ func applySysctls(in *Input, s *specs.Spec) error {
 	}
 	s.Linux.Sysctl = out
 	return nil
+}
+
+// ipcSysctls are the IPC-namespaced sysctls runc accepts (besides fs.mqueue.*).
+var ipcSysctls = []string{
+	"kernel.msgmax", "kernel.msgmnb", "kernel.msgmni", "kernel.sem",
+	"kernel.shmall", "kernel.shmmax", "kernel.shmmni", "kernel.shm_rmid_forced",
+}
+
+// sysctlDots turns a slash-separated name (net/ipv4/conf/eth0.100/x) into
+// the dotted form, swapping its dots for slashes, as runc and kubelet do.
+func sysctlDots(k string) string {
+	if i := strings.IndexAny(k, "./"); i < 0 || k[i] == '.' {
+		return k
+	}
+	return strings.Map(func(r rune) rune {
+		switch r {
+		case '/':
+			return '.'
+		case '.':
+			return '/'
+		}
+		return r
+	}, k)
 }

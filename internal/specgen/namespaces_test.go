@@ -27,6 +27,8 @@ func TestNamespaces(t *testing.T) {
 		pod      Pod
 		opts     *runtime.NamespaceOption
 		podPid   runtime.NamespaceMode
+		podNet   runtime.NamespaceMode
+		podIpc   runtime.NamespaceMode
 		target   string
 		cgroupV2 bool
 		want     string
@@ -40,7 +42,11 @@ func TestNamespaces(t *testing.T) {
 			opts: &runtime.NamespaceOption{Network: runtime.NamespaceMode_NODE},
 			want: "ipc=/i mount= pid=/p"},
 		{name: "pod in host network, container default", pod: Pod{IPCNSPath: "/i", PIDNSPath: "/p"},
-			want: "ipc=/i mount= pid=/p"},
+			podNet: runtime.NamespaceMode_NODE, want: "ipc=/i mount= pid=/p"},
+		{name: "pod without netns path not in host network", pod: Pod{IPCNSPath: "/i", UTSNSPath: "/u", PIDNSPath: "/p"}, err: errInvalid},
+		{name: "pod without ipc path not host ipc", pod: Pod{NetNSPath: "/n", UTSNSPath: "/u", PIDNSPath: "/p"}, err: errInvalid},
+		{name: "pod host ipc, container default", pod: Pod{NetNSPath: "/n", UTSNSPath: "/u", PIDNSPath: "/p"},
+			podIpc: runtime.NamespaceMode_NODE, want: "mount= network=/n pid=/p uts=/u", hostname: "podhost"},
 		{name: "host everything", podPid: runtime.NamespaceMode_NODE,
 			opts: &runtime.NamespaceOption{Network: runtime.NamespaceMode_NODE, Ipc: runtime.NamespaceMode_NODE, Pid: runtime.NamespaceMode_NODE},
 			want: "mount="},
@@ -66,7 +72,7 @@ func TestNamespaces(t *testing.T) {
 			in.TargetPIDNSPath = tc.target
 			in.Host.CgroupV2 = tc.cgroupV2
 			sc(&in).NamespaceOptions = tc.opts
-			in.SandboxConfig.Linux.SecurityContext.NamespaceOptions = &runtime.NamespaceOption{Pid: tc.podPid}
+			in.SandboxConfig.Linux.SecurityContext.NamespaceOptions = &runtime.NamespaceOption{Pid: tc.podPid, Network: tc.podNet, Ipc: tc.podIpc}
 			s := &specs.Spec{Linux: &specs.Linux{}}
 			err := applyNamespaces(&in, s)
 			wantErr(t, err, tc.err)
@@ -95,6 +101,11 @@ func TestSysctls(t *testing.T) {
 		{name: "none", ns: own},
 		{name: "namespaced", ns: own, sysctls: map[string]string{"net.ipv4.ip_forward": "1", "kernel/shm_rmid_forced": "1", "kernel.msgmax": "9"},
 			want: map[string]string{"net.ipv4.ip_forward": "1", "kernel.shm_rmid_forced": "1", "kernel.msgmax": "9"}},
+		{name: "slash form with dotted interface", ns: own, sysctls: map[string]string{"net/ipv6/conf/eth0.100/disable_ipv6": "1"},
+			want: map[string]string{"net.ipv6.conf.eth0/100.disable_ipv6": "1"}},
+		{name: "domainname", ns: own, sysctls: map[string]string{"kernel.domainname": "x"}, want: map[string]string{"kernel.domainname": "x"}},
+		{name: "hostname refused", ns: own, sysctls: map[string]string{"kernel.hostname": "x"}, err: errInvalid},
+		{name: "unknown kernel.msg sysctl", ns: own, sysctls: map[string]string{"kernel.msg_next_id": "1"}, err: errInvalid},
 		{name: "not namespaced", ns: own, sysctls: map[string]string{"vm.swappiness": "1"}, err: errInvalid},
 		{name: "net in host network", sysctls: map[string]string{"net.core.somaxconn": "1"}, err: errInvalid},
 		{name: "ipc in host ipc", ns: own[:1], sysctls: map[string]string{"kernel.sem": "1 2 3 4"}, err: errInvalid},

@@ -38,14 +38,47 @@ var (
 // inheritable or ambient (Kubernetes leaves non-root + caps undefined;
 // containerd and docker clear ambient).
 func applyCapabilities(in *Input, s *specs.Spec) error {
-	caps, err := capabilities(in.Config.GetLinux().GetSecurityContext().GetCapabilities(), in.Host.AllCapabilities)
+	c := in.Config.GetLinux().GetSecurityContext().GetCapabilities()
+	caps, err := capabilities(c, in.Host.AllCapabilities)
 	if err != nil {
 		return err
 	}
 	s.Process.Capabilities = &specs.LinuxCapabilities{
 		Bounding: caps, Effective: slices.Clone(caps), Permitted: slices.Clone(caps),
 	}
+	ambient, err := ambientCapabilities(c.GetAddAmbientCapabilities(), caps)
+	if err != nil {
+		return err
+	}
+	if len(ambient) > 0 {
+		// The kernel keeps an ambient cap only if it is also permitted and
+		// inheritable; ambient caps survive exec as a non-root user.
+		s.Process.Capabilities.Ambient = ambient
+		s.Process.Capabilities.Inheritable = slices.Clone(ambient)
+	}
 	return nil
+}
+
+// ambientCapabilities normalizes add_ambient_capabilities; each must be in
+// the container's set (containerd drops the field; berth honours it).
+func ambientCapabilities(names, set []string) ([]string, error) {
+	var out []string
+	for _, n := range names {
+		u := strings.ToUpper(strings.TrimSpace(n))
+		if !strings.HasPrefix(u, "CAP_") {
+			u = "CAP_" + u
+		}
+		if !slices.Contains(knownCapabilities, u) {
+			return nil, invalid("unknown ambient capability %q", n)
+		}
+		if !slices.Contains(set, u) {
+			return nil, invalid("ambient capability %s is not in the container's capabilities", u)
+		}
+		if !slices.Contains(out, u) {
+			out = append(out, u)
+		}
+	}
+	return out, nil
 }
 
 // capabilities applies CRI add/drop to the default set: "ALL" in add
@@ -90,7 +123,7 @@ func capabilities(c *runtime.Capability, all []string) ([]string, error) {
 	}
 	for _, a := range add {
 		if !slices.Contains(all, a) {
-			return nil, invalid("capability %s is not supported by this kernel", a)
+			return nil, invalid("capability %s: berthd does not hold it (or the kernel lacks it), so it cannot grant it", a)
 		}
 		if !slices.Contains(set, a) {
 			set = append(set, a)
@@ -135,9 +168,8 @@ func applyPrivileged(in *Input, s *specs.Spec) error {
 		return invalid("privileged container in a pod that is not privileged")
 	}
 	all := in.Host.AllCapabilities
-	s.Process.Capabilities = &specs.LinuxCapabilities{
-		Bounding: slices.Clone(all), Effective: slices.Clone(all), Permitted: slices.Clone(all),
-	}
+	c := s.Process.Capabilities
+	c.Bounding, c.Effective, c.Permitted = slices.Clone(all), slices.Clone(all), slices.Clone(all)
 	s.Linux.MaskedPaths = nil
 	s.Linux.ReadonlyPaths = nil
 	devs, err := allHostDevices(in.Host.DevPath)
@@ -179,7 +211,7 @@ func securityProfile(p *runtime.SecurityProfile, legacy string) (*runtime.Securi
 // some syscalls only to holders of a capability.
 func applySeccomp(in *Input, s *specs.Spec) error {
 	sc := in.Config.GetLinux().GetSecurityContext()
-	//lint:ignore SA1019 older kubelets still send the deprecated field; CRI requires honouring it
+	//lint:ignore SA1019 the deprecated field is still sent by older kubelets and critest
 	p, err := securityProfile(sc.GetSeccomp(), sc.GetSeccompProfilePath())
 	if err != nil {
 		return fmt.Errorf("seccomp: %w", err)
@@ -221,7 +253,7 @@ func applySeccomp(in *Input, s *specs.Spec) error {
 // would need the module is refused.
 func applyLSM(in *Input, s *specs.Spec) error {
 	sc := in.Config.GetLinux().GetSecurityContext()
-	//lint:ignore SA1019 older kubelets still send the deprecated field; CRI requires honouring it
+	//lint:ignore SA1019 the deprecated field is still sent by older kubelets and critest
 	aa, err := securityProfile(sc.GetApparmor(), sc.GetApparmorProfile())
 	if err != nil {
 		return fmt.Errorf("apparmor: %w", err)
@@ -264,21 +296,21 @@ const maxProfileSize = 4 << 20
 // readProfile reads a regular file of at most maxProfileSize: a FIFO or a
 // device named by mistake must not hang CreateContainer.
 func readProfile(p string) ([]byte, error) {
-	f, err := os.OpenFile(p, os.O_RDONLY|unix.O_NONBLOCK|unix.O_CLOEXEC, 0)
-	if err != nil {
-		if errors.Is(err, os.ErrNotExist) {
-			return nil, invalid("seccomp localhost profile %s does not exist", p)
-		}
-		return nil, fmt.Errorf("open seccomp profile %s: %w", p, err)
-	}
-	defer f.Close()
-	fi, err := f.Stat()
-	if err != nil {
+	// Stat before open: opening some devices has side effects.
+	fi, err := os.Stat(p)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, invalid("seccomp localhost profile %s does not exist", p)
+	} else if err != nil {
 		return nil, fmt.Errorf("stat seccomp profile %s: %w", p, err)
 	}
 	if !fi.Mode().IsRegular() || fi.Size() > maxProfileSize {
 		return nil, invalid("seccomp localhost profile %s is not a regular file of at most %d bytes", p, maxProfileSize)
 	}
+	f, err := os.OpenFile(p, os.O_RDONLY|unix.O_NONBLOCK|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, fmt.Errorf("open seccomp profile %s: %w", p, err)
+	}
+	defer f.Close()
 	body, err := io.ReadAll(io.LimitReader(f, maxProfileSize+1))
 	if err != nil {
 		return nil, fmt.Errorf("read seccomp profile %s: %w", p, err)

@@ -147,7 +147,7 @@ func TestSeccomp(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			in := testInput(t)
-			//lint:ignore SA1019 older kubelets still send the deprecated field; CRI requires honouring it
+			//lint:ignore SA1019 the deprecated field is still sent by older kubelets and critest
 			sc(&in).Seccomp, sc(&in).SeccompProfilePath = tc.profile, tc.legacy
 			s, err := Build(in)
 			wantErr(t, err, tc.err)
@@ -230,7 +230,7 @@ func TestLSM(t *testing.T) {
 			in.Logger = slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
 			in.Host.AppArmor, in.Host.SELinux = tc.aaOn, tc.seOn
 			c := sc(&in)
-			//lint:ignore SA1019 older kubelets still send the deprecated field; CRI requires honouring it
+			//lint:ignore SA1019 the deprecated field is still sent by older kubelets and critest
 			c.Apparmor, c.ApparmorProfile, c.SelinuxOptions, c.Privileged = tc.apparmor, tc.legacy, tc.selinux, tc.privileged
 			s := &specs.Spec{Process: &specs.Process{}, Linux: &specs.Linux{}}
 			err := applyLSM(&in, s)
@@ -241,6 +241,57 @@ func TestLSM(t *testing.T) {
 			if tc.note != "" && !strings.Contains(logs.String(), tc.note) {
 				t.Fatalf("no debug note %q in %q", tc.note, logs.String())
 			}
+		})
+	}
+}
+
+func TestAmbientCapabilities(t *testing.T) {
+	for _, tc := range []struct {
+		name       string
+		caps       *runtime.Capability
+		privileged bool
+		want       []string
+		err        error
+	}{
+		{name: "none", caps: &runtime.Capability{}},
+		{name: "in default set", caps: &runtime.Capability{AddAmbientCapabilities: []string{"net_bind_service", "CAP_NET_BIND_SERVICE"}},
+			want: []string{"CAP_NET_BIND_SERVICE"}},
+		{name: "added then ambient", caps: &runtime.Capability{AddCapabilities: []string{"NET_ADMIN"}, AddAmbientCapabilities: []string{"NET_ADMIN"}},
+			want: []string{"CAP_NET_ADMIN"}},
+		{name: "privileged keeps ambient", privileged: true, caps: &runtime.Capability{AddAmbientCapabilities: []string{"KILL"}},
+			want: []string{"CAP_KILL"}},
+		{name: "not in set", caps: &runtime.Capability{AddAmbientCapabilities: []string{"SYS_ADMIN"}}, err: errInvalid},
+		{name: "dropped", caps: &runtime.Capability{DropCapabilities: []string{"KILL"}, AddAmbientCapabilities: []string{"KILL"}}, err: errInvalid},
+		{name: "unknown", caps: &runtime.Capability{AddAmbientCapabilities: []string{"FLY"}}, err: errInvalid},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			in := testInput(t)
+			in.Host.DevPath = t.TempDir()
+			sc(&in).Capabilities, sc(&in).Privileged = tc.caps, tc.privileged
+			in.SandboxConfig.Linux.SecurityContext.Privileged = tc.privileged
+			s, err := Build(in)
+			wantErr(t, err, tc.err)
+			if tc.err != nil {
+				return
+			}
+			c := s.Process.Capabilities
+			if !slices.Equal(c.Ambient, tc.want) || !slices.Equal(c.Inheritable, tc.want) {
+				t.Fatalf("ambient %q inheritable %q, want %q", c.Ambient, c.Inheritable, tc.want)
+			}
+		})
+	}
+}
+
+func TestRefuseUnsupported(t *testing.T) {
+	for name, mutate := range map[string]func(in *Input){
+		"cdi":     func(in *Input) { in.Config.CDIDevices = []*runtime.CDIDevice{{Name: "vendor.com/gpu=0"}} },
+		"windows": func(in *Input) { in.Config.Windows = &runtime.WindowsContainerConfig{} },
+	} {
+		t.Run(name, func(t *testing.T) {
+			in := testInput(t)
+			mutate(&in)
+			_, err := Build(in)
+			wantErr(t, err, errInvalid)
 		})
 	}
 }

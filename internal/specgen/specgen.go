@@ -67,6 +67,7 @@ type step struct {
 // profile allows some syscalls per capability), privileged overrides the
 // security steps before it.
 var pipeline = []step{
+	{"unsupported", refuseUnsupported},
 	{"process", applyProcess},
 	{"user", applyUser},
 	{"mounts", applyMounts},
@@ -128,4 +129,16 @@ func Build(in Input) (*specs.Spec, error) {
 // invalid returns an error wrapping errdefs.ErrInvalidArgument.
 func invalid(format string, args ...any) error {
 	return fmt.Errorf(format+": %w", append(args, errdefs.ErrInvalidArgument)...)
+}
+
+// refuseUnsupported rejects config fields berth does not implement, so
+// that they are never silently dropped.
+func refuseUnsupported(in *Input, _ *specs.Spec) error {
+	if len(in.Config.GetCDIDevices()) > 0 {
+		return invalid("CDI devices are not supported")
+	}
+	if in.Config.GetWindows() != nil {
+		return invalid("windows container config on a Linux runtime")
+	}
+	return nil
 }

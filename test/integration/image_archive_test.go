@@ -2,6 +2,7 @@ package integration
 
 import (
 	"archive/tar"
+	"fmt"
 	"io"
 	"io/fs"
 	"os"
@@ -202,5 +203,61 @@ func TestImageImportRefusesGarbage(t *testing.T) {
 	}
 	if left := dirEntries(t, d, "ingest"); len(left) != 0 {
 		t.Fatalf("ingest left: %v", left)
+	}
+}
+
+// TestImageImportLegacyDockerSave imports the classic `docker save` shape:
+// <id>/layer.tar uncompressed, <config>.json, manifest.json.
+func TestImageImportLegacyDockerSave(t *testing.T) {
+	t.Parallel()
+	d := berthdtest.Start(t, berthdtest.Options{})
+	img := mustImage(t, testimages.BusyboxUser)
+	cfg, err := img.RawConfigFile()
+	if err != nil {
+		t.Fatal(err)
+	}
+	layers, err := img.Layers()
+	if err != nil {
+		t.Fatal(err)
+	}
+	rc, err := layers[0].Uncompressed()
+	if err != nil {
+		t.Fatal(err)
+	}
+	layerTar, err := io.ReadAll(rc)
+	rc.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := configDigest(t, img)
+	hexID := strings.TrimPrefix(id, "sha256:")
+	manifest := fmt.Sprintf(`[{"Config":"%s.json","RepoTags":["legacy/app:old"],"Layers":["abc123/layer.tar"]}]`, hexID)
+	archive := filepath.Join(t.TempDir(), "legacy.tar")
+	f, err := os.Create(archive)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tw := tar.NewWriter(f)
+	for _, e := range []struct {
+		name string
+		data []byte
+	}{{hexID + ".json", cfg}, {"abc123/layer.tar", layerTar}, {"manifest.json", []byte(manifest)}} {
+		if err := tw.WriteHeader(&tar.Header{Name: e.name, Mode: 0o644, Size: int64(len(e.data)), Typeflag: tar.TypeReg}); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := tw.Write(e.data); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := tw.Close(); err != nil {
+		t.Fatal(err)
+	}
+	f.Close()
+	if out, err := runCtl(t, d, "image", "import", archive); err != nil {
+		t.Fatalf("import: %v\n%s", err, out)
+	}
+	st := imageStatus(t, d, "legacy/app:old")
+	if st == nil || st.Id != id || !slices.Equal(st.RepoTags, []string{"docker.io/legacy/app:old"}) || st.Username != testimages.TestUser {
+		t.Fatalf("legacy import: %+v", st)
 	}
 }

@@ -431,6 +431,14 @@ func TestImagePullDeadlineExceeded(t *testing.T) {
 	if imgs := listImages(t, d); len(imgs) != 0 {
 		t.Fatalf("timed-out pulls left images: %v", imgs)
 	}
+	// The abandoned pull is cancelled and cleans up after itself.
+	deadline := time.Now().Add(20 * time.Second)
+	for len(dirEntries(t, d, "blobs/sha256"))+len(dirEntries(t, d, "ingest")) != 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("garbage left after timed-out pulls: blobs %v ingest %v", dirEntries(t, d, "blobs/sha256"), dirEntries(t, d, "ingest"))
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
 }
 
 func TestImageStatusUserPinnedAndVerboseConfig(t *testing.T) {
@@ -570,5 +578,34 @@ func TestImagePullOnlyMirrorServesBlobsAfterTrustedResolve(t *testing.T) {
 	}
 	if st := imageStatus(t, d, ref); st == nil || !slices.Equal(st.RepoTags, []string{ref}) {
 		t.Fatalf("status: %+v", st)
+	}
+}
+
+func TestImageHostsTomlTLSCAAndSkipVerify(t *testing.T) {
+	t.Parallel()
+	reg := testimages.StartRegistry(t, testimages.WithTLS())
+	reg.PushStandard(t)
+	d := berthdtest.Start(t, berthdtest.Options{})
+	ref := reg.Ref(testimages.BusyboxRef)
+
+	// Self-signed and not trusted: refused.
+	writeHostsToml(t, d, reg.Host, fmt.Sprintf("server = \"https://%s\"\n", reg.Host))
+	if _, err := d.Image.PullImage(ctxT(t), &criapi.PullImageRequest{Image: &criapi.ImageSpec{Image: ref}}); err == nil ||
+		!strings.Contains(err.Error(), "certificate") {
+		t.Fatalf("pull from an untrusted TLS registry: %v", err)
+	}
+	// Trusted through ca = "…" relative to the hosts.toml dir.
+	if err := os.WriteFile(filepath.Join(d.Config.RegistryConfigDir, reg.Host, "reg-ca.pem"), reg.CACertPEM(), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	writeHostsToml(t, d, reg.Host, fmt.Sprintf("server = \"https://%s\"\nca = \"reg-ca.pem\"\n", reg.Host))
+	id := pull(t, d, ref, nil)
+	if _, err := d.Image.RemoveImage(ctxT(t), &criapi.RemoveImageRequest{Image: &criapi.ImageSpec{Image: id}}); err != nil {
+		t.Fatal(err)
+	}
+	// skip_verify on a mirror host entry.
+	writeHostsToml(t, d, "tls.example.invalid", fmt.Sprintf("server = \"https://127.0.0.1:1\"\n[host.\"https://%s\"]\n  capabilities = [\"pull\", \"resolve\"]\n  skip_verify = true\n", reg.Host))
+	if got := pull(t, d, "tls.example.invalid/busybox:latest", nil); got != id {
+		t.Fatalf("skip_verify pull got %s, want %s", got, id)
 	}
 }

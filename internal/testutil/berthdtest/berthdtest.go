@@ -298,6 +298,10 @@ func Binary(t testing.TB) string {
 		if buildErr == nil {
 			// Helpers berthd finds next to its own binary.
 			_, buildErr = BuildCommand(dir, "berth-pause")
+			if buildErr == nil {
+				// berthd runs the berth-shim next to its own binary.
+				_, buildErr = BuildShim(dir)
+			}
 		}
 	})
 	if buildErr != nil {
@@ -313,6 +317,19 @@ func BuildCommand(dir, name string) (string, error) {
 	cmd.Dir = moduleRoot()
 	if b, err := cmd.CombinedOutput(); err != nil {
 		return "", fmt.Errorf("go build ./cmd/%s: %v\n%s", name, err, b)
+	}
+	return out, nil
+}
+
+// BuildShim builds ./cmd/berth-shim into dir without cgo: a static binary
+// maps no libc and starts no pthreads, which keeps the per-pod shim small.
+func BuildShim(dir string) (string, error) {
+	out := filepath.Join(dir, "berth-shim")
+	cmd := exec.Command("go", "build", "-o", out, "./cmd/berth-shim")
+	cmd.Dir = moduleRoot()
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if b, err := cmd.CombinedOutput(); err != nil {
+		return "", fmt.Errorf("go build ./cmd/berth-shim: %v\n%s", err, b)
 	}
 	return out, nil
 }

@@ -1,6 +1,7 @@
 package testimages
 
 import (
+	"encoding/pem"
 	"fmt"
 	"net/http"
 	"net/http/httptest"
@@ -24,6 +25,7 @@ type Registry struct {
 	srv      *httptest.Server
 	user     string
 	password string
+	tls      bool
 
 	mu         sync.Mutex
 	blobFetchs map[string]int // digest → GET count
@@ -83,6 +85,16 @@ func WithBasicAuth(user, password string) Option {
 	return func(r *Registry) { r.user, r.password = user, password }
 }
 
+// WithTLS serves HTTPS with a self-signed certificate (see CACertPEM).
+func WithTLS() Option {
+	return func(r *Registry) { r.tls = true }
+}
+
+// CACertPEM is the PEM certificate a WithTLS registry serves, to trust it.
+func (r *Registry) CACertPEM() []byte {
+	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: r.srv.Certificate().Raw})
+}
+
 // StartRegistry serves an empty registry until the test ends.
 func StartRegistry(t testing.TB, opts ...Option) *Registry {
 	t.Helper()
@@ -91,7 +103,7 @@ func StartRegistry(t testing.TB, opts ...Option) *Registry {
 		o(r)
 	}
 	inner := registry.New(registry.Logger(discardLogger()))
-	r.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+	r.srv = httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
 		if r.user != "" {
 			u, p, ok := req.BasicAuth()
 			if !ok || u != r.user || p != r.password {
@@ -113,8 +125,13 @@ func StartRegistry(t testing.TB, opts ...Option) *Registry {
 		}
 		inner.ServeHTTP(w, req)
 	}))
+	if r.tls {
+		r.srv.StartTLS()
+	} else {
+		r.srv.Start()
+	}
 	t.Cleanup(r.srv.Close)
-	r.Host = strings.TrimPrefix(r.srv.URL, "http://")
+	r.Host = strings.TrimPrefix(strings.TrimPrefix(r.srv.URL, "http://"), "https://")
 	return r
 }
 
@@ -160,10 +177,14 @@ func (r *Registry) PushIndex(t testing.TB, repoTag string, idx v1.ImageIndex) v1
 }
 
 func (r *Registry) remoteOptions() []remote.Option {
-	if r.user == "" {
-		return nil
+	var opts []remote.Option
+	if r.tls {
+		opts = append(opts, remote.WithTransport(r.srv.Client().Transport))
 	}
-	return []remote.Option{remote.WithAuth(&authn.Basic{Username: r.user, Password: r.password})}
+	if r.user != "" {
+		opts = append(opts, remote.WithAuth(&authn.Basic{Username: r.user, Password: r.password}))
+	}
+	return opts
 }
 
 // BlobFetches is how many times the blob with this digest was downloaded.

@@ -1,0 +1,251 @@
+package bench
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+	criapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+
+	"github.com/berthcri/berth/internal/container"
+	"github.com/berthcri/berth/internal/oci"
+	"github.com/berthcri/berth/internal/testutil/berthdtest"
+	"github.com/berthcri/berth/internal/testutil/bundletest"
+)
+
+// containerBench is a container.Store on a private root with a busybox
+// layer standing in for an image, next to the same runc for baselines.
+type containerBench struct {
+	b      *testing.B
+	dir    string
+	lower  string
+	cgroup string
+	runc   *oci.Runtime
+	store  *container.Store
+	shims  string
+}
+
+func newContainerBench(b *testing.B) *containerBench {
+	berthdtest.RequireRoot(b)
+	dir, err := os.MkdirTemp("", "berth-bench-")
+	if err != nil {
+		b.Fatal(err)
+	}
+	cb := &containerBench{b: b, dir: dir, lower: filepath.Join(dir, "layer"), cgroup: "berthbench-" + filepath.Base(dir)}
+	b.Cleanup(cb.close)
+	bundletest.WriteRootfs(b, cb.lower)
+	cb.runc = oci.New("runc", filepath.Join(dir, "state", "runtime", "runc"), nil)
+	cb.shims = filepath.Join(dir, "state", "shims")
+	cb.store, err = container.Open(context.Background(), container.Options{
+		Dir:        filepath.Join(dir, "root", "containers"),
+		ShimDir:    cb.shims,
+		ShimBinary: bundletest.ShimBinary(b),
+		Runtimes:   map[string]*oci.Runtime{"runc": cb.runc},
+	})
+	if err != nil {
+		b.Fatal(err)
+	}
+	return cb
+}
+
+// close kills and removes everything the bench made (idempotent).
+func (cb *containerBench) close() {
+	if err := berthdtest.CleanupNode(cb.dir, cb.cgroup); err != nil {
+		cb.b.Errorf("cleanup: %v", err)
+	}
+}
+
+func (cb *containerBench) params(pod, name string, args []string) container.CreateParams {
+	return container.CreateParams{
+		PodID: pod, Runtime: "runc",
+		Config:  &criapi.ContainerConfig{Metadata: &criapi.ContainerMetadata{Name: name}, Image: &criapi.ImageSpec{Image: "busybox"}},
+		LogPath: filepath.Join(cb.dir, "logs", pod, name+".log"),
+		Acquire: func(context.Context, string) (*container.AcquiredImage, error) {
+			return &container.AcquiredImage{ID: "sha256:bench", LowerDirs: []string{cb.lower}}, nil
+		},
+		BuildSpec: func(id, rootfs string) (*specs.Spec, error) {
+			return bundletest.Spec(rootfs, cb.cgroup, id, args), nil
+		},
+	}
+}
+
+// BenchmarkContainerLifecycle measures the container store's create,
+// start and stop+remove through the pod's shim, and `runc create` + `runc
+// start` of the same kind of bundle in the same run.
+func BenchmarkContainerLifecycle(b *testing.B) {
+	cb := newContainerBench(b)
+	ctx := context.Background()
+	const n = 30
+	// A container that keeps each pod's shim up, as a pod's first one would.
+	keep, err := cb.store.Create(ctx, cb.params("pod", "keep", []string{"sleep", "100000"}))
+	if err != nil {
+		b.Fatal(err)
+	}
+	if _, err := cb.store.Start(ctx, keep.ID); err != nil {
+		b.Fatal(err)
+	}
+	firstCreate := Series{Name: "Create, pod's first container (starts the shim)"}
+	create := Series{Name: "Create"}
+	start := Series{Name: "Start"}
+	stopRemove := Series{Name: "Stop+Remove"}
+	runcCreate := Series{Name: "runc create"}
+	runcStart := Series{Name: "runc create + runc start"}
+	for i := 0; i < n; i++ {
+		t0 := time.Now()
+		c, err := cb.store.Create(ctx, cb.params("pod", fmt.Sprintf("c%d", i), []string{"sleep", "100000"}))
+		if err != nil {
+			b.Fatal(err)
+		}
+		create.Samples = append(create.Samples, time.Since(t0))
+		t0 = time.Now()
+		if _, err := cb.store.Start(ctx, c.ID); err != nil {
+			b.Fatal(err)
+		}
+		start.Samples = append(start.Samples, time.Since(t0))
+		t0 = time.Now()
+		if err := cb.store.Stop(ctx, c.ID, 0); err != nil {
+			b.Fatal(err)
+		}
+		if err := cb.store.Remove(ctx, c.ID); err != nil {
+			b.Fatal(err)
+		}
+		stopRemove.Samples = append(stopRemove.Samples, time.Since(t0))
+
+		// A fresh pod each time: the shim launch is part of the cost.
+		pod := fmt.Sprintf("first%d", i)
+		t0 = time.Now()
+		f, err := cb.store.Create(ctx, cb.params(pod, "c", []string{"sleep", "100000"}))
+		if err != nil {
+			b.Fatal(err)
+		}
+		firstCreate.Samples = append(firstCreate.Samples, time.Since(t0))
+		if err := cb.store.Remove(ctx, f.ID); err != nil {
+			b.Fatal(err)
+		}
+
+		// The baseline: runc alone on an equivalent bundle.
+		id := fmt.Sprintf("runc%d", i)
+		bundle := filepath.Join(cb.dir, "bundles", id)
+		if err := os.MkdirAll(bundle, 0o700); err != nil {
+			b.Fatal(err)
+		}
+		spec := bundletest.Spec(cb.lower, cb.cgroup, id, []string{"sleep", "100000"})
+		spec.Root.Readonly = true
+		data, _ := json.Marshal(spec)
+		if err := os.WriteFile(filepath.Join(bundle, "config.json"), data, 0o600); err != nil {
+			b.Fatal(err)
+		}
+		t0 = time.Now()
+		if err := cb.runc.Create(ctx, id, oci.CreateOpts{Bundle: bundle, PidFile: filepath.Join(bundle, "pid")}); err != nil {
+			b.Fatal(err)
+		}
+		runcCreate.Samples = append(runcCreate.Samples, time.Since(t0))
+		if err := cb.runc.Start(ctx, id); err != nil {
+			b.Fatal(err)
+		}
+		runcStart.Samples = append(runcStart.Samples, time.Since(t0))
+		if err := cb.runc.Delete(ctx, id, true); err != nil {
+			b.Fatal(err)
+		}
+	}
+	if err := Report(os.Stdout, "container_lifecycle", firstCreate, create, start, stopRemove, runcCreate, runcStart); err != nil {
+		b.Fatal(err)
+	}
+}
+
+// BenchmarkShimMemory reports berth-shim's PSS (smaps_rollup, so pages
+// shared between shims count once in total) for pods of 1 and 3 containers,
+// alone and with 8 such pods at once.
+func BenchmarkShimMemory(b *testing.B) {
+	type row struct {
+		Case      string  `json:"case"`
+		Pods      int     `json:"pods"`
+		PerPod    int     `json:"containers_per_pod"`
+		PssKiB    float64 `json:"pss_kib_per_pod"`
+		AnonKiB   float64 `json:"pss_anon_kib_per_pod"`
+		RssKiB    float64 `json:"rss_kib_per_pod"`
+		PerCtrKiB float64 `json:"pss_kib_per_container"`
+	}
+	var rows []row
+	for _, tc := range []struct{ pods, perPod int }{{1, 1}, {1, 3}, {8, 1}, {8, 3}} {
+		cb := newContainerBench(b)
+		ctx := context.Background()
+		for p := 0; p < tc.pods; p++ {
+			for c := 0; c < tc.perPod; c++ {
+				// One container logs a line a second, the rest sleep.
+				args := []string{"sleep", "100000"}
+				if c == 0 {
+					args = []string{"sh", "-c", "while true; do echo tick; sleep 1; done"}
+				}
+				ctr, err := cb.store.Create(ctx, cb.params(fmt.Sprintf("pod%d", p), fmt.Sprintf("c%d", c), args))
+				if err != nil {
+					b.Fatal(err)
+				}
+				if _, err := cb.store.Start(ctx, ctr.ID); err != nil {
+					b.Fatal(err)
+				}
+			}
+		}
+		time.Sleep(3 * time.Second) // let the shims settle and trim
+		var pss, anon, rss float64
+		shims := 0
+		for p := 0; p < tc.pods; p++ {
+			for _, pid := range berthdtest.PidsMentioning(filepath.Join(cb.shims, fmt.Sprintf("pod%d", p))) {
+				if comm, _ := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/comm"); strings.TrimSpace(string(comm)) != "berth-shim" {
+					continue
+				}
+				m := smapsRollup(b, pid)
+				pss += m["Pss"]
+				anon += m["Pss_Anon"]
+				rss += m["Rss"]
+				shims++
+			}
+		}
+		if shims != tc.pods {
+			b.Fatalf("found %d shims for %d pods", shims, tc.pods)
+		}
+		n := float64(tc.pods)
+		rows = append(rows, row{
+			Case: fmt.Sprintf("%d pod(s) × %d container(s)", tc.pods, tc.perPod), Pods: tc.pods, PerPod: tc.perPod,
+			PssKiB: pss / n, AnonKiB: anon / n, RssKiB: rss / n, PerCtrKiB: pss / n / float64(tc.perPod),
+		})
+		// Shims of one case must not share pages with the next case's.
+		cb.close()
+	}
+	var sb strings.Builder
+	sb.WriteString("\n### shim_memory (berth-shim, per pod)\n\n| case | PSS KiB | PSS anon KiB | RSS KiB | PSS KiB per container |\n|---|---:|---:|---:|---:|\n")
+	for _, r := range rows {
+		fmt.Fprintf(&sb, "| %s | %.0f | %.0f | %.0f | %.0f |\n", r.Case, r.PssKiB, r.AnonKiB, r.RssKiB, r.PerCtrKiB)
+	}
+	fmt.Print(sb.String())
+	if dir := os.Getenv("BENCH_OUT"); dir != "" {
+		data, _ := json.MarshalIndent(map[string]any{"benchmark": "shim_memory", "rows": rows, "time": time.Now().UTC()}, "", "  ")
+		if err := os.WriteFile(filepath.Join(dir, "shim_memory.json"), data, 0o644); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+func smapsRollup(b *testing.B, pid int) map[string]float64 {
+	data, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/smaps_rollup")
+	if err != nil {
+		b.Fatal(err)
+	}
+	out := map[string]float64{}
+	for _, line := range strings.Split(string(data), "\n") {
+		f := strings.Fields(line)
+		if len(f) == 3 && f[2] == "kB" {
+			v, _ := strconv.ParseFloat(f[1], 64)
+			out[strings.TrimSuffix(f[0], ":")] = v
+		}
+	}
+	return out
+}
+

@@ -1,0 +1,83 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+
+	"google.golang.org/grpc"
+
+	"github.com/berthcri/berth/internal/admin"
+)
+
+// imageCommand runs `berthctl image import FILE` and `image export IMAGE FILE`.
+func imageCommand(ctx context.Context, g *globals, args []string) error {
+	switch {
+	case len(args) == 2 && args[0] == "import":
+		conn, err := g.dial()
+		if err != nil {
+			return err
+		}
+		defer conn.Close()
+		return importImage(ctx, conn, args[1], g.stdin, g.stdout)
+	case len(args) == 3 && args[0] == "export":
+		conn, err := g.dial()
+		if err != nil {
+			return err
+		}
+		defer conn.Close()
+		return exportImage(ctx, conn, args[1], args[2], g.stdout)
+	}
+	return errUsage
+}
+
+func importImage(ctx context.Context, conn *grpc.ClientConn, file string, stdin io.Reader, stdout io.Writer) error {
+	r := stdin
+	if file != "-" {
+		f, err := os.Open(file)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		r = f
+	}
+	res, err := admin.ImportImage(ctx, conn, r)
+	if err != nil {
+		return fmt.Errorf("import %s: %w", file, err)
+	}
+	for _, v := range res.GetFields()["images"].GetListValue().GetValues() {
+		img := v.GetStructValue().GetFields()
+		var tags []string
+		for _, t := range img["repoTags"].GetListValue().GetValues() {
+			tags = append(tags, t.GetStringValue())
+		}
+		fmt.Fprintf(stdout, "imported %s %s\n", img["id"].GetStringValue(), strings.Join(tags, " "))
+	}
+	return nil
+}
+
+func exportImage(ctx context.Context, conn *grpc.ClientConn, ref, file string, stdout io.Writer) error {
+	if file == "-" {
+		return admin.ExportImage(ctx, conn, ref, stdout)
+	}
+	// Write beside the target and rename, so a failed export leaves no file.
+	tmp := file + ".partial"
+	f, err := os.OpenFile(tmp, os.O_CREATE|os.O_TRUNC|os.O_WRONLY, 0o644)
+	if err != nil {
+		return err
+	}
+	err = admin.ExportImage(ctx, conn, ref, f)
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = os.Rename(tmp, file)
+	}
+	if err != nil {
+		os.Remove(tmp)
+		return fmt.Errorf("export %s: %w", ref, err)
+	}
+	return nil
+}

@@ -1,0 +1,662 @@
+// Package container owns container records, their lifecycle state machine
+// (created → running → exited → removed) and their rootfs mounts. Processes
+// run through the pod's berth-shim; the OCI spec comes from the caller.
+package container
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+	"golang.org/x/sys/unix"
+	runtime "k8s.io/cri-api/pkg/apis/runtime/v1"
+
+	"github.com/berthcri/berth/internal/errdefs"
+	"github.com/berthcri/berth/internal/oci"
+	"github.com/berthcri/berth/internal/shim"
+)
+
+// LayerReleaser frees the layers a container pinned (image.Store).
+type LayerReleaser interface {
+	Release(owner string) error
+}
+
+// Options configure a Store.
+type Options struct {
+	// Dir is <root>/containers.
+	Dir string
+	// ShimDir is <state>/shims; each pod's shim lives in <ShimDir>/<pod-id>.
+	ShimDir string
+	// ShimBinary is the berth-shim executable.
+	ShimBinary string
+	// Runtimes maps runtime handler names to OCI runtimes.
+	Runtimes map[string]*oci.Runtime
+	// Layers releases image layers on remove and failed create.
+	Layers LayerReleaser
+	Logger *slog.Logger
+}
+
+// Store holds every container.
+type Store struct {
+	opts Options
+	log  *slog.Logger
+
+	mu    sync.Mutex
+	ctrs  map[string]*entry
+	names map[string]string // pod/name/attempt → ID
+
+	shimMu sync.Mutex // serialises shim launches
+}
+
+// entry is a container in memory; mu serialises its lifecycle operations.
+type entry struct {
+	mu  sync.Mutex
+	rec *Container
+}
+
+// Open loads the records under opts.Dir and reconciles them with the shims
+// (restart recovery).
+func Open(ctx context.Context, opts Options) (*Store, error) {
+	if opts.Logger == nil {
+		opts.Logger = slog.New(slog.DiscardHandler)
+	}
+	for _, d := range []string{opts.Dir, opts.ShimDir} {
+		if err := os.MkdirAll(d, 0o711); err != nil {
+			return nil, fmt.Errorf("create %s: %w", d, err)
+		}
+	}
+	s := &Store{opts: opts, log: opts.Logger, ctrs: map[string]*entry{}, names: map[string]string{}}
+	if err := s.recover(ctx); err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+func (s *Store) dir(id string) string { return filepath.Join(s.opts.Dir, id) }
+
+func (s *Store) shimClient(podID string) *shim.Client {
+	return shim.NewClient(filepath.Join(s.opts.ShimDir, podID))
+}
+
+func nameKey(podID, name string, attempt uint32) string {
+	return podID + "/" + name + "/" + strconv.FormatUint(uint64(attempt), 10)
+}
+
+// AcquiredImage is what the caller's image lookup gives Create.
+type AcquiredImage struct {
+	ID         string   // image ID
+	Name       string   // a repo tag, or what was asked
+	Ref        string   // a repo digest, or the ID
+	LowerDirs  []string // topmost first
+	StopSignal string   // from the image config; "" → SIGTERM
+}
+
+// CreateParams are the inputs of Create.
+type CreateParams struct {
+	PodID   string
+	Runtime string // handler name
+	Config  *runtime.ContainerConfig
+	// LogPath is the absolute log file path ("" → no log).
+	LogPath string
+	// Acquire pins the image's layers for the new container ID.
+	Acquire func(ctx context.Context, id string) (*AcquiredImage, error)
+	// BuildSpec makes the OCI spec once the rootfs is mounted.
+	BuildSpec func(id, rootfs string) (*specs.Spec, error)
+}
+
+// Create makes a container: reserves its name, pins and mounts the image,
+// writes the bundle and has the pod's shim create it. Every failure undoes
+// what was done.
+func (s *Store) Create(ctx context.Context, p CreateParams) (_ *Container, retErr error) {
+	cfg := p.Config
+	if cfg == nil || cfg.GetMetadata() == nil || cfg.GetMetadata().GetName() == "" {
+		return nil, fmt.Errorf("container config needs metadata with a name: %w", errdefs.ErrInvalidArgument)
+	}
+	rt, ok := s.opts.Runtimes[p.Runtime]
+	if !ok {
+		return nil, fmt.Errorf("runtime handler %q: %w", p.Runtime, errdefs.ErrInvalidArgument)
+	}
+	name, attempt := cfg.GetMetadata().GetName(), cfg.GetMetadata().GetAttempt()
+	key := nameKey(p.PodID, name, attempt)
+	id := newID()
+	s.mu.Lock()
+	if other, ok := s.names[key]; ok {
+		s.mu.Unlock()
+		return nil, fmt.Errorf("container name %q attempt %d in pod %s is reserved for %s: %w", name, attempt, p.PodID, other, errdefs.ErrAlreadyExists)
+	}
+	s.names[key] = id
+	s.mu.Unlock()
+	log := s.log.With("pod", p.PodID, "container", id, "name", name)
+
+	var undo []func()
+	defer func() {
+		if retErr != nil {
+			for i := len(undo) - 1; i >= 0; i-- {
+				undo[i]()
+			}
+			s.mu.Lock()
+			delete(s.names, key)
+			s.mu.Unlock()
+		}
+	}()
+
+	dir := s.dir(id)
+	if err := os.MkdirAll(dir, 0o711); err != nil {
+		return nil, fmt.Errorf("create container dir: %w", err)
+	}
+	undo = append(undo, func() { _ = os.RemoveAll(dir) })
+
+	img, err := p.Acquire(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	undo = append(undo, func() {
+		if s.opts.Layers != nil {
+			if err := s.opts.Layers.Release(id); err != nil {
+				log.Warn("release image layers after failed create", "err", err)
+			}
+		}
+	})
+
+	rootfs, err := mountRootfs(dir, img.LowerDirs)
+	if err != nil {
+		return nil, err
+	}
+	undo = append(undo, func() {
+		if err := unmountRootfs(dir); err != nil {
+			log.Warn("unmount rootfs after failed create", "err", err)
+		}
+	})
+
+	spec, err := p.BuildSpec(id, rootfs)
+	if err != nil {
+		return nil, err
+	}
+	if spec.Root == nil {
+		spec.Root = &specs.Root{}
+	}
+	spec.Root.Path = rootfs
+	spec.Root.Readonly = cfg.GetLinux().GetSecurityContext().GetReadonlyRootfs()
+	data, err := json.Marshal(spec)
+	if err != nil {
+		return nil, fmt.Errorf("encode spec: %w", err)
+	}
+	if err := writeFileAtomic(filepath.Join(dir, "config.json"), data); err != nil {
+		return nil, err
+	}
+
+	rec := &Container{
+		ID: id, PodID: p.PodID, Name: name, Attempt: attempt,
+		Image: cfg.GetImage().GetImage(), ImageID: img.ID, ImageName: img.Name, ImageRef: img.Ref,
+		Labels: cfg.GetLabels(), Annotations: cfg.GetAnnotations(),
+		LogPath: p.LogPath, Runtime: p.Runtime, StopSignal: img.StopSignal,
+		Resources: cfg.GetLinux().GetResources(),
+		Terminal:  cfg.GetTty(), Stdin: cfg.GetStdin(), StdinOnce: cfg.GetStdinOnce(),
+		State: StateCreated, CreatedAt: time.Now().UTC(),
+	}
+	for _, m := range cfg.GetMounts() {
+		rec.Mounts = append(rec.Mounts, Mount{
+			ContainerPath: m.GetContainerPath(), HostPath: m.GetHostPath(), Readonly: m.GetReadonly(),
+			SelinuxRelabel: m.GetSelinuxRelabel(), Propagation: int32(m.GetPropagation()),
+		})
+	}
+	if spec.Process != nil {
+		u := spec.Process.User
+		rec.User = &User{UID: int64(u.UID), GID: int64(u.GID), Username: u.Username}
+		for _, g := range u.AdditionalGids {
+			rec.User.Supplemental = append(rec.User.Supplemental, int64(g))
+		}
+		if rec.User.Username == "" {
+			rec.User.Username = cfg.GetLinux().GetSecurityContext().GetRunAsUsername()
+		}
+	}
+
+	client, err := s.ensureShim(ctx, p.PodID)
+	if err != nil {
+		return nil, err
+	}
+	cr := &shim.CreateRequest{
+		Bundle: dir, LogPath: p.LogPath,
+		Runtime: shim.Runtime{Binary: rt.Binary, Root: rt.Root, Options: rt.Options},
+		Stdin:   cfg.GetStdin(), StdinOnce: cfg.GetStdinOnce(), Terminal: cfg.GetTty(),
+	}
+	err = client.Create(ctx, id, cr)
+	if errors.Is(err, errdefs.ErrUnavailable) {
+		// The shim was exiting as its last container went: start another.
+		if client, err = s.ensureShim(ctx, p.PodID); err == nil {
+			err = client.Create(ctx, id, cr)
+		}
+	}
+	if err != nil {
+		return nil, fmt.Errorf("create container %s: %w", id, err)
+	}
+	undo = append(undo, func() {
+		if _, err := client.Delete(context.WithoutCancel(ctx), id); err != nil && !errors.Is(err, errdefs.ErrNotFound) && !errors.Is(err, shim.ErrNoShim) {
+			log.Warn("delete container after failed create", "err", err)
+		}
+	})
+	if st, err := client.State(ctx, id); err == nil {
+		rec.Pid = st.Pid
+	}
+	if err := saveRecord(dir, rec); err != nil {
+		return nil, err
+	}
+	s.mu.Lock()
+	s.ctrs[id] = &entry{rec: rec}
+	s.mu.Unlock()
+	log.Info("container created")
+	return rec.clone(), nil
+}
+
+// ensureShim returns a client for the pod's shim, launching one if none
+// listens.
+func (s *Store) ensureShim(ctx context.Context, podID string) (*shim.Client, error) {
+	s.shimMu.Lock()
+	defer s.shimMu.Unlock()
+	c := s.shimClient(podID)
+	_, err := c.List(ctx)
+	if err == nil {
+		return c, nil
+	}
+	if !errors.Is(err, shim.ErrNoShim) {
+		return nil, err
+	}
+	c, err = shim.Launch(ctx, s.opts.ShimBinary, c.Dir(), podID)
+	if err != nil {
+		return nil, err
+	}
+	s.log.Info("shim started", "pod", podID)
+	return c, nil
+}
+
+func (s *Store) entry(id string) (*entry, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if e, ok := s.ctrs[id]; ok {
+		return e, nil
+	}
+	// Unique prefix, as crictl passes.
+	var found *entry
+	if id != "" {
+		for cid, e := range s.ctrs {
+			if strings.HasPrefix(cid, id) {
+				if found != nil {
+					return nil, fmt.Errorf("container ID prefix %q is ambiguous: %w", id, errdefs.ErrNotFound)
+				}
+				found = e
+			}
+		}
+	}
+	if found == nil {
+		return nil, fmt.Errorf("container %q: %w", id, errdefs.ErrNotFound)
+	}
+	return found, nil
+}
+
+// refresh folds a persisted exit into the record. Caller holds e.mu.
+func (s *Store) refresh(e *entry) {
+	r := e.rec
+	if r.State == StateExited {
+		return
+	}
+	ex, ok, err := shim.ReadExit(s.shimClient(r.PodID).Dir(), r.ID)
+	if err != nil {
+		s.log.Warn("read exit", "container", r.ID, "err", err)
+		return
+	}
+	if !ok {
+		return
+	}
+	s.setExited(e, ex)
+}
+
+func (s *Store) setExited(e *entry, ex *shim.Exit) {
+	r := e.rec
+	r.State = StateExited
+	r.FinishedAt = ex.At
+	r.ExitCode = int32(ex.Code)
+	switch {
+	case ex.OOMKilled:
+		r.Reason = ReasonOOMKilled
+	case ex.Code == 0:
+		r.Reason = ReasonCompleted
+	default:
+		r.Reason = ReasonError
+	}
+	if err := saveRecord(s.dir(r.ID), r); err != nil {
+		s.log.Warn("save exited record", "container", r.ID, "err", err)
+	}
+}
+
+// Get returns a copy of the container's current record.
+func (s *Store) Get(id string) (*Container, error) {
+	e, err := s.entry(id)
+	if err != nil {
+		return nil, err
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	s.refresh(e)
+	return e.rec.clone(), nil
+}
+
+// List returns every container, oldest first.
+func (s *Store) List() []*Container {
+	s.mu.Lock()
+	entries := make([]*entry, 0, len(s.ctrs))
+	for _, e := range s.ctrs {
+		entries = append(entries, e)
+	}
+	s.mu.Unlock()
+	out := make([]*Container, 0, len(entries))
+	for _, e := range entries {
+		e.mu.Lock()
+		s.refresh(e)
+		out = append(out, e.rec.clone())
+		e.mu.Unlock()
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].CreatedAt.Before(out[j].CreatedAt) })
+	return out
+}
+
+// Start runs a created container; any other state is FailedPrecondition.
+func (s *Store) Start(ctx context.Context, id string) (*Container, error) {
+	e, err := s.entry(id)
+	if err != nil {
+		return nil, err
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	s.refresh(e)
+	r := e.rec
+	if r.State != StateCreated {
+		return nil, fmt.Errorf("container %s is %s, not created: %w", r.ID, r.State, errdefs.ErrFailedPrecondition)
+	}
+	// Taken before the start: a quick process can finish before it returns.
+	startedAt := time.Now().UTC()
+	if _, err := s.shimClient(r.PodID).Start(ctx, r.ID); err != nil {
+		// A failed start leaves the container exited, as in containerd.
+		r.State, r.FinishedAt, r.ExitCode, r.Reason, r.Message = StateExited, time.Now().UTC(), 128, ReasonStart, err.Error()
+		_ = saveRecord(s.dir(r.ID), r)
+		return nil, fmt.Errorf("start container %s: %w", r.ID, err)
+	}
+	r.State, r.StartedAt = StateRunning, startedAt
+	s.refresh(e) // it may be done already
+	if err := saveRecord(s.dir(r.ID), r); err != nil {
+		return nil, err
+	}
+	s.log.Info("container started", "pod", r.PodID, "container", r.ID)
+	return r.clone(), nil
+}
+
+// parseSignal accepts "SIGTERM", "TERM" or "15".
+func parseSignal(name string) (syscall.Signal, error) {
+	if name == "" {
+		return syscall.SIGTERM, nil
+	}
+	if n, err := strconv.Atoi(name); err == nil && n > 0 && n < 65 {
+		return syscall.Signal(n), nil
+	}
+	up := strings.ToUpper(name)
+	if !strings.HasPrefix(up, "SIG") {
+		up = "SIG" + up
+	}
+	if sig := unix.SignalNum(up); sig != 0 {
+		return sig, nil
+	}
+	return 0, fmt.Errorf("unknown stop signal %q: %w", name, errdefs.ErrInvalidArgument)
+}
+
+// Stop sends the stop signal, waits up to timeout, then SIGKILLs and waits
+// for the exit. Exited containers and unknown IDs are no-ops.
+func (s *Store) Stop(ctx context.Context, id string, timeout time.Duration) error {
+	e, err := s.entry(id)
+	if errdefs.IsNotFound(err) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return s.stopLocked(ctx, e, timeout)
+}
+
+func (s *Store) stopLocked(ctx context.Context, e *entry, timeout time.Duration) error {
+	s.refresh(e)
+	r := e.rec
+	if r.State == StateExited {
+		return nil
+	}
+	client := s.shimClient(r.PodID)
+	if timeout > 0 {
+		sig, err := parseSignal(r.StopSignal)
+		if err != nil {
+			s.log.Warn("bad stop signal; using SIGTERM", "container", r.ID, "signal", r.StopSignal)
+			sig = syscall.SIGTERM
+		}
+		if err := client.Kill(ctx, r.ID, sig, false); err != nil && !errors.Is(err, errdefs.ErrNotFound) {
+			return s.lost(e, fmt.Errorf("signal container %s: %w", r.ID, err))
+		}
+		wctx, cancel := context.WithTimeout(ctx, timeout)
+		st, err := client.Wait(wctx, r.ID)
+		cancel()
+		if err == nil && st.Exit != nil {
+			s.setExited(e, st.Exit)
+			return nil
+		}
+		if ctx.Err() != nil {
+			return fmt.Errorf("stop container %s: %w", r.ID, ctx.Err())
+		}
+	}
+	if err := client.Kill(ctx, r.ID, syscall.SIGKILL, true); err != nil && !errors.Is(err, errdefs.ErrNotFound) {
+		return s.lost(e, fmt.Errorf("kill container %s: %w", r.ID, err))
+	}
+	st, err := client.Wait(ctx, r.ID)
+	if err != nil {
+		return s.lost(e, fmt.Errorf("wait for container %s: %w", r.ID, err))
+	}
+	if st.Exit != nil {
+		s.setExited(e, st.Exit)
+	}
+	s.log.Info("container stopped", "pod", r.PodID, "container", r.ID, "exit_code", r.ExitCode)
+	return nil
+}
+
+// lost turns "the shim is gone" into an exited record (its processes died
+// with it or cannot be reached); other errors pass through.
+func (s *Store) lost(e *entry, err error) error {
+	if !errors.Is(err, shim.ErrNoShim) {
+		return err
+	}
+	s.refresh(e)
+	if e.rec.State != StateExited {
+		e.rec.Message = "the pod's shim is gone"
+		s.setExited(e, &shim.Exit{Code: 255, At: time.Now().UTC()})
+		e.rec.Reason = ReasonUnknown
+		_ = saveRecord(s.dir(e.rec.ID), e.rec)
+	}
+	return nil
+}
+
+// Remove deletes a container, forcing it down if it runs; unknown IDs are
+// not an error. The log file stays (kubelet owns it).
+func (s *Store) Remove(ctx context.Context, id string) error {
+	e, err := s.entry(id)
+	if errdefs.IsNotFound(err) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	r := e.rec
+	if _, err := s.shimClient(r.PodID).Delete(ctx, r.ID); err != nil &&
+		!errors.Is(err, errdefs.ErrNotFound) && !errors.Is(err, shim.ErrNoShim) {
+		return fmt.Errorf("remove container %s: %w", r.ID, err)
+	}
+	// The shim is gone with its last container; make sure runc forgets it.
+	if rt, ok := s.opts.Runtimes[r.Runtime]; ok {
+		if err := rt.Delete(ctx, r.ID, true); err != nil {
+			s.log.Warn("runtime delete", "container", r.ID, "err", err)
+		}
+	}
+	dir := s.dir(r.ID)
+	if err := unmountRootfs(dir); err != nil {
+		return fmt.Errorf("remove container %s: %w", r.ID, err)
+	}
+	if s.opts.Layers != nil {
+		if err := s.opts.Layers.Release(r.ID); err != nil {
+			return fmt.Errorf("remove container %s: release image: %w", r.ID, err)
+		}
+	}
+	if err := os.RemoveAll(dir); err != nil {
+		return fmt.Errorf("remove container %s: %w", r.ID, err)
+	}
+	s.mu.Lock()
+	delete(s.ctrs, r.ID)
+	if s.names[nameKey(r.PodID, r.Name, r.Attempt)] == r.ID {
+		delete(s.names, nameKey(r.PodID, r.Name, r.Attempt))
+	}
+	s.mu.Unlock()
+	s.log.Info("container removed", "pod", r.PodID, "container", r.ID)
+	return nil
+}
+
+// StopPod stops every container of a pod.
+func (s *Store) StopPod(ctx context.Context, podID string, timeout time.Duration) error {
+	var errs []error
+	for _, c := range s.List() {
+		if c.PodID == podID {
+			if err := s.Stop(ctx, c.ID, timeout); err != nil {
+				errs = append(errs, err)
+			}
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// RemovePod removes every container of a pod.
+func (s *Store) RemovePod(ctx context.Context, podID string) error {
+	var errs []error
+	for _, c := range s.List() {
+		if c.PodID == podID {
+			if err := s.Remove(ctx, c.ID); err != nil {
+				errs = append(errs, err)
+			}
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// UpdateResources applies new limits to a created or running container
+// and records them for status.
+func (s *Store) UpdateResources(ctx context.Context, id string, res *specs.LinuxResources, cri *runtime.LinuxContainerResources) error {
+	e, err := s.entry(id)
+	if err != nil {
+		return err
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	s.refresh(e)
+	r := e.rec
+	if r.State == StateExited {
+		return fmt.Errorf("container %s has exited: %w", r.ID, errdefs.ErrFailedPrecondition)
+	}
+	rt, ok := s.opts.Runtimes[r.Runtime]
+	if !ok {
+		return fmt.Errorf("runtime handler %q is gone from the config: %w", r.Runtime, errdefs.ErrFailedPrecondition)
+	}
+	if err := rt.Update(ctx, r.ID, res); err != nil {
+		return fmt.Errorf("update container %s: %w", r.ID, err)
+	}
+	r.Resources = cri
+	return saveRecord(s.dir(r.ID), r)
+}
+
+// ReopenLog makes the shim reopen the container's log file (after the
+// kubelet rotated it). The container must be running.
+func (s *Store) ReopenLog(ctx context.Context, id string) error {
+	e, err := s.entry(id)
+	if err != nil {
+		return err
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	s.refresh(e)
+	if e.rec.State != StateRunning {
+		return fmt.Errorf("container %s is %s, not running: %w", e.rec.ID, e.rec.State, errdefs.ErrFailedPrecondition)
+	}
+	if err := s.shimClient(e.rec.PodID).ReopenLog(ctx, e.rec.ID); err != nil {
+		return fmt.Errorf("reopen log of %s: %w", e.rec.ID, err)
+	}
+	return nil
+}
+
+// recover loads every record and reconciles it with its pod's shim: exits
+// persisted while berthd was down are folded in; a container whose shim is
+// gone without an exit is marked exited (unknown).
+func (s *Store) recover(ctx context.Context) error {
+	dirs, err := os.ReadDir(s.opts.Dir)
+	if err != nil {
+		return fmt.Errorf("read %s: %w", s.opts.Dir, err)
+	}
+	live := map[string]map[string]bool{} // pod → container IDs its shim holds
+	for _, d := range dirs {
+		if !d.IsDir() {
+			continue
+		}
+		dir := filepath.Join(s.opts.Dir, d.Name())
+		rec, err := loadRecord(dir)
+		if err != nil {
+			// A create that died before its record: undo what it left.
+			s.log.Warn("container dir without a valid record; removing", "dir", dir, "err", err)
+			_ = unmountRootfs(dir)
+			if s.opts.Layers != nil {
+				_ = s.opts.Layers.Release(d.Name())
+			}
+			_ = os.RemoveAll(dir)
+			continue
+		}
+		e := &entry{rec: rec}
+		s.ctrs[rec.ID] = e
+		s.names[nameKey(rec.PodID, rec.Name, rec.Attempt)] = rec.ID
+		s.refresh(e)
+		if rec.State == StateExited {
+			continue
+		}
+		ids, ok := live[rec.PodID]
+		if !ok {
+			list, err := s.shimClient(rec.PodID).List(ctx)
+			ids = map[string]bool{}
+			for _, id := range list {
+				ids[id] = true
+			}
+			if err != nil && !errors.Is(err, shim.ErrNoShim) {
+				s.log.Warn("ask shim for its containers", "pod", rec.PodID, "err", err)
+				continue
+			}
+			live[rec.PodID] = ids
+		}
+		if !ids[rec.ID] {
+			rec.Message = "container lost while berthd was down"
+			s.setExited(e, &shim.Exit{Code: 255, At: time.Now().UTC()})
+			rec.Reason = ReasonUnknown
+			_ = saveRecord(dir, rec)
+		}
+	}
+	s.log.Info("containers recovered", "count", len(s.ctrs))
+	return nil
+}

@@ -1,0 +1,145 @@
+package cri
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+
+	ocispecv1 "github.com/opencontainers/image-spec/specs-go/v1"
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+	runtime "k8s.io/cri-api/pkg/apis/runtime/v1"
+
+	"github.com/berthcri/berth/internal/container"
+	"github.com/berthcri/berth/internal/errdefs"
+	"github.com/berthcri/berth/internal/specgen"
+)
+
+// CreateContainer creates a container in a ready pod: it pins and mounts
+// the image, builds the OCI spec and has the pod's shim create it.
+func (s *Service) CreateContainer(ctx context.Context, req *runtime.CreateContainerRequest) (*runtime.CreateContainerResponse, error) {
+	cfg := req.GetConfig()
+	switch {
+	case req.GetPodSandboxId() == "":
+		return nil, invalidArgument("CreateContainer: pod_sandbox_id is required")
+	case cfg == nil || cfg.GetMetadata() == nil || cfg.GetMetadata().GetName() == "":
+		return nil, invalidArgument("CreateContainer: config with metadata.name is required")
+	case cfg.GetImage().GetImage() == "":
+		return nil, invalidArgument("CreateContainer: config.image is required")
+	}
+	sb, err := s.sandboxes.Get(req.GetPodSandboxId())
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	if sb.State != runtime.PodSandboxState_SANDBOX_READY {
+		return nil, toStatus(fmt.Errorf("pod sandbox %s is not ready: %w", sb.ID, errdefs.ErrFailedPrecondition))
+	}
+	sbCfg := req.GetSandboxConfig()
+	if sbCfg == nil {
+		sbCfg = sb.Config
+	}
+	logPath, err := containerLogPath(sb.Config.GetLogDirectory(), cfg.GetLogPath())
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	handler := sb.RuntimeHandler
+	if handler == "" {
+		handler = s.cfg.DefaultRuntimeHandler
+	}
+
+	var imgConfig *ocispecv1.Image
+	c, err := s.containers.Create(ctx, container.CreateParams{
+		PodID:   sb.ID,
+		Runtime: handler,
+		Config:  cfg,
+		LogPath: logPath,
+		Acquire: func(ctx context.Context, id string) (*container.AcquiredImage, error) {
+			img, lower, err := s.images.Acquire(ctx, cfg.GetImage().GetImage(), id)
+			if err != nil {
+				return nil, fmt.Errorf("image %q: %w", cfg.GetImage().GetImage(), err)
+			}
+			imgConfig = img.Config
+			a := &container.AcquiredImage{ID: img.ID, Name: cfg.GetImage().GetImage(), Ref: img.ID, LowerDirs: lower}
+			if len(img.RepoTags) > 0 {
+				a.Name = img.RepoTags[0]
+			}
+			if len(img.RepoDigests) > 0 {
+				a.Ref = img.RepoDigests[0]
+			}
+			if img.Config != nil {
+				a.StopSignal = img.Config.Config.StopSignal
+			}
+			return a, nil
+		},
+		BuildSpec: func(id, rootfs string) (*specs.Spec, error) {
+			in := specgen.Input{
+				ContainerID:   id,
+				Config:        cfg,
+				SandboxConfig: sbCfg,
+				Image:         imgConfig,
+				RootfsPath:    rootfs,
+				Pod: specgen.Pod{
+					ID: sb.ID, NetNSPath: sb.NetNSPath, IPCNSPath: sb.IPCNSPath, UTSNSPath: sb.UTSNSPath,
+					PIDNSPath: sb.PIDNSPath, CgroupParent: sb.CgroupParent,
+					HostnamePath: sb.HostnamePath, HostsPath: sb.HostsPath, ResolvConfPath: sb.ResolvConfPath, ShmPath: sb.ShmPath,
+				},
+				CgroupDriver:     CgroupDriver(s.cfg.CgroupDriver),
+				OOMScoreAdjFloor: ownOOMScoreAdj(),
+				Logger:           s.log.With("pod", sb.ID, "container", id),
+			}
+			if cfg.GetLinux().GetSecurityContext().GetNamespaceOptions().GetPid() == runtime.NamespaceMode_TARGET {
+				target, err := s.containers.Get(cfg.GetLinux().GetSecurityContext().GetNamespaceOptions().GetTargetId())
+				if err != nil {
+					return nil, fmt.Errorf("pid namespace target: %w", err)
+				}
+				if target.State != container.StateRunning || target.Pid == 0 {
+					return nil, fmt.Errorf("pid namespace target %s is not running: %w", target.ID, errdefs.ErrFailedPrecondition)
+				}
+				in.TargetPIDNSPath = "/proc/" + strconv.Itoa(target.Pid) + "/ns/pid"
+			}
+			return specgen.Build(in)
+		},
+	})
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	s.publishContainerEvent(c, runtime.ContainerEventType_CONTAINER_CREATED_EVENT)
+	return &runtime.CreateContainerResponse{ContainerId: c.ID}, nil
+}
+
+// containerLogPath joins the pod's log directory and the container's
+// relative log path; a path that leaves the directory is InvalidArgument.
+// Either one empty means no log, as in containerd.
+func containerLogPath(dir, rel string) (string, error) {
+	if dir == "" || rel == "" {
+		return "", nil
+	}
+	if !filepath.IsAbs(dir) {
+		return "", fmt.Errorf("log_directory %q is not absolute: %w", dir, errdefs.ErrInvalidArgument)
+	}
+	if filepath.IsAbs(rel) {
+		return "", fmt.Errorf("log_path %q must be relative to the pod's log directory: %w", rel, errdefs.ErrInvalidArgument)
+	}
+	p := filepath.Join(dir, rel)
+	r, err := filepath.Rel(dir, p)
+	if err != nil || r == ".." || strings.HasPrefix(r, "../") || r == "." {
+		return "", fmt.Errorf("log_path %q escapes the pod's log directory: %w", rel, errdefs.ErrInvalidArgument)
+	}
+	return p, nil
+}
+
+// ownOOMScoreAdj is the daemon's own oom_score_adj: without
+// CAP_SYS_RESOURCE the kernel refuses lower values for its children.
+func ownOOMScoreAdj() int {
+	data, err := os.ReadFile("/proc/self/oom_score_adj")
+	if err != nil {
+		return 0
+	}
+	n, err := strconv.Atoi(strings.TrimSpace(string(data)))
+	if err != nil {
+		return 0
+	}
+	return n
+}

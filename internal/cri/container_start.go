@@ -1,0 +1,21 @@
+package cri
+
+import (
+	"context"
+
+	runtime "k8s.io/cri-api/pkg/apis/runtime/v1"
+)
+
+// StartContainer starts a created container; any other state is
+// FailedPrecondition.
+func (s *Service) StartContainer(ctx context.Context, req *runtime.StartContainerRequest) (*runtime.StartContainerResponse, error) {
+	if req.GetContainerId() == "" {
+		return nil, invalidArgument("StartContainer: container ID is required")
+	}
+	c, err := s.containers.Start(ctx, req.GetContainerId())
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	s.publishContainerEvent(c, runtime.ContainerEventType_CONTAINER_STARTED_EVENT)
+	return &runtime.StartContainerResponse{}, nil
+}

@@ -1,0 +1,25 @@
+package cri
+
+import (
+	"context"
+
+	runtime "k8s.io/cri-api/pkg/apis/runtime/v1"
+
+	"github.com/berthcri/berth/internal/container"
+)
+
+// UpdateContainerResources changes a live container's cgroup limits
+// through the runtime's update; status shows the new values.
+func (s *Service) UpdateContainerResources(ctx context.Context, req *runtime.UpdateContainerResourcesRequest) (*runtime.UpdateContainerResourcesResponse, error) {
+	if req.GetContainerId() == "" {
+		return nil, invalidArgument("UpdateContainerResources: container ID is required")
+	}
+	linux := req.GetLinux()
+	if linux == nil {
+		return nil, invalidArgument("UpdateContainerResources: linux resources are required")
+	}
+	if err := s.containers.UpdateResources(ctx, req.GetContainerId(), container.OCIResources(linux), linux); err != nil {
+		return nil, toStatus(err)
+	}
+	return &runtime.UpdateContainerResourcesResponse{}, nil
+}

@@ -1,0 +1,287 @@
+// Package oci drives an OCI runtime CLI (runc, crun): create, start, kill,
+// delete, state, update and exec, each with the runtime's own --root. It
+// imports nothing heavy so that berth-shim can use it too.
+package oci
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+
+	"github.com/berthcri/berth/internal/errdefs"
+)
+
+// Runner runs the runtime binary with args and the given stdio (nil means
+// /dev/null) and returns what it wrote to stderr. berth-shim supplies its own
+// because, as a subreaper, it reaps every child itself.
+type Runner interface {
+	Run(ctx context.Context, argv []string, stdin, stdout, stderr *os.File) (errOut []byte, err error)
+}
+
+// Runtime is one OCI runtime: a binary, its state root and global options.
+type Runtime struct {
+	Binary  string
+	Root    string
+	Options []string
+	// Runner defaults to os/exec.
+	Runner Runner
+}
+
+// New returns a runtime rooted at root (created on first use).
+func New(binary, root string, options []string) *Runtime {
+	return &Runtime{Binary: binary, Root: root, Options: options}
+}
+
+// CreateOpts are the arguments of Create.
+type CreateOpts struct {
+	Bundle  string
+	PidFile string
+	// ConsoleSocket receives the pty master when the spec asks for a terminal.
+	ConsoleSocket string
+	// Stdio of the runtime and so of the container's init (nil → /dev/null).
+	Stdin, Stdout, Stderr *os.File
+}
+
+// State is what `runtime state` reports.
+type State struct {
+	ID      string    `json:"id"`
+	Pid     int       `json:"pid"`
+	Status  string    `json:"status"` // creating, created, running, paused, stopped
+	Bundle  string    `json:"bundle"`
+	Created time.Time `json:"created"`
+}
+
+func (r *Runtime) args(sub ...string) []string {
+	a := []string{r.Binary, "--root", r.Root}
+	a = append(a, r.Options...)
+	return append(a, sub...)
+}
+
+func (r *Runtime) run(ctx context.Context, args []string, stdin, stdout, stderr *os.File) error {
+	if err := os.MkdirAll(r.Root, 0o700); err != nil {
+		return fmt.Errorf("create runtime root %s: %w", r.Root, err)
+	}
+	runner := r.Runner
+	if runner == nil {
+		runner = execRunner{}
+	}
+	errOut, err := runner.Run(ctx, args, stdin, stdout, stderr)
+	if err != nil {
+		return runtimeError(args, errOut, err)
+	}
+	return nil
+}
+
+// runtimeError carries the runtime's stderr and maps "does not exist" to
+// ErrNotFound so callers can treat a vanished container as gone.
+func runtimeError(args []string, errOut []byte, err error) error {
+	msg := strings.TrimSpace(string(errOut))
+	what := filepath.Base(args[0]) + " " + subcommand(args)
+	if msg == "" {
+		return fmt.Errorf("%s: %w", what, err)
+	}
+	if strings.Contains(msg, "does not exist") || strings.Contains(msg, "not found") {
+		return fmt.Errorf("%s: %w: %s", what, errdefs.ErrNotFound, msg)
+	}
+	return fmt.Errorf("%s: %v: %s", what, err, msg)
+}
+
+var subcommands = map[string]bool{"create": true, "start": true, "kill": true, "delete": true, "state": true, "update": true, "exec": true}
+
+func subcommand(args []string) string {
+	for _, a := range args[1:] {
+		if subcommands[a] {
+			return a
+		}
+	}
+	return "?"
+}
+
+// Create runs `create`: the container's init waits for Start.
+func (r *Runtime) Create(ctx context.Context, id string, o CreateOpts) error {
+	// The runtime's stderr is the container's: take its errors from --log.
+	logPath := filepath.Join(o.Bundle, "runtime.log")
+	args := r.args("--log", logPath, "--log-format", "json", "create", "--bundle", o.Bundle)
+	if o.PidFile != "" {
+		args = append(args, "--pid-file", o.PidFile)
+	}
+	if o.ConsoleSocket != "" {
+		args = append(args, "--console-socket", o.ConsoleSocket)
+	}
+	args = append(args, id)
+	_ = os.Remove(logPath)
+	// The container inherits the runtime's stdio: never hand it a pipe the
+	// runner waits on, or the runner would wait for the container.
+	stderr := o.Stderr
+	if stderr == nil {
+		null, err := os.OpenFile(os.DevNull, os.O_WRONLY, 0)
+		if err != nil {
+			return fmt.Errorf("create %s: %w", id, err)
+		}
+		defer null.Close()
+		stderr = null
+	}
+	if err := r.run(ctx, args, o.Stdin, o.Stdout, stderr); err != nil {
+		if msg := lastLogError(logPath); msg != "" && !strings.Contains(err.Error(), msg) {
+			return fmt.Errorf("%w: %s", err, msg)
+		}
+		return err
+	}
+	return nil
+}
+
+// lastLogError returns the error messages a runtime wrote to its JSON log.
+func lastLogError(path string) string {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return ""
+	}
+	var msgs []string
+	for _, line := range bytes.Split(data, []byte("\n")) {
+		var e struct {
+			Level string `json:"level"`
+			Msg   string `json:"msg"`
+		}
+		if json.Unmarshal(line, &e) == nil && (e.Level == "error" || e.Level == "fatal") {
+			msgs = append(msgs, e.Msg)
+		}
+	}
+	return strings.Join(msgs, "; ")
+}
+
+// Start lets a created container's init exec the process.
+func (r *Runtime) Start(ctx context.Context, id string) error {
+	return r.run(ctx, r.args("start", id), nil, nil, nil)
+}
+
+// Kill sends sig to the container's init (all its processes when all).
+func (r *Runtime) Kill(ctx context.Context, id string, sig syscall.Signal, all bool) error {
+	args := r.args("kill")
+	if all {
+		args = append(args, "--all")
+	}
+	args = append(args, id, strconv.Itoa(int(sig)))
+	return r.run(ctx, args, nil, nil, nil)
+}
+
+// Delete removes the container from the runtime; force kills it first.
+// A container the runtime does not know is not an error.
+func (r *Runtime) Delete(ctx context.Context, id string, force bool) error {
+	args := r.args("delete")
+	if force {
+		args = append(args, "--force")
+	}
+	err := r.run(ctx, append(args, id), nil, nil, nil)
+	if errors.Is(err, errdefs.ErrNotFound) {
+		return nil
+	}
+	return err
+}
+
+// State reports the runtime's view of the container.
+func (r *Runtime) State(ctx context.Context, id string) (*State, error) {
+	out, err := os.CreateTemp("", "berth-state-")
+	if err != nil {
+		return nil, fmt.Errorf("state %s: %w", id, err)
+	}
+	defer os.Remove(out.Name())
+	defer out.Close()
+	if err := r.run(ctx, r.args("state", id), nil, out, nil); err != nil {
+		return nil, err
+	}
+	data, err := os.ReadFile(out.Name())
+	if err != nil {
+		return nil, fmt.Errorf("state %s: %w", id, err)
+	}
+	var st State
+	if err := json.Unmarshal(data, &st); err != nil {
+		return nil, fmt.Errorf("parse state of %s: %w", id, err)
+	}
+	return &st, nil
+}
+
+// Update applies new cgroup limits to a running container.
+func (r *Runtime) Update(ctx context.Context, id string, res *specs.LinuxResources) error {
+	data, err := json.Marshal(res)
+	if err != nil {
+		return fmt.Errorf("encode resources: %w", err)
+	}
+	in, err := os.CreateTemp("", "berth-resources-")
+	if err != nil {
+		return fmt.Errorf("update %s: %w", id, err)
+	}
+	defer os.Remove(in.Name())
+	defer in.Close()
+	if _, err := in.Write(data); err != nil {
+		return fmt.Errorf("update %s: %w", id, err)
+	}
+	return r.run(ctx, r.args("update", "--resources", in.Name(), id), nil, nil, nil)
+}
+
+// ExecOpts are the arguments of Exec.
+type ExecOpts struct {
+	Detach                bool
+	PidFile               string
+	ConsoleSocket         string
+	Stdin, Stdout, Stderr *os.File
+}
+
+// Exec runs proc inside the container and, unless detached, waits for it.
+func (r *Runtime) Exec(ctx context.Context, id string, proc *specs.Process, o ExecOpts) error {
+	data, err := json.Marshal(proc)
+	if err != nil {
+		return fmt.Errorf("encode process: %w", err)
+	}
+	pf, err := os.CreateTemp("", "berth-process-")
+	if err != nil {
+		return fmt.Errorf("exec in %s: %w", id, err)
+	}
+	defer os.Remove(pf.Name())
+	defer pf.Close()
+	if _, err := pf.Write(data); err != nil {
+		return fmt.Errorf("exec in %s: %w", id, err)
+	}
+	args := r.args("exec", "--process", pf.Name())
+	if o.Detach {
+		args = append(args, "--detach")
+	}
+	if o.PidFile != "" {
+		args = append(args, "--pid-file", o.PidFile)
+	}
+	if o.ConsoleSocket != "" {
+		args = append(args, "--console-socket", o.ConsoleSocket)
+	}
+	return r.run(ctx, append(args, id), o.Stdin, o.Stdout, o.Stderr)
+}
+
+// execRunner runs the runtime with os/exec, keeping stderr for errors.
+type execRunner struct{}
+
+func (execRunner) Run(ctx context.Context, argv []string, stdin, stdout, stderr *os.File) ([]byte, error) {
+	cmd := exec.CommandContext(ctx, argv[0], argv[1:]...)
+	var errBuf bytes.Buffer
+	if stdin != nil {
+		cmd.Stdin = stdin
+	}
+	if stdout != nil {
+		cmd.Stdout = stdout
+	}
+	if stderr != nil {
+		cmd.Stderr = stderr
+	} else {
+		cmd.Stderr = &errBuf
+	}
+	err := cmd.Run()
+	return errBuf.Bytes(), err
+}

@@ -1,0 +1,246 @@
+package shim
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"syscall"
+	"time"
+
+	"github.com/berthcri/berth/internal/errdefs"
+)
+
+// Client talks to one pod's shim. It dials per call, so it survives the
+// shim's restarts of berthd and needs no reconnect logic.
+type Client struct {
+	dir string
+}
+
+// NewClient returns a client for the shim whose state dir is dir.
+func NewClient(dir string) *Client { return &Client{dir: dir} }
+
+// Dir is the shim's state directory.
+func (c *Client) Dir() string { return c.dir }
+
+// ErrNoShim means no shim listens for the pod.
+var ErrNoShim = fmt.Errorf("no shim running: %w", errdefs.ErrUnavailable)
+
+func (c *Client) dial(ctx context.Context) (*net.UnixConn, error) {
+	conn, err := dialUnix(SocketPath(c.dir))
+	if err != nil {
+		if isGone(err) {
+			return nil, ErrNoShim
+		}
+		return nil, fmt.Errorf("dial shim %s: %w", c.dir, err)
+	}
+	if dl, ok := ctx.Deadline(); ok {
+		_ = conn.SetDeadline(dl)
+	}
+	return conn, nil
+}
+
+func (c *Client) call(ctx context.Context, req *Request) (*Response, error) {
+	conn, err := c.dial(ctx)
+	if err != nil {
+		return nil, err
+	}
+	defer conn.Close()
+	// Unblock a call waiting on the shim when ctx is cancelled.
+	stop := context.AfterFunc(ctx, func() { _ = conn.SetDeadline(time.Unix(1, 0)) })
+	defer stop()
+	if err := writeMessage(conn, req); err != nil {
+		return nil, fmt.Errorf("shim %s %s: %w", req.Op, req.ID, err)
+	}
+	var resp Response
+	if err := readMessage(conn, &resp); err != nil {
+		if ctx.Err() != nil {
+			return nil, fmt.Errorf("shim %s %s: %w", req.Op, req.ID, ctx.Err())
+		}
+		return nil, fmt.Errorf("shim %s %s: %w", req.Op, req.ID, err)
+	}
+	if resp.Error != "" {
+		return &resp, responseError(&resp)
+	}
+	return &resp, nil
+}
+
+func responseError(r *Response) error {
+	var kind error
+	switch r.Kind {
+	case KindNotFound:
+		kind = errdefs.ErrNotFound
+	case KindFailedPrecondition:
+		kind = errdefs.ErrFailedPrecondition
+	case KindUnavailable:
+		kind = errdefs.ErrUnavailable
+	case KindInvalidArgument:
+		kind = errdefs.ErrInvalidArgument
+	default:
+		return errors.New(r.Error)
+	}
+	return fmt.Errorf("%s: %w", r.Error, kind)
+}
+
+// Create asks the shim to create container id from a bundle.
+func (c *Client) Create(ctx context.Context, id string, cr *CreateRequest) error {
+	_, err := c.call(ctx, &Request{Op: OpCreate, ID: id, Create: cr})
+	return err
+}
+
+// Start starts a created container.
+func (c *Client) Start(ctx context.Context, id string) (*State, error) {
+	r, err := c.call(ctx, &Request{Op: OpStart, ID: id})
+	if err != nil {
+		return nil, err
+	}
+	return r.State, nil
+}
+
+// Kill signals the container's init (every process with all).
+func (c *Client) Kill(ctx context.Context, id string, sig syscall.Signal, all bool) error {
+	_, err := c.call(ctx, &Request{Op: OpKill, ID: id, Signal: int(sig), All: all})
+	return err
+}
+
+// State reports the container.
+func (c *Client) State(ctx context.Context, id string) (*State, error) {
+	r, err := c.call(ctx, &Request{Op: OpState, ID: id})
+	if err != nil {
+		return nil, err
+	}
+	return r.State, nil
+}
+
+// Wait blocks until the container exits or ctx ends.
+func (c *Client) Wait(ctx context.Context, id string) (*State, error) {
+	r, err := c.call(ctx, &Request{Op: OpWait, ID: id})
+	if err != nil {
+		return nil, err
+	}
+	return r.State, nil
+}
+
+// Delete removes the container from the runtime (killing it) and the shim.
+func (c *Client) Delete(ctx context.Context, id string) (*State, error) {
+	r, err := c.call(ctx, &Request{Op: OpDelete, ID: id})
+	if err != nil {
+		return nil, err
+	}
+	return r.State, nil
+}
+
+// ReopenLog closes and reopens the container's log file.
+func (c *Client) ReopenLog(ctx context.Context, id string) error {
+	_, err := c.call(ctx, &Request{Op: OpReopenLog, ID: id})
+	return err
+}
+
+// List returns the IDs of the containers the shim holds.
+func (c *Client) List(ctx context.Context) ([]string, error) {
+	r, err := c.call(ctx, &Request{Op: OpPing})
+	if err != nil {
+		return nil, err
+	}
+	return r.IDs, nil
+}
+
+// Attach opens an attach stream; the caller reads stdout/stderr frames
+// from it and writes stdin, close-stdin and resize frames.
+func (c *Client) Attach(ctx context.Context, id string, stdin, stdout, stderr bool) (*Stream, error) {
+	conn, err := c.dial(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if err := writeMessage(conn, &Request{Op: OpAttach, ID: id, Stdin: stdin, Stdout: stdout, Stderr: stderr}); err != nil {
+		conn.Close()
+		return nil, fmt.Errorf("attach %s: %w", id, err)
+	}
+	var resp Response
+	if err := readMessage(conn, &resp); err != nil {
+		conn.Close()
+		return nil, fmt.Errorf("attach %s: %w", id, err)
+	}
+	if resp.Error != "" {
+		conn.Close()
+		return nil, responseError(&resp)
+	}
+	_ = conn.SetDeadline(time.Time{})
+	return &Stream{conn: conn}, nil
+}
+
+// Stream is an attach connection.
+type Stream struct {
+	conn *net.UnixConn
+	buf  []byte
+}
+
+// Recv returns the next output frame (FrameStdout or FrameStderr).
+func (s *Stream) Recv() (byte, []byte, error) {
+	kind, p, err := ReadFrame(s.conn, s.buf)
+	if err == nil && cap(p) > cap(s.buf) {
+		s.buf = p[:0]
+	}
+	return kind, p, err
+}
+
+// Stdin sends input to the container.
+func (s *Stream) Stdin(p []byte) error { return WriteFrame(s.conn, FrameStdin, p) }
+
+// CloseStdin closes the container's stdin.
+func (s *Stream) CloseStdin() error { return WriteFrame(s.conn, FrameCloseStdin, nil) }
+
+// Resize sets the terminal size.
+func (s *Stream) Resize(width, height uint16) error {
+	var p [4]byte
+	binary.BigEndian.PutUint16(p[:], width)
+	binary.BigEndian.PutUint16(p[2:], height)
+	return WriteFrame(s.conn, FrameResize, p[:])
+}
+
+// Close ends the attach.
+func (s *Stream) Close() error { return s.conn.Close() }
+
+// readyTimeout bounds how long a new shim may take to listen.
+const readyTimeout = 10 * time.Second
+
+// Launch starts a berth-shim for the pod whose state dir is dir and waits
+// until it listens. The shim runs in its own session and process group so
+// it outlives berthd; berthd reaps it only while it is its parent.
+func Launch(ctx context.Context, binary, dir, podID string) (*Client, error) {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, fmt.Errorf("create shim dir: %w", err)
+	}
+	r, w, err := os.Pipe()
+	if err != nil {
+		return nil, fmt.Errorf("start shim: %w", err)
+	}
+	defer r.Close()
+	cmd := exec.Command(binary, "--dir", dir, "--pod", podID)
+	cmd.ExtraFiles = []*os.File{w}
+	cmd.Env = []string{"GOMAXPROCS=1", "GOTRACEBACK=single", "PATH=" + os.Getenv("PATH")}
+	cmd.Dir = "/"
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	if err := cmd.Start(); err != nil {
+		w.Close()
+		return nil, fmt.Errorf("start shim %s: %w", binary, err)
+	}
+	w.Close()
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	_ = r.SetReadDeadline(time.Now().Add(readyTimeout))
+	var b [1]byte
+	if _, err := r.Read(b[:]); err != nil {
+		_ = cmd.Process.Kill()
+		select {
+		case werr := <-exited:
+			return nil, fmt.Errorf("shim for pod %s did not start (%v): %w", podID, werr, err)
+		case <-time.After(time.Second):
+			return nil, fmt.Errorf("shim for pod %s did not start: %w", podID, err)
+		}
+	}
+	return NewClient(dir), nil
+}

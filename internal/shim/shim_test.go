@@ -1,0 +1,366 @@
+package shim_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+
+	"github.com/berthcri/berth/internal/errdefs"
+	"github.com/berthcri/berth/internal/shim"
+	"github.com/berthcri/berth/internal/testutil/berthdtest"
+	"github.com/berthcri/berth/internal/testutil/bundletest"
+)
+
+// fixture is a shim with a directory for bundles.
+type fixture struct {
+	t      *testing.T
+	dir    string
+	rootfs string
+	client *shim.Client
+	rt     shim.Runtime
+	cgroup string
+}
+
+func newFixture(t *testing.T) *fixture {
+	t.Helper()
+	berthdtest.RequireRoot(t)
+	if _, err := exec.LookPath("runc"); err != nil {
+		t.Skip("runc not installed")
+	}
+	dir, err := os.MkdirTemp("", "berth-shimtest-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := &fixture{
+		t:      t,
+		dir:    dir,
+		rootfs: filepath.Join(dir, "rootfs"),
+		rt:     shim.Runtime{Binary: "runc", Root: filepath.Join(dir, "runc")},
+		cgroup: "berthshimtest-" + filepath.Base(dir),
+	}
+	t.Cleanup(func() {
+		if err := berthdtest.CleanupNode(dir, f.cgroup); err != nil {
+			t.Errorf("cleanup: %v", err)
+		}
+	})
+	bundletest.WriteRootfs(t, f.rootfs)
+	client, err := shim.Launch(context.Background(), bundletest.ShimBinary(t), filepath.Join(dir, "shims", strings.Repeat("p", 64)), "pod1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.client = client
+	return f
+}
+
+// bundle writes a config.json running args; edit adjusts the spec.
+func (f *fixture) bundle(id string, args []string, edit func(*specs.Spec)) string {
+	f.t.Helper()
+	b := filepath.Join(f.dir, "bundles", id)
+	if err := os.MkdirAll(b, 0o700); err != nil {
+		f.t.Fatal(err)
+	}
+	spec := bundletest.Spec(f.rootfs, f.cgroup, id, args)
+	spec.Root.Readonly = true
+	spec.Mounts = append(spec.Mounts, specs.Mount{Destination: "/tmp", Type: "tmpfs", Source: "tmpfs", Options: []string{"nosuid", "nodev"}})
+	if edit != nil {
+		edit(spec)
+	}
+	data, err := json.Marshal(spec)
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(b, "config.json"), data, 0o600); err != nil {
+		f.t.Fatal(err)
+	}
+	return b
+}
+
+func (f *fixture) run(id string, args []string, edit func(*specs.Spec)) string {
+	f.t.Helper()
+	ctx := context.Background()
+	logPath := filepath.Join(f.dir, "logs", id+".log")
+	b := f.bundle(id, args, edit)
+	if err := f.client.Create(ctx, id, &shim.CreateRequest{Bundle: b, LogPath: logPath, Runtime: f.rt}); err != nil {
+		f.t.Fatalf("create %s: %v", id, err)
+	}
+	st, err := f.client.State(ctx, id)
+	if err != nil || st.Status != shim.StatusCreated || st.Pid <= 0 {
+		f.t.Fatalf("state after create: %+v, %v", st, err)
+	}
+	if _, err := f.client.Start(ctx, id); err != nil {
+		f.t.Fatalf("start %s: %v", id, err)
+	}
+	return logPath
+}
+
+func (f *fixture) wait(id string) *shim.State {
+	f.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	st, err := f.client.Wait(ctx, id)
+	if err != nil {
+		f.t.Fatalf("wait %s: %v", id, err)
+	}
+	if st.Status != shim.StatusExited || st.Exit == nil {
+		f.t.Fatalf("after wait: %+v", st)
+	}
+	return st
+}
+
+var recordRE = regexp.MustCompile(`^(\S+) (stdout|stderr) (F|P) (.*)$`)
+
+type record struct {
+	at             time.Time
+	stream, tag, m string
+}
+
+func readLog(t *testing.T, path string) []record {
+	t.Helper()
+	data, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var recs []record
+	for _, line := range strings.Split(strings.TrimSuffix(string(data), "\n"), "\n") {
+		if line == "" {
+			continue
+		}
+		m := recordRE.FindStringSubmatch(line)
+		if m == nil {
+			t.Fatalf("log line not in CRI format: %q", line)
+		}
+		at, err := time.Parse(time.RFC3339Nano, m[1])
+		if err != nil {
+			t.Fatalf("bad timestamp in %q: %v", line, err)
+		}
+		recs = append(recs, record{at, m[2], m[3], m[4]})
+	}
+	return recs
+}
+
+func TestShimRunLogsAndExitCode(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	logPath := f.run("c1", []string{"sh", "-c", "echo hello; echo oops >&2; echo world; exit 3"}, nil)
+	st := f.wait("c1")
+	if st.Exit.Code != 3 || st.Exit.OOMKilled {
+		t.Fatalf("exit = %+v, want code 3", st.Exit)
+	}
+	// The exit is persisted for a berthd that was down.
+	e, ok, err := shim.ReadExit(f.client.Dir(), "c1")
+	if err != nil || !ok || e.Code != 3 || e.At.IsZero() || e.Version != 1 {
+		t.Fatalf("persisted exit = %+v %v %v", e, ok, err)
+	}
+	recs := readLog(t, logPath)
+	var out, errs []string
+	for _, r := range recs {
+		if r.tag != "F" {
+			t.Errorf("unexpected partial record %+v", r)
+		}
+		if r.stream == "stdout" {
+			out = append(out, r.m)
+		} else {
+			errs = append(errs, r.m)
+		}
+	}
+	if strings.Join(out, ",") != "hello,world" || strings.Join(errs, ",") != "oops" {
+		t.Fatalf("stdout %q stderr %q", out, errs)
+	}
+	// Start of an exited container is a precondition failure.
+	if _, err := f.client.Start(context.Background(), "c1"); !errors.Is(err, errdefs.ErrFailedPrecondition) {
+		t.Fatalf("start exited: %v", err)
+	}
+}
+
+func TestShimLongLineSplitIntoPartials(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	// 40000 'a' then a newline, then a short line.
+	logPath := f.run("long", []string{"sh", "-c", "head -c 40000 /dev/zero | tr '\\0' a; echo; echo short"}, nil)
+	f.wait("long")
+	recs := readLog(t, logPath)
+	var tags []string
+	var full strings.Builder
+	for _, r := range recs {
+		tags = append(tags, r.tag)
+		if len(r.m) > 16<<10 {
+			t.Errorf("record of %d bytes exceeds 16 KiB", len(r.m))
+		}
+		if r.m != "short" {
+			full.WriteString(r.m)
+		}
+	}
+	if got := strings.Join(tags, ""); got != "PPFF" {
+		t.Fatalf("tags = %s, want PPFF", got)
+	}
+	if full.String() != strings.Repeat("a", 40000) {
+		t.Fatalf("reassembled line has %d bytes", full.Len())
+	}
+}
+
+func TestShimKillAndDeleteExitsShim(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	ctx := context.Background()
+	f.run("sleeper", []string{"sleep", "1000"}, nil)
+	st, err := f.client.State(ctx, "sleeper")
+	if err != nil || st.Status != shim.StatusRunning {
+		t.Fatalf("state: %+v %v", st, err)
+	}
+	if err := f.client.Kill(ctx, "sleeper", syscall.SIGKILL, false); err != nil {
+		t.Fatal(err)
+	}
+	st = f.wait("sleeper")
+	if st.Exit.Code != 137 || st.Exit.Signal != int(syscall.SIGKILL) {
+		t.Fatalf("exit = %+v, want 137", st.Exit)
+	}
+	// Killing an exited container is fine.
+	if err := f.client.Kill(ctx, "sleeper", syscall.SIGTERM, false); err != nil {
+		t.Fatalf("kill exited: %v", err)
+	}
+	if _, err := f.client.Delete(ctx, "sleeper"); err != nil {
+		t.Fatal(err)
+	}
+	// Last container gone: the shim exits and removes its directory.
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		_, err := os.Stat(f.client.Dir())
+		if os.IsNotExist(err) && len(berthdtest.PidsMentioning(f.client.Dir())) == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("shim still around: dir err %v, pids %v", err, berthdtest.PidsMentioning(f.client.Dir()))
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if _, err := f.client.State(ctx, "sleeper"); !errors.Is(err, shim.ErrNoShim) {
+		t.Fatalf("state after shim exit: %v", err)
+	}
+}
+
+func TestShimOOMKilled(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	limit := int64(8 << 20)
+	f.run("oom", []string{"sh", "-c", "x=aaaaaaaaaaaaaaaa; while true; do x=$x$x; done"}, func(s *specs.Spec) {
+		s.Linux.Resources = &specs.LinuxResources{Memory: &specs.LinuxMemory{Limit: &limit}}
+	})
+	st := f.wait("oom")
+	if !st.Exit.OOMKilled || st.Exit.Code != 137 {
+		t.Fatalf("exit = %+v, want OOM kill", st.Exit)
+	}
+}
+
+func TestShimAttachStdinAndReopenLog(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	ctx := context.Background()
+	logPath := filepath.Join(f.dir, "logs", "cat.log")
+	b := f.bundle("cat", []string{"cat"}, nil)
+	if err := f.client.Create(ctx, "cat", &shim.CreateRequest{Bundle: b, LogPath: logPath, Runtime: f.rt, Stdin: true, StdinOnce: true}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.client.Start(ctx, "cat"); err != nil {
+		t.Fatal(err)
+	}
+	s, err := f.client.Attach(ctx, "cat", true, true, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Stdin([]byte("line one\n")); err != nil {
+		t.Fatal(err)
+	}
+	kind, p, err := s.Recv()
+	if err != nil || kind != shim.FrameStdout || string(p) != "line one\n" {
+		t.Fatalf("recv = %d %q %v", kind, p, err)
+	}
+	// Rotate: rename, reopen, write more.
+	if err := os.Rename(logPath, logPath+".1"); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.client.ReopenLog(ctx, "cat"); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Stdin([]byte("line two\n")); err != nil {
+		t.Fatal(err)
+	}
+	if _, p, err := s.Recv(); err != nil || string(p) != "line two\n" {
+		t.Fatalf("recv = %q %v", p, err)
+	}
+	if err := s.CloseStdin(); err != nil {
+		t.Fatal(err)
+	}
+	st := f.wait("cat")
+	s.Close()
+	if st.Exit.Code != 0 {
+		t.Fatalf("exit %+v", st.Exit)
+	}
+	if r := readLog(t, logPath+".1"); len(r) != 1 || r[0].m != "line one" {
+		t.Fatalf("old log %+v", r)
+	}
+	if r := readLog(t, logPath); len(r) != 1 || r[0].m != "line two" {
+		t.Fatalf("new log %+v", r)
+	}
+}
+
+func TestShimTerminal(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	ctx := context.Background()
+	logPath := filepath.Join(f.dir, "logs", "tty.log")
+	b := f.bundle("tty", []string{"sh", "-c", "sleep 0.3; stty size; test -t 0 && echo isatty"}, func(s *specs.Spec) {
+		s.Process.Terminal = true
+	})
+	if err := f.client.Create(ctx, "tty", &shim.CreateRequest{Bundle: b, LogPath: logPath, Runtime: f.rt, Terminal: true, Stdin: true}); err != nil {
+		t.Fatal(err)
+	}
+	s, err := f.client.Attach(ctx, "tty", true, true, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if err := s.Resize(100, 30); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(50 * time.Millisecond)
+	if _, err := f.client.Start(ctx, "tty"); err != nil {
+		t.Fatal(err)
+	}
+	f.wait("tty")
+	data, _ := os.ReadFile(logPath)
+	if !bytes.Contains(data, []byte("30 100")) || !bytes.Contains(data, []byte("isatty")) {
+		t.Fatalf("tty log:\n%s", data)
+	}
+}
+
+func TestShimCreateFailureCarriesRuntimeError(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	ctx := context.Background()
+	// Keep one container so the shim stays up after the failure.
+	f.run("keep", []string{"sleep", "1000"}, nil)
+	b := f.bundle("bad", []string{"/no/such/binary"}, nil)
+	err := f.client.Create(ctx, "bad", &shim.CreateRequest{Bundle: b, Runtime: f.rt})
+	if err == nil || !strings.Contains(err.Error(), "no such file") {
+		t.Fatalf("create with missing binary: %v", err)
+	}
+	if _, err := f.client.State(ctx, "bad"); !errors.Is(err, errdefs.ErrNotFound) {
+		t.Fatalf("state of failed container: %v", err)
+	}
+	ids, err := f.client.List(ctx)
+	if err != nil || fmt.Sprint(ids) != "[keep]" {
+		t.Fatalf("list = %v %v", ids, err)
+	}
+}

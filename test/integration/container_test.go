@@ -1,0 +1,519 @@
+package integration
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	criapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+
+	"github.com/berthcri/berth/internal/shim"
+	"github.com/berthcri/berth/internal/testutil/berthdtest"
+	"github.com/berthcri/berth/internal/testutil/testimages"
+)
+
+// ctrEnv is a daemon with the standard images pulled and one pod.
+type ctrEnv struct {
+	t      *testing.T
+	d      *berthdtest.Daemon
+	reg    *testimages.Registry
+	pod    string
+	podCfg *criapi.PodSandboxConfig
+	logDir string
+}
+
+func newCtrEnv(t *testing.T, images ...string) *ctrEnv {
+	t.Helper()
+	d := berthdtest.Start(t, berthdtest.Options{})
+	reg := testimages.StartRegistry(t)
+	reg.PushStandard(t)
+	if len(images) == 0 {
+		images = []string{"busybox:latest"}
+	}
+	for _, img := range images {
+		pull(t, d, reg.Ref(img), nil)
+	}
+	e := &ctrEnv{t: t, d: d, reg: reg, logDir: filepath.Join(d.Dir, "podlogs")}
+	e.podCfg = podConfig(strings.ToLower(strings.ReplaceAll(t.Name(), "/", "-")))
+	e.podCfg.LogDirectory = e.logDir
+	e.podCfg.Linux.CgroupParent = ""
+	e.pod = runPod(t, d, e.podCfg)
+	return e
+}
+
+// config is a container running args in busybox with log <name>.log.
+func (e *ctrEnv) config(name string, args ...string) *criapi.ContainerConfig {
+	return &criapi.ContainerConfig{
+		Metadata: &criapi.ContainerMetadata{Name: name},
+		Image:    &criapi.ImageSpec{Image: e.reg.Ref("busybox:latest")},
+		Command:  args,
+		LogPath:  name + ".log",
+		Labels:   map[string]string{"name": name},
+		// What the kubelet sends without shareProcessNamespace.
+		Linux: &criapi.LinuxContainerConfig{SecurityContext: &criapi.LinuxContainerSecurityContext{
+			NamespaceOptions: &criapi.NamespaceOption{Pid: criapi.NamespaceMode_CONTAINER},
+		}},
+	}
+}
+
+func (e *ctrEnv) create(cfg *criapi.ContainerConfig) string {
+	e.t.Helper()
+	resp, err := e.d.Runtime.CreateContainer(ctxT(e.t), &criapi.CreateContainerRequest{PodSandboxId: e.pod, Config: cfg, SandboxConfig: e.podCfg})
+	if err != nil {
+		e.t.Fatalf("CreateContainer %s: %v", cfg.Metadata.Name, err)
+	}
+	return resp.ContainerId
+}
+
+func (e *ctrEnv) start(id string) {
+	e.t.Helper()
+	if _, err := e.d.Runtime.StartContainer(ctxT(e.t), &criapi.StartContainerRequest{ContainerId: id}); err != nil {
+		e.t.Fatalf("StartContainer: %v", err)
+	}
+}
+
+func (e *ctrEnv) run(cfg *criapi.ContainerConfig) string {
+	e.t.Helper()
+	id := e.create(cfg)
+	e.start(id)
+	return id
+}
+
+func (e *ctrEnv) status(id string) *criapi.ContainerStatus {
+	e.t.Helper()
+	resp, err := e.d.Runtime.ContainerStatus(ctxT(e.t), &criapi.ContainerStatusRequest{ContainerId: id})
+	if err != nil {
+		e.t.Fatalf("ContainerStatus: %v", err)
+	}
+	return resp.Status
+}
+
+func (e *ctrEnv) waitExited(id string) *criapi.ContainerStatus {
+	e.t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		st := e.status(id)
+		if st.State == criapi.ContainerState_CONTAINER_EXITED {
+			return st
+		}
+		if time.Now().After(deadline) {
+			e.t.Fatalf("container %s still %s", id, st.State)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+var criLogLine = regexp.MustCompile(`^(\S+) (stdout|stderr) (F|P) (.*)$`)
+
+type logRecord struct {
+	stream, tag, msg string
+}
+
+// readCRILog parses a CRI log file, failing on any malformed line.
+func readCRILog(t *testing.T, path string) []logRecord {
+	t.Helper()
+	data, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatalf("read log: %v", err)
+	}
+	var recs []logRecord
+	for _, line := range strings.Split(strings.TrimSuffix(string(data), "\n"), "\n") {
+		if line == "" {
+			continue
+		}
+		m := criLogLine.FindStringSubmatch(line)
+		if m == nil {
+			t.Fatalf("log line not in CRI format: %q", line)
+		}
+		if _, err := time.Parse(time.RFC3339Nano, m[1]); err != nil {
+			t.Fatalf("bad timestamp in %q: %v", line, err)
+		}
+		recs = append(recs, logRecord{m[2], m[3], m[4]})
+	}
+	return recs
+}
+
+// output runs a container to completion and returns its stdout lines.
+func (e *ctrEnv) output(cfg *criapi.ContainerConfig) ([]string, *criapi.ContainerStatus) {
+	e.t.Helper()
+	id := e.run(cfg)
+	st := e.waitExited(id)
+	var lines []string
+	for _, r := range readCRILog(e.t, st.LogPath) {
+		lines = append(lines, r.msg)
+	}
+	return lines, st
+}
+
+func TestContainerRunLogsExitCodesAndStatus(t *testing.T) {
+	t.Parallel()
+	e := newCtrEnv(t)
+	ctx := ctxT(t)
+	ok := e.run(e.config("ok", "sh", "-c", "echo out; echo err >&2"))
+	bad := e.run(e.config("bad", "sh", "-c", "exit 3"))
+	st := e.waitExited(ok)
+	if st.ExitCode != 0 || st.Reason != "Completed" || st.StartedAt == 0 || st.FinishedAt < st.StartedAt || st.CreatedAt == 0 {
+		t.Fatalf("ok status: %+v", st)
+	}
+	if st.LogPath != filepath.Join(e.logDir, "ok.log") || st.ImageRef == "" || !strings.Contains(st.Image.Image, "busybox") {
+		t.Fatalf("ok status paths/image: log %q image %v ref %q", st.LogPath, st.Image, st.ImageRef)
+	}
+	recs := readCRILog(t, st.LogPath)
+	got := map[string]string{}
+	for _, r := range recs {
+		if r.tag != "F" {
+			t.Errorf("partial record %+v", r)
+		}
+		got[r.stream] += r.msg
+	}
+	if got["stdout"] != "out" || got["stderr"] != "err" {
+		t.Fatalf("log records %+v", recs)
+	}
+	st = e.waitExited(bad)
+	if st.ExitCode != 3 || st.Reason != "Error" {
+		t.Fatalf("bad status: %+v", st)
+	}
+	// Start on a non-created container.
+	_, err := e.d.Runtime.StartContainer(ctx, &criapi.StartContainerRequest{ContainerId: ok})
+	wantCode(t, err, codes.FailedPrecondition)
+	// Name reservation.
+	_, err = e.d.Runtime.CreateContainer(ctx, &criapi.CreateContainerRequest{PodSandboxId: e.pod, Config: e.config("ok", "true"), SandboxConfig: e.podCfg})
+	wantCode(t, err, codes.AlreadyExists)
+	// A log path that escapes the pod's log directory.
+	esc := e.config("escape", "true")
+	esc.LogPath = "../../etc/evil.log"
+	_, err = e.d.Runtime.CreateContainer(ctx, &criapi.CreateContainerRequest{PodSandboxId: e.pod, Config: esc, SandboxConfig: e.podCfg})
+	wantCode(t, err, codes.InvalidArgument)
+	// Unknown pod.
+	_, err = e.d.Runtime.CreateContainer(ctx, &criapi.CreateContainerRequest{PodSandboxId: "nope", Config: e.config("x", "true")})
+	wantCode(t, err, codes.NotFound)
+
+	// List filters.
+	list := func(f *criapi.ContainerFilter) int {
+		resp, err := e.d.Runtime.ListContainers(ctx, &criapi.ListContainersRequest{Filter: f})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return len(resp.Containers)
+	}
+	if n := list(nil); n != 2 {
+		t.Fatalf("list all = %d", n)
+	}
+	if n := list(&criapi.ContainerFilter{Id: ok[:12]}); n != 1 {
+		t.Fatalf("list by id prefix = %d", n)
+	}
+	if n := list(&criapi.ContainerFilter{PodSandboxId: e.pod, LabelSelector: map[string]string{"name": "bad"}}); n != 1 {
+		t.Fatalf("list by pod+label = %d", n)
+	}
+	if n := list(&criapi.ContainerFilter{State: &criapi.ContainerStateValue{State: criapi.ContainerState_CONTAINER_RUNNING}}); n != 0 {
+		t.Fatalf("list running = %d", n)
+	}
+	// Remove; removing again and stopping a missing ID are fine.
+	for _, id := range []string{ok, bad, ok} {
+		if _, err := e.d.Runtime.RemoveContainer(ctx, &criapi.RemoveContainerRequest{ContainerId: id}); err != nil {
+			t.Fatalf("RemoveContainer: %v", err)
+		}
+	}
+	if _, err := e.d.Runtime.StopContainer(ctx, &criapi.StopContainerRequest{ContainerId: ok}); err != nil {
+		t.Fatalf("StopContainer missing: %v", err)
+	}
+	_, err = e.d.Runtime.ContainerStatus(ctx, &criapi.ContainerStatusRequest{ContainerId: ok})
+	wantCode(t, err, codes.NotFound)
+	if n := list(nil); n != 0 {
+		t.Fatalf("list after remove = %d", n)
+	}
+	mounts, _ := berthdtest.MountsBelow(filepath.Join(e.d.Root, "containers"))
+	if len(mounts) != 0 {
+		t.Fatalf("mounts left: %v", mounts)
+	}
+	stopRemove(t, e.d, e.pod)
+}
+
+func TestContainerOOMKilled(t *testing.T) {
+	t.Parallel()
+	e := newCtrEnv(t)
+	cfg := e.config("oom", "sh", "-c", "x=aaaaaaaaaaaaaaaa; while true; do x=$x$x; done")
+	cfg.Linux.Resources = &criapi.LinuxContainerResources{MemoryLimitInBytes: 16 << 20}
+	st := e.waitExited(e.run(cfg))
+	if st.Reason != "OOMKilled" || st.ExitCode != 137 {
+		t.Fatalf("status: reason %q exit %d", st.Reason, st.ExitCode)
+	}
+}
+
+func TestContainerRunAsUsers(t *testing.T) {
+	t.Parallel()
+	e := newCtrEnv(t, "busybox:latest", "busybox-user:latest")
+	// RunAsUser + RunAsGroup from the config.
+	cfg := e.config("uidgid", "id")
+	cfg.Linux.SecurityContext.RunAsUser = &criapi.Int64Value{Value: 1234}
+	cfg.Linux.SecurityContext.RunAsGroup = &criapi.Int64Value{Value: 5678}
+	lines, st := e.output(cfg)
+	if len(lines) != 1 || !strings.HasPrefix(lines[0], "uid=1234 gid=5678") {
+		t.Fatalf("id: %q", lines)
+	}
+	if st.User.GetLinux().GetUid() != 1234 || st.User.GetLinux().GetGid() != 5678 {
+		t.Fatalf("status user: %+v", st.User)
+	}
+	// RunAsUsername resolved in the image's /etc/passwd.
+	cfg = e.config("byname", "id")
+	cfg.Linux.SecurityContext.RunAsUsername = testimages.TestUser
+	lines, _ = e.output(cfg)
+	want := fmt.Sprintf("uid=%d(%s) gid=%d(%s)", testimages.TestUID, testimages.TestUser, testimages.TestGID, testimages.TestGroup)
+	if len(lines) != 1 || !strings.HasPrefix(lines[0], want) {
+		t.Fatalf("id by name: %q, want prefix %q", lines, want)
+	}
+	// The image's USER.
+	cfg = e.config("imageuser", "id", "-u")
+	cfg.Image.Image = e.reg.Ref("busybox-user:latest")
+	lines, _ = e.output(cfg)
+	if len(lines) != 1 || lines[0] != strconv.Itoa(testimages.TestUID) {
+		t.Fatalf("image user: %q", lines)
+	}
+}
+
+func TestContainerReadonlyRootfsAndCapabilityDrop(t *testing.T) {
+	t.Parallel()
+	e := newCtrEnv(t)
+	cfg := e.config("ro", "sh", "-c", "touch /x 2>&1; echo rc=$?; grep CapEff /proc/self/status")
+	cfg.Linux.SecurityContext.ReadonlyRootfs = true
+	cfg.Linux.SecurityContext.Capabilities = &criapi.Capability{DropCapabilities: []string{"ALL"}, AddCapabilities: []string{"CAP_KILL"}}
+	lines, _ := e.output(cfg)
+	all := strings.Join(lines, "\n")
+	if !strings.Contains(all, "Read-only file system") || !strings.Contains(all, "rc=1") {
+		t.Fatalf("read-only rootfs: %q", lines)
+	}
+	// CAP_KILL is bit 5: only it remains.
+	if !strings.Contains(all, "CapEff:\t0000000000000020") {
+		t.Fatalf("capabilities: %q", lines)
+	}
+}
+
+func TestContainerVolumeMount(t *testing.T) {
+	t.Parallel()
+	e := newCtrEnv(t)
+	host := filepath.Join(e.d.Dir, "vol")
+	if err := os.MkdirAll(host, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(host, "in"), []byte("from host"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	cfg := e.config("vol", "sh", "-c", "cat /data/in; echo; echo from container > /data/out; touch /ro/x 2>/dev/null || echo ro-ok")
+	cfg.Mounts = []*criapi.Mount{
+		{ContainerPath: "/data", HostPath: host},
+		{ContainerPath: "/ro", HostPath: host, Readonly: true},
+	}
+	lines, st := e.output(cfg)
+	if strings.Join(lines, ",") != "from host,ro-ok" {
+		t.Fatalf("output %q", lines)
+	}
+	if data, _ := os.ReadFile(filepath.Join(host, "out")); string(data) != "from container\n" {
+		t.Fatalf("host sees %q", data)
+	}
+	if len(st.Mounts) != 2 || st.Mounts[1].ContainerPath != "/ro" || !st.Mounts[1].Readonly {
+		t.Fatalf("status mounts %+v", st.Mounts)
+	}
+}
+
+func TestContainerStopGracePeriodThenKill(t *testing.T) {
+	t.Parallel()
+	e := newCtrEnv(t)
+	ctx := ctxT(t)
+	// Ignores SIGTERM, so only the SIGKILL after the grace period ends it.
+	id := e.run(e.config("stubborn", "sh", "-c", "trap 'echo got TERM' TERM; while true; do sleep 0.1; done"))
+	time.Sleep(500 * time.Millisecond)
+	start := time.Now()
+	if _, err := e.d.Runtime.StopContainer(ctx, &criapi.StopContainerRequest{ContainerId: id, Timeout: 2}); err != nil {
+		t.Fatal(err)
+	}
+	took := time.Since(start)
+	st := e.status(id)
+	if took < 2*time.Second || took > 10*time.Second || st.State != criapi.ContainerState_CONTAINER_EXITED || st.ExitCode != 137 {
+		t.Fatalf("stop took %s; status %s exit %d", took, st.State, st.ExitCode)
+	}
+	if recs := readCRILog(t, st.LogPath); len(recs) == 0 || recs[0].msg != "got TERM" {
+		t.Fatalf("SIGTERM not delivered first: %+v", recs)
+	}
+	// Stopping an exited container is a no-op.
+	if _, err := e.d.Runtime.StopContainer(ctx, &criapi.StopContainerRequest{ContainerId: id, Timeout: 2}); err != nil {
+		t.Fatal(err)
+	}
+	// Removing a running container forces it.
+	run := e.run(e.config("running", "sleep", "1000"))
+	if _, err := e.d.Runtime.RemoveContainer(ctx, &criapi.RemoveContainerRequest{ContainerId: run}); err != nil {
+		t.Fatal(err)
+	}
+	// Stopping the pod stops its containers; removing it removes them.
+	other := e.run(e.config("other", "sleep", "1000"))
+	stopRemove(t, e.d, e.pod)
+	_, err := e.d.Runtime.ContainerStatus(ctx, &criapi.ContainerStatusRequest{ContainerId: other})
+	wantCode(t, err, codes.NotFound)
+	if pids := berthdtest.PidsMentioning(filepath.Join(e.d.State, "shims")); len(pids) != 0 {
+		t.Fatalf("shim processes left: %v", pids)
+	}
+}
+
+func TestContainerLongLineAndReopenLog(t *testing.T) {
+	t.Parallel()
+	e := newCtrEnv(t)
+	ctx := ctxT(t)
+	cfg := e.config("long", "sh", "-c", "head -c 40000 /dev/zero | tr '\\0' a; echo; read x; echo after; sleep 1000")
+	cfg.Stdin, cfg.StdinOnce = true, true
+	id := e.run(cfg)
+	logPath := e.status(id).LogPath
+	waitFor(t, func() bool { data, _ := os.ReadFile(logPath); return strings.Count(string(data), "\n") >= 3 })
+	var tags []string
+	total := 0
+	for _, r := range readCRILog(t, logPath) {
+		tags = append(tags, r.tag)
+		total += len(r.msg)
+	}
+	if strings.Join(tags, "") != "PPF" || total != 40000 {
+		t.Fatalf("tags %v, %d bytes", tags, total)
+	}
+	// Rotate as the kubelet does: rename, then ReopenContainerLog.
+	if err := os.Rename(logPath, logPath+".1"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.d.Runtime.ReopenContainerLog(ctx, &criapi.ReopenContainerLogRequest{ContainerId: id}); err != nil {
+		t.Fatal(err)
+	}
+	closeStdin(t, e.d, e.pod, id)
+	waitFor(t, func() bool { data, _ := os.ReadFile(logPath); return strings.Contains(string(data), "after") })
+	if recs := readCRILog(t, logPath); len(recs) != 1 || recs[0].msg != "after" {
+		t.Fatalf("new log %+v", recs)
+	}
+	if _, err := e.d.Runtime.StopContainer(ctx, &criapi.StopContainerRequest{ContainerId: id}); err != nil {
+		t.Fatal(err)
+	}
+	_, err := e.d.Runtime.ReopenContainerLog(ctx, &criapi.ReopenContainerLogRequest{ContainerId: id})
+	wantCode(t, err, codes.FailedPrecondition)
+}
+
+func TestContainerUpdateResources(t *testing.T) {
+	t.Parallel()
+	e := newCtrEnv(t)
+	ctx := ctxT(t)
+	cfg := e.config("upd", "sleep", "1000")
+	cfg.Linux.Resources = &criapi.LinuxContainerResources{MemoryLimitInBytes: 64 << 20, CpuShares: 512}
+	id := e.run(cfg)
+	upd := &criapi.LinuxContainerResources{MemoryLimitInBytes: 128 << 20, CpuShares: 1024}
+	if _, err := e.d.Runtime.UpdateContainerResources(ctx, &criapi.UpdateContainerResourcesRequest{ContainerId: id, Linux: upd}); err != nil {
+		t.Fatal(err)
+	}
+	st := e.status(id)
+	if st.Resources.GetLinux().GetMemoryLimitInBytes() != 128<<20 || st.Resources.GetLinux().GetCpuShares() != 1024 {
+		t.Fatalf("status resources %+v", st.Resources)
+	}
+	// The cgroup has it.
+	pid := containerPid(t, e.d, id)
+	cg := cgroupOf(t, pid, "memory")
+	data, err := os.ReadFile(filepath.Join("/sys/fs/cgroup/memory", cg, "memory.limit_in_bytes"))
+	if err != nil || strings.TrimSpace(string(data)) != strconv.Itoa(128<<20) {
+		t.Fatalf("memory.limit_in_bytes = %q, %v", data, err)
+	}
+}
+
+func TestContainerSurvivesDaemonCrash(t *testing.T) {
+	t.Parallel()
+	e := newCtrEnv(t)
+	ctx := ctxT(t)
+	counter := e.run(e.config("counter", "sh", "-c", "i=0; while true; do echo $i; i=$((i+1)); usleep 100000; done"))
+	short := e.config("short", "sh", "-c", "read x; exit 42")
+	short.Stdin, short.StdinOnce = true, true
+	shortID := e.run(short)
+	time.Sleep(time.Second)
+
+	e.d.Kill()
+	// While berthd is down: the counter keeps logging and short exits.
+	closeStdin(t, e.d, e.pod, shortID)
+	time.Sleep(time.Second)
+	e.d.Start()
+	e.d.WaitReady()
+
+	st := e.status(counter)
+	if st.State != criapi.ContainerState_CONTAINER_RUNNING {
+		t.Fatalf("counter after restart: %s", st.State)
+	}
+	st = e.status(shortID)
+	if st.State != criapi.ContainerState_CONTAINER_EXITED || st.ExitCode != 42 || st.Reason != "Error" {
+		t.Fatalf("short after restart: %s exit %d reason %q", st.State, st.ExitCode, st.Reason)
+	}
+	time.Sleep(500 * time.Millisecond)
+	if _, err := e.d.Runtime.StopContainer(ctx, &criapi.StopContainerRequest{ContainerId: counter}); err != nil {
+		t.Fatal(err)
+	}
+	// The log has every number from 0 up, no gap.
+	recs := readCRILog(t, e.status(counter).LogPath)
+	if len(recs) < 25 {
+		t.Fatalf("only %d lines", len(recs))
+	}
+	for i, r := range recs {
+		if r.msg != strconv.Itoa(i) {
+			t.Fatalf("line %d is %q: gap in the log", i, r.msg)
+		}
+	}
+	stopRemove(t, e.d, e.pod)
+}
+
+func waitFor(t *testing.T, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(15 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatal("condition not met in 15s")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// containerPid finds the container's init pid from the runtime's state.
+func containerPid(t *testing.T, d *berthdtest.Daemon, id string) int {
+	t.Helper()
+	data, err := os.ReadFile(filepath.Join(d.Root, "containers", id, "init.pid"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	pid, err := strconv.Atoi(strings.TrimSpace(string(data)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return pid
+}
+
+func cgroupOf(t *testing.T, pid int, controller string) string {
+	t.Helper()
+	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/cgroup", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range strings.Split(string(data), "\n") {
+		parts := strings.SplitN(line, ":", 3)
+		if len(parts) == 3 && strings.Contains(","+parts[1]+",", ","+controller+",") {
+			return parts[2]
+		}
+	}
+	t.Fatalf("no %s cgroup for %d", controller, pid)
+	return ""
+}
+
+// closeStdin closes a container's stdin straight through its shim (CRI
+// Attach belongs to the streaming server), working while berthd is down.
+func closeStdin(t *testing.T, d *berthdtest.Daemon, pod, id string) {
+	t.Helper()
+	s, err := shim.NewClient(filepath.Join(d.State, "shims", pod)).Attach(context.Background(), id, true, false, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.CloseStdin(); err != nil {
+		t.Fatal(err)
+	}
+	s.Close()
+}
