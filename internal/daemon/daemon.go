@@ -101,7 +101,7 @@ func New(ctx context.Context, cfg *config.Config, version string, log *slog.Logg
 	}
 	sandboxes, err := sandbox.New(sandbox.Options{
 		Root: cfg.Root, State: cfg.State,
-		CgroupParent: cfg.CgroupParent, CgroupDriver: cfg.CgroupDriver,
+		CgroupParent: cfg.CgroupParent, CgroupDriver: cri.CgroupDriver(cfg.CgroupDriver),
 		RuntimeHandlers: handlers, DefaultRuntimeHandler: cfg.DefaultRuntimeHandler,
 		Network: netw, Logger: log,
 		TestFaults: os.Getenv("BERTHD_TEST_FAULTS") == "1",

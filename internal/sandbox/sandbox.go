@@ -269,6 +269,7 @@ func newID() string {
 // Run creates a sandbox. Every step already done is undone when a later
 // one fails, so a failed Run leaves nothing behind.
 func (s *Store) Run(ctx context.Context, cfg *runtime.PodSandboxConfig, handler string) (_ *Sandbox, retErr error) {
+	start := time.Now()
 	md := cfg.GetMetadata()
 	if md.GetName() == "" || md.GetNamespace() == "" || md.GetUid() == "" {
 		return nil, fmt.Errorf("sandbox metadata needs name, namespace and uid: %w", errdefs.ErrInvalidArgument)
@@ -444,8 +445,12 @@ func (s *Store) Run(ctx context.Context, cfg *runtime.PodSandboxConfig, handler 
 		}
 	}
 	s.crashPoint(cfg, "after-namespaces")
+	var cniTime time.Duration
 	if r.attachment != nil {
-		if err := s.opts.Network.Attach(ctx, s.netPod(r), r.attachment); err != nil {
+		cniStart := time.Now()
+		err := s.opts.Network.Attach(ctx, s.netPod(r), r.attachment)
+		cniTime = time.Since(cniStart)
+		if err != nil {
 			return nil, err
 		}
 		r.fillFromAttachment()
@@ -459,7 +464,7 @@ func (s *Store) Run(ctx context.Context, cfg *runtime.PodSandboxConfig, handler 
 	s.mu.Lock()
 	s.byID[id] = r
 	s.mu.Unlock()
-	log.Info("sandbox ready", "ip", r.sb.IP, "handler", handler, "cgroup", cgroup)
+	log.Info("sandbox ready", "ip", r.sb.IP, "handler", handler, "cgroup", cgroup, "took", time.Since(start), "cni_add", cniTime)
 	return r.snapshot(), nil
 }
 
@@ -551,6 +556,7 @@ func (s *Store) Stop(ctx context.Context, id string) error {
 
 func (s *Store) stopLocked(ctx context.Context, r *record) error {
 	log := s.log.With("pod", r.sb.ID)
+	start := time.Now()
 	err := s.teardown(ctx, r, false)
 	// Whatever got released is recorded, even on partial failure.
 	if err == nil {
@@ -563,7 +569,7 @@ func (s *Store) stopLocked(ctx context.Context, r *record) error {
 	if err != nil {
 		return fmt.Errorf("stop sandbox %s: %w", r.sb.ID, err)
 	}
-	log.Info("sandbox stopped")
+	log.Info("sandbox stopped", "took", time.Since(start))
 	return nil
 }
 

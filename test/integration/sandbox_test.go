@@ -552,11 +552,18 @@ func TestSandboxCheckpointRestoreAndNotReadyAfterCrash(t *testing.T) {
 	t.Parallel()
 	d := berthdtest.Start(t, berthdtest.Options{})
 	ok := podConfig("survivor")
+	// Its PID namespace holder must be found again after the restart.
+	ok.Linux.SecurityContext.NamespaceOptions.Pid = criapi.NamespaceMode_POD
 	lost := podConfig("lost")
 	lost.PortMappings = []*criapi.PortMapping{{Protocol: criapi.Protocol_TCP, ContainerPort: 80, HostPort: int32(20000 + os.Getpid()%10000)}}
 	idOK, idLost := runPod(t, d, ok), runPod(t, d, lost)
-	stOK, _ := podStatus(t, d, idOK)
+	stOK, infoOK := podStatus(t, d, idOK)
 	_, infoLost := podStatus(t, d, idLost)
+	var holder int
+	fmt.Sscanf(infoOK.PIDNSPath, "/proc/%d/ns/pid", &holder)
+	if holder == 0 {
+		t.Fatalf("no PID namespace holder: %+v", infoOK)
+	}
 	scope := leakcheck.ForDaemon(d)
 
 	d.Kill()
@@ -587,6 +594,9 @@ func TestSandboxCheckpointRestoreAndNotReadyAfterCrash(t *testing.T) {
 	lostIP := func() string { st, _ := podStatus(t, d, idLost); return st.GetNetwork().GetIp() }()
 	stopRemove(t, d, idLost)
 	stopRemove(t, d, idOK)
+	if st, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", holder)); err == nil && !strings.Contains(string(st), ") Z") {
+		t.Fatalf("holder %d of the restored pod survives its removal: %s", holder, st)
+	}
 	// CNI DEL released the lost pod's address and port-forwarding rules.
 	after := leakcheck.Take(t, scope)
 	for _, f := range after["ipam"] {
@@ -665,7 +675,7 @@ func TestSandboxLifecycleLeavesNothingBehind(t *testing.T) {
 	if failures != 10 {
 		t.Fatalf("%d failing cycles, want 10", failures)
 	}
-	leakcheck.Check(t, before, leakcheck.Take(t, scope))
+	leakcheck.CheckSettled(t, scope, before, leakcheck.Take(t, scope))
 	resp, _ := d.Runtime.ListPodSandbox(ctx, &criapi.ListPodSandboxRequest{})
 	if len(resp.Items) != 0 {
 		t.Fatalf("%d sandboxes listed after the cycles", len(resp.Items))
@@ -805,6 +815,6 @@ func TestSandboxCrashMidRunRecovers(t *testing.T) {
 		_, err = d.Runtime.RunPodSandbox(ctxT(t), &criapi.RunPodSandboxRequest{Config: podConfig(cfg.Metadata.Name)})
 		wantCode(t, err, codes.AlreadyExists)
 		stopRemove(t, d, resp.Items[0].Id)
-		leakcheck.Check(t, before, leakcheck.Take(t, scope))
+		leakcheck.CheckSettled(t, scope, before, leakcheck.Take(t, scope))
 	}
 }

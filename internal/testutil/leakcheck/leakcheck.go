@@ -14,6 +14,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/berthcri/berth/internal/testutil/berthdtest"
 )
@@ -83,6 +84,7 @@ func Take(t testing.TB, s Scope) Snapshot {
 			}
 		}
 		snap["iptables"] = rules
+		snap["iptables-chain"] = unreferencedCNIChains(string(out))
 	}
 	if s.CgroupParent != "" {
 		snap["cgroup"] = cgroups(s.CgroupParent)
@@ -129,6 +131,67 @@ func Check(t testing.TB, before, after Snapshot) {
 	if leaks := Diff(before, after); len(leaks) > 0 {
 		t.Fatalf("leaked %d items:\n%s", len(leaks), strings.Join(leaks, "\n"))
 	}
+}
+
+// CheckSettled is Check for tests running beside other daemons: node-wide
+// probes (unreferenced CNI chains) can catch another daemon mid-ADD, so a
+// finding must still be there in a second snapshot a moment later.
+func CheckSettled(t testing.TB, s Scope, before, after Snapshot) {
+	t.Helper()
+	leaks := Diff(before, after)
+	if len(leaks) == 0 {
+		return
+	}
+	time.Sleep(time.Second)
+	again := map[string]bool{}
+	for _, l := range Diff(before, Take(t, s)) {
+		again[l] = true
+	}
+	var confirmed []string
+	for _, l := range leaks {
+		if again[l] {
+			confirmed = append(confirmed, l)
+		}
+	}
+	if len(confirmed) > 0 {
+		t.Fatalf("leaked %d items:\n%s", len(confirmed), strings.Join(confirmed, "\n"))
+	}
+}
+
+// unreferencedCNIChains lists CNI-* chains (per table) that no rule jumps
+// to: what is left when a plugin's DEL removed the jump but not the chain.
+// portmap's shared CNI-HOSTPORT-* chains are always referenced.
+func unreferencedCNIChains(save string) []string {
+	var out []string
+	table := ""
+	declared := map[string]bool{}
+	referenced := map[string]bool{}
+	flush := func() {
+		for c := range declared {
+			if !referenced[c] {
+				out = append(out, table+"/"+c)
+			}
+		}
+		declared, referenced = map[string]bool{}, map[string]bool{}
+	}
+	for _, l := range strings.Split(save, "\n") {
+		switch {
+		case strings.HasPrefix(l, "*"):
+			table = l[1:]
+		case strings.HasPrefix(l, ":CNI-") && !strings.HasPrefix(l, ":CNI-HOSTPORT-"):
+			declared[strings.Fields(l[1:])[0]] = true
+		case strings.HasPrefix(l, "-A "):
+			f := strings.Fields(l)
+			for i := 0; i+1 < len(f); i++ {
+				if f[i] == "-j" || f[i] == "-g" {
+					referenced[f[i+1]] = true
+				}
+			}
+		case l == "COMMIT":
+			flush()
+		}
+	}
+	return out
 }
 
 func files(root string, ignore []string) []string {
