@@ -74,14 +74,14 @@ func (s *Store) Exec(ctx context.Context, id string, o ExecOptions) (int, error)
 	pidFile := filepath.Join(tmp, "pid")
 
 	var (
-		stdio   execIO
-		console *consoleSocket
+		stdio execIO
+		tty   *execTTY
 	)
 	if o.TTY {
-		if console, err = newConsoleSocket(tmp); err != nil {
+		if tty, err = newExecTTY(pidFile); err != nil {
 			return -1, err
 		}
-		defer console.Close()
+		defer tty.Close()
 	} else {
 		if err := stdio.open(o); err != nil {
 			return -1, err
@@ -95,16 +95,16 @@ func (s *Store) Exec(ctx context.Context, id string, o ExecOptions) (int, error)
 	runCtx, cancelRun := context.WithCancel(context.WithoutCancel(ctx))
 	defer cancelRun()
 	opts := oci.ExecOpts{PidFile: pidFile}
-	if console != nil {
-		opts.ConsoleSocket = console.path
+	if tty != nil {
+		opts.Stdin, opts.Stdout, opts.Stderr = tty.slave, tty.slave, tty.slave
 	} else {
 		opts.Stdin, opts.Stdout, opts.Stderr = stdio.childIn, stdio.childOut, stdio.childErr
 	}
 	done := make(chan error, 1)
 	go func() { done <- rt.Exec(runCtx, rec.ID, proc, opts) }()
 
-	if console != nil {
-		go console.serve(o, done)
+	if tty != nil {
+		tty.start(o)
 	} else {
 		stdio.start(o)
 	}
@@ -132,8 +132,8 @@ func (s *Store) Exec(ctx context.Context, id string, o ExecOptions) (int, error)
 			runErr = <-done
 		}
 	}
-	if console != nil {
-		console.wait()
+	if tty != nil {
+		tty.finish()
 	} else {
 		stdio.finish()
 	}

@@ -3,132 +3,125 @@ package container
 import (
 	"fmt"
 	"io"
-	"net"
 	"os"
+	"strconv"
+	"strings"
 	"sync"
 	"time"
 
 	"golang.org/x/sys/unix"
 )
 
-// consoleSocket receives the pty master the runtime sends for a TTY exec
-// (runc --console-socket) and pumps it to the caller's streams.
-type consoleSocket struct {
-	ln     *net.UnixListener
-	dir    *os.File
-	path   string // what the runtime dials: short, through /proc/self/fd
-	master chan *os.File
-	wg     sync.WaitGroup
-	pty    *os.File
-	mu     sync.Mutex
+// execTTY is the terminal of a TTY exec. runc cannot hand a console socket
+// to an exec it waits for, so it allocates the container-side pty itself
+// and relays it to its own stdio; berth gives runc the slave of a second
+// pty as stdio and holds its master. Resizes are set on that master and
+// runc is told with SIGWINCH, as a terminal would tell it.
+type execTTY struct {
+	master, slave *os.File
+	wg            sync.WaitGroup
+	pidFile       string
 }
 
-func newConsoleSocket(dir string) (*consoleSocket, error) {
-	// dir/console.sock can exceed the 108-byte limit of a socket address:
-	// bind and dial it through an fd link to dir instead.
-	d, err := os.Open(dir)
+func newExecTTY(pidFile string) (*execTTY, error) {
+	m, s, err := openPTY()
 	if err != nil {
-		return nil, fmt.Errorf("exec console socket: %w", err)
+		return nil, fmt.Errorf("exec terminal: %w", err)
 	}
-	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: fmt.Sprintf("/proc/self/fd/%d/console.sock", d.Fd()), Net: "unix"})
-	if err != nil {
-		d.Close()
-		return nil, fmt.Errorf("exec console socket in %s: %w", dir, err)
-	}
-	c := &consoleSocket{ln: ln, dir: d, master: make(chan *os.File, 1)}
-	c.path = fmt.Sprintf("/proc/%d/fd/%d/console.sock", os.Getpid(), d.Fd())
-	go func() {
-		f, err := receivePTY(ln)
-		if err != nil {
-			close(c.master)
-			return
-		}
-		c.master <- f
-	}()
-	return c, nil
+	return &execTTY{master: m, slave: s, pidFile: pidFile}, nil
 }
 
-func receivePTY(ln *net.UnixListener) (*os.File, error) {
-	_ = ln.SetDeadline(time.Now().Add(30 * time.Second))
-	conn, err := ln.AcceptUnix()
+// openPTY opens a new pseudo-terminal pair.
+func openPTY() (master, slave *os.File, err error) {
+	m, err := os.OpenFile("/dev/ptmx", os.O_RDWR|unix.O_NOCTTY|unix.O_CLOEXEC, 0)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	defer conn.Close()
-	buf := make([]byte, 256)
-	oob := make([]byte, unix.CmsgSpace(4))
-	_, oobn, _, _, err := conn.ReadMsgUnix(buf, oob)
+	if err := unix.IoctlSetPointerInt(int(m.Fd()), unix.TIOCSPTLCK, 0); err != nil {
+		m.Close()
+		return nil, nil, fmt.Errorf("unlock pty: %w", err)
+	}
+	n, err := unix.IoctlGetInt(int(m.Fd()), unix.TIOCGPTN)
 	if err != nil {
-		return nil, err
+		m.Close()
+		return nil, nil, fmt.Errorf("pty number: %w", err)
 	}
-	msgs, err := unix.ParseSocketControlMessage(oob[:oobn])
-	if err != nil || len(msgs) != 1 {
-		return nil, fmt.Errorf("bad console message: %v", err)
+	s, err := os.OpenFile("/dev/pts/"+strconv.Itoa(n), os.O_RDWR|unix.O_NOCTTY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		m.Close()
+		return nil, nil, err
 	}
-	fds, err := unix.ParseUnixRights(&msgs[0])
-	if err != nil || len(fds) != 1 {
-		return nil, fmt.Errorf("bad console rights: %v", err)
-	}
-	return os.NewFile(uintptr(fds[0]), "exec-pty"), nil
+	return m, s, nil
 }
 
-// serve waits for the pty, then copies it both ways and applies resizes.
-func (c *consoleSocket) serve(o ExecOptions, done <-chan error) {
-	var pty *os.File
-	select {
-	case pty = <-c.master:
-	case <-time.After(30 * time.Second):
-	}
-	if pty == nil {
-		return
-	}
-	c.mu.Lock()
-	c.pty = pty
-	c.mu.Unlock()
+// start relays the caller's streams to the terminal and applies resizes.
+func (t *execTTY) start(o ExecOptions) {
 	if o.Stdin != nil {
-		go func() { _, _ = io.Copy(pty, o.Stdin) }()
+		go func() { _, _ = io.Copy(t.master, o.Stdin) }()
 	}
 	if o.Resize != nil {
 		go func() {
 			for sz := range o.Resize {
-				_ = unix.IoctlSetWinsize(int(pty.Fd()), unix.TIOCSWINSZ, &unix.Winsize{Col: sz.Width, Row: sz.Height})
+				t.resize(sz)
 			}
 		}()
 	}
-	c.wg.Add(1)
+	t.wg.Add(1)
 	go func() {
-		defer c.wg.Done()
+		defer t.wg.Done()
 		out := o.Stdout
 		if out == nil {
 			out = io.Discard
 		}
-		// Ends with EIO once the last process holding the slave exits.
-		_, _ = io.Copy(out, pty)
+		// Ends with EIO once nothing holds the slave any more.
+		_, _ = io.Copy(out, t.master)
 	}()
 }
 
-// wait drains the pty output, bounded by drainTimeout.
-func (c *consoleSocket) wait() {
+func (t *execTTY) resize(sz TerminalSize) {
+	_ = unix.IoctlSetWinsize(int(t.master.Fd()), unix.TIOCSWINSZ, &unix.Winsize{Col: sz.Width, Row: sz.Height})
+	// runc relays the size when it gets SIGWINCH; it is the parent of the
+	// exec'd process (it makes itself a subreaper while it waits).
+	if data, err := os.ReadFile(t.pidFile); err == nil {
+		if ppid := parentPID(strings.TrimSpace(string(data))); ppid > 1 {
+			_ = unix.Kill(ppid, unix.SIGWINCH)
+		}
+	}
+}
+
+// parentPID reads the parent of pid from /proc.
+func parentPID(pid string) int {
+	data, err := os.ReadFile("/proc/" + pid + "/stat")
+	if err != nil {
+		return 0
+	}
+	s := string(data)
+	i := strings.LastIndex(s, ") ")
+	if i < 0 {
+		return 0
+	}
+	f := strings.Fields(s[i+2:])
+	if len(f) < 2 {
+		return 0
+	}
+	ppid, _ := strconv.Atoi(f[1])
+	return ppid
+}
+
+// finish drops our slave and drains the output, bounded by drainTimeout.
+func (t *execTTY) finish() {
+	t.slave.Close()
 	drained := make(chan struct{})
-	go func() { c.wg.Wait(); close(drained) }()
+	go func() { t.wg.Wait(); close(drained) }()
 	select {
 	case <-drained:
 	case <-time.After(drainTimeout):
-		c.mu.Lock()
-		if c.pty != nil {
-			c.pty.Close()
-		}
-		c.mu.Unlock()
+		t.master.Close()
 		<-drained
 	}
 }
 
-func (c *consoleSocket) Close() {
-	c.ln.Close()
-	c.dir.Close()
-	c.mu.Lock()
-	if c.pty != nil {
-		c.pty.Close()
-	}
-	c.mu.Unlock()
+func (t *execTTY) Close() {
+	t.slave.Close()
+	t.master.Close()
 }

@@ -242,7 +242,7 @@ type containerStreams struct{ containers *container.Store }
 
 func (c containerStreams) Exec(ctx context.Context, id string, cmd []string, in io.Reader, out, errOut io.WriteCloser, tty bool, resize <-chan streaming.TerminalSize) error {
 	code, err := c.containers.Exec(ctx, id, container.ExecOptions{
-		Cmd: cmd, Stdin: in, Stdout: writerOrNil(out), Stderr: writerOrNil(errOut), TTY: tty, Resize: sizes(ctx, resize),
+		Cmd: cmd, Stdin: readerOrNil(in), Stdout: writerOrNil(out), Stderr: writerOrNil(errOut), TTY: tty, Resize: sizes(ctx, resize),
 	})
 	if err != nil {
 		return err
@@ -255,20 +255,36 @@ func (c containerStreams) Exec(ctx context.Context, id string, cmd []string, in 
 }
 
 func (c containerStreams) Attach(ctx context.Context, id string, in io.Reader, out, errOut io.WriteCloser, tty bool, resize <-chan streaming.TerminalSize) error {
-	var stdin io.Reader
-	if in != nil && !reflect.ValueOf(in).IsNil() {
-		stdin = in
-	}
-	return c.containers.Attach(ctx, id, stdin, writerOrNil(out), writerOrNil(errOut), sizes(ctx, resize))
+	return c.containers.Attach(ctx, id, readerOrNil(in), writerOrNil(out), writerOrNil(errOut), sizes(ctx, resize))
 }
 
 // writerOrNil keeps a nil interface nil: the library passes typed nils for
 // streams the client did not ask for.
 func writerOrNil(w io.WriteCloser) io.Writer {
-	if w == nil || reflect.ValueOf(w).IsNil() {
+	if isNil(w) {
 		return nil
 	}
 	return w
+}
+
+func readerOrNil(r io.Reader) io.Reader {
+	if isNil(r) {
+		return nil
+	}
+	return r
+}
+
+// isNil reports a nil interface or an interface holding a nil pointer.
+func isNil(v any) bool {
+	if v == nil {
+		return true
+	}
+	rv := reflect.ValueOf(v)
+	switch rv.Kind() {
+	case reflect.Pointer, reflect.Interface, reflect.Map, reflect.Chan, reflect.Func, reflect.Slice:
+		return rv.IsNil()
+	}
+	return false
 }
 
 // sizes converts the library's resize events until ctx ends.
