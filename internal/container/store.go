@@ -45,6 +45,8 @@ type Options struct {
 	// Layers releases image layers on remove and failed create.
 	Layers LayerReleaser
 	Logger *slog.Logger
+	// OnEvent, if set, hears every lifecycle transition (events.go).
+	OnEvent func(Event)
 }
 
 // Store holds every container.
@@ -252,6 +254,7 @@ func (s *Store) Create(ctx context.Context, p CreateParams) (_ *Container, retEr
 	if err := saveRecord(dir, rec); err != nil {
 		return nil, err
 	}
+	s.emit(EventCreated, rec)
 	s.mu.Lock()
 	s.ctrs[id] = &entry{rec: rec}
 	s.mu.Unlock()
@@ -337,6 +340,7 @@ func (s *Store) setExited(e *entry, ex *shim.Exit) {
 	if err := saveRecord(s.dir(r.ID), r); err != nil {
 		s.log.Warn("save exited record", "container", r.ID, "err", err)
 	}
+	s.emit(EventStopped, r)
 }
 
 // Get returns a copy of the container's current record.
@@ -389,10 +393,15 @@ func (s *Store) Start(ctx context.Context, id string) (*Container, error) {
 		// A failed start leaves the container exited, as in containerd.
 		r.State, r.FinishedAt, r.ExitCode, r.Reason, r.Message = StateExited, time.Now().UTC(), 128, ReasonStart, err.Error()
 		_ = saveRecord(s.dir(r.ID), r)
+		s.emit(EventStopped, r)
 		return nil, fmt.Errorf("start container %s: %w", r.ID, err)
 	}
 	r.State, r.StartedAt = StateRunning, startedAt
+	s.emit(EventStarted, r)
 	s.refresh(e) // it may be done already
+	if r.State == StateRunning {
+		s.watchExit(e)
+	}
 	if err := saveRecord(s.dir(r.ID), r); err != nil {
 		return nil, err
 	}
@@ -531,6 +540,7 @@ func (s *Store) Remove(ctx context.Context, id string) error {
 		delete(s.names, nameKey(r.PodID, r.Name, r.Attempt))
 	}
 	s.mu.Unlock()
+	s.emit(EventDeleted, r)
 	s.log.Info("container removed", "pod", r.PodID, "container", r.ID)
 	return nil
 }
@@ -655,6 +665,8 @@ func (s *Store) recover(ctx context.Context) error {
 			s.setExited(e, &shim.Exit{Code: 255, At: time.Now().UTC()})
 			rec.Reason = ReasonUnknown
 			_ = saveRecord(dir, rec)
+		} else if rec.State == StateRunning {
+			s.watchExit(e)
 		}
 	}
 	s.log.Info("containers recovered", "count", len(s.ctrs))

@@ -5,8 +5,6 @@ import (
 	"time"
 
 	runtime "k8s.io/cri-api/pkg/apis/runtime/v1"
-
-	"github.com/berthcri/berth/internal/container"
 )
 
 // StopContainer sends the stop signal, waits timeout seconds, then
@@ -18,14 +16,8 @@ func (s *Service) StopContainer(ctx context.Context, req *runtime.StopContainerR
 	if req.GetTimeout() < 0 {
 		return nil, invalidArgument("StopContainer: timeout %d is negative", req.GetTimeout())
 	}
-	before, getErr := s.containers.Get(req.GetContainerId())
 	if err := s.containers.Stop(ctx, req.GetContainerId(), time.Duration(req.GetTimeout())*time.Second); err != nil {
 		return nil, toStatus(err)
-	}
-	if getErr == nil && before.State != container.StateExited {
-		if c, err := s.containers.Get(before.ID); err == nil {
-			s.publishContainerEvent(c, runtime.ContainerEventType_CONTAINER_STOPPED_EVENT)
-		}
 	}
 	return &runtime.StopContainerResponse{}, nil
 }
