@@ -212,9 +212,9 @@ func TestUnbuiltRPCsReturnUnimplemented(t *testing.T) {
 	// Every RPC listed here is not built yet; each later capability removes
 	// its RPCs from this table as it lands.
 	calls := map[string]func() error{
-		"ExecSync":       func() error { _, err := d.Runtime.ExecSync(ctx, &criapi.ExecSyncRequest{}); return err },
-		"Exec":           func() error { _, err := d.Runtime.Exec(ctx, &criapi.ExecRequest{}); return err },
-		"Attach":         func() error { _, err := d.Runtime.Attach(ctx, &criapi.AttachRequest{}); return err },
+		"ExecSync": func() error { _, err := d.Runtime.ExecSync(ctx, &criapi.ExecSyncRequest{}); return err },
+		"Exec":     func() error { _, err := d.Runtime.Exec(ctx, &criapi.ExecRequest{}); return err },
+		"Attach":   func() error { _, err := d.Runtime.Attach(ctx, &criapi.AttachRequest{}); return err },
 		"CheckpointContainer": func() error {
 			_, err := d.Runtime.CheckpointContainer(ctx, &criapi.CheckpointContainerRequest{})
 			return err
