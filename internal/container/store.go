@@ -512,9 +512,12 @@ func (s *Store) Remove(ctx context.Context, id string) error {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	r := e.rec
-	if _, err := s.shimClient(r.PodID).Delete(ctx, r.ID); err != nil &&
-		!errors.Is(err, errdefs.ErrNotFound) && !errors.Is(err, shim.ErrNoShim) {
+	st, err := s.shimClient(r.PodID).Delete(ctx, r.ID)
+	if err != nil && !errors.Is(err, errdefs.ErrNotFound) && !errors.Is(err, shim.ErrNoShim) {
 		return fmt.Errorf("remove container %s: %w", r.ID, err)
+	}
+	if err == nil && st != nil && st.Exit != nil && r.State == StateRunning {
+		s.setExited(e, st.Exit) // removed while running: it stopped first
 	}
 	// The shim is gone with its last container; make sure runc forgets it.
 	if rt, ok := s.opts.Runtimes[r.Runtime]; ok {

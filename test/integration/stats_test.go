@@ -396,6 +396,18 @@ func TestContainerEventsLifecycleInOrder(t *testing.T) {
 		t.Fatalf("after stop, stop, remove: %v %s, %v %s", evs[0].ContainerEventType, evs[0].ContainerId, evs[1].ContainerEventType, evs[1].ContainerId)
 	}
 
+	// Removing a running container: it stops, then it is deleted.
+	c3 := e.run(e.config("three", "sleep", "1000"))
+	if _, err := e.d.Runtime.RemoveContainer(ctx, &criapi.RemoveContainerRequest{ContainerId: c3}); err != nil {
+		t.Fatal(err)
+	}
+	evs = recvEvents(t, a, 4)
+	for i, want := range want {
+		if evs[i].ContainerId != c3 || evs[i].ContainerEventType != want {
+			t.Fatalf("running container removed: event %d is %v for %s, want %v", i, evs[i].ContainerEventType, evs[i].ContainerId, want)
+		}
+	}
+
 	// The stalled subscriber has not slowed anything: more pods and
 	// containers go through promptly.
 	for i := 0; i < 5; i++ {
