@@ -34,12 +34,15 @@ func NewEventPublisher(broker *events.Broker, sandboxes *sandbox.Store) *EventPu
 	return &EventPublisher{broker: broker, sandboxes: sandboxes, pods: map[string]map[string]*container.Container{}}
 }
 
-// Seed records containers known before any event (loaded from disk).
+// Seed records containers loaded from disk. A container already heard of
+// keeps its record: an event is never older than the store's listing.
 func (p *EventPublisher) Seed(ctrs []*container.Container) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	for _, c := range ctrs {
-		p.remember(c)
+		if _, ok := p.pods[c.PodID][c.ID]; !ok {
+			p.remember(c)
+		}
 	}
 }
 

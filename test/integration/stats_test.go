@@ -551,3 +551,30 @@ func TestUpdatePodSandboxResourcesSetsPodCgroup(t *testing.T) {
 	wantCode(t, err, codes.InvalidArgument)
 	stopRemove(t, d, id)
 }
+
+// After a daemon restart, berthd again notices a running container's own
+// exit as it happens.
+func TestContainerEventsReportExitsAfterRestart(t *testing.T) {
+	t.Parallel()
+	e := newCtrEnv(t)
+	cfg := e.config("waiter", "sh", "-c", "read x; exit 5")
+	cfg.Stdin, cfg.StdinOnce = true, true
+	id := e.run(cfg)
+	e.d.Restart()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	stream, err := e.d.Runtime.GetContainerEvents(ctx, &criapi.GetEventsRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(300 * time.Millisecond)
+	closeStdin(t, e.d, e.pod, id)
+	ev := recvEvents(t, stream, 1)[0]
+	if ev.ContainerId != id || ev.ContainerEventType != criapi.ContainerEventType_CONTAINER_STOPPED_EVENT {
+		t.Fatalf("event %v for %s", ev.ContainerEventType, ev.ContainerId)
+	}
+	if len(ev.ContainersStatuses) != 1 || ev.ContainersStatuses[0].ExitCode != 5 {
+		t.Fatalf("statuses %+v", ev.ContainersStatuses)
+	}
+	stopRemove(t, e.d, e.pod)
+}
