@@ -515,13 +515,30 @@ func TestMetricsCountObjectsAndPulls(t *testing.T) {
 	}
 }
 
-// UpdatePodSandboxResources writes the new limits into the pod's cgroup.
+// UpdatePodSandboxResources writes the new limits into the pod's cgroup,
+// here under a kubelet-style cgroup parent; such a pod, and one on the
+// host network, have pod stats too.
 func TestUpdatePodSandboxResourcesSetsPodCgroup(t *testing.T) {
 	t.Parallel()
 	d := berthdtest.Start(t, berthdtest.Options{})
 	ctx := ctxT(t)
-	id := runPod(t, d, podConfig("resized"))
+	cfg := podConfig("resized")
+	cfg.Linux.CgroupParent = "/" + d.Config.CgroupParent + "/kubepods/burstable/pod-resized-uid"
+	id := runPod(t, d, cfg)
 	_, info := podStatus(t, d, id)
+	if !strings.HasPrefix(info.CgroupParent, cfg.Linux.CgroupParent) {
+		t.Fatalf("pod cgroup %s not under %s", info.CgroupParent, cfg.Linux.CgroupParent)
+	}
+	if ps := podStats(t, d, id); ps.GetLinux().GetMemory() == nil || ps.GetLinux().GetNetwork().GetDefaultInterface().GetName() != "eth0" {
+		t.Fatalf("pod stats under a cgroup parent: %+v", ps.GetLinux())
+	}
+	hostCfg := podConfig("hostnet")
+	hostCfg.Linux.SecurityContext.NamespaceOptions.Network = criapi.NamespaceMode_NODE
+	host := runPod(t, d, hostCfg)
+	if hs := podStats(t, d, host); hs.GetLinux().GetCpu() == nil || hs.GetLinux().GetMemory() == nil || hs.GetLinux().GetNetwork() != nil {
+		t.Fatalf("host-network pod stats: %+v", hs.GetLinux())
+	}
+	stopRemove(t, d, host)
 	_, err := d.Runtime.UpdatePodSandboxResources(ctx, &criapi.UpdatePodSandboxResourcesRequest{
 		PodSandboxId: id,
 		Resources:    &criapi.LinuxContainerResources{MemoryLimitInBytes: 300 << 20, CpuShares: 256, CpuQuota: 50000, CpuPeriod: 100000},
