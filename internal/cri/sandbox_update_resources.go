@@ -3,6 +3,7 @@ package cri
 import (
 	"context"
 
+	specs "github.com/opencontainers/runtime-spec/specs-go"
 	runtime "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/berthcri/berth/internal/container"
@@ -14,10 +15,10 @@ func (s *Service) UpdatePodSandboxResources(ctx context.Context, req *runtime.Up
 	if req.GetPodSandboxId() == "" {
 		return nil, invalidArgument("UpdatePodSandboxResources: pod_sandbox_id is required")
 	}
-	if req.GetResources() == nil {
-		return nil, invalidArgument("UpdatePodSandboxResources: resources are required")
+	var res *specs.LinuxResources // none sent: only the overhead is recorded
+	if req.GetResources() != nil {
+		res = container.OCIResources(req.GetResources())
 	}
-	res := container.OCIResources(req.GetResources())
 	if err := s.sandboxes.UpdateResources(ctx, req.GetPodSandboxId(), res, req.GetOverhead(), req.GetResources()); err != nil {
 		return nil, toStatus(err)
 	}

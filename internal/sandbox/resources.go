@@ -15,9 +15,9 @@ import (
 	"github.com/berthcri/berth/internal/errdefs"
 )
 
-// UpdateResources applies new pod-level limits (res, in runtime-spec form)
-// to the pod's own cgroup, which holds every container of the pod, and
-// records the CRI values for the pod's view.
+// UpdateResources applies new pod-level limits (res, in runtime-spec form;
+// nil changes nothing) to the pod's own cgroup, which holds every
+// container of the pod, and records the CRI values for the pod's view.
 func (s *Store) UpdateResources(ctx context.Context, id string, res *specs.LinuxResources, overhead, resources *runtime.LinuxContainerResources) error {
 	r, err := s.lookup(id)
 	if err != nil {
@@ -28,8 +28,10 @@ func (s *Store) UpdateResources(ctx context.Context, id string, res *specs.Linux
 	if r.removed {
 		return fmt.Errorf("sandbox %s: %w", id, errdefs.ErrNotFound)
 	}
-	if err := updateCgroup(r.sb.CgroupParent, res); err != nil {
-		return fmt.Errorf("update resources of pod %s: %w", r.sb.ID, err)
+	if res != nil {
+		if err := updateCgroup(r.sb.CgroupParent, res); err != nil {
+			return fmt.Errorf("update resources of pod %s: %w", r.sb.ID, err)
+		}
 	}
 	if overhead != nil {
 		r.sb.Overhead = overhead
