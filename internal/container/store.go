@@ -45,6 +45,8 @@ type Options struct {
 	// Layers releases image layers on remove and failed create.
 	Layers LayerReleaser
 	Logger *slog.Logger
+	// OnEvent, if set, hears every lifecycle transition (events.go).
+	OnEvent func(Event)
 }
 
 // Store holds every container.
@@ -57,19 +59,6 @@ type Store struct {
 	names map[string]string // pod/name/attempt → ID
 
 	shimMu sync.Mutex // serialises shim launches
-
-	notifyMu sync.Mutex
-	onExit   func(*Container)
-}
-
-// Notify registers fn to be called once for each container that exits on
-// its own or by Stop, after its record says so (not for a container
-// Remove forces down, which is gone by then). The CRI
-// layer turns these into CONTAINER_STOPPED events.
-func (s *Store) Notify(fn func(*Container)) {
-	s.notifyMu.Lock()
-	defer s.notifyMu.Unlock()
-	s.onExit = fn
 }
 
 // entry is a container in memory; mu serialises its lifecycle operations.
@@ -266,6 +255,7 @@ func (s *Store) Create(ctx context.Context, p CreateParams) (_ *Container, retEr
 		return nil, err
 	}
 	e := &entry{rec: rec}
+	s.emit(EventCreated, rec)
 	s.mu.Lock()
 	s.ctrs[id] = e
 	s.mu.Unlock()
@@ -372,14 +362,6 @@ func (s *Store) setExited(e *entry, ex *shim.Exit) {
 	if r.State == StateExited {
 		return
 	}
-	defer func() {
-		s.notifyMu.Lock()
-		fn := s.onExit
-		s.notifyMu.Unlock()
-		if fn != nil {
-			fn(r.clone())
-		}
-	}()
 	r.State = StateExited
 	r.FinishedAt = ex.At
 	r.ExitCode = int32(ex.Code)
@@ -396,6 +378,7 @@ func (s *Store) setExited(e *entry, ex *shim.Exit) {
 	if err := saveRecord(s.dir(r.ID), r); err != nil {
 		s.log.Warn("save exited record", "container", r.ID, "err", err)
 	}
+	s.emit(EventStopped, r)
 }
 
 // Get returns a copy of the container's current record.
@@ -448,10 +431,12 @@ func (s *Store) Start(ctx context.Context, id string) (*Container, error) {
 		// A failed start leaves the container exited, as in containerd.
 		r.State, r.FinishedAt, r.ExitCode, r.Reason, r.Message = StateExited, time.Now().UTC(), 128, ReasonStart, err.Error()
 		_ = saveRecord(s.dir(r.ID), r)
+		s.emit(EventStopped, r)
 		return nil, fmt.Errorf("start container %s: %w", r.ID, err)
 	}
 	r.State, r.StartedAt = StateRunning, startedAt
-	s.refresh(e) // it may be done already
+	s.emit(EventStarted, r)
+	s.refresh(e) // it may be done already; else the watcher sees the exit
 	if err := saveRecord(s.dir(r.ID), r); err != nil {
 		return nil, err
 	}
@@ -559,9 +544,12 @@ func (s *Store) Remove(ctx context.Context, id string) error {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	r := e.rec
-	_, err = s.shimClient(r.PodID).Delete(ctx, r.ID)
+	st, err := s.shimClient(r.PodID).Delete(ctx, r.ID)
 	switch {
 	case err == nil:
+		if st != nil && st.Exit != nil && r.State == StateRunning {
+			s.setExited(e, st.Exit) // removed while running: it stopped first
+		}
 	case errors.Is(err, errdefs.ErrNotFound), errors.Is(err, shim.ErrNoShim):
 		// No shim holds it (it died, or a crash cut a remove short): make
 		// sure the runtime forgets it too.
@@ -591,6 +579,7 @@ func (s *Store) Remove(ctx context.Context, id string) error {
 		delete(s.names, nameKey(r.PodID, r.Name, r.Attempt))
 	}
 	s.mu.Unlock()
+	s.emit(EventDeleted, r)
 	s.log.Info("container removed", "pod", r.PodID, "container", r.ID)
 	return nil
 }

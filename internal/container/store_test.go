@@ -34,6 +34,8 @@ type fixture struct {
 	layers *layers
 	opts   container.Options
 	store  *container.Store
+	// exits receives every container's record as it stops.
+	exits chan *container.Container
 }
 
 func newFixture(t *testing.T) *fixture {
@@ -46,7 +48,7 @@ func newFixture(t *testing.T) *fixture {
 	if err != nil {
 		t.Fatal(err)
 	}
-	f := &fixture{t: t, dir: dir, lower: filepath.Join(dir, "layer"), cgroup: "berthctrtest-" + filepath.Base(dir), layers: &layers{}}
+	f := &fixture{t: t, dir: dir, lower: filepath.Join(dir, "layer"), cgroup: "berthctrtest-" + filepath.Base(dir), layers: &layers{}, exits: make(chan *container.Container, 100)}
 	t.Cleanup(func() {
 		if err := berthdtest.CleanupNode(dir, f.cgroup); err != nil {
 			t.Errorf("cleanup: %v", err)
@@ -62,6 +64,14 @@ func newFixture(t *testing.T) *fixture {
 			"other": oci.New("runc", filepath.Join(dir, "state", "runtime", "other"), nil),
 		},
 		Layers: f.layers,
+		OnEvent: func(ev container.Event) {
+			if ev.Kind == container.EventStopped {
+				select {
+				case f.exits <- ev.Container:
+				default:
+				}
+			}
+		},
 	}
 	f.open()
 	return f
@@ -141,8 +151,7 @@ func TestLifecycleExitCodesAndReasons(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t)
 	ctx := context.Background()
-	exits := make(chan *container.Container, 10)
-	f.store.Notify(func(c *container.Container) { exits <- c })
+	exits := f.exits
 	ok := f.create("pod1", "ok", []string{"sh", "-c", "echo hi; touch /written"}, nil)
 	bad := f.create("pod1", "bad", []string{"sh", "-c", "exit 7"}, nil)
 	if ok.State != container.StateCreated || ok.CreatedAt.IsZero() {

@@ -76,13 +76,3 @@ func criContainerStatus(c *container.Container) *runtime.ContainerStatus {
 	}
 	return st
 }
-
-// publishContainerEvent tells GetContainerEvents subscribers about c.
-func (s *Service) publishContainerEvent(c *container.Container, kind runtime.ContainerEventType) {
-	s.events.Publish(&runtime.ContainerEventResponse{
-		ContainerId:        c.ID,
-		ContainerEventType: kind,
-		CreatedAt:          time.Now().UnixNano(),
-		ContainersStatuses: []*runtime.ContainerStatus{criContainerStatus(c)},
-	})
-}

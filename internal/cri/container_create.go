@@ -105,7 +105,6 @@ func (s *Service) CreateContainer(ctx context.Context, req *runtime.CreateContai
 	if err != nil {
 		return nil, toStatus(err)
 	}
-	s.publishContainerEvent(c, runtime.ContainerEventType_CONTAINER_CREATED_EVENT)
 	return &runtime.CreateContainerResponse{ContainerId: c.ID}, nil
 }
 

@@ -12,12 +12,11 @@ func (s *Service) RemoveContainer(ctx context.Context, req *runtime.RemoveContai
 	if req.GetContainerId() == "" {
 		return nil, invalidArgument("RemoveContainer: container ID is required")
 	}
-	c, getErr := s.containers.Get(req.GetContainerId())
+	if c, err := s.containers.Get(req.GetContainerId()); err == nil {
+		defer s.stats.Forget(c.ID)
+	}
 	if err := s.containers.Remove(ctx, req.GetContainerId()); err != nil {
 		return nil, toStatus(err)
-	}
-	if getErr == nil {
-		s.publishContainerEvent(c, runtime.ContainerEventType_CONTAINER_DELETED_EVENT)
 	}
 	return &runtime.RemoveContainerResponse{}, nil
 }

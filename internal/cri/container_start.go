@@ -12,10 +12,8 @@ func (s *Service) StartContainer(ctx context.Context, req *runtime.StartContaine
 	if req.GetContainerId() == "" {
 		return nil, invalidArgument("StartContainer: container ID is required")
 	}
-	c, err := s.containers.Start(ctx, req.GetContainerId())
-	if err != nil {
+	if _, err := s.containers.Start(ctx, req.GetContainerId()); err != nil {
 		return nil, toStatus(err)
 	}
-	s.publishContainerEvent(c, runtime.ContainerEventType_CONTAINER_STARTED_EVENT)
 	return &runtime.StartContainerResponse{}, nil
 }

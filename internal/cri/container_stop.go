@@ -16,7 +16,6 @@ func (s *Service) StopContainer(ctx context.Context, req *runtime.StopContainerR
 	if req.GetTimeout() < 0 {
 		return nil, invalidArgument("StopContainer: timeout %d is negative", req.GetTimeout())
 	}
-	// The exit itself raises CONTAINER_STOPPED (container.Store.Notify).
 	if err := s.containers.Stop(ctx, req.GetContainerId(), time.Duration(req.GetTimeout())*time.Second); err != nil {
 		return nil, toStatus(err)
 	}

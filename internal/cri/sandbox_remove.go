@@ -13,6 +13,12 @@ func (s *Service) RemovePodSandbox(ctx context.Context, req *runtime.RemovePodSa
 		return nil, invalidArgument("RemovePodSandbox: pod_sandbox_id is required")
 	}
 	if sb, err := s.sandboxes.Get(req.GetPodSandboxId()); err == nil {
+		for _, c := range s.containers.List() {
+			if c.PodID == sb.ID {
+				s.stats.Forget(c.ID)
+			}
+		}
+		s.stats.Forget(sb.ID)
 		if err := s.containers.RemovePod(ctx, sb.ID); err != nil {
 			return nil, toStatus(err)
 		}

@@ -17,6 +17,7 @@ import (
 	"github.com/berthcri/berth/internal/image"
 	"github.com/berthcri/berth/internal/network"
 	"github.com/berthcri/berth/internal/sandbox"
+	"github.com/berthcri/berth/internal/stats"
 	"github.com/berthcri/berth/internal/streaming"
 )
 
@@ -37,6 +38,7 @@ type Service struct {
 	sandboxes  *sandbox.Store
 	streaming  *streaming.Server
 	containers *container.Store
+	stats      *stats.Collector
 
 	// podCIDR is what the kubelet last sent through UpdateRuntimeConfig.
 	mu      sync.Mutex
@@ -57,6 +59,8 @@ type Options struct {
 	Sandboxes  *sandbox.Store
 	Streaming  *streaming.Server
 	Containers *container.Store
+	// Stats samples cgroups for the stats RPCs; nil → the host's.
+	Stats *stats.Collector
 }
 
 // Addresses of berthd's side servers, resolved (port 0 replaced).
@@ -79,17 +83,16 @@ func New(opts Options) *Service {
 		sandboxes:  opts.Sandboxes,
 		streaming:  opts.Streaming,
 		containers: opts.Containers,
+		stats:      opts.Stats,
 	}
 	if s.log == nil {
 		s.log = slog.Default()
 	}
+	if s.stats == nil {
+		s.stats = stats.NewCollector(stats.CollectorOptions{})
+	}
 	if s.events == nil {
 		s.events = events.NewBroker()
-	}
-	if s.containers != nil {
-		s.containers.Notify(func(c *container.Container) {
-			s.publishContainerEvent(c, runtime.ContainerEventType_CONTAINER_STOPPED_EVENT)
-		})
 	}
 	return s
 }

@@ -71,17 +71,18 @@ func New(ctx context.Context, cfg *config.Config, version string, log *slog.Logg
 	}
 	d.listener = ln
 
+	m := metrics.New()
 	images, err := image.Open(image.Options{
 		Root:              filepath.Join(cfg.Root, "images"),
 		RegistryConfigDir: cfg.RegistryConfigDir,
 		PinnedImages:      cfg.PinnedImages,
 		Logger:            log.With("component", "image"),
+		Observer:          m,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("open image store: %w", err)
 	}
 
-	m := metrics.New()
 	if cfg.MetricsAddress != "" {
 		if d.metrics, err = m.Listen(cfg.MetricsAddress); err != nil {
 			return nil, err
@@ -110,6 +111,8 @@ func New(ctx context.Context, cfg *config.Config, version string, log *slog.Logg
 		return nil, err
 	}
 
+	broker := events.NewBroker()
+	publisher := cri.NewEventPublisher(broker, sandboxes)
 	containers, err := container.Open(ctx, container.Options{
 		Dir:        filepath.Join(cfg.Root, "containers"),
 		ShimDir:    filepath.Join(cfg.State, "shims"),
@@ -117,10 +120,13 @@ func New(ctx context.Context, cfg *config.Config, version string, log *slog.Logg
 		Runtimes:   container.Runtimes(cfg),
 		Layers:     images,
 		Logger:     log.With("component", "container"),
+		OnEvent:    publisher.ContainerEvent,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("open container store: %w", err)
 	}
+	publisher.Seed(containers.List())
+	registerObjectCounts(m, sandboxes, containers)
 
 	if d.stream, err = streaming.New(cfg.StreamingAddress, nil, containerStreams{containers}, podNetwork{sandboxes}, log); err != nil {
 		return nil, err
@@ -135,7 +141,7 @@ func New(ctx context.Context, cfg *config.Config, version string, log *slog.Logg
 			Metrics:   metricsAddr(d.metrics),
 		},
 
-		Events:     events.NewBroker(),
+		Events:     broker,
 		Images:     images,
 		Network:    netw,
 		Sandboxes:  sandboxes,

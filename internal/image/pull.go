@@ -14,6 +14,7 @@ import (
 	"runtime"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/google/go-containerregistry/pkg/authn"
 	"github.com/google/go-containerregistry/pkg/name"
@@ -64,7 +65,11 @@ func (s *Store) Pull(ctx context.Context, ref string, auth *Auth) (*Image, error
 		return nil, err
 	}
 	return s.pulls.Do(ctx, n.String()+"|"+auth.key(), func(ctx context.Context) (*Image, error) {
+		start := time.Now()
 		img, err := s.pull(ctx, n, auth)
+		if err == nil && s.observer != nil {
+			s.observer.PullDone(time.Since(start))
+		}
 		if err != nil {
 			// Blobs and layers of a failed pull are garbage now (unless
 			// another image or pull uses them).
@@ -455,7 +460,10 @@ func (s *Store) fetchBlob(ctx context.Context, digest string, open func() (io.Re
 		}
 		defer os.Remove(tmp)
 		h := sha256.New()
-		_, err = copyCtx(ctx, io.MultiWriter(f, h), rc)
+		n, err := copyCtx(ctx, io.MultiWriter(f, h), rc)
+		if s.observer != nil {
+			s.observer.PulledBytes(n)
+		}
 		if err == nil {
 			err = f.Sync()
 		}

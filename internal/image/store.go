@@ -57,6 +57,15 @@ type Options struct {
 	PinnedImages []string
 	Unpack       UnpackOptions
 	Logger       *slog.Logger
+	// Observer, if set, hears about downloads (berthd's metrics).
+	Observer PullObserver
+}
+
+// PullObserver is told how many bytes pulls download and how long
+// successful pulls take.
+type PullObserver interface {
+	PulledBytes(n int64)
+	PullDone(took time.Duration)
 }
 
 // Store holds images on disk. It is safe for concurrent use.
@@ -66,6 +75,7 @@ type Store struct {
 	unpack   UnpackOptions
 	log      *slog.Logger
 	pinned   []string
+	observer PullObserver
 
 	mu       sync.Mutex
 	images   map[string]*record // by ID
@@ -128,6 +138,7 @@ func Open(opts Options) (*Store, error) {
 		log:      log,
 		images:   map[string]*record{},
 		inflight: map[string]int{},
+		observer: opts.Observer,
 	}
 	for _, p := range opts.PinnedImages {
 		if n, err := ParseReference(p); err == nil {

@@ -137,3 +137,13 @@ func (s *Server) Serve() error {
 
 // Close stops serving.
 func (s *Server) Close() error { return s.http.Close() }
+
+// PulledBytes counts bytes downloaded by image pulls (image.PullObserver).
+func (m *Metrics) PulledBytes(n int64) {
+	if n > 0 {
+		m.PullBytes.Add(float64(n))
+	}
+}
+
+// PullDone observes a successful pull's duration (image.PullObserver).
+func (m *Metrics) PullDone(took time.Duration) { m.PullDuration.Observe(took.Seconds()) }

@@ -33,7 +33,8 @@ func TestDoRunsInsideTheNamespaceAndComesBack(t *testing.T) {
 	}
 	// The loopback device exists only once it is up; a new namespace has it down.
 	if err := Do(pin, func() error {
-		b, err := os.ReadFile("/proc/net/dev")
+		// thread-self: /proc/net is the thread group leader's namespace.
+		b, err := os.ReadFile("/proc/thread-self/net/dev")
 		if err != nil {
 			return err
 		}
