@@ -56,6 +56,10 @@ type Config struct {
 	RegistryConfigDir string `toml:"registry_config_dir" json:"registry_config_dir"`
 	// StreamingAddress is where exec/attach/port-forward are served.
 	StreamingAddress string `toml:"streaming_address" json:"streaming_address"`
+	// StreamingTLSCert and StreamingTLSKey, both set, serve the streaming
+	// server over TLS (PEM files); both empty serve plain HTTP.
+	StreamingTLSCert string `toml:"streaming_tls_cert" json:"streaming_tls_cert"`
+	StreamingTLSKey  string `toml:"streaming_tls_key" json:"streaming_tls_key"`
 	// MetricsAddress serves Prometheus metrics; empty turns them off.
 	MetricsAddress string `toml:"metrics_address" json:"metrics_address"`
 	// LogLevel is debug, info, warn or error.
@@ -169,6 +173,9 @@ func (c *Config) Validate() error {
 	case "", "cgroupfs", "systemd":
 	default:
 		return fmt.Errorf("cgroup_driver %q: want cgroupfs or systemd", c.CgroupDriver)
+	}
+	if (c.StreamingTLSCert == "") != (c.StreamingTLSKey == "") {
+		return fmt.Errorf("streaming_tls_cert and streaming_tls_key must be set together")
 	}
 	if c.Runtime == "" {
 		return fmt.Errorf("runtime must name an OCI runtime binary")

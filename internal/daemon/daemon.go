@@ -4,6 +4,7 @@ package daemon
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -128,7 +129,11 @@ func New(ctx context.Context, cfg *config.Config, version string, log *slog.Logg
 	publisher.Seed(containers.List())
 	registerObjectCounts(m, sandboxes, containers)
 
-	if d.stream, err = streaming.New(cfg.StreamingAddress, nil, containerStreams{containers}, podNetwork{sandboxes}, log); err != nil {
+	streamTLS, err := streamingTLS(cfg)
+	if err != nil {
+		return nil, err
+	}
+	if d.stream, err = streaming.New(cfg.StreamingAddress, streamTLS, containerStreams{containers}, podNetwork{sandboxes}, log); err != nil {
 		return nil, err
 	}
 
@@ -241,6 +246,18 @@ func lockRoot(root string) (*os.File, error) {
 		fmt.Fprintf(f, "%d\n", os.Getpid())
 	}
 	return f, nil
+}
+
+// streamingTLS loads the streaming server's certificate when configured.
+func streamingTLS(cfg *config.Config) (*tls.Config, error) {
+	if cfg.StreamingTLSCert == "" {
+		return nil, nil
+	}
+	cert, err := tls.LoadX509KeyPair(cfg.StreamingTLSCert, cfg.StreamingTLSKey)
+	if err != nil {
+		return nil, fmt.Errorf("load streaming TLS certificate: %w", err)
+	}
+	return &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}, nil
 }
 
 // containerStreams runs exec and attach sessions for the streaming server.

@@ -3,9 +3,17 @@ package integration
 import (
 	"bytes"
 	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
 	"errors"
 	"fmt"
 	"io"
+	"math/big"
+	"net"
 	"net/http"
 	"net/url"
 	"os"
@@ -369,4 +377,61 @@ func (b *syncBuffer) String() string {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	return b.buf.String()
+}
+
+// selfSignedCert writes a certificate for 127.0.0.1 and its key.
+func selfSignedCert(t *testing.T) (certFile, keyFile string) {
+	t.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := &x509.Certificate{
+		SerialNumber: big.NewInt(1),
+		Subject:      pkix.Name{CommonName: "berth-streaming"},
+		NotBefore:    time.Now().Add(-time.Hour),
+		NotAfter:     time.Now().Add(time.Hour),
+		IPAddresses:  []net.IP{net.ParseIP("127.0.0.1")},
+		KeyUsage:     x509.KeyUsageDigitalSignature,
+		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	keyDER, err := x509.MarshalECPrivateKey(key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	certFile, keyFile = filepath.Join(dir, "cert.pem"), filepath.Join(dir, "key.pem")
+	os.WriteFile(certFile, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), 0o600)
+	os.WriteFile(keyFile, pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: keyDER}), 0o600)
+	return certFile, keyFile
+}
+
+func TestExecOverTLSStreamingServer(t *testing.T) {
+	t.Parallel()
+	cert, key := selfSignedCert(t)
+	d := berthdtest.Start(t, berthdtest.Options{Configure: func(c *config.Config) {
+		c.StreamingTLSCert, c.StreamingTLSKey = cert, key
+	}})
+	e := newCtrEnvOn(t, d)
+	id := e.run(e.config("sleeper", "sleep", "3600"))
+	resp, err := d.Runtime.Exec(ctxT(t), &criapi.ExecRequest{ContainerId: id, Cmd: []string{"echo", "over tls"}, Stdout: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.HasPrefix(resp.Url, "https://127.0.0.1:") {
+		t.Fatalf("exec URL %q is not https", resp.Url)
+	}
+	u, _ := url.Parse(resp.Url)
+	ex, err := remotecommand.NewSPDYExecutor(&rest.Config{TLSClientConfig: rest.TLSClientConfig{CAFile: cert}}, "POST", u)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out bytes.Buffer
+	if err := ex.StreamWithContext(ctxT(t), remotecommand.StreamOptions{Stdout: &out}); err != nil || out.String() != "over tls\n" {
+		t.Fatalf("exec over TLS: %v, output %q", err, out.String())
+	}
 }

@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -225,5 +226,24 @@ func TestUnbuiltRPCsReturnUnimplemented(t *testing.T) {
 				t.Fatalf("message %q does not name %s", status.Convert(err).Message(), name)
 			}
 		})
+	}
+}
+
+func TestSIGTERMLeavesRunningContainersRunning(t *testing.T) {
+	t.Parallel()
+	e := newCtrEnv(t)
+	id := e.run(e.config("survivor", "sleep", "3600"))
+	pid := containerPid(t, e.d, id)
+	e.d.Stop() // SIGTERM; fails the test unless berthd exits 0
+	if err := syscall.Kill(pid, 0); err != nil {
+		t.Fatalf("container process %d gone after berthd's clean shutdown: %v", pid, err)
+	}
+	e.d.Start()
+	e.d.WaitReady()
+	if st := e.status(id); st.State != criapi.ContainerState_CONTAINER_RUNNING {
+		t.Fatalf("after restart the container is %s, want running", st.State)
+	}
+	if got := containerPid(t, e.d, id); got != pid {
+		t.Fatalf("container pid changed across the restart: %d → %d", pid, got)
 	}
 }
