@@ -171,25 +171,7 @@ func toAnySlice(ss []string) []any {
 	return out
 }
 
-func toStatus(err error) error {
-	if _, ok := status.FromError(err); ok {
-		return err
-	}
-	code := codes.Unknown
-	switch {
-	case errors.Is(err, errdefs.ErrNotFound):
-		code = codes.NotFound
-	case errors.Is(err, errdefs.ErrInvalidArgument):
-		code = codes.InvalidArgument
-	case errors.Is(err, errdefs.ErrFailedPrecondition):
-		code = codes.FailedPrecondition
-	case errors.Is(err, context.DeadlineExceeded):
-		code = codes.DeadlineExceeded
-	case errors.Is(err, context.Canceled):
-		code = codes.Canceled
-	}
-	return status.Error(code, err.Error())
-}
+func toStatus(err error) error { return errdefs.ToGRPC(err) }
 
 // ImportImage streams an image archive to the daemon and returns the
 // images it stored.

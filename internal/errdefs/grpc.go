@@ -1,0 +1,47 @@
+package errdefs
+
+import (
+	"context"
+	"errors"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+)
+
+// ToGRPC maps an error to a gRPC status error: the one place error kinds
+// become codes, shared by the CRI and admin services. Errors that already
+// carry a status pass through.
+func ToGRPC(err error) error {
+	if err == nil {
+		return nil
+	}
+	if _, ok := status.FromError(err); ok {
+		return err
+	}
+	return status.Error(Code(err), err.Error())
+}
+
+// Code is the gRPC code for err's kind; Unknown when it has none.
+func Code(err error) codes.Code {
+	switch {
+	case errors.Is(err, ErrNotFound):
+		return codes.NotFound
+	case errors.Is(err, ErrAlreadyExists):
+		return codes.AlreadyExists
+	case errors.Is(err, ErrInvalidArgument):
+		return codes.InvalidArgument
+	case errors.Is(err, ErrFailedPrecondition):
+		return codes.FailedPrecondition
+	case errors.Is(err, ErrUnavailable):
+		return codes.Unavailable
+	case errors.Is(err, ErrUnauthenticated):
+		return codes.Unauthenticated
+	case errors.Is(err, ErrResourceExhausted):
+		return codes.ResourceExhausted
+	case errors.Is(err, ErrDeadlineExceeded), errors.Is(err, context.DeadlineExceeded):
+		return codes.DeadlineExceeded
+	case errors.Is(err, context.Canceled):
+		return codes.Canceled
+	}
+	return codes.Unknown
+}

@@ -1,0 +1,32 @@
+package errdefs
+
+import (
+	"context"
+	"fmt"
+	"testing"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+)
+
+func TestToGRPCMapsKindsThroughWrapping(t *testing.T) {
+	for err, want := range map[error]codes.Code{
+		fmt.Errorf("pod x: %w", ErrNotFound):             codes.NotFound,
+		fmt.Errorf("name: %w", ErrAlreadyExists):         codes.AlreadyExists,
+		fmt.Errorf("bad: %w", ErrInvalidArgument):        codes.InvalidArgument,
+		fmt.Errorf("state: %w", ErrFailedPrecondition):   codes.FailedPrecondition,
+		fmt.Errorf("exec: %w", ErrDeadlineExceeded):      codes.DeadlineExceeded,
+		fmt.Errorf("pull: %w", context.DeadlineExceeded): codes.DeadlineExceeded,
+		fmt.Errorf("auth: %w", ErrUnauthenticated):       codes.Unauthenticated,
+		fmt.Errorf("slow: %w", ErrResourceExhausted):     codes.ResourceExhausted,
+		fmt.Errorf("plain"):                              codes.Unknown,
+		status.Error(codes.Aborted, "already a status"):  codes.Aborted,
+	} {
+		if got := status.Code(ToGRPC(err)); got != want {
+			t.Errorf("%v → %s, want %s", err, got, want)
+		}
+	}
+	if ToGRPC(nil) != nil {
+		t.Error("nil error mapped to a status")
+	}
+}
