@@ -11,8 +11,10 @@ STATICCHECK_VERSION := v0.8.2
 ARGS      ?=
 # go test flags for make test, e.g. TESTFLAGS="-run TestImage -v".
 TESTFLAGS ?=
+# How long make test fuzzes each target (their corpora also run as tests).
+FUZZTIME  ?= 10s
 
-.PHONY: all build run test test-unit test-integration lint deps test-deps bench clean
+.PHONY: all build run test fuzz lint deps test-deps bench clean
 
 all: build
 
@@ -37,6 +39,13 @@ lint:
 
 test: test-deps lint build
 	BERTHD_BIN=$(BIN)/berthd BERTH_BIN_DIR=$(BIN) $(GO) test -count=1 -timeout 60m $(TESTFLAGS) ./...
+	$(MAKE) fuzz
+
+# Bounded fuzzing of the CRI→OCI translation and the CRI log writer; a
+# crash found here lands in the package's testdata/fuzz as a regression test.
+fuzz:
+	$(GO) test -run '^$$' -fuzz '^FuzzBuild$$' -fuzztime $(FUZZTIME) ./internal/specgen/
+	$(GO) test -run '^$$' -fuzz '^FuzzLineSplitter$$' -fuzztime $(FUZZTIME) ./internal/shim/
 
 bench: build
 	hack/install-deps.sh bench

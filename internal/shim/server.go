@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"path/filepath"
@@ -682,38 +683,89 @@ func (c *container) copyOutput(r *os.File, name string, closeAtEnd bool) {
 	if name == "stderr" {
 		frame = FrameStderr
 	}
-	buf := make([]byte, maxLogLine)
-	n := 0
+	lines := newLineSplitter(func(tag string, msg []byte) { c.writeLog(name, tag, msg) })
 	for {
-		m, err := r.Read(buf[n:])
-		if m > 0 {
-			chunk := buf[n : n+m]
-			n += m
-			start := 0
-			for {
-				i := indexNewline(buf[start:n])
-				if i < 0 {
-					break
-				}
-				c.writeLog(name, "F", buf[start:start+i])
-				start += i + 1
-			}
-			// Log first, then attached clients: whoever saw a line can
-			// rely on it being in the log.
+		chunk, err := lines.readOnce(r)
+		if len(chunk) > 0 {
+			// Logged first (inside readOnce), then attached clients:
+			// whoever saw a line can rely on it being in the log.
 			c.fanout(frame, chunk)
-			copy(buf, buf[start:n])
-			n -= start
-			if n == len(buf) {
-				c.writeLog(name, "P", buf[:n])
-				n = 0
-			}
 		}
 		if err != nil {
-			if n > 0 {
-				c.writeLog(name, "F", buf[:n])
-			}
+			lines.Flush()
 			return
 		}
+	}
+}
+
+// lineSplitter turns a byte stream into CRI log records: every complete
+// line is an F record; a line longer than maxLogLine is cut into P records
+// ending with an F record; what is left at the end of the stream is F.
+type lineSplitter struct {
+	buf     []byte
+	n       int
+	partial bool // the last record was P: the line is still open
+	emit    func(tag string, msg []byte)
+}
+
+func newLineSplitter(emit func(tag string, msg []byte)) *lineSplitter {
+	return &lineSplitter{buf: make([]byte, maxLogLine), emit: emit}
+}
+
+// readOnce does one read from r into the buffer, emits the records it
+// completes and returns the bytes read (valid until the next call).
+func (l *lineSplitter) readOnce(r io.Reader) ([]byte, error) {
+	m, err := r.Read(l.buf[l.n:])
+	chunk := l.buf[l.n : l.n+m]
+	if m > 0 {
+		// Copy out before the buffer is compacted below.
+		out := append([]byte(nil), chunk...)
+		l.consume(m)
+		return out, err
+	}
+	return nil, err
+}
+
+// Write feeds p through the splitter (used by tests and the fuzz target).
+func (l *lineSplitter) Write(p []byte) (int, error) {
+	total := len(p)
+	for len(p) > 0 {
+		m := copy(l.buf[l.n:], p)
+		p = p[m:]
+		l.consume(m)
+	}
+	return total, nil
+}
+
+// consume accounts for m new bytes at buf[n:] and emits what they complete.
+func (l *lineSplitter) consume(m int) {
+	l.n += m
+	start := 0
+	for {
+		i := indexNewline(l.buf[start:l.n])
+		if i < 0 {
+			break
+		}
+		l.emit("F", l.buf[start:start+i])
+		l.partial = false
+		start += i + 1
+	}
+	copy(l.buf, l.buf[start:l.n])
+	l.n -= start
+	if l.n == len(l.buf) {
+		l.emit("P", l.buf[:l.n])
+		l.partial = true
+		l.n = 0
+	}
+}
+
+// Flush ends the stream: an unterminated last line becomes F, and a line
+// cut into P records at exactly the buffer size is closed with an empty F,
+// so readers never wait for the rest of a line that will not come.
+func (l *lineSplitter) Flush() {
+	if l.n > 0 || l.partial {
+		l.emit("F", l.buf[:l.n])
+		l.n, l.partial = 0, false
 	}
 }
 
