@@ -2,7 +2,6 @@ package cri
 
 import (
 	"context"
-	"os"
 
 	runtime "k8s.io/cri-api/pkg/apis/runtime/v1"
 )
@@ -19,15 +18,14 @@ func (s *Service) RuntimeConfig(ctx context.Context, req *runtime.RuntimeConfigR
 	}, nil
 }
 
-// CgroupDriver resolves the configured driver: an explicit choice wins,
-// otherwise systemd when systemd is PID 1 (it creates /run/systemd/system),
-// cgroupfs elsewhere.
+// CgroupDriver resolves the configured driver: an explicit choice wins;
+// otherwise cgroupfs. berth does not drive systemd's cgroup manager yet (a
+// pod asks for it fails with FailedPrecondition), so detecting systemd and
+// then refusing every pod would break nodes that set nothing; the kubelet
+// reads this through RuntimeConfig and follows it.
 func CgroupDriver(configured string) string {
 	if configured != "" {
 		return configured
-	}
-	if fi, err := os.Stat("/run/systemd/system"); err == nil && fi.IsDir() {
-		return "systemd"
 	}
 	return "cgroupfs"
 }
