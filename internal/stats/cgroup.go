@@ -161,7 +161,7 @@ func ReadV1(group string) (*Usage, error) {
 		procs, err = cg.Processes(cgroup1.Memory, true)
 	}
 	if err != nil {
-		return nil, fmt.Errorf("processes of cgroup %s: %w", group, err)
+		return nil, procsError(group, err)
 	}
 	pids := make([]int, 0, len(procs))
 	for _, p := range procs {
@@ -282,7 +282,7 @@ func ReadV2(mountpoint, group string) (*Usage, error) {
 	}
 	pids, err := mgr.Procs(true)
 	if err != nil {
-		return nil, fmt.Errorf("processes of cgroup %s: %w", group, err)
+		return nil, procsError(group, err)
 	}
 	ints := make([]int, 0, len(pids))
 	for _, p := range pids {
@@ -328,6 +328,16 @@ func fromV2(m *v2stats.Metrics) *Usage {
 		}
 	}
 	return u
+}
+
+// procsError reports a failed listing of a cgroup's processes; a cgroup
+// removed since its stats were read (the container exited) is NotFound,
+// like one missing from the start.
+func procsError(group string, err error) error {
+	if errors.Is(err, os.ErrNotExist) || errors.Is(err, cgroup1.ErrCgroupDeleted) {
+		return fmt.Errorf("processes of cgroup %s: %w", group, errdefs.ErrNotFound)
+	}
+	return fmt.Errorf("processes of cgroup %s: %w", group, err)
 }
 
 func sub(a, b uint64) uint64 {

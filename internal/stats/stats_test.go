@@ -242,3 +242,13 @@ func TestBlkioV1MergesBytesAndCountsByDevice(t *testing.T) {
 		t.Fatalf("got %+v\nwant %+v", got, want)
 	}
 }
+
+func TestProcsErrorOfARemovedCgroupIsNotFound(t *testing.T) {
+	_, err := os.ReadDir(filepath.Join(t.TempDir(), "gone"))
+	if !errors.Is(procsError("/gone", err), errdefs.ErrNotFound) {
+		t.Fatalf("removed cgroup: %v", procsError("/gone", err))
+	}
+	if errors.Is(procsError("/x", errors.New("boom")), errdefs.ErrNotFound) {
+		t.Fatal("any other error became NotFound")
+	}
+}
