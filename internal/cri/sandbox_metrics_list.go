@@ -2,6 +2,7 @@ package cri
 
 import (
 	"context"
+	"strconv"
 	"time"
 
 	runtime "k8s.io/cri-api/pkg/apis/runtime/v1"
@@ -11,8 +12,9 @@ import (
 )
 
 // ListPodSandboxMetrics reports cAdvisor-style metrics for every ready pod
-// (its network) and its containers (CPU, memory, processes, writable
-// layer), labelled as cAdvisor labels them. Objects that fail to sample are
+// (its network) and its running containers (CPU, memory, processes,
+// writable layer, block I/O, spec limits), labelled as cAdvisor labels
+// them. Objects that fail to sample are
 // left out and logged, as in containerd.
 func (s *Service) ListPodSandboxMetrics(ctx context.Context, req *runtime.ListPodSandboxMetricsRequest) (*runtime.ListPodSandboxMetricsResponse, error) {
 	byPod := map[string][]*container.Container{}
@@ -62,10 +64,14 @@ func (s *Service) podMetrics(sb *sandbox.Sandbox, ctrs []*container.Container) (
 		}
 		pod := &metricSet{ts: sample.NetworkAt.UnixNano(), labels: []string{md.GetName(), md.GetNamespace(), "", sb.ID, ""}}
 		for _, i := range sample.Interfaces {
-			pod.add("container_network_receive_bytes_total", runtime.MetricType_COUNTER, i.RxBytes, i.Name)
-			pod.add("container_network_receive_errors_total", runtime.MetricType_COUNTER, i.RxErrors, i.Name)
-			pod.add("container_network_transmit_bytes_total", runtime.MetricType_COUNTER, i.TxBytes, i.Name)
-			pod.add("container_network_transmit_errors_total", runtime.MetricType_COUNTER, i.TxErrors, i.Name)
+			pod.add("container_network_receive_bytes_total", counter, i.RxBytes, i.Name)
+			pod.add("container_network_receive_packets_total", counter, i.RxPackets, i.Name)
+			pod.add("container_network_receive_packets_dropped_total", counter, i.RxDropped, i.Name)
+			pod.add("container_network_receive_errors_total", counter, i.RxErrors, i.Name)
+			pod.add("container_network_transmit_bytes_total", counter, i.TxBytes, i.Name)
+			pod.add("container_network_transmit_packets_total", counter, i.TxPackets, i.Name)
+			pod.add("container_network_transmit_packets_dropped_total", counter, i.TxDropped, i.Name)
+			pod.add("container_network_transmit_errors_total", counter, i.TxErrors, i.Name)
 		}
 		pm.Metrics = pod.out
 	}
@@ -73,29 +79,112 @@ func (s *Service) podMetrics(sb *sandbox.Sandbox, ctrs []*container.Container) (
 		if c.State != container.StateRunning {
 			continue
 		}
-		cs, err := s.containerStats(c)
+		cm, err := s.containerMetrics(md, c)
 		if err != nil {
 			s.log.Warn("container metrics", "pod", sb.ID, "container", c.ID, "err", err)
 			continue
 		}
-		m := &metricSet{ts: time.Now().UnixNano(), labels: []string{md.GetName(), md.GetNamespace(), c.Name, c.ID, c.Image}}
-		m.add("container_last_seen", runtime.MetricType_GAUGE, uint64(time.Now().Unix()))
-		m.add("container_start_time_seconds", runtime.MetricType_GAUGE, uint64(c.StartedAt.Unix()))
-		if cs.Cpu != nil {
-			m.add("container_cpu_usage_seconds_total", runtime.MetricType_COUNTER, cs.Cpu.GetUsageCoreNanoSeconds().GetValue()/uint64(time.Second))
-		}
-		if mem := cs.Memory; mem != nil {
-			m.add("container_memory_usage_bytes", runtime.MetricType_GAUGE, mem.GetUsageBytes().GetValue())
-			m.add("container_memory_working_set_bytes", runtime.MetricType_GAUGE, mem.GetWorkingSetBytes().GetValue())
-			m.add("container_memory_rss", runtime.MetricType_GAUGE, mem.GetRssBytes().GetValue())
-			m.add("container_memory_swap", runtime.MetricType_GAUGE, cs.GetSwap().GetSwapUsageBytes().GetValue())
-		}
-		m.add("container_spec_memory_limit_bytes", runtime.MetricType_GAUGE, uint64(max(c.Resources.GetMemoryLimitInBytes(), 0)))
-		if cs.WritableLayer != nil {
-			dev := cs.WritableLayer.GetFsId().GetMountpoint()
-			m.add("container_fs_usage_bytes", runtime.MetricType_GAUGE, cs.WritableLayer.GetUsedBytes().GetValue(), dev)
-		}
-		pm.ContainerMetrics = append(pm.ContainerMetrics, &runtime.ContainerMetrics{ContainerId: c.ID, Metrics: m.out})
+		pm.ContainerMetrics = append(pm.ContainerMetrics, cm)
 	}
 	return pm, nil
+}
+
+const (
+	counter = runtime.MetricType_COUNTER
+	gauge   = runtime.MetricType_GAUGE
+)
+
+// Kernel defaults a container gets when its spec leaves CPU period or
+// shares unset.
+const (
+	defaultCPUPeriod = 100000
+	defaultCPUShares = 1024
+)
+
+// containerMetrics samples a running container: its cgroup, processes and
+// writable layer, with its spec's limits.
+func (s *Service) containerMetrics(md *runtime.PodSandboxMetadata, c *container.Container) (*runtime.ContainerMetrics, error) {
+	upper, err := s.containers.UpperDir(c.ID)
+	if err != nil {
+		return nil, err
+	}
+	cgPath, err := s.containers.CgroupsPath(c.ID)
+	if err != nil {
+		return nil, err
+	}
+	smp, err := s.stats.Container(c.ID, cgPath, upper)
+	if err != nil {
+		return nil, err
+	}
+	u := smp.Usage
+	m := &metricSet{ts: u.Timestamp.UnixNano(), labels: []string{md.GetName(), md.GetNamespace(), c.Name, c.ID, c.Image}}
+	m.add("container_last_seen", gauge, uint64(time.Now().Unix()))
+	m.add("container_start_time_seconds", gauge, uint64(c.StartedAt.Unix()))
+
+	// The CRI value is an integer: whole seconds, as containerd sends.
+	sec := uint64(time.Second)
+	m.add("container_cpu_usage_seconds_total", counter, u.CPUUsageNanos/sec)
+	m.add("container_cpu_user_seconds_total", counter, u.CPUUserNanos/sec)
+	m.add("container_cpu_system_seconds_total", counter, u.CPUSystemNanos/sec)
+	m.add("container_cpu_cfs_periods_total", counter, u.CFSPeriods)
+	m.add("container_cpu_cfs_throttled_periods_total", counter, u.CFSThrottledPeriods)
+	m.add("container_cpu_cfs_throttled_seconds_total", counter, u.CFSThrottledNanos/sec)
+
+	m.add("container_memory_usage_bytes", gauge, u.MemoryUsage)
+	m.add("container_memory_working_set_bytes", gauge, u.WorkingSet)
+	m.add("container_memory_rss", gauge, u.RSS)
+	m.add("container_memory_swap", gauge, u.SwapUsage)
+	m.add("container_memory_cache", gauge, u.MemoryCache)
+	m.add("container_memory_mapped_file", gauge, u.MemoryMappedFile)
+	m.add("container_memory_kernel_usage", gauge, u.MemoryKernel)
+	m.add("container_memory_max_usage_bytes", gauge, u.MemoryMaxUsage)
+	m.add("container_memory_failcnt", counter, u.MemoryFailcnt)
+	m.add("container_memory_failures_total", counter, u.OwnPageFaults, "pgfault", "container")
+	m.add("container_memory_failures_total", counter, u.OwnMajorPageFaults, "pgmajfault", "container")
+	m.add("container_memory_failures_total", counter, u.PageFaults, "pgfault", "hierarchy")
+	m.add("container_memory_failures_total", counter, u.MajorPageFaults, "pgmajfault", "hierarchy")
+	m.add("container_oom_events_total", counter, u.OOMKills)
+
+	m.add("container_processes", gauge, u.Processes)
+	m.add("container_threads", gauge, u.Threads)
+	m.add("container_threads_max", gauge, u.ThreadsMax)
+	m.add("container_file_descriptors", gauge, u.FileDescriptors)
+	m.add("container_sockets", gauge, u.Sockets)
+
+	// The limits as written into the container's OCI spec; 0 for memory
+	// and swap means unlimited.
+	spec := container.OCIResources(c.Resources)
+	period, shares, swap := uint64(defaultCPUPeriod), uint64(defaultCPUShares), uint64(0)
+	if cpu := spec.CPU; cpu != nil {
+		if cpu.Period != nil {
+			period = *cpu.Period
+		}
+		if cpu.Shares != nil {
+			shares = *cpu.Shares
+		}
+	}
+	if mem := spec.Memory; mem != nil && mem.Swap != nil && *mem.Swap > 0 {
+		swap = uint64(*mem.Swap)
+	}
+	m.add("container_spec_memory_limit_bytes", gauge, uint64(max(c.Resources.GetMemoryLimitInBytes(), 0)))
+	m.add("container_spec_memory_swap_limit_bytes", gauge, swap)
+	m.add("container_spec_cpu_period", gauge, period)
+	m.add("container_spec_cpu_shares", gauge, shares)
+
+	dev := s.images.Dir()
+	m.add("container_fs_usage_bytes", gauge, smp.WritableBytes, dev)
+	m.add("container_fs_limit_bytes", gauge, smp.Fs.LimitBytes, dev)
+	m.add("container_fs_inodes_total", gauge, smp.Fs.Inodes, dev)
+	m.add("container_fs_inodes_free", gauge, smp.Fs.InodesFree, dev)
+
+	for _, io := range u.IO {
+		major, minor := strconv.FormatUint(io.Major, 10), strconv.FormatUint(io.Minor, 10)
+		m.add("container_fs_reads_bytes_total", counter, io.ReadBytes, io.Device)
+		m.add("container_fs_writes_bytes_total", counter, io.WriteBytes, io.Device)
+		m.add("container_fs_reads_total", counter, io.Reads, io.Device)
+		m.add("container_fs_writes_total", counter, io.Writes, io.Device)
+		m.add("container_blkio_device_usage_total", counter, io.ReadBytes, io.Device, major, minor, "Read")
+		m.add("container_blkio_device_usage_total", counter, io.WriteBytes, io.Device, major, minor, "Write")
+	}
+	return &runtime.ContainerMetrics{ContainerId: c.ID, Metrics: m.out}, nil
 }

@@ -38,6 +38,40 @@ type Usage struct {
 	MemoryLimit uint64
 	Processes   uint64
 	SwapUsage   uint64
+
+	// CPU split and CFS bandwidth throttling (cpuacct.stat and cpu.stat on
+	// v1, cpu.stat on v2).
+	CPUUserNanos, CPUSystemNanos    uint64
+	CFSPeriods, CFSThrottledPeriods uint64
+	CFSThrottledNanos               uint64
+
+	// Memory detail: page cache, mapped files, kernel memory, the peak
+	// usage (v2: memory.peak, 0 before kernel 5.19), times the limit was
+	// hit (v1 failcnt, v2 memory.events "max") and OOM kills.
+	MemoryCache, MemoryMappedFile, MemoryKernel uint64
+	MemoryMaxUsage, MemoryFailcnt, OOMKills     uint64
+	// OwnPageFaults and OwnMajorPageFaults count this cgroup alone; v1
+	// keeps them apart from the hierarchical totals above, v2 does not.
+	OwnPageFaults, OwnMajorPageFaults uint64
+
+	// ThreadsMax is the pids limit (0: unlimited).
+	ThreadsMax uint64
+	// Threads, FileDescriptors and Sockets are counted in /proc over the
+	// cgroup's processes.
+	Threads, FileDescriptors, Sockets uint64
+
+	// IO is block I/O by device (v1 blkio throttle stats, v2 io.stat);
+	// empty when the cgroup did no block I/O.
+	IO []DeviceIO
+}
+
+// DeviceIO is a cgroup's block I/O on one device.
+type DeviceIO struct {
+	// Device is the /dev path when known, else "major:minor".
+	Device                string
+	Major, Minor          uint64
+	ReadBytes, WriteBytes uint64
+	Reads, Writes         uint64
 }
 
 // AvailableBytes is the memory left before the limit (0 when unlimited).
@@ -121,13 +155,31 @@ func ReadV1(group string) (*Usage, error) {
 	if err != nil {
 		return nil, fmt.Errorf("stat cgroup %s: %w", group, err)
 	}
-	return fromV1(m), nil
+	u := fromV1(m)
+	procs, err := cg.Processes(cgroup1.Pids, true)
+	if err != nil {
+		procs, err = cg.Processes(cgroup1.Memory, true)
+	}
+	if err != nil {
+		return nil, procsError(group, err)
+	}
+	pids := make([]int, 0, len(procs))
+	for _, p := range procs {
+		pids = append(pids, p.Pid)
+	}
+	u.Threads, u.FileDescriptors, u.Sockets = ProcessCounts("/proc", pids)
+	return u, nil
 }
 
 func fromV1(m *v1stats.Metrics) *Usage {
 	u := &Usage{Timestamp: time.Now()}
 	if m.CPU != nil && m.CPU.Usage != nil {
 		u.CPUUsageNanos = m.CPU.Usage.Total
+		u.CPUUserNanos, u.CPUSystemNanos = m.CPU.Usage.User, m.CPU.Usage.Kernel
+	}
+	if m.CPU != nil && m.CPU.Throttling != nil {
+		t := m.CPU.Throttling
+		u.CFSPeriods, u.CFSThrottledPeriods, u.CFSThrottledNanos = t.Periods, t.ThrottledPeriods, t.ThrottledTime
 	}
 	if mem := m.Memory; mem != nil {
 		if mem.Usage != nil {
@@ -143,11 +195,62 @@ func fromV1(m *v1stats.Metrics) *Usage {
 		u.RSS = mem.TotalRSS
 		u.PageFaults = mem.TotalPgFault
 		u.MajorPageFaults = mem.TotalPgMajFault
+		u.OwnPageFaults, u.OwnMajorPageFaults = mem.PgFault, mem.PgMajFault
+		u.MemoryCache, u.MemoryMappedFile = mem.TotalCache, mem.TotalMappedFile
+		if mem.Usage != nil {
+			u.MemoryMaxUsage, u.MemoryFailcnt = mem.Usage.Max, mem.Usage.Failcnt
+		}
+		if mem.Kernel != nil {
+			u.MemoryKernel = mem.Kernel.Usage
+		}
+	}
+	if m.MemoryOomControl != nil {
+		u.OOMKills = m.MemoryOomControl.OomKill
 	}
 	if m.Pids != nil {
-		u.Processes = m.Pids.Current
+		u.Processes, u.ThreadsMax = m.Pids.Current, m.Pids.Limit
+	}
+	if b := m.Blkio; b != nil {
+		u.IO = blkioV1(b.IoServiceBytesRecursive, b.IoServicedRecursive)
 	}
 	return u
+}
+
+// blkioV1 merges v1's per-operation byte and count entries by device.
+func blkioV1(bytes, ops []*v1stats.BlkIOEntry) []DeviceIO {
+	var out []DeviceIO
+	at := map[[2]uint64]int{}
+	get := func(e *v1stats.BlkIOEntry) *DeviceIO {
+		k := [2]uint64{e.Major, e.Minor}
+		i, ok := at[k]
+		if !ok {
+			dev := e.Device
+			if dev == "" {
+				dev = fmt.Sprintf("%d:%d", e.Major, e.Minor)
+			}
+			i = len(out)
+			at[k] = i
+			out = append(out, DeviceIO{Device: dev, Major: e.Major, Minor: e.Minor})
+		}
+		return &out[i]
+	}
+	for _, e := range bytes {
+		switch strings.ToLower(e.Op) {
+		case "read":
+			get(e).ReadBytes = e.Value
+		case "write":
+			get(e).WriteBytes = e.Value
+		}
+	}
+	for _, e := range ops {
+		switch strings.ToLower(e.Op) {
+		case "read":
+			get(e).Reads = e.Value
+		case "write":
+			get(e).Writes = e.Value
+		}
+	}
+	return out
 }
 
 // ReadV2 reads a cgroup v2 group below mountpoint (the unified hierarchy's
@@ -167,13 +270,34 @@ func ReadV2(mountpoint, group string) (*Usage, error) {
 	if err != nil {
 		return nil, fmt.Errorf("stat cgroup %s: %w", group, err)
 	}
-	return fromV2(m), nil
+	u := fromV2(m)
+	// memory.stat's "kernel" (5.18+) is every kernel allocation; the
+	// library does not parse it, and its parts (stack, slab, sock) are
+	// only a lower bound on older kernels.
+	if k, ok := statKey(filepath.Join(mountpoint, group, "memory.stat"), "kernel"); ok {
+		u.MemoryKernel = k
+	}
+	for i := range u.IO {
+		u.IO[i].Device = blockDevice(u.IO[i].Major, u.IO[i].Minor)
+	}
+	pids, err := mgr.Procs(true)
+	if err != nil {
+		return nil, procsError(group, err)
+	}
+	ints := make([]int, 0, len(pids))
+	for _, p := range pids {
+		ints = append(ints, int(p))
+	}
+	u.Threads, u.FileDescriptors, u.Sockets = ProcessCounts("/proc", ints)
+	return u, nil
 }
 
 func fromV2(m *v2stats.Metrics) *Usage {
 	u := &Usage{Timestamp: time.Now()}
-	if m.CPU != nil {
-		u.CPUUsageNanos = m.CPU.UsageUsec * 1000
+	if c := m.CPU; c != nil {
+		u.CPUUsageNanos = c.UsageUsec * 1000
+		u.CPUUserNanos, u.CPUSystemNanos = c.UserUsec*1000, c.SystemUsec*1000
+		u.CFSPeriods, u.CFSThrottledPeriods, u.CFSThrottledNanos = c.NrPeriods, c.NrThrottled, c.ThrottledUsec*1000
 	}
 	if mem := m.Memory; mem != nil {
 		u.MemoryUsage = mem.Usage
@@ -185,11 +309,35 @@ func fromV2(m *v2stats.Metrics) *Usage {
 		u.PageFaults = mem.Pgfault
 		u.MajorPageFaults = mem.Pgmajfault
 		u.SwapUsage = mem.SwapUsage
+		u.OwnPageFaults, u.OwnMajorPageFaults = mem.Pgfault, mem.Pgmajfault
+		u.MemoryCache, u.MemoryMappedFile = mem.File, mem.FileMapped
+		u.MemoryKernel = mem.KernelStack + mem.Slab + mem.Sock
+		u.MemoryMaxUsage = mem.MaxUsage
+	}
+	if ev := m.MemoryEvents; ev != nil {
+		// v2 has no failcnt; "max" counts the times usage hit memory.max,
+		// which is what failcnt counted on v1.
+		u.MemoryFailcnt, u.OOMKills = ev.Max, ev.OomKill
 	}
 	if m.Pids != nil {
-		u.Processes = m.Pids.Current
+		u.Processes, u.ThreadsMax = m.Pids.Current, m.Pids.Limit
+	}
+	if m.Io != nil {
+		for _, e := range m.Io.Usage {
+			u.IO = append(u.IO, DeviceIO{Major: e.Major, Minor: e.Minor, ReadBytes: e.Rbytes, WriteBytes: e.Wbytes, Reads: e.Rios, Writes: e.Wios})
+		}
 	}
 	return u
+}
+
+// procsError reports a failed listing of a cgroup's processes; a cgroup
+// removed since its stats were read (the container exited) is NotFound,
+// like one missing from the start.
+func procsError(group string, err error) error {
+	if errors.Is(err, os.ErrNotExist) || errors.Is(err, cgroup1.ErrCgroupDeleted) {
+		return fmt.Errorf("processes of cgroup %s: %w", group, errdefs.ErrNotFound)
+	}
+	return fmt.Errorf("processes of cgroup %s: %w", group, err)
 }
 
 func sub(a, b uint64) uint64 {

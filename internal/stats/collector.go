@@ -50,6 +50,8 @@ type ContainerSample struct {
 	Sample
 	WritableBytes, WritableInodes uint64
 	WritableAt                    time.Time
+	// Fs is the filesystem holding the writable layer (zero without one).
+	Fs FsCapacity
 }
 
 // PodSample is a pod's cgroup usage and network counters.
@@ -87,6 +89,9 @@ func (c *Collector) Container(id, cgroupsPath, upperDir string) (*ContainerSampl
 			return nil, fmt.Errorf("writable layer of %s: %w", id, err)
 		}
 		out.WritableBytes, out.WritableInodes, out.WritableAt = b, n, time.Now()
+		if out.Fs, err = Capacity(upperDir); err != nil {
+			return nil, fmt.Errorf("writable layer of %s: %w", id, err)
+		}
 	}
 	return out, nil
 }

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -42,6 +43,12 @@ const fixturePod = "/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffor
 // nano-core rate from two samples; the pod by its own cgroup.
 func TestCollectorV2ContainerAndPodFromFixture(t *testing.T) {
 	root := copyTree(t, "testdata/cgroupv2")
+	// The test process stands in for the container's: its threads and
+	// open files are counted through cgroup.procs.
+	procs := filepath.Join(root, fixturePod, "cri-berth-ctr1.scope", "cgroup.procs")
+	if err := os.WriteFile(procs, []byte(strconv.Itoa(os.Getpid())+"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
 	c := NewCollector(CollectorOptions{V2Root: root})
 	upper := t.TempDir()
 	if err := os.WriteFile(filepath.Join(upper, "written"), make([]byte, 32*1024), 0o644); err != nil {
@@ -60,6 +67,12 @@ func TestCollectorV2ContainerAndPodFromFixture(t *testing.T) {
 	}
 	if s1.WritableBytes < 32*1024 || s1.WritableInodes != 2 || s1.WritableAt.IsZero() {
 		t.Fatalf("writable layer %d bytes %d inodes", s1.WritableBytes, s1.WritableInodes)
+	}
+	if s1.Threads < 1 || s1.FileDescriptors < 3 || s1.CFSThrottledPeriods != 7 || s1.OOMKills != 1 {
+		t.Fatalf("detail %+v", *s1.Usage)
+	}
+	if s1.Fs.LimitBytes < s1.WritableBytes || s1.Fs.Inodes == 0 || s1.Fs.InodesFree > s1.Fs.Inodes {
+		t.Fatalf("writable layer filesystem %+v", s1.Fs)
 	}
 
 	// Half a second of CPU later: a rate between the samples.

@@ -13,11 +13,11 @@ import (
 
 // Interface holds one network interface's counters.
 type Interface struct {
-	Name     string
-	RxBytes  uint64
-	RxErrors uint64
-	TxBytes  uint64
-	TxErrors uint64
+	Name                string
+	RxBytes, RxPackets  uint64
+	RxErrors, RxDropped uint64
+	TxBytes, TxPackets  uint64
+	TxErrors, TxDropped uint64
 }
 
 // Network reads the interfaces of the network namespace pinned at path
@@ -58,14 +58,18 @@ func parseNetDev(data []byte) ([]Interface, error) {
 		}
 		name = strings.TrimSpace(name)
 		f := strings.Fields(rest)
-		if len(f) < 11 {
+		if len(f) < 12 {
 			return nil, fmt.Errorf("parse /proc/net/dev line %q", sc.Text())
 		}
 		if name == "lo" {
 			continue
 		}
 		n := func(i int) uint64 { v, _ := strconv.ParseUint(f[i], 10, 64); return v }
-		out = append(out, Interface{Name: name, RxBytes: n(0), RxErrors: n(2), TxBytes: n(8), TxErrors: n(10)})
+		out = append(out, Interface{
+			Name:    name,
+			RxBytes: n(0), RxPackets: n(1), RxErrors: n(2), RxDropped: n(3),
+			TxBytes: n(8), TxPackets: n(9), TxErrors: n(10), TxDropped: n(11),
+		})
 	}
 	return out, sc.Err()
 }

@@ -2,12 +2,16 @@ package stats
 
 import (
 	"errors"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"reflect"
 	"strconv"
 	"testing"
 	"time"
+
+	v1stats "github.com/containerd/cgroups/v3/cgroup1/stats"
 
 	"github.com/berthcri/berth/internal/errdefs"
 	"github.com/berthcri/berth/internal/netns"
@@ -49,9 +53,19 @@ func TestReadV2FromARealShapedFixtureTree(t *testing.T) {
 		PageFaults:    17000, MajorPageFaults: 12,
 		MemoryLimit: 134217728,
 		Processes:   3,
+
+		CPUUserNanos: 2000000 * 1000, CPUSystemNanos: 500000 * 1000,
+		CFSPeriods: 120, CFSThrottledPeriods: 7, CFSThrottledNanos: 350000 * 1000,
+		MemoryCache: 10485760, MemoryMappedFile: 4096,
+		MemoryKernel:   409600, // memory.stat "kernel", not the sum of its parts
+		MemoryMaxUsage: 100663296, MemoryFailcnt: 3, OOMKills: 1,
+		OwnPageFaults: 17000, OwnMajorPageFaults: 12,
+		ThreadsMax: 1024,
+		// No cgroup.procs in the fixture: nothing to count in /proc.
+		IO: []DeviceIO{{Device: blockDevice(259, 99), Major: 259, Minor: 99, ReadBytes: 1048576, WriteBytes: 4194304, Reads: 16, Writes: 64}},
 	}
 	u.Timestamp = time.Time{}
-	if *u != want {
+	if !reflect.DeepEqual(*u, want) {
 		t.Fatalf("usage\n got %+v\nwant %+v", *u, want)
 	}
 	if got := u.AvailableBytes(); got != 134217728-(78643200-8388608) {
@@ -88,13 +102,13 @@ func TestParseNetDevSkipsLoopback(t *testing.T) {
 	data := []byte(`Inter-|   Receive                                                |  Transmit
  face |bytes    packets errs drop fifo frame compressed multicast|bytes    packets errs drop fifo colls carrier compressed
     lo:    1000      10    0    0    0     0          0         0     1000      10    0    0    0     0       0          0
-  eth0:   52345     120    2    0    0     0          0         0    10234      80    1    0    0     0       0          0
+  eth0:   52345     120    2    5    0     0          0         0    10234      80    1    4    0     0       0          0
 `)
 	ifs, err := parseNetDev(data)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(ifs) != 1 || ifs[0] != (Interface{Name: "eth0", RxBytes: 52345, RxErrors: 2, TxBytes: 10234, TxErrors: 1}) {
+	if len(ifs) != 1 || ifs[0] != (Interface{Name: "eth0", RxBytes: 52345, RxPackets: 120, RxErrors: 2, RxDropped: 5, TxBytes: 10234, TxPackets: 80, TxErrors: 1, TxDropped: 4}) {
 		t.Fatalf("interfaces %+v", ifs)
 	}
 }
@@ -159,6 +173,11 @@ func TestReadV1SeesAProcessBurningCPU(t *testing.T) {
 	if u2.Processes != 1 || u2.MemoryUsage == 0 {
 		t.Fatalf("usage %+v", u2)
 	}
+	// The busy loop: user+system time, one thread, stdio open, a peak at
+	// least the current usage.
+	if u2.CPUUserNanos+u2.CPUSystemNanos == 0 || u2.Threads != 1 || u2.FileDescriptors < 3 || u2.MemoryMaxUsage < u2.MemoryUsage {
+		t.Fatalf("detail %+v", u2)
+	}
 	if _, err := ReadV1("/berth-absent-cgroup"); !errors.Is(err, errdefs.ErrNotFound) {
 		t.Fatalf("missing cgroup: %v, want NotFound", err)
 	}
@@ -178,5 +197,58 @@ func TestDirUsageCountsHardLinksOnce(t *testing.T) {
 	}
 	if inodes != 2 || bytes < 64*1024 {
 		t.Fatalf("bytes %d inodes %d; want ≥65536 bytes and 2 inodes (dir + file)", bytes, inodes)
+	}
+}
+
+func TestProcessCountsThreadsFDsAndSockets(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	// A pid above the kernel's maximum never exists: it is skipped.
+	threads, fds, sockets := ProcessCounts("/proc", []int{os.Getpid(), 4194305})
+	if threads < 1 || fds < 3 || sockets < 1 || sockets > fds {
+		t.Fatalf("threads %d fds %d sockets %d", threads, fds, sockets)
+	}
+	if th, fd, so := ProcessCounts("/proc", nil); th != 0 || fd != 0 || so != 0 {
+		t.Fatalf("no pids: %d %d %d", th, fd, so)
+	}
+}
+
+func TestCapacityOfTheWritableLayerFilesystem(t *testing.T) {
+	c, err := Capacity(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.LimitBytes == 0 || c.Inodes == 0 || c.InodesFree > c.Inodes {
+		t.Fatalf("capacity %+v", c)
+	}
+	if _, err := Capacity(filepath.Join(t.TempDir(), "absent")); err == nil {
+		t.Fatal("statfs of a missing dir succeeded")
+	}
+}
+
+func TestBlkioV1MergesBytesAndCountsByDevice(t *testing.T) {
+	got := blkioV1(
+		[]*v1stats.BlkIOEntry{{Op: "Read", Device: "/dev/vda", Major: 254, Value: 4096}, {Op: "Write", Device: "/dev/vda", Major: 254, Value: 8192}, {Op: "Total", Device: "/dev/vda", Major: 254, Value: 12288}},
+		[]*v1stats.BlkIOEntry{{Op: "Read", Device: "/dev/vda", Major: 254, Value: 1}, {Op: "Write", Device: "/dev/vda", Major: 254, Value: 2}, {Op: "Write", Major: 8, Minor: 16, Value: 5}},
+	)
+	want := []DeviceIO{
+		{Device: "/dev/vda", Major: 254, ReadBytes: 4096, WriteBytes: 8192, Reads: 1, Writes: 2},
+		{Device: "8:16", Major: 8, Minor: 16, Writes: 5},
+	}
+	if !reflect.DeepEqual(got, want) {
+		t.Fatalf("got %+v\nwant %+v", got, want)
+	}
+}
+
+func TestProcsErrorOfARemovedCgroupIsNotFound(t *testing.T) {
+	_, err := os.ReadDir(filepath.Join(t.TempDir(), "gone"))
+	if !errors.Is(procsError("/gone", err), errdefs.ErrNotFound) {
+		t.Fatalf("removed cgroup: %v", procsError("/gone", err))
+	}
+	if errors.Is(procsError("/x", errors.New("boom")), errdefs.ErrNotFound) {
+		t.Fatal("any other error became NotFound")
 	}
 }
