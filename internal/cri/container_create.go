@@ -89,6 +89,11 @@ func (s *Service) CreateContainer(ctx context.Context, req *runtime.CreateContai
 				OOMScoreAdjFloor: ownOOMScoreAdj(),
 				Logger:           s.log.With("pod", sb.ID, "container", id),
 			}
+			if s.host != nil {
+				h := *s.host
+				h.RecursiveReadOnly = s.handlerFeatures[handler].RecursiveReadOnly
+				in.Host = &h
+			}
 			if cfg.GetLinux().GetSecurityContext().GetNamespaceOptions().GetPid() == runtime.NamespaceMode_TARGET {
 				target, err := s.containers.Get(cfg.GetLinux().GetSecurityContext().GetNamespaceOptions().GetTargetId())
 				if err != nil {
