@@ -164,3 +164,90 @@ func TestContainerSupplementalGroupsPolicy(t *testing.T) {
 		}
 	}
 }
+
+// leftovers lists the image leases and the mounts under the daemon's root
+// that outlive a container: there must be none once it is gone.
+func leftovers(t *testing.T, d *berthdtest.Daemon) []string {
+	t.Helper()
+	var out []string
+	es, err := os.ReadDir(filepath.Join(d.Root, "images", "leases"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range es {
+		out = append(out, "lease "+e.Name())
+	}
+	mi, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range strings.Split(string(mi), "\n") {
+		if f := strings.Fields(line); len(f) > 4 && strings.HasPrefix(f[4], filepath.Join(d.Root, "containers")+"/") {
+			out = append(out, "mount "+f[4])
+		}
+	}
+	return out
+}
+
+// TestContainerImageVolume: a mount naming an image shows that image's
+// files read-only (but executable) at the container path, image_sub_path
+// picks a directory of it, status reports the image and its ID, and
+// readonly: false or a missing sub path is InvalidArgument with nothing
+// left behind; remove releases every lease and mount.
+func TestContainerImageVolume(t *testing.T) {
+	t.Parallel()
+	e := newCtrEnv(t, "busybox:latest")
+	httpdRef := pull(t, e.d, e.reg.Ref("busybox-httpd:latest"), nil)
+	httpd := &criapi.ImageSpec{Image: e.reg.Ref("busybox-httpd:latest")}
+
+	cfg := e.config("vol", "sleep", "3600")
+	cfg.Mounts = []*criapi.Mount{
+		{ContainerPath: "/vol", Readonly: true, Image: httpd},
+		{ContainerPath: "/www", Readonly: true, Image: httpd, ImageSubPath: "www"},
+	}
+	id := e.run(cfg)
+	r, err := execSync(t, e.d, id, 10, "sh", "-c",
+		"ls -A /vol/bin/sh && /vol/bin/ls /vol >/dev/null && echo exec-ok; touch /vol/x 2>&1; cat /www/index.html; ls /www/www 2>&1 >/dev/null || echo no-nested")
+	out := string(r.GetStdout())
+	if err != nil || !strings.Contains(out, "exec-ok") || !strings.Contains(out, "Read-only file system") ||
+		!strings.Contains(out, testimages.HTTPDIndex) || !strings.Contains(out, "no-nested") {
+		t.Fatalf("image volume: %q, %v", out, err)
+	}
+	mounts := map[string]*criapi.Mount{}
+	for _, m := range e.status(id).GetMounts() {
+		mounts[m.GetContainerPath()] = m
+	}
+	for path, sub := range map[string]string{"/vol": "", "/www": "www"} {
+		m := mounts[path]
+		if m.GetImage().GetImage() != httpd.Image || m.GetImage().GetImageRef() != httpdRef || !m.GetReadonly() || m.GetImageSubPath() != sub {
+			t.Errorf("status mount %s: %+v, want image %s ref %s", path, m, httpd.Image, httpdRef)
+		}
+	}
+
+	for name, mounts := range map[string][]*criapi.Mount{
+		"readonly-false": {{ContainerPath: "/vol", Readonly: false, Image: httpd}},
+		// The first volume is mounted before the second fails: it must be undone.
+		"missing-sub-path": {
+			{ContainerPath: "/vol", Readonly: true, Image: httpd},
+			{ContainerPath: "/www", Readonly: true, Image: httpd, ImageSubPath: "not-existing"},
+		},
+	} {
+		cfg := e.config("bad-"+name, "true")
+		cfg.Mounts = mounts
+		_, err := e.d.Runtime.CreateContainer(ctxT(t), &criapi.CreateContainerRequest{PodSandboxId: e.pod, Config: cfg, SandboxConfig: e.podCfg})
+		if status.Code(err) != codes.InvalidArgument {
+			t.Errorf("%s: %v, want InvalidArgument", name, err)
+		}
+	}
+	// Only the running container's three leases and three mounts (rootfs
+	// and two volumes) remain.
+	if got := leftovers(t, e.d); len(got) != 3+3 {
+		t.Fatalf("before remove: %q", got)
+	}
+	if _, err := e.d.Runtime.RemoveContainer(ctxT(t), &criapi.RemoveContainerRequest{ContainerId: id}); err != nil {
+		t.Fatal(err)
+	}
+	if got := leftovers(t, e.d); len(got) != 0 {
+		t.Fatalf("left after remove: %q", got)
+	}
+}
