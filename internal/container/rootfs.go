@@ -4,12 +4,14 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"path"
 	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
 
 	securejoin "github.com/cyphar/filepath-securejoin"
+	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"golang.org/x/sys/unix"
 
 	"github.com/berthcri/berth/internal/errdefs"
@@ -121,4 +123,67 @@ func unmountImageVolumes(dir string) error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// replaceMaskedSymlinks makes a masked path that is a symlink in the
+// rootfs an empty file (or directory, if the link leads to one) in the
+// container's writable layer. The runtime masks a path by mounting over
+// it, which follows a symlink: masking /bin/ls (a link to busybox) would
+// mask busybox itself and with it every applet. Paths under a mount
+// destination are not in the rootfs and are left alone.
+func replaceMaskedSymlinks(rootfs string, masked []string, mounts []specs.Mount) error {
+	for _, p := range masked {
+		p = path.Clean("/" + p)
+		if p == "/" || underMount(p, mounts) {
+			continue
+		}
+		parent, err := securejoin.SecureJoin(rootfs, path.Dir(p))
+		if err != nil {
+			return fmt.Errorf("masked path %s: %w", p, err)
+		}
+		full := filepath.Join(parent, path.Base(p))
+		fi, err := os.Lstat(full)
+		if errors.Is(err, os.ErrNotExist) || errors.Is(err, unix.ENOTDIR) {
+			continue
+		}
+		if err != nil {
+			return fmt.Errorf("masked path %s: %w", p, err)
+		}
+		if fi.Mode()&os.ModeSymlink == 0 {
+			continue
+		}
+		// What the link leads to, resolved inside the rootfs.
+		dir := false
+		if target, err := securejoin.SecureJoin(rootfs, p); err == nil {
+			if st, err := os.Stat(target); err == nil && st.IsDir() {
+				dir = true
+			}
+		}
+		if err := os.Remove(full); err != nil {
+			return fmt.Errorf("masked path %s: replace symlink: %w", p, err)
+		}
+		if dir {
+			err = os.Mkdir(full, 0o755)
+		} else {
+			var f *os.File
+			if f, err = os.OpenFile(full, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o644); err == nil {
+				err = f.Close()
+			}
+		}
+		if err != nil {
+			return fmt.Errorf("masked path %s: replace symlink: %w", p, err)
+		}
+	}
+	return nil
+}
+
+// underMount reports whether p is at or below a mount destination.
+func underMount(p string, mounts []specs.Mount) bool {
+	for _, m := range mounts {
+		d := path.Clean(m.Destination)
+		if p == d || strings.HasPrefix(p, strings.TrimSuffix(d, "/")+"/") {
+			return true
+		}
+	}
+	return false
 }

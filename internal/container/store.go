@@ -266,6 +266,11 @@ func (s *Store) Create(ctx context.Context, p CreateParams) (_ *Container, retEr
 		spec.Root = &specs.Root{}
 	}
 	spec.Root.Path = rootfs
+	if spec.Linux != nil {
+		if err := replaceMaskedSymlinks(rootfs, spec.Linux.MaskedPaths, spec.Mounts); err != nil {
+			return nil, err
+		}
+	}
 	spec.Root.Readonly = cfg.GetLinux().GetSecurityContext().GetReadonlyRootfs()
 	data, err := json.Marshal(spec)
 	if err != nil {

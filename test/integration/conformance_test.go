@@ -251,3 +251,27 @@ func TestContainerImageVolume(t *testing.T) {
 		t.Fatalf("left after remove: %q", got)
 	}
 }
+
+// TestContainerMaskedPathSymlink: masking /bin/ls, a symlink to busybox in
+// the image, masks the link only: /bin/ls cannot be run, while sh and
+// every other applet (the same busybox) still work.
+func TestContainerMaskedPathSymlink(t *testing.T) {
+	t.Parallel()
+	e := newCtrEnv(t)
+	cfg := e.config("masked", "sleep", "3600")
+	cfg.Linux.SecurityContext.MaskedPaths = []string{"/bin/ls"}
+	id := e.run(cfg)
+	r, err := execSync(t, e.d, id, 10, "/bin/sh", "-c", "/bin/ls")
+	if err != nil || r.ExitCode == 0 || string(r.Stderr) != "/bin/sh: /bin/ls: Permission denied\n" {
+		t.Fatalf("masked /bin/ls: %+v, %v", r, err)
+	}
+	r, err = execSync(t, e.d, id, 10, "sh", "-c", "stat -c %F /bin/ls; readlink /bin/cat; /bin/cat /etc/hostname >/dev/null && echo cat-ok")
+	if err != nil || r.ExitCode != 0 || string(r.Stdout) != "character special file\nbusybox\ncat-ok\n" {
+		t.Fatalf("rest of busybox: %+v, %v", r, err)
+	}
+	// The image itself is untouched: a new container sees the link again.
+	r2, _ := e.output(e.config("plain", "readlink", "/bin/ls"))
+	if len(r2) != 1 || r2[0] != "busybox" {
+		t.Fatalf("plain container /bin/ls: %q", r2)
+	}
+}
