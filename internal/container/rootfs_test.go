@@ -19,9 +19,9 @@ func TestReplaceMaskedSymlinks(t *testing.T) {
 		t.Fatal(err)
 	}
 	links := map[string]string{
-		"bin/ls":          "busybox",   // relative, to a file
-		"usr/lib/linkdir": "dir",       // to a directory
-		"lib":             "usr/lib",   // a link in the parent of a masked path
+		"bin/ls":          "busybox", // relative, to a file
+		"usr/lib/linkdir": "dir",     // to a directory
+		"lib":             "usr/lib", // a link in the parent of a masked path
 		"bin/abs":         "/bin/busybox",
 		"bin/dangling":    "nowhere",
 		"proc/kcore":      "../bin/ls", // under a mount: not the rootfs's business
