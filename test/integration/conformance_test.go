@@ -244,6 +244,11 @@ func TestContainerImageVolume(t *testing.T) {
 	if got := leftovers(t, e.d); len(got) != 3+3 {
 		t.Fatalf("before remove: %q", got)
 	}
+	// A restarted daemon still knows the volumes to undo.
+	e.d.Restart()
+	if m := e.status(id).GetMounts(); len(m) < 2 || m[0].GetImage().GetImageRef() != httpdRef {
+		t.Fatalf("status mounts after restart: %+v", m)
+	}
 	if _, err := e.d.Runtime.RemoveContainer(ctxT(t), &criapi.RemoveContainerRequest{ContainerId: id}); err != nil {
 		t.Fatal(err)
 	}
