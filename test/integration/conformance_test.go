@@ -231,6 +231,11 @@ func TestContainerImageVolume(t *testing.T) {
 			{ContainerPath: "/vol", Readonly: true, Image: httpd},
 			{ContainerPath: "/www", Readonly: true, Image: httpd, ImageSubPath: "not-existing"},
 		},
+		// The volume is mounted, then spec generation refuses another mount.
+		"bad-host-mount": {
+			{ContainerPath: "/vol", Readonly: true, Image: httpd},
+			{ContainerPath: "/data", HostPath: "relative/path"},
+		},
 	} {
 		cfg := e.config("bad-"+name, "true")
 		cfg.Mounts = mounts
