@@ -42,6 +42,11 @@ type Mount struct {
 	Readonly       bool   `json:"readonly,omitempty"`
 	SelinuxRelabel bool   `json:"selinux_relabel,omitempty"`
 	Propagation    int32  `json:"propagation,omitempty"`
+	// Image and ImageRef (the image ID, as PullImage returned it) are set
+	// for an image volume; ImageSubPath is the part of it mounted.
+	Image        string `json:"image,omitempty"`
+	ImageRef     string `json:"image_ref,omitempty"`
+	ImageSubPath string `json:"image_sub_path,omitempty"`
 }
 
 // User is the identity the container's process runs as.
@@ -74,7 +79,10 @@ type Container struct {
 	Runtime     string            `json:"runtime_handler"`
 	StopSignal  string            `json:"stop_signal,omitempty"`
 	Mounts      []Mount           `json:"mounts,omitempty"`
-	User        *User             `json:"user,omitempty"`
+	// VolumeOwners are the image lease owners of the image volumes,
+	// released on remove.
+	VolumeOwners []string `json:"volume_owners,omitempty"`
+	User         *User    `json:"user,omitempty"`
 	// Resources are the CRI resources last applied (create or update).
 	Resources *runtime.LinuxContainerResources `json:"resources,omitempty"`
 	Terminal  bool                             `json:"tty,omitempty"`

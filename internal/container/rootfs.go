@@ -4,10 +4,17 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"path"
 	"path/filepath"
+	"slices"
+	"strconv"
 	"strings"
 
+	securejoin "github.com/cyphar/filepath-securejoin"
+	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"golang.org/x/sys/unix"
+
+	"github.com/berthcri/berth/internal/errdefs"
 )
 
 // mountRootfs mounts overlayfs over the image's layer dirs (topmost first)
@@ -53,4 +60,130 @@ func unmountRootfs(dir string) error {
 		return fmt.Errorf("unmount %s: %w", rootfs, err)
 	}
 	return nil
+}
+
+// volumesDir holds the container's image volumes, one mount per volume.
+func volumesDir(dir string) string { return filepath.Join(dir, "volumes") }
+
+// mountImageVolume mounts an image's layers (topmost first) read-only at
+// <dir>/volumes/<n>: an overlay without an upper dir cannot be written.
+// subPath, if set, must name something inside the image; the returned
+// path is what the container sees at the mount's container path.
+func mountImageVolume(dir string, n int, lowerDirs []string, subPath string) (string, error) {
+	base := volumesDir(dir)
+	target := filepath.Join(base, strconv.Itoa(n))
+	empty := filepath.Join(base, "empty")
+	for _, d := range []string{target, empty} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			return "", fmt.Errorf("create %s: %w", d, err)
+		}
+	}
+	// Without an upper dir overlayfs wants two lower dirs at least.
+	lowers := append(slices.Clone(lowerDirs), empty)
+	opts := "lowerdir=" + strings.Join(lowers, ":")
+	if len(opts) >= unix.Getpagesize() {
+		return "", fmt.Errorf("overlay options for %d layers exceed a page (%d bytes)", len(lowers), len(opts))
+	}
+	if err := unix.Mount("overlay", target, "overlay", unix.MS_RDONLY|unix.MS_NODEV|unix.MS_NOSUID, opts); err != nil {
+		return "", fmt.Errorf("mount image volume at %s: %w", target, err)
+	}
+	if subPath == "" {
+		return target, nil
+	}
+	// Resolve inside the image only: a symlink in it must not lead out.
+	src, err := securejoin.SecureJoin(target, subPath)
+	if err == nil {
+		_, err = os.Stat(src)
+	}
+	if err != nil {
+		_ = unix.Unmount(target, unix.MNT_DETACH)
+		if errors.Is(err, os.ErrNotExist) {
+			return "", fmt.Errorf("image sub path %q does not exist in the image: %w", subPath, errdefs.ErrInvalidArgument)
+		}
+		return "", fmt.Errorf("image sub path %q: %w", subPath, err)
+	}
+	return src, nil
+}
+
+// unmountImageVolumes detaches every image volume of the container; none
+// mounted is fine.
+func unmountImageVolumes(dir string) error {
+	es, err := os.ReadDir(volumesDir(dir))
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("list image volumes: %w", err)
+	}
+	var errs []error
+	for _, e := range es {
+		p := filepath.Join(volumesDir(dir), e.Name())
+		if err := unix.Unmount(p, unix.MNT_DETACH); err != nil && !errors.Is(err, unix.EINVAL) && !errors.Is(err, unix.ENOENT) {
+			errs = append(errs, fmt.Errorf("unmount image volume %s: %w", p, err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// replaceMaskedSymlinks makes a masked path that is a symlink in the
+// rootfs an empty file (or directory, if the link leads to one) in the
+// container's writable layer. The runtime masks a path by mounting over
+// it, which follows a symlink: masking /bin/ls (a link to busybox) would
+// mask busybox itself and with it every applet. Paths under a mount
+// destination are not in the rootfs and are left alone.
+func replaceMaskedSymlinks(rootfs string, masked []string, mounts []specs.Mount) error {
+	for _, p := range masked {
+		p = path.Clean("/" + p)
+		if p == "/" || underMount(p, mounts) {
+			continue
+		}
+		parent, err := securejoin.SecureJoin(rootfs, path.Dir(p))
+		if err != nil {
+			return fmt.Errorf("masked path %s: %w", p, err)
+		}
+		full := filepath.Join(parent, path.Base(p))
+		fi, err := os.Lstat(full)
+		if errors.Is(err, os.ErrNotExist) || errors.Is(err, unix.ENOTDIR) {
+			continue
+		}
+		if err != nil {
+			return fmt.Errorf("masked path %s: %w", p, err)
+		}
+		if fi.Mode()&os.ModeSymlink == 0 {
+			continue
+		}
+		// What the link leads to, resolved inside the rootfs.
+		dir := false
+		if target, err := securejoin.SecureJoin(rootfs, p); err == nil {
+			if st, err := os.Stat(target); err == nil && st.IsDir() {
+				dir = true
+			}
+		}
+		if err := os.Remove(full); err != nil {
+			return fmt.Errorf("masked path %s: replace symlink: %w", p, err)
+		}
+		if dir {
+			err = os.Mkdir(full, 0o755)
+		} else {
+			var f *os.File
+			if f, err = os.OpenFile(full, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o644); err == nil {
+				err = f.Close()
+			}
+		}
+		if err != nil {
+			return fmt.Errorf("masked path %s: replace symlink: %w", p, err)
+		}
+	}
+	return nil
+}
+
+// underMount reports whether p is at or below a mount destination.
+func underMount(p string, mounts []specs.Mount) bool {
+	for _, m := range mounts {
+		d := path.Clean(m.Destination)
+		if p == d || strings.HasPrefix(p, strings.TrimSuffix(d, "/")+"/") {
+			return true
+		}
+	}
+	return false
 }

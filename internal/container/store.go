@@ -113,8 +113,75 @@ type CreateParams struct {
 	LogPath string
 	// Acquire pins the image's layers for the new container ID.
 	Acquire func(ctx context.Context, id string) (*AcquiredImage, error)
-	// BuildSpec makes the OCI spec once the rootfs is mounted.
-	BuildSpec func(id, rootfs string) (*specs.Spec, error)
+	// AcquireVolume pins the layers of an image volume's image for owner
+	// (the container ID plus ".vol<n>"); needed only when a mount names an
+	// image.
+	AcquireVolume func(ctx context.Context, ref, owner string) (*AcquiredImage, error)
+	// BuildSpec makes the OCI spec once the rootfs and the image volumes
+	// are mounted; volumes maps each image volume's container path to the
+	// host path to bind there.
+	BuildSpec func(id, rootfs string, volumes map[string]string) (*specs.Spec, error)
+}
+
+// imageVolume is one image volume mounted for a container.
+type imageVolume struct {
+	owner  string
+	mount  Mount
+	source string
+}
+
+// mountImageVolumes pins and mounts every image volume of cfg. The undo
+// func releases and unmounts what was done, also on error.
+func (s *Store) mountImageVolumes(ctx context.Context, p CreateParams, id, dir string) ([]imageVolume, func(), error) {
+	var vols []imageVolume
+	undo := func() {
+		if err := unmountImageVolumes(dir); err != nil {
+			s.log.Warn("unmount image volumes after failed create", "container", id, "err", err)
+		}
+		for _, v := range vols {
+			if s.opts.Layers != nil {
+				if err := s.opts.Layers.Release(v.owner); err != nil {
+					s.log.Warn("release image volume after failed create", "container", id, "owner", v.owner, "err", err)
+				}
+			}
+		}
+	}
+	for n, m := range p.Config.GetMounts() {
+		if m.GetImage() == nil {
+			continue
+		}
+		if m.GetImage().GetImage() == "" {
+			undo()
+			return nil, nil, fmt.Errorf("image volume %q: image is required: %w", m.GetContainerPath(), errdefs.ErrInvalidArgument)
+		}
+		if !m.GetReadonly() {
+			undo()
+			return nil, nil, fmt.Errorf("image volume %q: must be readonly: %w", m.GetContainerPath(), errdefs.ErrInvalidArgument)
+		}
+		if p.AcquireVolume == nil {
+			undo()
+			return nil, nil, fmt.Errorf("image volume %q: no image lookup configured: %w", m.GetContainerPath(), errdefs.ErrInvalidArgument)
+		}
+		owner := id + ".vol" + strconv.Itoa(n)
+		img, err := p.AcquireVolume(ctx, m.GetImage().GetImage(), owner)
+		if err != nil {
+			undo()
+			return nil, nil, fmt.Errorf("image volume %q: %w", m.GetContainerPath(), err)
+		}
+		v := imageVolume{owner: owner, mount: Mount{
+			ContainerPath: m.GetContainerPath(), Readonly: true, Propagation: int32(m.GetPropagation()),
+			Image: m.GetImage().GetImage(), ImageRef: img.ID, ImageSubPath: m.GetImageSubPath(),
+		}}
+		vols = append(vols, v)
+		src, err := mountImageVolume(dir, n, img.LowerDirs, m.GetImageSubPath())
+		if err != nil {
+			undo()
+			return nil, nil, fmt.Errorf("image volume %q: %w", m.GetContainerPath(), err)
+		}
+		vols[len(vols)-1].source = src
+		vols[len(vols)-1].mount.HostPath = src
+	}
+	return vols, undo, nil
 }
 
 // Create makes a container: reserves its name, pins and mounts the image,
@@ -181,7 +248,17 @@ func (s *Store) Create(ctx context.Context, p CreateParams) (_ *Container, retEr
 		}
 	})
 
-	spec, err := p.BuildSpec(id, rootfs)
+	vols, undoVols, err := s.mountImageVolumes(ctx, p, id, dir)
+	if err != nil {
+		return nil, err
+	}
+	undo = append(undo, undoVols)
+	volumes := map[string]string{}
+	for _, v := range vols {
+		volumes[v.mount.ContainerPath] = v.source
+	}
+
+	spec, err := p.BuildSpec(id, rootfs, volumes)
 	if err != nil {
 		return nil, err
 	}
@@ -189,6 +266,11 @@ func (s *Store) Create(ctx context.Context, p CreateParams) (_ *Container, retEr
 		spec.Root = &specs.Root{}
 	}
 	spec.Root.Path = rootfs
+	if spec.Linux != nil {
+		if err := replaceMaskedSymlinks(rootfs, spec.Linux.MaskedPaths, spec.Mounts); err != nil {
+			return nil, err
+		}
+	}
 	spec.Root.Readonly = cfg.GetLinux().GetSecurityContext().GetReadonlyRootfs()
 	data, err := json.Marshal(spec)
 	if err != nil {
@@ -207,7 +289,18 @@ func (s *Store) Create(ctx context.Context, p CreateParams) (_ *Container, retEr
 		Terminal:  cfg.GetTty(), Stdin: cfg.GetStdin(), StdinOnce: cfg.GetStdinOnce(),
 		State: StateCreated, CreatedAt: time.Now().UTC(),
 	}
+	for _, v := range vols {
+		rec.VolumeOwners = append(rec.VolumeOwners, v.owner)
+	}
 	for _, m := range cfg.GetMounts() {
+		if m.GetImage() != nil {
+			for _, v := range vols {
+				if v.mount.ContainerPath == m.GetContainerPath() {
+					rec.Mounts = append(rec.Mounts, v.mount)
+				}
+			}
+			continue
+		}
 		rec.Mounts = append(rec.Mounts, Mount{
 			ContainerPath: m.GetContainerPath(), HostPath: m.GetHostPath(), Readonly: m.GetReadonly(),
 			SelinuxRelabel: m.GetSelinuxRelabel(), Propagation: int32(m.GetPropagation()),
@@ -562,12 +655,17 @@ func (s *Store) Remove(ctx context.Context, id string) error {
 		return fmt.Errorf("remove container %s: %w", r.ID, err)
 	}
 	dir := s.dir(r.ID)
+	if err := unmountImageVolumes(dir); err != nil {
+		return fmt.Errorf("remove container %s: %w", r.ID, err)
+	}
 	if err := unmountRootfs(dir); err != nil {
 		return fmt.Errorf("remove container %s: %w", r.ID, err)
 	}
 	if s.opts.Layers != nil {
-		if err := s.opts.Layers.Release(r.ID); err != nil {
-			return fmt.Errorf("remove container %s: release image: %w", r.ID, err)
+		for _, owner := range append([]string{r.ID}, r.VolumeOwners...) {
+			if err := s.opts.Layers.Release(owner); err != nil {
+				return fmt.Errorf("remove container %s: release image: %w", r.ID, err)
+			}
 		}
 	}
 	if err := os.RemoveAll(dir); err != nil {

@@ -61,10 +61,16 @@ func criContainerStatus(c *container.Container) *runtime.ContainerStatus {
 		LogPath:     c.LogPath,
 	}
 	for _, m := range c.Mounts {
-		st.Mounts = append(st.Mounts, &runtime.Mount{
+		cm := &runtime.Mount{
 			ContainerPath: m.ContainerPath, HostPath: m.HostPath, Readonly: m.Readonly,
 			SelinuxRelabel: m.SelinuxRelabel, Propagation: runtime.MountPropagation(m.Propagation),
-		})
+		}
+		if m.Image != "" {
+			// An image volume: what was asked and the image ID it resolved to.
+			cm.Image = &runtime.ImageSpec{Image: m.Image, ImageRef: m.ImageRef}
+			cm.ImageSubPath = m.ImageSubPath
+		}
+		st.Mounts = append(st.Mounts, cm)
 	}
 	if c.Resources != nil {
 		st.Resources = &runtime.ContainerResources{Linux: c.Resources}

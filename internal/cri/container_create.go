@@ -73,13 +73,21 @@ func (s *Service) CreateContainer(ctx context.Context, req *runtime.CreateContai
 			}
 			return a, nil
 		},
-		BuildSpec: func(id, rootfs string) (*specs.Spec, error) {
+		AcquireVolume: func(ctx context.Context, ref, owner string) (*container.AcquiredImage, error) {
+			img, lower, err := s.images.Acquire(ctx, ref, owner)
+			if err != nil {
+				return nil, fmt.Errorf("image %q: %w", ref, err)
+			}
+			return &container.AcquiredImage{ID: img.ID, Name: ref, Ref: img.ID, LowerDirs: lower}, nil
+		},
+		BuildSpec: func(id, rootfs string, volumes map[string]string) (*specs.Spec, error) {
 			in := specgen.Input{
 				ContainerID:   id,
 				Config:        cfg,
 				SandboxConfig: sbCfg,
 				Image:         imgConfig,
 				RootfsPath:    rootfs,
+				ImageVolumes:  volumes,
 				Pod: specgen.Pod{
 					ID: sb.ID, NetNSPath: sb.NetNSPath, IPCNSPath: sb.IPCNSPath, UTSNSPath: sb.UTSNSPath,
 					PIDNSPath: sb.PIDNSPath, CgroupParent: sb.CgroupParent,
@@ -88,6 +96,11 @@ func (s *Service) CreateContainer(ctx context.Context, req *runtime.CreateContai
 				CgroupDriver:     CgroupDriver(s.cfg.CgroupDriver),
 				OOMScoreAdjFloor: ownOOMScoreAdj(),
 				Logger:           s.log.With("pod", sb.ID, "container", id),
+			}
+			if s.host != nil {
+				h := *s.host
+				h.RecursiveReadOnly = s.handlerFeatures[handler].RecursiveReadOnly
+				in.Host = &h
 			}
 			if cfg.GetLinux().GetSecurityContext().GetNamespaceOptions().GetPid() == runtime.NamespaceMode_TARGET {
 				target, err := s.containers.Get(cfg.GetLinux().GetSecurityContext().GetNamespaceOptions().GetTargetId())

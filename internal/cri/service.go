@@ -17,6 +17,7 @@ import (
 	"github.com/berthcri/berth/internal/image"
 	"github.com/berthcri/berth/internal/network"
 	"github.com/berthcri/berth/internal/sandbox"
+	"github.com/berthcri/berth/internal/specgen"
 	"github.com/berthcri/berth/internal/stats"
 	"github.com/berthcri/berth/internal/streaming"
 )
@@ -39,6 +40,9 @@ type Service struct {
 	streaming  *streaming.Server
 	containers *container.Store
 	stats      *stats.Collector
+	// host is the machine as specgen sees it, probed once at start.
+	host            *specgen.Host
+	handlerFeatures map[string]HandlerFeatures
 
 	// podCIDR is what the kubelet last sent through UpdateRuntimeConfig.
 	mu      sync.Mutex
@@ -61,6 +65,10 @@ type Options struct {
 	Containers *container.Store
 	// Stats samples cgroups for the stats RPCs; nil → the host's.
 	Stats *stats.Collector
+	// Host is probed once at daemon start; nil → specgen probes per call.
+	Host *specgen.Host
+	// HandlerFeatures maps runtime handler names to what they support.
+	HandlerFeatures map[string]HandlerFeatures
 }
 
 // Addresses of berthd's side servers, resolved (port 0 replaced).
@@ -84,6 +92,9 @@ func New(opts Options) *Service {
 		streaming:  opts.Streaming,
 		containers: opts.Containers,
 		stats:      opts.Stats,
+
+		host:            opts.Host,
+		handlerFeatures: opts.HandlerFeatures,
 	}
 	if s.log == nil {
 		s.log = slog.Default()

@@ -13,7 +13,12 @@ import (
 // verbose set, Info carries the effective configuration as JSON.
 func (s *Service) Status(ctx context.Context, req *runtime.StatusRequest) (*runtime.StatusResponse, error) {
 	conditions := []*runtime.RuntimeCondition{s.runtimeCondition(), s.networkCondition()}
-	resp := &runtime.StatusResponse{Status: &runtime.RuntimeStatus{Conditions: conditions}}
+	resp := &runtime.StatusResponse{
+		Status:          &runtime.RuntimeStatus{Conditions: conditions},
+		RuntimeHandlers: s.runtimeHandlers(),
+		// specgen honours SupplementalGroupsPolicy Merge and Strict.
+		Features: &runtime.RuntimeFeatures{SupplementalGroupsPolicy: true},
+	}
 	if req.GetVerbose() {
 		info, err := s.statusInfo()
 		if err != nil {

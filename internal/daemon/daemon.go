@@ -28,6 +28,7 @@ import (
 	"github.com/berthcri/berth/internal/metrics"
 	"github.com/berthcri/berth/internal/network"
 	"github.com/berthcri/berth/internal/sandbox"
+	"github.com/berthcri/berth/internal/specgen"
 	"github.com/berthcri/berth/internal/streaming"
 )
 
@@ -114,11 +115,16 @@ func New(ctx context.Context, cfg *config.Config, version string, log *slog.Logg
 
 	broker := events.NewBroker()
 	publisher := cri.NewEventPublisher(broker, sandboxes)
+	runtimes := container.Runtimes(cfg)
+	host, err := specgen.ProbeHost()
+	if err != nil {
+		return nil, fmt.Errorf("probe host: %w", err)
+	}
 	containers, err := container.Open(ctx, container.Options{
 		Dir:        filepath.Join(cfg.Root, "containers"),
 		ShimDir:    filepath.Join(cfg.State, "shims"),
 		ShimBinary: container.ShimBinary(),
-		Runtimes:   container.Runtimes(cfg),
+		Runtimes:   runtimes,
 		Layers:     images,
 		Logger:     log.With("component", "container"),
 		OnEvent:    publisher.ContainerEvent,
@@ -152,6 +158,9 @@ func New(ctx context.Context, cfg *config.Config, version string, log *slog.Logg
 		Sandboxes:  sandboxes,
 		Streaming:  d.stream,
 		Containers: containers,
+
+		Host:            host,
+		HandlerFeatures: cri.ProbeRuntimeFeatures(ctx, runtimes, log),
 	})
 	d.grpc = grpc.NewServer(
 		// As the kubelet's client: requests up to 16 MiB; responses may

@@ -148,13 +148,21 @@ var extraBindOptions = []string{
 // mount allows the requested propagation.
 func bindMount(in *Input, m *runtime.Mount) (criMount, error) {
 	dst, src := m.GetContainerPath(), m.GetHostPath()
+	if m.GetImage() != nil {
+		vol, ok := in.ImageVolumes[dst]
+		switch {
+		case !ok:
+			return criMount{}, invalid("image volume at %q was not mounted", dst)
+		case !m.GetReadonly():
+			return criMount{}, invalid("image volume at %q must be readonly", dst)
+		}
+		src = vol
+	}
 	switch {
 	case !path.IsAbs(dst):
 		return criMount{}, invalid("container path %q is not absolute", dst)
 	case !path.IsAbs(src):
 		return criMount{}, invalid("host path %q is not absolute", src)
-	case m.GetImage() != nil:
-		return criMount{}, invalid("image volumes are not supported here")
 	case len(m.GetUidMappings()) > 0 || len(m.GetGidMappings()) > 0:
 		return criMount{}, invalid("id-mapped mounts are not supported")
 	}
@@ -201,7 +209,7 @@ func bindMount(in *Input, m *runtime.Mount) (criMount, error) {
 		opts = append(opts, o)
 	}
 
-	if _, err := os.Stat(src); errors.Is(err, os.ErrNotExist) {
+	if _, err := os.Stat(src); errors.Is(err, os.ErrNotExist) && m.GetImage() == nil {
 		if err := os.MkdirAll(src, 0o755); err != nil {
 			return criMount{}, fmt.Errorf("create host path %s: %w", src, err)
 		}

@@ -129,7 +129,7 @@ func TestApplyMounts(t *testing.T) {
 		{name: "relative host path", mounts: func(h string) []*runtime.Mount {
 			return []*runtime.Mount{{ContainerPath: "/data", HostPath: "data"}}
 		}, err: errInvalid},
-		{name: "image volume refused", mounts: func(h string) []*runtime.Mount {
+		{name: "image volume not mounted refused", mounts: func(h string) []*runtime.Mount {
 			return []*runtime.Mount{{ContainerPath: "/data", HostPath: h, Image: &runtime.ImageSpec{Image: "x"}}}
 		}, err: errInvalid},
 		{name: "idmapped refused", mounts: func(h string) []*runtime.Mount {

@@ -30,7 +30,11 @@ type Input struct {
 	Image *ocispecv1.Image
 	// RootfsPath is the mounted rootfs; /etc/passwd and /etc/group are
 	// read from it without following links out of it.
-	RootfsPath   string
+	RootfsPath string
+	// ImageVolumes maps the container path of each image volume (a CRI
+	// mount with an image) to where that image is mounted read-only on the
+	// host, image_sub_path applied.
+	ImageVolumes map[string]string
 	Pod          Pod
 	CgroupDriver string // "cgroupfs" or "systemd"
 	// OOMScoreAdjFloor is the lowest oom_score_adj the kernel lets the

@@ -1,0 +1,58 @@
+package cri
+
+import (
+	"context"
+	"log/slog"
+	"sort"
+
+	runtime "k8s.io/cri-api/pkg/apis/runtime/v1"
+
+	"github.com/berthcri/berth/internal/oci"
+)
+
+// HandlerFeatures are what one runtime handler can do, probed once at
+// daemon start (`<binary> features`) rather than on every call.
+type HandlerFeatures struct {
+	// RecursiveReadOnly: the runtime takes the "rro" mount option.
+	RecursiveReadOnly bool
+}
+
+// ProbeRuntimeFeatures asks each handler's runtime for its features. A
+// runtime that cannot answer (too old, missing) gets none, with a warning:
+// its containers then refuse recursive read-only mounts.
+func ProbeRuntimeFeatures(ctx context.Context, runtimes map[string]*oci.Runtime, log *slog.Logger) map[string]HandlerFeatures {
+	out := make(map[string]HandlerFeatures, len(runtimes))
+	for name, rt := range runtimes {
+		f, err := rt.Features(ctx)
+		if err != nil {
+			log.Warn("runtime features probe failed; assuming none", "handler", name, "binary", rt.Binary, "err", err)
+		}
+		out[name] = HandlerFeatures{RecursiveReadOnly: f.RecursiveReadOnly()}
+	}
+	return out
+}
+
+// runtimeHandlers lists each configured handler and, as containerd does,
+// the default handler again under the name "" (what a sandbox without
+// runtime_handler gets). User namespaces are not offered yet.
+func (s *Service) runtimeHandlers() []*runtime.RuntimeHandler {
+	names := make([]string, 0, len(s.handlerFeatures))
+	for name := range s.handlerFeatures {
+		names = append(names, name)
+	}
+	sort.Strings(names)
+	entry := func(name string, f HandlerFeatures) *runtime.RuntimeHandler {
+		return &runtime.RuntimeHandler{Name: name, Features: &runtime.RuntimeHandlerFeatures{
+			RecursiveReadOnlyMounts: f.RecursiveReadOnly,
+			UserNamespaces:          false,
+		}}
+	}
+	var out []*runtime.RuntimeHandler
+	if f, ok := s.handlerFeatures[s.cfg.DefaultRuntimeHandler]; ok {
+		out = append(out, entry("", f))
+	}
+	for _, name := range names {
+		out = append(out, entry(name, s.handlerFeatures[name]))
+	}
+	return out
+}

@@ -1,0 +1,42 @@
+package oci
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os/exec"
+	"slices"
+	"time"
+)
+
+// Features is the part of `runtime features` (OCI runtime-spec
+// features.md) berth reads.
+type Features struct {
+	MountOptions []string `json:"mountOptions"`
+}
+
+// RecursiveReadOnly reports whether the runtime understands the "rro"
+// mount option (runc ≥ 1.1 on a kernel with mount_setattr).
+func (f *Features) RecursiveReadOnly() bool {
+	return f != nil && slices.Contains(f.MountOptions, "rro")
+}
+
+// featuresTimeout bounds the probe: a hung runtime must not hold up
+// daemon start.
+const featuresTimeout = 10 * time.Second
+
+// Features runs `<binary> features` and parses its JSON. Runtimes too old
+// to have the subcommand fail here; callers treat that as "no features".
+func (r *Runtime) Features(ctx context.Context) (*Features, error) {
+	ctx, cancel := context.WithTimeout(ctx, featuresTimeout)
+	defer cancel()
+	out, err := exec.CommandContext(ctx, r.Binary, "features").Output()
+	if err != nil {
+		return nil, fmt.Errorf("%s features: %w", r.Binary, err)
+	}
+	var f Features
+	if err := json.Unmarshal(out, &f); err != nil {
+		return nil, fmt.Errorf("parse %s features: %w", r.Binary, err)
+	}
+	return &f, nil
+}
