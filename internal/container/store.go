@@ -23,6 +23,7 @@ import (
 	runtime "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/berthcri/berth/internal/errdefs"
+	"github.com/berthcri/berth/internal/fault"
 	"github.com/berthcri/berth/internal/oci"
 	"github.com/berthcri/berth/internal/shim"
 )
@@ -47,6 +48,9 @@ type Options struct {
 	Logger *slog.Logger
 	// OnEvent, if set, hears every lifecycle transition (events.go).
 	OnEvent func(Event)
+	// Faults, for crash-recovery tests only, kills berthd at armed points
+	// (nil in production).
+	Faults *fault.Injector
 }
 
 // Store holds every container.
@@ -180,6 +184,7 @@ func (s *Store) Create(ctx context.Context, p CreateParams) (_ *Container, retEr
 			log.Warn("unmount rootfs after failed create", "err", err)
 		}
 	})
+	s.opts.Faults.Hit(fault.ContainerAfterOverlayMount, "pod", p.PodID, "container", id)
 
 	spec, err := p.BuildSpec(id, rootfs)
 	if err != nil {
@@ -228,6 +233,7 @@ func (s *Store) Create(ctx context.Context, p CreateParams) (_ *Container, retEr
 	if err != nil {
 		return nil, err
 	}
+	s.opts.Faults.Hit(fault.ContainerAfterShimStart, "pod", p.PodID, "container", id)
 	cr := &shim.CreateRequest{
 		Bundle: dir, LogPath: p.LogPath,
 		Runtime: shim.Runtime{Binary: rt.Binary, Root: rt.Root, Options: rt.Options},
@@ -243,6 +249,7 @@ func (s *Store) Create(ctx context.Context, p CreateParams) (_ *Container, retEr
 	if err != nil {
 		return nil, fmt.Errorf("create container %s: %w", id, err)
 	}
+	s.opts.Faults.Hit(fault.ContainerAfterRuncCreate, "pod", p.PodID, "container", id)
 	undo = append(undo, func() {
 		if _, err := client.Delete(context.WithoutCancel(ctx), id); err != nil && !errors.Is(err, errdefs.ErrNotFound) && !errors.Is(err, shim.ErrNoShim) {
 			log.Warn("delete container after failed create", "err", err)
@@ -254,6 +261,7 @@ func (s *Store) Create(ctx context.Context, p CreateParams) (_ *Container, retEr
 	if err := saveRecord(dir, rec); err != nil {
 		return nil, err
 	}
+	s.opts.Faults.Hit(fault.ContainerAfterRecordWrite, "pod", p.PodID, "container", id)
 	e := &entry{rec: rec}
 	s.emit(EventCreated, rec)
 	s.mu.Lock()
@@ -427,6 +435,7 @@ func (s *Store) Start(ctx context.Context, id string) (*Container, error) {
 	}
 	// Taken before the start: a quick process can finish before it returns.
 	startedAt := time.Now().UTC()
+	s.opts.Faults.Hit(fault.ContainerBeforeRuncStart, "pod", r.PodID, "container", r.ID)
 	if _, err := s.shimClient(r.PodID).Start(ctx, r.ID); err != nil {
 		// A failed start leaves the container exited, as in containerd.
 		r.State, r.FinishedAt, r.ExitCode, r.Reason, r.Message = StateExited, time.Now().UTC(), 128, ReasonStart, err.Error()
@@ -561,6 +570,7 @@ func (s *Store) Remove(ctx context.Context, id string) error {
 	default:
 		return fmt.Errorf("remove container %s: %w", r.ID, err)
 	}
+	s.opts.Faults.Hit(fault.ContainerMidRemove, "pod", r.PodID, "container", r.ID)
 	dir := s.dir(r.ID)
 	if err := unmountRootfs(dir); err != nil {
 		return fmt.Errorf("remove container %s: %w", r.ID, err)
@@ -737,6 +747,15 @@ func (s *Store) reapOrphans(ctx context.Context) {
 			s.log.Warn("deleting a container without a record from its shim", "pod", p.Name(), "container", id)
 			if _, err := client.Delete(ctx, id); err != nil {
 				s.log.Warn("delete orphan container", "container", id, "err", err)
+			}
+		}
+		if len(ids) == 0 {
+			// Launched for a create that a crash cut short before the
+			// shim held anything: nothing would ever make it exit. (A
+			// shim emptied by the deletes above exits by itself.)
+			s.log.Warn("stopping a shim that holds no container", "pod", p.Name())
+			if err := client.Shutdown(ctx); err != nil && !errors.Is(err, shim.ErrNoShim) {
+				s.log.Warn("stop idle shim", "pod", p.Name(), "err", err)
 			}
 		}
 	}
