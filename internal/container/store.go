@@ -443,6 +443,7 @@ func (s *Store) Start(ctx context.Context, id string) (*Container, error) {
 		s.emit(EventStopped, r)
 		return nil, fmt.Errorf("start container %s: %w", r.ID, err)
 	}
+	s.opts.Faults.Hit(fault.ContainerAfterRuncStart, "pod", r.PodID, "container", r.ID)
 	r.State, r.StartedAt = StateRunning, startedAt
 	s.emit(EventStarted, r)
 	s.refresh(e) // it may be done already; else the watcher sees the exit
@@ -713,11 +714,68 @@ func (s *Store) recover(ctx context.Context) error {
 			s.setExited(e, &shim.Exit{Code: 255, At: time.Now().UTC(), Unknown: "container lost while berthd was down"})
 			continue
 		}
+		if rec.State == StateCreated {
+			s.rollForwardStart(ctx, e)
+		}
 		go s.watch(e)
 	}
 	s.reapOrphans(ctx)
 	s.log.Info("containers recovered", "count", len(s.ctrs))
 	return nil
+}
+
+// rollForwardStart finishes a StartContainer cut short after the shim
+// started the process but before the record said so: the shim's word wins.
+func (s *Store) rollForwardStart(ctx context.Context, e *entry) {
+	r := e.rec
+	st, err := s.shimClient(r.PodID).State(ctx, r.ID)
+	if err != nil || st.Status == shim.StatusCreated {
+		return
+	}
+	r.State, r.StartedAt = StateRunning, processStart(st.Pid)
+	if st.Pid > 0 {
+		r.Pid = st.Pid
+	}
+	s.log.Warn("container was started just before berthd stopped; recording it running", "pod", r.PodID, "container", r.ID)
+	s.emit(EventStarted, r)
+	if err := saveRecord(s.dir(r.ID), r); err != nil {
+		s.log.Warn("save started record", "container", r.ID, "err", err)
+	}
+	// Exited since: fold the exit in too.
+	s.refresh(e)
+}
+
+// processStart is when pid started (from /proc), or now if that is
+// unknown.
+func processStart(pid int) time.Time {
+	now := time.Now().UTC()
+	if pid <= 0 {
+		return now
+	}
+	stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return now
+	}
+	// Fields after the command (which may hold spaces) start at ")".
+	i := strings.LastIndexByte(string(stat), ')')
+	if i < 0 {
+		return now
+	}
+	f := strings.Fields(string(stat)[i+1:])
+	if len(f) < 20 {
+		return now
+	}
+	ticks, err := strconv.ParseUint(f[19], 10, 64) // field 22: starttime
+	if err != nil {
+		return now
+	}
+	var info unix.Sysinfo_t
+	if err := unix.Sysinfo(&info); err != nil {
+		return now
+	}
+	const clockTicks = 100 // USER_HZ on every Linux berth runs on
+	boot := now.Add(-time.Duration(info.Uptime) * time.Second)
+	return boot.Add(time.Duration(ticks) * time.Second / clockTicks)
 }
 
 // reapOrphans deletes, from every live shim, containers berthd has no

@@ -31,6 +31,9 @@ const (
 	SandboxAfterCNIAdd Point = "after-cni-add"
 	// SandboxAfterCheckpointWrite: READY checkpoint written, RPC not answered.
 	SandboxAfterCheckpointWrite Point = "after-checkpoint-write"
+	// SandboxMidStop: CNI DEL done; namespaces still pinned, checkpoint
+	// still READY with its attachment.
+	SandboxMidStop Point = "mid-sandbox-stop"
 	// SandboxMidRemove: CNI DEL and namespace teardown done, cgroup, files
 	// and checkpoint still there.
 	SandboxMidRemove Point = "mid-sandbox-remove"
@@ -47,6 +50,9 @@ const (
 	ContainerAfterRecordWrite Point = "after-record-write"
 	// ContainerBeforeRuncStart: StartContainer about to ask the shim.
 	ContainerBeforeRuncStart Point = "before-runc-start"
+	// ContainerAfterRuncStart: the process runs; the record still says
+	// created.
+	ContainerAfterRuncStart Point = "after-runc-start"
 	// ContainerMidRemove: the shim deleted the container; rootfs still
 	// mounted, layers leased, record on disk.
 	ContainerMidRemove Point = "mid-container-remove"
@@ -55,14 +61,16 @@ const (
 	ImageAfterBlobWrite Point = "after-blob-write"
 	// ImageMidUnpack: the first layer is unpacked into layers/, no record.
 	ImageMidUnpack Point = "mid-unpack"
+	// ImageMidRemove: the image record is gone, its blobs and layers not.
+	ImageMidRemove Point = "mid-image-remove"
 )
 
 // Points lists every point, in the order above.
 var Points = []Point{
-	SandboxAfterNetnsCreate, SandboxAfterCNIAdd, SandboxAfterCheckpointWrite, SandboxMidRemove,
+	SandboxAfterNetnsCreate, SandboxAfterCNIAdd, SandboxAfterCheckpointWrite, SandboxMidStop, SandboxMidRemove,
 	ContainerAfterOverlayMount, ContainerAfterShimStart, ContainerAfterRuncCreate, ContainerAfterRecordWrite,
-	ContainerBeforeRuncStart, ContainerMidRemove,
-	ImageAfterBlobWrite, ImageMidUnpack,
+	ContainerBeforeRuncStart, ContainerAfterRuncStart, ContainerMidRemove,
+	ImageAfterBlobWrite, ImageMidUnpack, ImageMidRemove,
 }
 
 // Injector kills the process at its armed points. A nil *Injector is

@@ -405,6 +405,7 @@ func (s *Store) Remove(ref string) error {
 	}
 	delete(s.images, rec.ID)
 	s.log.Info("image removed", "image", rec.ID, "tags", rec.RepoTags)
+	s.faults.Hit(fault.ImageMidRemove, "image", rec.ID)
 	return s.gc()
 }
 

@@ -511,6 +511,7 @@ func (s *Store) teardown(ctx context.Context, r *record, force bool) error {
 			}
 			errs = append(errs, err)
 		} else {
+			s.opts.Faults.Hit(fault.SandboxMidStop, "pod", r.sb.ID)
 			r.attachment = nil
 			r.fillFromAttachment()
 		}

@@ -89,12 +89,19 @@ type faultCase struct {
 	point   fault.Point
 	prepare func(e *faultEnv)
 	op      func(ctx context.Context, e *faultEnv) error
+	// afterRestart, if set, checks the recovered state before cleanup.
+	afterRestart func(e *faultEnv)
 }
 
 var faultCases = []faultCase{
 	{point: fault.SandboxAfterNetnsCreate, op: runTargetPod},
 	{point: fault.SandboxAfterCNIAdd, op: runTargetPod},
 	{point: fault.SandboxAfterCheckpointWrite, op: runTargetPod},
+	{point: fault.SandboxMidStop, prepare: (*faultEnv).targetPod,
+		op: func(ctx context.Context, e *faultEnv) error {
+			_, err := e.d.Runtime.StopPodSandbox(ctx, &criapi.StopPodSandboxRequest{PodSandboxId: e.pod})
+			return err
+		}},
 	{point: fault.SandboxMidRemove, prepare: (*faultEnv).targetPod,
 		op: func(ctx context.Context, e *faultEnv) error {
 			// Straight to remove, without a stop first: remove's own stop
@@ -112,6 +119,25 @@ var faultCases = []faultCase{
 			_, err := e.d.Runtime.StartContainer(ctx, &criapi.StartContainerRequest{ContainerId: e.ctr})
 			return err
 		}},
+	{point: fault.ContainerAfterRuncStart,
+		prepare: func(e *faultEnv) { e.targetPod(); e.ctr = e.mustCreate(e.pod, e.podCfg, "target") },
+		op: func(ctx context.Context, e *faultEnv) error {
+			_, err := e.d.Runtime.StartContainer(ctx, &criapi.StartContainerRequest{ContainerId: e.ctr})
+			return err
+		},
+		// Rolled forward: the process runs, so the container is running.
+		afterRestart: func(e *faultEnv) {
+			st, err := e.d.Runtime.ContainerStatus(ctxT(e.t), &criapi.ContainerStatusRequest{ContainerId: e.ctr})
+			if err != nil {
+				e.t.Fatal(err)
+			}
+			if st.Status.State != criapi.ContainerState_CONTAINER_RUNNING {
+				e.t.Fatalf("a container started just before the crash is %v after restart, want running", st.Status.State)
+			}
+			if started := time.Unix(0, st.Status.StartedAt); time.Since(started) < 0 || time.Since(started) > time.Minute {
+				e.t.Fatalf("started at %v, want the process's start time", started)
+			}
+		}},
 	{point: fault.ContainerMidRemove,
 		prepare: func(e *faultEnv) {
 			e.targetPod()
@@ -124,6 +150,15 @@ var faultCases = []faultCase{
 		}},
 	{point: fault.ImageAfterBlobWrite, op: pullTargetImage},
 	{point: fault.ImageMidUnpack, op: pullTargetImage},
+	{point: fault.ImageMidRemove,
+		prepare: func(e *faultEnv) {
+			e.imageUsed = e.reg.Ref(testimages.MultiLayerRef)
+			pull(e.t, e.d, e.imageUsed, nil)
+		},
+		op: func(ctx context.Context, e *faultEnv) error {
+			_, err := e.d.Image.RemoveImage(ctx, &criapi.RemoveImageRequest{Image: &criapi.ImageSpec{Image: e.imageUsed}})
+			return err
+		}},
 }
 
 func runTargetPod(ctx context.Context, e *faultEnv) error {
@@ -137,7 +172,7 @@ func createTarget(ctx context.Context, e *faultEnv) error {
 }
 
 func pullTargetImage(ctx context.Context, e *faultEnv) error {
-	e.imageUsed = e.reg.Ref("busybox-multilayer:latest")
+	e.imageUsed = e.reg.Ref(testimages.MultiLayerRef)
 	_, err := e.d.Image.PullImage(ctx, &criapi.PullImageRequest{Image: &criapi.ImageSpec{Image: e.imageUsed}})
 	return err
 }
@@ -207,6 +242,9 @@ func runFaultCase(t *testing.T, reg *testimages.Registry, c faultCase) {
 	d.SetEnv()
 	d.Start()
 	d.WaitReady()
+	if c.afterRestart != nil {
+		c.afterRestart(e)
+	}
 	kubeletCleanup(t, e)
 
 	leakcheck.CheckSettled(t, scope, before, leakcheck.Take(t, scope))
