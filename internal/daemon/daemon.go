@@ -117,6 +117,7 @@ func New(ctx context.Context, cfg *config.Config, version string, log *slog.Logg
 	if err != nil {
 		return nil, err
 	}
+	sandboxes.CleanOrphans(ctx)
 
 	broker := events.NewBroker()
 	publisher := cri.NewEventPublisher(broker, sandboxes)

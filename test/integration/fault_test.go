@@ -3,6 +3,7 @@ package integration
 import (
 	"context"
 	"errors"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
@@ -296,6 +297,55 @@ func kubeletCleanup(t *testing.T, e *faultEnv) {
 	if e.imageUsed != "" {
 		if _, err := e.d.Image.RemoveImage(ctx, &criapi.RemoveImageRequest{Image: &criapi.ImageSpec{Image: e.imageUsed}}); err != nil {
 			t.Fatalf("RemoveImage %s: %v", e.imageUsed, err)
+		}
+	}
+}
+
+// TestRecoveryCleansResourcesWithoutRecords loses a running pod's
+// checkpoint while berthd is down (berth's own ordering never does; a
+// damaged disk can) and checks that the restarted daemon releases what the
+// pod held: namespace pins, veth, address, NAT rules, /dev/shm, state dir,
+// cgroup.
+func TestRecoveryCleansResourcesWithoutRecords(t *testing.T) {
+	t.Parallel()
+	d := berthdtest.Start(t, berthdtest.Options{})
+	scope := leakcheck.ForDaemon(d)
+	scope.Root = d.Root
+	stopRemove(t, d, runPod(t, d, podConfig("warm"))) // bridge, lock files
+	before := leakcheck.Take(t, scope)
+
+	id := runPod(t, d, podConfig("orphan"))
+	// The second loses its state dir too, as after a reboot (state is a
+	// tmpfs): only its address, NAT rules, CNI cache and cgroup remain.
+	rebooted := runPod(t, d, podConfig("orphan-rebooted"))
+	d.Kill()
+	for _, p := range []string{id, rebooted} {
+		if err := os.RemoveAll(filepath.Join(d.Root, "sandboxes", p)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, kind := range []string{"net", "ipc", "uts"} {
+		pin := filepath.Join(d.State, "netns", rebooted+"-"+kind)
+		if err := exec.Command("umount", pin).Run(); err != nil {
+			t.Fatalf("umount %s: %v", pin, err)
+		}
+		os.Remove(pin)
+	}
+	shm := filepath.Join(d.State, "sandboxes", rebooted, "shm")
+	if err := exec.Command("umount", shm).Run(); err != nil {
+		t.Fatalf("umount %s: %v", shm, err)
+	}
+	os.RemoveAll(filepath.Join(d.State, "sandboxes", rebooted))
+	d.Start()
+	d.WaitReady()
+	resp, err := d.Runtime.ListPodSandbox(ctxT(t), &criapi.ListPodSandboxRequest{})
+	if err != nil || len(resp.Items) != 0 {
+		t.Fatalf("list after restart: %v, %v", resp.GetItems(), err)
+	}
+	leakcheck.CheckSettled(t, scope, before, leakcheck.Take(t, scope))
+	for _, msg := range []string{"removing a namespace pin without a sandbox", "removing pod state without a sandbox", "removing a pod cgroup without a sandbox", "releasing a pod address without a sandbox"} {
+		if !strings.Contains(d.Logs(), msg) {
+			t.Errorf("berthd did not log %q", msg)
 		}
 	}
 }
