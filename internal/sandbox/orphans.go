@@ -24,6 +24,13 @@ func (s *Store) CleanOrphans(ctx context.Context) {
 		known[id] = true
 	}
 	s.mu.Unlock()
+	// A sandbox dir whose checkpoint could not be read was skipped with a
+	// warning: what it owns is left alone, not guessed at.
+	if dirs, err := os.ReadDir(s.sandboxesDir()); err == nil {
+		for _, d := range dirs {
+			known[d.Name()] = true
+		}
+	}
 	detached := map[string]bool{}
 	detach := func(id, netns string) {
 		if s.opts.Network == nil || detached[id] {
@@ -98,11 +105,33 @@ func (s *Store) CleanOrphans(ctx context.Context) {
 					continue
 				}
 				seen[id] = true
+				path := filepath.Join(parent, d.Name())
+				if cgroupHasProcesses(filepath.Join(h, path)) {
+					s.log.Warn("a pod cgroup without a sandbox still has processes; leaving it", "pod", id)
+					continue
+				}
 				s.log.Warn("removing a pod cgroup without a sandbox", "pod", id)
-				if err := removeCgroup(filepath.Join(parent, d.Name())); err != nil {
+				if err := removeCgroup(path); err != nil {
 					s.log.Warn("remove orphan pod cgroup", "pod", id, "err", err)
 				}
 			}
 		}
 	}
+}
+
+// cgroupHasProcesses reports whether any cgroup at or below dir holds a
+// process.
+func cgroupHasProcesses(dir string) bool {
+	found := false
+	_ = filepath.WalkDir(dir, func(p string, e os.DirEntry, err error) error {
+		if err != nil || found || !e.IsDir() {
+			return nil
+		}
+		if data, err := os.ReadFile(filepath.Join(p, "cgroup.procs")); err == nil && len(strings.TrimSpace(string(data))) > 0 {
+			found = true
+			return filepath.SkipAll
+		}
+		return nil
+	})
+	return found
 }
