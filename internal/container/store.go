@@ -23,6 +23,7 @@ import (
 	runtime "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/berthcri/berth/internal/errdefs"
+	"github.com/berthcri/berth/internal/fault"
 	"github.com/berthcri/berth/internal/oci"
 	"github.com/berthcri/berth/internal/shim"
 )
@@ -47,6 +48,9 @@ type Options struct {
 	Logger *slog.Logger
 	// OnEvent, if set, hears every lifecycle transition (events.go).
 	OnEvent func(Event)
+	// Faults, for crash-recovery tests only, kills berthd at armed points
+	// (nil in production).
+	Faults *fault.Injector
 }
 
 // Store holds every container.
@@ -247,6 +251,7 @@ func (s *Store) Create(ctx context.Context, p CreateParams) (_ *Container, retEr
 			log.Warn("unmount rootfs after failed create", "err", err)
 		}
 	})
+	s.opts.Faults.Hit(fault.ContainerAfterOverlayMount, "pod", p.PodID, "container", id)
 
 	vols, undoVols, err := s.mountImageVolumes(ctx, p, id, dir)
 	if err != nil {
@@ -321,6 +326,7 @@ func (s *Store) Create(ctx context.Context, p CreateParams) (_ *Container, retEr
 	if err != nil {
 		return nil, err
 	}
+	s.opts.Faults.Hit(fault.ContainerAfterShimStart, "pod", p.PodID, "container", id)
 	cr := &shim.CreateRequest{
 		Bundle: dir, LogPath: p.LogPath,
 		Runtime: shim.Runtime{Binary: rt.Binary, Root: rt.Root, Options: rt.Options},
@@ -336,6 +342,7 @@ func (s *Store) Create(ctx context.Context, p CreateParams) (_ *Container, retEr
 	if err != nil {
 		return nil, fmt.Errorf("create container %s: %w", id, err)
 	}
+	s.opts.Faults.Hit(fault.ContainerAfterRuncCreate, "pod", p.PodID, "container", id)
 	undo = append(undo, func() {
 		if _, err := client.Delete(context.WithoutCancel(ctx), id); err != nil && !errors.Is(err, errdefs.ErrNotFound) && !errors.Is(err, shim.ErrNoShim) {
 			log.Warn("delete container after failed create", "err", err)
@@ -347,6 +354,7 @@ func (s *Store) Create(ctx context.Context, p CreateParams) (_ *Container, retEr
 	if err := saveRecord(dir, rec); err != nil {
 		return nil, err
 	}
+	s.opts.Faults.Hit(fault.ContainerAfterRecordWrite, "pod", p.PodID, "container", id)
 	e := &entry{rec: rec}
 	s.emit(EventCreated, rec)
 	s.mu.Lock()
@@ -520,6 +528,7 @@ func (s *Store) Start(ctx context.Context, id string) (*Container, error) {
 	}
 	// Taken before the start: a quick process can finish before it returns.
 	startedAt := time.Now().UTC()
+	s.opts.Faults.Hit(fault.ContainerBeforeRuncStart, "pod", r.PodID, "container", r.ID)
 	if _, err := s.shimClient(r.PodID).Start(ctx, r.ID); err != nil {
 		// A failed start leaves the container exited, as in containerd.
 		r.State, r.FinishedAt, r.ExitCode, r.Reason, r.Message = StateExited, time.Now().UTC(), 128, ReasonStart, err.Error()
@@ -527,6 +536,7 @@ func (s *Store) Start(ctx context.Context, id string) (*Container, error) {
 		s.emit(EventStopped, r)
 		return nil, fmt.Errorf("start container %s: %w", r.ID, err)
 	}
+	s.opts.Faults.Hit(fault.ContainerAfterRuncStart, "pod", r.PodID, "container", r.ID)
 	r.State, r.StartedAt = StateRunning, startedAt
 	s.emit(EventStarted, r)
 	s.refresh(e) // it may be done already; else the watcher sees the exit
@@ -654,6 +664,7 @@ func (s *Store) Remove(ctx context.Context, id string) error {
 	default:
 		return fmt.Errorf("remove container %s: %w", r.ID, err)
 	}
+	s.opts.Faults.Hit(fault.ContainerMidRemove, "pod", r.PodID, "container", r.ID)
 	dir := s.dir(r.ID)
 	if err := unmountImageVolumes(dir); err != nil {
 		return fmt.Errorf("remove container %s: %w", r.ID, err)
@@ -801,11 +812,68 @@ func (s *Store) recover(ctx context.Context) error {
 			s.setExited(e, &shim.Exit{Code: 255, At: time.Now().UTC(), Unknown: "container lost while berthd was down"})
 			continue
 		}
+		if rec.State == StateCreated {
+			s.rollForwardStart(ctx, e)
+		}
 		go s.watch(e)
 	}
 	s.reapOrphans(ctx)
 	s.log.Info("containers recovered", "count", len(s.ctrs))
 	return nil
+}
+
+// rollForwardStart finishes a StartContainer cut short after the shim
+// started the process but before the record said so: the shim's word wins.
+func (s *Store) rollForwardStart(ctx context.Context, e *entry) {
+	r := e.rec
+	st, err := s.shimClient(r.PodID).State(ctx, r.ID)
+	if err != nil || st.Status == shim.StatusCreated {
+		return
+	}
+	r.State, r.StartedAt = StateRunning, processStart(st.Pid)
+	if st.Pid > 0 {
+		r.Pid = st.Pid
+	}
+	s.log.Warn("container was started just before berthd stopped; recording it running", "pod", r.PodID, "container", r.ID)
+	s.emit(EventStarted, r)
+	if err := saveRecord(s.dir(r.ID), r); err != nil {
+		s.log.Warn("save started record", "container", r.ID, "err", err)
+	}
+	// Exited since: fold the exit in too.
+	s.refresh(e)
+}
+
+// processStart is when pid started (from /proc), or now if that is
+// unknown.
+func processStart(pid int) time.Time {
+	now := time.Now().UTC()
+	if pid <= 0 {
+		return now
+	}
+	stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return now
+	}
+	// Fields after the command (which may hold spaces) start at ")".
+	i := strings.LastIndexByte(string(stat), ')')
+	if i < 0 {
+		return now
+	}
+	f := strings.Fields(string(stat)[i+1:])
+	if len(f) < 20 {
+		return now
+	}
+	ticks, err := strconv.ParseUint(f[19], 10, 64) // field 22: starttime
+	if err != nil {
+		return now
+	}
+	var info unix.Sysinfo_t
+	if err := unix.Sysinfo(&info); err != nil {
+		return now
+	}
+	const clockTicks = 100 // USER_HZ on every Linux berth runs on
+	boot := now.Add(-time.Duration(info.Uptime) * time.Second)
+	return boot.Add(time.Duration(ticks) * time.Second / clockTicks)
 }
 
 // reapOrphans deletes, from every live shim, containers berthd has no
@@ -835,6 +903,15 @@ func (s *Store) reapOrphans(ctx context.Context) {
 			s.log.Warn("deleting a container without a record from its shim", "pod", p.Name(), "container", id)
 			if _, err := client.Delete(ctx, id); err != nil {
 				s.log.Warn("delete orphan container", "container", id, "err", err)
+			}
+		}
+		if len(ids) == 0 {
+			// Launched for a create that a crash cut short before the
+			// shim held anything: nothing would ever make it exit. (A
+			// shim emptied by the deletes above exits by itself.)
+			s.log.Warn("stopping a shim that holds no container", "pod", p.Name())
+			if err := client.Shutdown(ctx); err != nil && !errors.Is(err, shim.ErrNoShim) {
+				s.log.Warn("stop idle shim", "pod", p.Name(), "err", err)
 			}
 		}
 	}

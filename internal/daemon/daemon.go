@@ -24,6 +24,7 @@ import (
 	"github.com/berthcri/berth/internal/container"
 	"github.com/berthcri/berth/internal/cri"
 	"github.com/berthcri/berth/internal/events"
+	"github.com/berthcri/berth/internal/fault"
 	"github.com/berthcri/berth/internal/image"
 	"github.com/berthcri/berth/internal/metrics"
 	"github.com/berthcri/berth/internal/network"
@@ -73,6 +74,10 @@ func New(ctx context.Context, cfg *config.Config, version string, log *slog.Logg
 	}
 	d.listener = ln
 
+	faults, err := fault.FromEnv(log)
+	if err != nil {
+		return nil, err
+	}
 	m := metrics.New()
 	images, err := image.Open(image.Options{
 		Root:              filepath.Join(cfg.Root, "images"),
@@ -80,6 +85,7 @@ func New(ctx context.Context, cfg *config.Config, version string, log *slog.Logg
 		PinnedImages:      cfg.PinnedImages,
 		Logger:            log.With("component", "image"),
 		Observer:          m,
+		Faults:            faults,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("open image store: %w", err)
@@ -107,11 +113,12 @@ func New(ctx context.Context, cfg *config.Config, version string, log *slog.Logg
 		CgroupParent: cfg.CgroupParent, CgroupDriver: cri.CgroupDriver(cfg.CgroupDriver),
 		RuntimeHandlers: handlers, DefaultRuntimeHandler: cfg.DefaultRuntimeHandler,
 		Network: netw, Logger: log,
-		TestFaults: os.Getenv("BERTHD_TEST_FAULTS") == "1",
+		Faults: faults,
 	})
 	if err != nil {
 		return nil, err
 	}
+	sandboxes.CleanOrphans(ctx)
 
 	broker := events.NewBroker()
 	publisher := cri.NewEventPublisher(broker, sandboxes)
@@ -128,6 +135,7 @@ func New(ctx context.Context, cfg *config.Config, version string, log *slog.Logg
 		Layers:     images,
 		Logger:     log.With("component", "container"),
 		OnEvent:    publisher.ContainerEvent,
+		Faults:     faults,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("open container store: %w", err)

@@ -26,6 +26,7 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/berthcri/berth/internal/errdefs"
+	"github.com/berthcri/berth/internal/fault"
 )
 
 // Auth is registry credentials, as the CRI AuthConfig carries them.
@@ -333,6 +334,7 @@ func (s *Store) commit(ctx context.Context, img v1.Image, names []string) (*Imag
 	if err := s.writeBlob(mdigest.String(), manifest); err != nil {
 		return nil, err
 	}
+	s.faults.Hit(fault.ImageAfterBlobWrite, "image", cdigest.String())
 	if err := s.writeBlob(cdigest.String(), cfgRaw); err != nil {
 		return nil, err
 	}
@@ -514,6 +516,7 @@ func (s *Store) ensureLayer(ctx context.Context, lr layerRecord) error {
 			return struct{}{}, fmt.Errorf("store layer %s: %w", lr.ChainID, err)
 		}
 		done = true
+		s.faults.Hit(fault.ImageMidUnpack, "layer", lr.ChainID)
 		return struct{}{}, nil
 	})
 	return err

@@ -32,6 +32,7 @@ import (
 	ocispecv1 "github.com/opencontainers/image-spec/specs-go/v1"
 
 	"github.com/berthcri/berth/internal/errdefs"
+	"github.com/berthcri/berth/internal/fault"
 )
 
 const recordVersion = 1
@@ -59,6 +60,9 @@ type Options struct {
 	Logger       *slog.Logger
 	// Observer, if set, hears about downloads (berthd's metrics).
 	Observer PullObserver
+	// Faults, for crash-recovery tests only, kills berthd at armed points
+	// (nil in production).
+	Faults *fault.Injector
 }
 
 // PullObserver is told how many bytes pulls download and how long
@@ -76,6 +80,7 @@ type Store struct {
 	log      *slog.Logger
 	pinned   []string
 	observer PullObserver
+	faults   *fault.Injector
 
 	mu       sync.Mutex
 	images   map[string]*record // by ID
@@ -139,6 +144,7 @@ func Open(opts Options) (*Store, error) {
 		images:   map[string]*record{},
 		inflight: map[string]int{},
 		observer: opts.Observer,
+		faults:   opts.Faults,
 	}
 	for _, p := range opts.PinnedImages {
 		if n, err := ParseReference(p); err == nil {
@@ -399,6 +405,7 @@ func (s *Store) Remove(ref string) error {
 	}
 	delete(s.images, rec.ID)
 	s.log.Info("image removed", "image", rec.ID, "tags", rec.RepoTags)
+	s.faults.Hit(fault.ImageMidRemove, "image", rec.ID)
 	return s.gc()
 }
 

@@ -273,6 +273,35 @@ func runtimeConf(pod Pod) *libcni.RuntimeConf {
 	return rt
 }
 
+// ReservedIDs lists the pod IDs that hold addresses in the embedded
+// network's host-local store (one file per address, the owner's ID on its
+// first line), so recovery can find addresses no sandbox owns.
+func (n *Network) ReservedIDs() []string {
+	if n.opts.IPAMDataDir == "" {
+		return nil
+	}
+	files, _ := filepath.Glob(filepath.Join(n.opts.IPAMDataDir, "*", "*"))
+	seen := map[string]bool{}
+	var ids []string
+	for _, f := range files {
+		base := filepath.Base(f)
+		if base == "lock" || strings.HasPrefix(base, "last_reserved_ip") {
+			continue
+		}
+		data, err := os.ReadFile(f)
+		if err != nil {
+			continue
+		}
+		id, _, _ := strings.Cut(string(data), "\n")
+		id = strings.TrimSpace(id)
+		if id != "" && !seen[id] {
+			seen[id] = true
+			ids = append(ids, id)
+		}
+	}
+	return ids
+}
+
 // Prepare picks the config a new pod will attach with. The caller records
 // it (checkpoint) before Attach, so a crash during ADD still leaves what
 // DEL needs.

@@ -25,6 +25,7 @@ import (
 	runtime "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/berthcri/berth/internal/errdefs"
+	"github.com/berthcri/berth/internal/fault"
 	"github.com/berthcri/berth/internal/network"
 )
 
@@ -67,15 +68,10 @@ type Options struct {
 	// executable, then in PATH, when a pod first needs it.
 	PauseBinary string
 	Logger      *slog.Logger
-	// TestFaults honours the pod annotation testCrashAnnotation: berthd
-	// exits at the named step, as a crash would. For crash-recovery tests
-	// only (berthd sets it from BERTHD_TEST_FAULTS=1).
-	TestFaults bool
+	// Faults, for crash-recovery tests only, kills berthd at armed points
+	// (nil in production).
+	Faults *fault.Injector
 }
-
-// testCrashAnnotation names the RunPodSandbox step at which a daemon with
-// TestFaults exits: "after-namespaces" or "after-cni-add".
-const testCrashAnnotation = "berth.test/crash-at"
 
 // Store holds every sandbox. The store lock guards only the maps; each
 // sandbox has its own lock, held across its slow steps (CNI), so pods
@@ -444,7 +440,7 @@ func (s *Store) Run(ctx context.Context, cfg *runtime.PodSandboxConfig, handler 
 			return nil, err
 		}
 	}
-	s.crashPoint(cfg, "after-namespaces")
+	s.opts.Faults.Hit(fault.SandboxAfterNetnsCreate, "pod", id)
 	var cniTime time.Duration
 	if r.attachment != nil {
 		cniStart := time.Now()
@@ -455,24 +451,18 @@ func (s *Store) Run(ctx context.Context, cfg *runtime.PodSandboxConfig, handler 
 		}
 		r.fillFromAttachment()
 	}
-	s.crashPoint(cfg, "after-cni-add")
+	s.opts.Faults.Hit(fault.SandboxAfterCNIAdd, "pod", id)
 	r.sb.State = runtime.PodSandboxState_SANDBOX_READY
 	if err := s.persist(r); err != nil {
 		return nil, err
 	}
+	s.opts.Faults.Hit(fault.SandboxAfterCheckpointWrite, "pod", id)
 	r.publish()
 	s.mu.Lock()
 	s.byID[id] = r
 	s.mu.Unlock()
 	log.Info("sandbox ready", "ip", r.sb.IP, "handler", handler, "cgroup", cgroup, "took", time.Since(start), "cni_add", cniTime)
 	return r.snapshot(), nil
-}
-
-func (s *Store) crashPoint(cfg *runtime.PodSandboxConfig, point string) {
-	if s.opts.TestFaults && cfg.GetAnnotations()[testCrashAnnotation] == point {
-		s.log.Warn("test fault: exiting mid-RunPodSandbox", "point", point)
-		os.Exit(70)
-	}
 }
 
 func truncate(s string, n int) string {
@@ -521,6 +511,7 @@ func (s *Store) teardown(ctx context.Context, r *record, force bool) error {
 			}
 			errs = append(errs, err)
 		} else {
+			s.opts.Faults.Hit(fault.SandboxMidStop, "pod", r.sb.ID)
 			r.attachment = nil
 			r.fillFromAttachment()
 		}
@@ -591,6 +582,7 @@ func (s *Store) Remove(ctx context.Context, id string) error {
 	if err := s.stopLocked(ctx, r); err != nil {
 		return err
 	}
+	s.opts.Faults.Hit(fault.SandboxMidRemove, "pod", r.sb.ID)
 	if err := removeCgroup(r.sb.CgroupParent); err != nil {
 		return fmt.Errorf("remove sandbox %s: %w", r.sb.ID, err)
 	}

@@ -153,6 +153,13 @@ func (c *Client) List(ctx context.Context) ([]string, error) {
 	return r.IDs, nil
 }
 
+// Shutdown makes a shim that holds no container exit; one that holds
+// containers refuses (FailedPrecondition).
+func (c *Client) Shutdown(ctx context.Context) error {
+	_, err := c.call(ctx, &Request{Op: OpShutdown})
+	return err
+}
+
 // Attach opens an attach stream; the caller reads stdout/stderr frames
 // from it and writes stdin, close-stdin and resize frames.
 func (c *Client) Attach(ctx context.Context, id string, stdin, stdout, stderr bool) (*Stream, error) {

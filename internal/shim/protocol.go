@@ -33,6 +33,9 @@ const (
 	OpReopenLog = "reopen-log"
 	OpAttach    = "attach"
 	OpPing      = "ping"
+	// OpShutdown asks a shim that holds no container to exit (berthd's
+	// recovery uses it for a shim launched just before a crash).
+	OpShutdown = "shutdown"
 )
 
 // Error kinds in Response.Kind, mapped back to errdefs by the client.

@@ -181,6 +181,12 @@ func (s *Server) handle(req *Request) (*Response, bool) {
 		}
 		return &Response{IDs: ids}, false
 	}
+	if req.Op == OpShutdown {
+		if !s.exitIfEmpty() {
+			return errResponse(fmt.Errorf("shim holds containers: %w", errdefs.ErrFailedPrecondition)), false
+		}
+		return &Response{}, true
+	}
 	if req.Op == OpCreate {
 		err := s.create(req)
 		if err != nil {

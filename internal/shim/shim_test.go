@@ -416,3 +416,40 @@ func TestShimHighVolumeOutputIsComplete(t *testing.T) {
 		t.Fatalf("lines: %v", next)
 	}
 }
+
+func TestShimShutdownOnlyWhenEmpty(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	ctx := context.Background()
+	f.run("sleeper", []string{"sleep", "1000"}, nil)
+	if err := f.client.Shutdown(ctx); !errors.Is(err, errdefs.ErrFailedPrecondition) {
+		t.Fatalf("shutdown of a shim holding a container: %v, want FailedPrecondition", err)
+	}
+	if err := f.client.Kill(ctx, "sleeper", syscall.SIGKILL, false); err != nil {
+		t.Fatal(err)
+	}
+	f.wait("sleeper")
+	// A delete that empties the shim makes it exit; start a fresh, empty
+	// one instead to test Shutdown itself.
+	empty, err := shim.Launch(ctx, bundletest.ShimBinary(t), filepath.Join(f.dir, "shims", strings.Repeat("q", 64)), "pod2")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := empty.Shutdown(ctx); err != nil {
+		t.Fatalf("shutdown of an empty shim: %v", err)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		_, err := os.Stat(empty.Dir())
+		if os.IsNotExist(err) && len(berthdtest.PidsMentioning(empty.Dir())) == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("empty shim still around after shutdown: dir err %v, pids %v", err, berthdtest.PidsMentioning(empty.Dir()))
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if _, err := f.client.State(ctx, "sleeper"); err != nil {
+		t.Fatalf("the other shim went too: %v", err)
+	}
+}

@@ -17,6 +17,7 @@ import (
 	"google.golang.org/grpc/status"
 	criapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
+	"github.com/berthcri/berth/internal/fault"
 	"github.com/berthcri/berth/internal/testutil/berthdtest"
 	"github.com/berthcri/berth/internal/testutil/leakcheck"
 )
@@ -785,14 +786,17 @@ func TestSandboxConcurrentRuns(t *testing.T) {
 // everything, IP and iptables rules included.
 func TestSandboxCrashMidRunRecovers(t *testing.T) {
 	t.Parallel()
-	d := berthdtest.Start(t, berthdtest.Options{Env: []string{"BERTHD_TEST_FAULTS=1"}})
+	d := berthdtest.Start(t, berthdtest.Options{})
 	scope := leakcheck.ForDaemon(d)
 	warm := runPod(t, d, podConfig("warm"))
 	stopRemove(t, d, warm)
 	before := leakcheck.Take(t, scope)
-	for _, point := range []string{"after-namespaces", "after-cni-add"} {
-		cfg := podConfig("crash-" + point)
-		cfg.Annotations = map[string]string{"berth.test/crash-at": point}
+	for _, point := range []fault.Point{fault.SandboxAfterNetnsCreate, fault.SandboxAfterCNIAdd} {
+		d.Kill()
+		d.SetEnv(fault.EnvVar + "=" + string(point))
+		d.Start()
+		d.WaitReady()
+		cfg := podConfig("crash-" + string(point))
 		cfg.PortMappings = []*criapi.PortMapping{{Protocol: criapi.Protocol_TCP, ContainerPort: 80, HostPort: int32(25000 + os.Getpid()%10000)}}
 		if _, err := d.Runtime.RunPodSandbox(ctxT(t), &criapi.RunPodSandboxRequest{Config: cfg}); err == nil {
 			t.Fatalf("%s: RunPodSandbox succeeded though berthd was to crash", point)
@@ -802,6 +806,7 @@ func TestSandboxCrashMidRunRecovers(t *testing.T) {
 		case <-time.After(10 * time.Second):
 			t.Fatalf("%s: berthd did not exit", point)
 		}
+		d.SetEnv()
 		d.Start()
 		d.WaitReady()
 		resp, err := d.Runtime.ListPodSandbox(ctxT(t), &criapi.ListPodSandboxRequest{})

@@ -196,6 +196,14 @@ func (d *Daemon) Stop() {
 	}
 }
 
+// SetEnv replaces Options.Env for the next Start (arm or disarm fault
+// points between restarts).
+func (d *Daemon) SetEnv(env ...string) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.opts.Env = env
+}
+
 // Kill sends SIGKILL, as a crash would, and waits for the process to go.
 func (d *Daemon) Kill() {
 	d.t.Helper()

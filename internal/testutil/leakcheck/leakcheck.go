@@ -33,6 +33,10 @@ type Scope struct {
 	IPPrefix string
 	// CgroupParent is the daemon's cgroup parent, relative to each hierarchy.
 	CgroupParent string
+	// Root, if set, is --root: mounts below it (overlay rootfs) and its
+	// files and directories count too (unpacked layer contents and mounted
+	// rootfs contents are not walked; their directories are listed).
+	Root string
 	// IgnoreFiles are paths (relative to State or IPAMDir) that are
 	// expected to persist, such as host-local's lock file.
 	IgnoreFiles []string
@@ -65,6 +69,14 @@ func Take(t testing.TB, s Scope) Snapshot {
 	}
 	snap["mount"] = mounts
 	snap["file"] = files(s.State, s.IgnoreFiles)
+	if s.Root != "" {
+		rootMounts, err := berthdtest.MountsBelow(s.Root)
+		if err != nil {
+			t.Fatalf("leakcheck: mounts: %v", err)
+		}
+		snap["root-mount"] = rootMounts
+		snap["root-entry"] = entries(s.Root, s.IgnoreFiles)
+	}
 	if s.IPAMDir != "" {
 		snap["ipam"] = files(s.IPAMDir, s.IgnoreFiles)
 	}
@@ -206,6 +218,28 @@ func files(root string, ignore []string) []string {
 			}
 		}
 		out = append(out, p)
+		return nil
+	})
+	return out
+}
+
+// entries lists files and directories below root, without descending into
+// overlay rootfs mounts or unpacked layer contents ("rootfs", "diff").
+func entries(root string, ignore []string) []string {
+	var out []string
+	_ = filepath.WalkDir(root, func(p string, e fs.DirEntry, err error) error {
+		if err != nil || p == root {
+			return nil
+		}
+		for _, ig := range ignore {
+			if e.Name() == ig {
+				return nil
+			}
+		}
+		out = append(out, p)
+		if e.IsDir() && (e.Name() == "rootfs" || e.Name() == "diff") {
+			return filepath.SkipDir
+		}
 		return nil
 	})
 	return out

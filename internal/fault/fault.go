@@ -1,0 +1,145 @@
+// Package fault is berthd's crash-injection hook for recovery tests. An
+// Injector names the points at which berthd exits abruptly, as a crash
+// (or kill -9) there would. berthd builds one from BERTHD_TEST_FAULTS only
+// when that variable is set; otherwise the stores hold a nil *Injector and
+// every Hit is a nil test.
+package fault
+
+import (
+	"fmt"
+	"log/slog"
+	"os"
+	"sort"
+	"strings"
+)
+
+// EnvVar names the armed points, comma-separated.
+const EnvVar = "BERTHD_TEST_FAULTS"
+
+// ExitCode is what berthd exits with at an armed point, so a test can tell
+// an injected crash from a real one.
+const ExitCode = 86
+
+// Point is one named place inside an RPC where berthd can be made to die.
+type Point string
+
+// The points. Each comment says what is half done when berthd dies there.
+const (
+	// SandboxAfterNetnsCreate: namespaces pinned, pod cgroup made, no CNI.
+	SandboxAfterNetnsCreate Point = "after-netns-create"
+	// SandboxAfterCNIAdd: veth, IP and port rules exist; checkpoint NOTREADY.
+	SandboxAfterCNIAdd Point = "after-cni-add"
+	// SandboxAfterCheckpointWrite: READY checkpoint written, RPC not answered.
+	SandboxAfterCheckpointWrite Point = "after-checkpoint-write"
+	// SandboxMidStop: CNI DEL done; namespaces still pinned, checkpoint
+	// still READY with its attachment.
+	SandboxMidStop Point = "mid-sandbox-stop"
+	// SandboxMidRemove: CNI DEL and namespace teardown done, cgroup, files
+	// and checkpoint still there.
+	SandboxMidRemove Point = "mid-sandbox-remove"
+
+	// ContainerAfterOverlayMount: dir and overlay mount, layers leased, no
+	// record, nothing in the shim.
+	ContainerAfterOverlayMount Point = "after-overlay-mount"
+	// ContainerAfterShimStart: the pod's shim runs (launched for this
+	// create if it is the pod's first container) but holds no container.
+	ContainerAfterShimStart Point = "after-shim-start"
+	// ContainerAfterRuncCreate: the shim created the container, no record.
+	ContainerAfterRuncCreate Point = "after-runc-create"
+	// ContainerAfterRecordWrite: record written, RPC not answered.
+	ContainerAfterRecordWrite Point = "after-record-write"
+	// ContainerBeforeRuncStart: StartContainer about to ask the shim.
+	ContainerBeforeRuncStart Point = "before-runc-start"
+	// ContainerAfterRuncStart: the process runs; the record still says
+	// created.
+	ContainerAfterRuncStart Point = "after-runc-start"
+	// ContainerMidRemove: the shim deleted the container; rootfs still
+	// mounted, layers leased, record on disk.
+	ContainerMidRemove Point = "mid-container-remove"
+
+	// ImageAfterBlobWrite: the manifest blob is stored, nothing else.
+	ImageAfterBlobWrite Point = "after-blob-write"
+	// ImageMidUnpack: the first layer is unpacked into layers/, no record.
+	ImageMidUnpack Point = "mid-unpack"
+	// ImageMidRemove: the image record is gone, its blobs and layers not.
+	ImageMidRemove Point = "mid-image-remove"
+)
+
+// Points lists every point, in the order above.
+var Points = []Point{
+	SandboxAfterNetnsCreate, SandboxAfterCNIAdd, SandboxAfterCheckpointWrite, SandboxMidStop, SandboxMidRemove,
+	ContainerAfterOverlayMount, ContainerAfterShimStart, ContainerAfterRuncCreate, ContainerAfterRecordWrite,
+	ContainerBeforeRuncStart, ContainerAfterRuncStart, ContainerMidRemove,
+	ImageAfterBlobWrite, ImageMidUnpack, ImageMidRemove,
+}
+
+// Injector kills the process at its armed points. A nil *Injector is
+// disarmed.
+type Injector struct {
+	armed map[Point]bool
+	log   *slog.Logger
+	exit  func(code int)
+}
+
+// New arms the given points; unknown names are an error, so a typo in a
+// test does not silently test nothing.
+func New(points []Point, log *slog.Logger) (*Injector, error) {
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	known := map[Point]bool{}
+	for _, p := range Points {
+		known[p] = true
+	}
+	in := &Injector{armed: map[Point]bool{}, log: log, exit: os.Exit}
+	for _, p := range points {
+		if !known[p] {
+			return nil, fmt.Errorf("unknown fault point %q (known: %s)", p, joinPoints(Points))
+		}
+		in.armed[p] = true
+	}
+	return in, nil
+}
+
+// FromEnv builds an Injector from BERTHD_TEST_FAULTS; it returns nil
+// (disarmed) when the variable is unset or empty.
+func FromEnv(log *slog.Logger) (*Injector, error) {
+	v := strings.TrimSpace(os.Getenv(EnvVar))
+	if v == "" {
+		return nil, nil
+	}
+	var points []Point
+	for _, f := range strings.Split(v, ",") {
+		if f = strings.TrimSpace(f); f != "" {
+			points = append(points, Point(f))
+		}
+	}
+	in, err := New(points, log)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", EnvVar, err)
+	}
+	in.log.Warn("test fault injection armed: berthd will exit at these points", "points", joinPoints(points))
+	return in, nil
+}
+
+// Armed reports whether p is armed.
+func (in *Injector) Armed(p Point) bool { return in != nil && in.armed[p] }
+
+// Hit exits the process with ExitCode if p is armed. attrs (slog key/value
+// pairs, such as the pod ID) go into the last log line.
+func (in *Injector) Hit(p Point, attrs ...any) {
+	if !in.Armed(p) {
+		return
+	}
+	in.log.Warn("test fault: exiting abruptly", append([]any{"point", string(p)}, attrs...)...)
+	in.exit(ExitCode)
+}
+
+func joinPoints(ps []Point) string {
+	s := make([]string, len(ps))
+	for i, p := range ps {
+		s[i] = string(p)
+	}
+	sort.Strings(s)
+	return strings.Join(s, ",")
+}

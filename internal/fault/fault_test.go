@@ -1,0 +1,42 @@
+package fault
+
+import (
+	"testing"
+)
+
+func TestNilInjectorIsDisarmed(t *testing.T) {
+	var in *Injector
+	if in.Armed(SandboxAfterCNIAdd) {
+		t.Fatal("nil injector armed")
+	}
+	in.Hit(SandboxAfterCNIAdd) // must not exit or panic
+}
+
+func TestFromEnv(t *testing.T) {
+	t.Setenv(EnvVar, "")
+	if in, err := FromEnv(nil); in != nil || err != nil {
+		t.Fatalf("unset: got %v, %v", in, err)
+	}
+	t.Setenv(EnvVar, "after-cni-add, mid-unpack")
+	in, err := FromEnv(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !in.Armed(SandboxAfterCNIAdd) || !in.Armed(ImageMidUnpack) || in.Armed(ContainerMidRemove) {
+		t.Fatalf("armed set wrong: %v", in.armed)
+	}
+	var code int
+	in.exit = func(c int) { code = c }
+	in.Hit(ContainerMidRemove)
+	if code != 0 {
+		t.Fatalf("disarmed point exited with %d", code)
+	}
+	in.Hit(ImageMidUnpack)
+	if code != ExitCode {
+		t.Fatalf("armed point: exit code %d, want %d", code, ExitCode)
+	}
+	t.Setenv(EnvVar, "after-cni-ad")
+	if _, err := FromEnv(nil); err == nil {
+		t.Fatal("unknown point accepted")
+	}
+}
