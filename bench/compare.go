@@ -271,6 +271,7 @@ func (c *Comparison) chart(path string) error {
 	width := vg.Points(12)
 	groups := append(append([]string(nil), c.Endpoints...), "floor")
 	legend := map[int]bool{}
+	top := 0.0
 	var names []string
 	for si, name := range c.Order {
 		names = append(names, shortName(name))
@@ -298,12 +299,19 @@ func (c *Comparison) chart(path string) error {
 				return err
 			}
 			box.Offset = width * vg.Length(float64(gi)-float64(len(groups)-1)/2) * 1.2
-			box.FillColor = palette[gi%len(palette)]
+			color := palette[gi%len(palette)]
+			if g == "floor" {
+				color = floorColor
+			}
+			box.FillColor = color
 			p.Add(box)
+			for _, v := range vals {
+				top = max(top, v)
+			}
 			if !legend[gi] {
 				legend[gi] = true
 				swatch, _ := plotter.NewPolygon(plotter.XYs{{X: 0, Y: 0}})
-				swatch.Color = palette[gi%len(palette)]
+				swatch.Color = color
 				label := g
 				if g == "floor" {
 					label = "floor (tools alone, no runtime)"
@@ -312,6 +320,8 @@ func (c *Comparison) chart(path string) error {
 			}
 		}
 	}
+	// Head room on the log axis so the legend never covers a box.
+	p.Y.Max = top * 6
 	p.NominalX(names...)
 	p.X.Tick.Label.Rotation = 0.6
 	p.X.Tick.Label.XAlign = -0.9
@@ -320,15 +330,15 @@ func (c *Comparison) chart(path string) error {
 	if w < 16*vg.Centimeter {
 		w = 16 * vg.Centimeter
 	}
-	return p.Save(w, 14*vg.Centimeter, path)
+	return p.Save(w, 16*vg.Centimeter, path)
 }
 
 func shortName(s string) string {
 	if _, after, ok := strings.Cut(s, ": "); ok {
 		s = after
 	}
-	if len(s) > 28 {
-		s = s[:28] + "…"
+	if len(s) > 44 {
+		s = s[:44] + "…"
 	}
 	return s
 }
