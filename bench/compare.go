@@ -323,6 +323,8 @@ func (c *Comparison) chart(path string) error {
 	// Head room on the log axis so the legend never covers a box.
 	p.Y.Max = top * 6
 	p.NominalX(names...)
+	// Room for the outer boxes of the first and last groups.
+	p.X.Min, p.X.Max = -0.7, float64(len(names)-1)+0.7
 	p.X.Tick.Label.Rotation = 0.6
 	p.X.Tick.Label.XAlign = -0.9
 	p.Legend.Top = true
