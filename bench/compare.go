@@ -268,7 +268,7 @@ func (c *Comparison) chart(path string) error {
 	p.Y.Label.Text = "ms"
 	p.Y.Scale = plot.LogScale{}
 	p.Y.Tick.Marker = plot.LogTicks{Prec: -1}
-	width := vg.Points(12)
+	width := vg.Points(11)
 	groups := append(append([]string(nil), c.Endpoints...), "floor")
 	legend := map[int]bool{}
 	top := 0.0
@@ -298,7 +298,7 @@ func (c *Comparison) chart(path string) error {
 			if err != nil {
 				return err
 			}
-			box.Offset = width * vg.Length(float64(gi)-float64(len(groups)-1)/2) * 1.2
+			box.Offset = width * vg.Length(float64(gi)-float64(len(groups)-1)/2) * 1.1
 			color := palette[gi%len(palette)]
 			if g == "floor" {
 				color = floorColor
@@ -328,7 +328,7 @@ func (c *Comparison) chart(path string) error {
 	p.X.Tick.Label.Rotation = 0.6
 	p.X.Tick.Label.XAlign = -0.9
 	p.Legend.Top = true
-	w := vg.Length(len(c.Order)) * vg.Centimeter * 2.2
+	w := vg.Length(len(c.Order)) * vg.Centimeter * 2.8
 	if w < 16*vg.Centimeter {
 		w = 16 * vg.Centimeter
 	}
