@@ -92,12 +92,12 @@ func netnsCNIFloor(d *berthdtest.Daemon) (*Floor, error) {
 				return 0, fmt.Errorf("ip netns add: %v: %s", err, out)
 			}
 			out, err := RunBridgePlugin(cniBin, "ADD", l.id, "/run/netns/"+l.ns, conf)
-			d := time.Since(start)
+			took := time.Since(start)
 			down(l)
 			if err != nil {
 				return 0, fmt.Errorf("bridge ADD: %v: %s", err, out)
 			}
-			return d, nil
+			return took, nil
 		},
 	}, nil
 }
@@ -164,9 +164,9 @@ func runcFloors(tb testing.TB) (start, execFloor *Floor, err error) {
 			if err == nil {
 				err = r.runc.Start(ctx, id)
 			}
-			d := time.Since(t0)
+			took := time.Since(t0)
 			r.remove(ctx, id)
-			return d, err
+			return took, err
 		},
 	}
 	execFloor = &Floor{
