@@ -138,6 +138,8 @@ state = "%[1]s/state"
 		}
 		berthdtest.UnmountBelow(dir)
 		os.RemoveAll(dir)
+		// The bridge plugin never deletes its bridge; one per run would pile up.
+		_ = exec.Command("ip", "link", "del", "bref"+suffix).Run()
 	})
 	rt, img := dial(tb, "unix://"+sock)
 	deadline := time.Now().Add(30 * time.Second)
