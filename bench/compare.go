@@ -27,12 +27,20 @@ type Comparison struct {
 	// Skipped maps endpoint → workloads it could not run, with why.
 	Skipped map[string][]string
 	Scale   map[string]ScaleResult
+	// Floors maps a series name to the floor measured next to it.
+	Floors map[string]*FloorSeries
+}
+
+// FloorSeries is the samples of one floor.
+type FloorSeries struct {
+	Name    string
+	Samples []time.Duration
 }
 
 // NewComparison prepares a comparison of the named endpoints.
 func NewComparison(endpoints ...string) *Comparison {
 	return &Comparison{Endpoints: endpoints, Series: map[string]map[string][]time.Duration{},
-		Skipped: map[string][]string{}, Scale: map[string]ScaleResult{}}
+		Skipped: map[string][]string{}, Scale: map[string]ScaleResult{}, Floors: map[string]*FloorSeries{}}
 }
 
 func (c *Comparison) add(series, endpoint string, d time.Duration) {
@@ -69,6 +77,19 @@ func (c *Comparison) Run(ctx context.Context, w Workload, eps ...*Endpoint) {
 		states[ep] = st
 		live = append(live, ep)
 	}
+	floor, floorState := w.Floor, any(nil)
+	if floor != nil && floor.Setup != nil {
+		var err error
+		if floorState, err = floor.Setup(ctx); err != nil {
+			c.skip("floor", floor.Name, err)
+			floor = nil
+		}
+	}
+	var floorSamples *FloorSeries
+	if floor != nil {
+		floorSamples = &FloorSeries{Name: floor.Name}
+		c.Floors[w.Name+": "+floor.Bounds] = floorSamples
+	}
 	failed := map[*Endpoint]bool{}
 	for i := 0; i < warmup+w.Samples; i++ {
 		for _, ep := range live {
@@ -93,11 +114,26 @@ func (c *Comparison) Run(ctx context.Context, w Workload, eps ...*Endpoint) {
 				c.add(w.Name+": "+k, ep.Name, ds[k])
 			}
 		}
+		if floor == nil || failed[nil] {
+			continue
+		}
+		d, err := floor.Sample(ctx, floorState, i)
+		if err != nil {
+			c.skip("floor", floor.Name, err)
+			failed[nil] = true // an endpoint-less key: the floor
+			continue
+		}
+		if i >= warmup {
+			floorSamples.Samples = append(floorSamples.Samples, d)
+		}
 	}
 	for _, ep := range live {
 		if w.Teardown != nil {
 			w.Teardown(ctx, ep, states[ep])
 		}
+	}
+	if floor != nil && floor.Teardown != nil {
+		floor.Teardown(ctx, floorState)
 	}
 }
 
@@ -128,28 +164,37 @@ type comparisonJSON struct {
 type seriesJSON struct {
 	Name  string           `json:"name"`
 	Stats map[string]Stats `json:"stats"`
+	// Floor is the floor measured next to this series, if any.
+	Floor *Stats `json:"floor,omitempty"`
 }
 
 // Write prints the markdown table to w and, when dir is set, writes
 // compare.json and compare.png there.
 func (c *Comparison) Write(w io.Writer, dir string) error {
 	var b strings.Builder
+	two := len(c.Endpoints) == 2
 	b.WriteString("\n| workload | ")
 	for _, e := range c.Endpoints {
 		fmt.Fprintf(&b, "%s p50 / p90 / max ms | ", e)
 	}
-	if len(c.Endpoints) == 2 {
-		fmt.Fprintf(&b, "p50 ratio %s/%s |", c.Endpoints[0], c.Endpoints[1])
+	if two {
+		fmt.Fprintf(&b, "p50 ratio %s/%s | ", c.Endpoints[0], c.Endpoints[1])
 	}
-	b.WriteString("\n|---|")
+	fmt.Fprintf(&b, "floor p50 / p90 / max ms | p50 ratio %s/floor |\n|---|", c.Endpoints[0])
 	for range c.Endpoints {
 		b.WriteString("---:|")
 	}
-	if len(c.Endpoints) == 2 {
+	if two {
 		b.WriteString("---:|")
 	}
-	b.WriteString("\n")
+	b.WriteString("---:|---:|\n")
 	out := comparisonJSON{Time: time.Now().UTC(), Endpoints: c.Endpoints, Skipped: c.Skipped, Scale: c.Scale}
+	ratio := func(a, b float64) string {
+		if a > 0 && b > 0 {
+			return fmt.Sprintf("%.2f×", a/b)
+		}
+		return "—"
+	}
 	for _, name := range c.Order {
 		sj := seriesJSON{Name: name, Stats: map[string]Stats{}}
 		fmt.Fprintf(&b, "| %s | ", name)
@@ -166,12 +211,15 @@ func (c *Comparison) Write(w io.Writer, dir string) error {
 			p50 = append(p50, st.P50ms)
 			fmt.Fprintf(&b, "%.2f / %.2f / %.2f | ", st.P50ms, st.P90ms, st.Maxms)
 		}
-		if len(p50) == 2 {
-			if p50[0] > 0 && p50[1] > 0 {
-				fmt.Fprintf(&b, "%.2f× |", p50[0]/p50[1])
-			} else {
-				b.WriteString("— |")
-			}
+		if two {
+			fmt.Fprintf(&b, "%s | ", ratio(p50[0], p50[1]))
+		}
+		if f := c.Floors[name]; f != nil && len(f.Samples) > 0 {
+			st := Series{Name: f.Name, Samples: f.Samples}.Summary()
+			sj.Floor = &st
+			fmt.Fprintf(&b, "%s: %.2f / %.2f / %.2f | %s |", f.Name, st.P50ms, st.P90ms, st.Maxms, ratio(p50[0], st.P50ms))
+		} else {
+			b.WriteString("| |")
 		}
 		b.WriteString("\n")
 		out.Series = append(out.Series, sj)
@@ -184,7 +232,7 @@ func (c *Comparison) Write(w io.Writer, dir string) error {
 			}
 		}
 	}
-	for _, e := range c.Endpoints {
+	for _, e := range append(append([]string(nil), c.Endpoints...), "floor") {
 		for _, s := range c.Skipped[e] {
 			fmt.Fprintf(&b, "\n- %s skipped: %s", e, s)
 		}
@@ -220,12 +268,21 @@ func (c *Comparison) chart(path string) error {
 	p.Y.Label.Text = "ms"
 	p.Y.Scale = plot.LogScale{}
 	p.Y.Tick.Marker = plot.LogTicks{Prec: -1}
-	width := vg.Points(12)
+	width := vg.Points(11)
+	groups := append(append([]string(nil), c.Endpoints...), "floor")
+	legend := map[int]bool{}
+	top := 0.0
 	var names []string
 	for si, name := range c.Order {
 		names = append(names, shortName(name))
-		for ei, e := range c.Endpoints {
-			samples := c.Series[name][e]
+		for gi, g := range groups {
+			samples := c.Series[name][g]
+			if g == "floor" {
+				samples = nil
+				if f := c.Floors[name]; f != nil {
+					samples = f.Samples
+				}
+			}
 			if len(samples) == 0 {
 				continue
 			}
@@ -241,33 +298,49 @@ func (c *Comparison) chart(path string) error {
 			if err != nil {
 				return err
 			}
-			box.Offset = width * vg.Length(float64(ei)-float64(len(c.Endpoints)-1)/2) * 1.2
-			box.FillColor = palette[ei%len(palette)]
+			box.Offset = width * vg.Length(float64(gi)-float64(len(groups)-1)/2) * 1.1
+			color := palette[gi%len(palette)]
+			if g == "floor" {
+				color = floorColor
+			}
+			box.FillColor = color
 			p.Add(box)
-			if si == 0 {
+			for _, v := range vals {
+				top = max(top, v)
+			}
+			if !legend[gi] {
+				legend[gi] = true
 				swatch, _ := plotter.NewPolygon(plotter.XYs{{X: 0, Y: 0}})
-				swatch.Color = palette[ei%len(palette)]
-				p.Legend.Add(e, swatch)
+				swatch.Color = color
+				label := g
+				if g == "floor" {
+					label = "floor (tools alone, no runtime)"
+				}
+				p.Legend.Add(label, swatch)
 			}
 		}
 	}
+	// Head room on the log axis so the legend never covers a box.
+	p.Y.Max = top * 6
 	p.NominalX(names...)
+	// Room for the outer boxes of the first and last groups.
+	p.X.Min, p.X.Max = -0.7, float64(len(names)-1)+0.7
 	p.X.Tick.Label.Rotation = 0.6
 	p.X.Tick.Label.XAlign = -0.9
 	p.Legend.Top = true
-	w := vg.Length(len(c.Order)) * vg.Centimeter * 2.2
+	w := vg.Length(len(c.Order)) * vg.Centimeter * 2.8
 	if w < 16*vg.Centimeter {
 		w = 16 * vg.Centimeter
 	}
-	return p.Save(w, 14*vg.Centimeter, path)
+	return p.Save(w, 16*vg.Centimeter, path)
 }
 
 func shortName(s string) string {
 	if _, after, ok := strings.Cut(s, ": "); ok {
 		s = after
 	}
-	if len(s) > 28 {
-		s = s[:28] + "…"
+	if len(s) > 44 {
+		s = s[:44] + "…"
 	}
 	return s
 }

@@ -45,7 +45,9 @@ func pauseImage(tb testing.TB) v1.Image {
 }
 
 // BenchmarkCompare runs the CRI workloads against berth and the reference
-// runtime, alternating sample by sample, and writes compare.{md,json,png}.
+// runtime, alternating sample by sample with the floor of each workload
+// (the tools a runtime drives, run alone), and writes
+// compare.{md,json,png}.
 func BenchmarkCompare(b *testing.B) {
 	reg := testimages.StartRegistry(b)
 	reg.PushStandard(b)
@@ -54,8 +56,10 @@ func BenchmarkCompare(b *testing.B) {
 	multi := reg.Ref(testimages.MultiLayerRef)
 
 	eps := []*Endpoint{StartBerth(b)}
-	if ref := StartReference(b, reg.Host); ref != nil && os.Getenv("BENCH_NO_REF") == "" {
-		eps = append(eps, ref)
+	if os.Getenv("BENCH_NO_REF") == "" {
+		if ref := StartReference(b, reg.Host); ref != nil {
+			eps = append(eps, ref)
+		}
 	}
 	names := make([]string, len(eps))
 	for i, ep := range eps {
@@ -69,7 +73,12 @@ func BenchmarkCompare(b *testing.B) {
 			cmp.skip(ep.Name, "all workloads (pull "+image+")", unsupported(err))
 		}
 	}
-	for _, w := range Workloads(image, multi) {
+	multiImg, err := testimages.MultiLayer()
+	if err != nil {
+		b.Fatal(err)
+	}
+	floors := NewFloors(b, eps[0].Daemon, multiImg)
+	for _, w := range Workloads(image, multi, floors) {
 		cmp.Run(ctx, w, eps...)
 	}
 	for _, ep := range eps {

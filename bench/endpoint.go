@@ -29,6 +29,8 @@ type Endpoint struct {
 	Pids func() []int
 	// Dir is a scratch directory for pod log directories.
 	Dir string
+	// Daemon is the berthd under test; nil for other runtimes.
+	Daemon *berthdtest.Daemon
 }
 
 // StartBerth starts a berthd for the benchmark.
@@ -40,6 +42,7 @@ func StartBerth(tb testing.TB) *Endpoint {
 		Runtime: d.Runtime,
 		Image:   d.Image,
 		Dir:     d.Dir,
+		Daemon:  d,
 		Pids: func() []int {
 			pids := []int{d.Pid()}
 			return append(pids, processesNamed("berth-shim", "berth-pause")...)
@@ -135,6 +138,8 @@ state = "%[1]s/state"
 		}
 		berthdtest.UnmountBelow(dir)
 		os.RemoveAll(dir)
+		// The bridge plugin never deletes its bridge; one per run would pile up.
+		_ = exec.Command("ip", "link", "del", "bref"+suffix).Run()
 	})
 	rt, img := dial(tb, "unix://"+sock)
 	deadline := time.Now().Add(30 * time.Second)

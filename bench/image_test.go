@@ -12,7 +12,6 @@ import (
 	"testing"
 	"time"
 
-	v1 "github.com/google/go-containerregistry/pkg/v1"
 	criapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/berthcri/berth/internal/image"
@@ -38,7 +37,10 @@ func BenchmarkImageUnpack(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	multi := gzipLayers(b, img)
+	multi, err := GzipLayers(img)
+	if err != nil {
+		b.Fatal(err)
+	}
 	big := [][]byte{syntheticLayer(b, 256, 256<<10)}
 	work := b.TempDir()
 
@@ -110,27 +112,6 @@ func unpackFile(b *testing.B, file, dir string) {
 	if _, err := image.Unpack(rc, dir, file, image.UnpackOptions{}); err != nil {
 		b.Fatal(err)
 	}
-}
-
-func gzipLayers(b *testing.B, img v1.Image) [][]byte {
-	layers, err := img.Layers()
-	if err != nil {
-		b.Fatal(err)
-	}
-	var out [][]byte
-	for _, l := range layers {
-		rc, err := l.Compressed()
-		if err != nil {
-			b.Fatal(err)
-		}
-		data, err := io.ReadAll(rc)
-		rc.Close()
-		if err != nil {
-			b.Fatal(err)
-		}
-		out = append(out, data)
-	}
-	return out
 }
 
 // syntheticLayer is a gzip tar of n files of size bytes of incompressible-ish data.

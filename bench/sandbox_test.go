@@ -1,9 +1,7 @@
 package bench
 
 import (
-	"bytes"
 	"context"
-	"encoding/json"
 	"fmt"
 	"os"
 	"os/exec"
@@ -28,9 +26,15 @@ const benchPods = 40
 func BenchmarkSandboxLifecycle(b *testing.B) {
 	d := berthdtest.Start(b, berthdtest.Options{})
 	ctx := context.Background()
-	cniBin := findCNIBin(b, d.Config.CNIBinDirs)
+	cniBin, err := FindCNIBin(d.Config.CNIBinDirs)
+	if err != nil {
+		b.Skip(err)
+	}
 	ipamDir := filepath.Join(d.Root, "cni", "networks")
-	bridgeConf := bridgePluginConf(b, network.DefaultConfList(d.Config.DefaultNetwork.Bridge, d.Config.DefaultNetwork.Subnet, ipamDir))
+	bridgeConf, err := BridgePluginConf(network.DefaultConfList(d.Config.DefaultNetwork.Bridge, d.Config.DefaultNetwork.Subnet, ipamDir))
+	if err != nil {
+		b.Fatal(err)
+	}
 
 	run := Series{Name: "RunPodSandbox"}
 	stopRemove := Series{Name: "StopPodSandbox+RemovePodSandbox"}
@@ -40,7 +44,7 @@ func BenchmarkSandboxLifecycle(b *testing.B) {
 	var floors []floorPod
 	defer func() {
 		for _, f := range floors {
-			runPlugin(cniBin, "DEL", f.id, "/run/netns/"+f.ns, bridgeConf)
+			RunBridgePlugin(cniBin, "DEL", f.id, "/run/netns/"+f.ns, bridgeConf)
 			_ = exec.Command("ip", "netns", "del", f.ns).Run()
 		}
 	}()
@@ -52,7 +56,7 @@ func BenchmarkSandboxLifecycle(b *testing.B) {
 			b.Fatalf("ip netns add: %v %s", err, out)
 		}
 		floors = append(floors, floorPod{ns, cid})
-		if out, err := runPlugin(cniBin, "ADD", cid, "/run/netns/"+ns, bridgeConf); err != nil {
+		if out, err := RunBridgePlugin(cniBin, "ADD", cid, "/run/netns/"+ns, bridgeConf); err != nil {
 			b.Fatalf("bridge ADD: %v %s", err, out)
 		}
 		floorTime := time.Since(start)
@@ -93,44 +97,4 @@ func BenchmarkSandboxLifecycle(b *testing.B) {
 	}
 	ratio := float64(run.Summary().P50ms) / float64(floor.Summary().P50ms)
 	fmt.Printf("\nRunPodSandbox p50 / floor p50 = %.2f (target ≤ 2.5)\n", ratio)
-}
-
-func findCNIBin(b *testing.B, dirs []string) string {
-	for _, d := range dirs {
-		if _, err := os.Stat(filepath.Join(d, "bridge")); err == nil {
-			return d
-		}
-	}
-	b.Skipf("no bridge CNI plugin in %v", dirs)
-	return ""
-}
-
-// bridgePluginConf extracts the bridge plugin from the conflist as a
-// stand-alone plugin config (name and cniVersion added, as libcni does).
-func bridgePluginConf(b *testing.B, list []byte) []byte {
-	var l struct {
-		CNIVersion string           `json:"cniVersion"`
-		Name       string           `json:"name"`
-		Plugins    []map[string]any `json:"plugins"`
-	}
-	if err := json.Unmarshal(list, &l); err != nil {
-		b.Fatal(err)
-	}
-	p := l.Plugins[0]
-	p["cniVersion"], p["name"] = l.CNIVersion, l.Name
-	out, err := json.Marshal(p)
-	if err != nil {
-		b.Fatal(err)
-	}
-	return out
-}
-
-func runPlugin(dir, command, id, netns string, conf []byte) ([]byte, error) {
-	cmd := exec.Command(filepath.Join(dir, "bridge"))
-	cmd.Env = []string{
-		"CNI_COMMAND=" + command, "CNI_CONTAINERID=" + id, "CNI_NETNS=" + netns,
-		"CNI_IFNAME=eth0", "CNI_PATH=" + dir, "PATH=" + os.Getenv("PATH"),
-	}
-	cmd.Stdin = bytes.NewReader(conf)
-	return cmd.CombinedOutput()
 }

@@ -31,6 +31,8 @@ type Workload struct {
 	Setup    func(ctx context.Context, ep *Endpoint) (any, error)
 	Sample   func(ctx context.Context, ep *Endpoint, state any, i int) (map[string]time.Duration, error)
 	Teardown func(ctx context.Context, ep *Endpoint, state any)
+	// Floor, when set, is measured in the same loop, after the endpoints.
+	Floor *Floor
 }
 
 // counter makes pod and container names unique across a whole run.
@@ -115,11 +117,15 @@ func podWithContainer(ctx context.Context, ep *Endpoint, image string) (podID, c
 	return pod.PodSandboxId, c.ContainerId, nil
 }
 
-// Workloads returns the standard set, all through CRI only.
-func Workloads(image, multiLayerImage string) []Workload {
+// Workloads returns the standard set, all through CRI only, each with its
+// floor from floors (nil floors or fields: none).
+func Workloads(image, multiLayerImage string, floors *Floors) []Workload {
+	if floors == nil {
+		floors = &Floors{}
+	}
 	return []Workload{
 		{
-			Name: "pod run / stop+remove", Samples: 30,
+			Name: "pod run / stop+remove", Samples: 30, Floor: floors.NetnsCNI,
 			Sample: func(ctx context.Context, ep *Endpoint, _ any, i int) (map[string]time.Duration, error) {
 				var id string
 				run, err := timed(func() error {
@@ -140,7 +146,7 @@ func Workloads(image, multiLayerImage string) []Workload {
 			},
 		},
 		{
-			Name: "container create / start / stop+remove", Samples: 30,
+			Name: "container create / start / stop+remove", Samples: 30, Floor: floors.RuncStart,
 			Setup: func(ctx context.Context, ep *Endpoint) (any, error) {
 				pc := podConfig(ep, "cl")
 				r, err := ep.Runtime.RunPodSandbox(ctx, &criapi.RunPodSandboxRequest{Config: pc})
@@ -180,7 +186,8 @@ func Workloads(image, multiLayerImage string) []Workload {
 				if err != nil {
 					return nil, unsupported(err)
 				}
-				return map[string]time.Duration{"CreateContainer": create, "StartContainer": start, "StopContainer+RemoveContainer": down}, nil
+				return map[string]time.Duration{"CreateContainer": create, "StartContainer": start,
+					"CreateContainer+StartContainer": create + start, "StopContainer+RemoveContainer": down}, nil
 			},
 			Teardown: func(ctx context.Context, ep *Endpoint, st any) { removePod(ctx, ep, st.(*podState).id) },
 		},
@@ -203,7 +210,7 @@ func Workloads(image, multiLayerImage string) []Workload {
 			},
 		},
 		{
-			Name: "exec", Samples: 50,
+			Name: "exec", Samples: 50, Floor: floors.RuncExec,
 			Setup: func(ctx context.Context, ep *Endpoint) (any, error) {
 				podID, ctrID, err := podWithContainer(ctx, ep, image)
 				if err != nil {
@@ -269,7 +276,7 @@ func Workloads(image, multiLayerImage string) []Workload {
 			},
 		},
 		{
-			Name: "image pull", Samples: 10,
+			Name: "image pull", Samples: 10, Floor: floors.TarExtract,
 			Sample: func(ctx context.Context, ep *Endpoint, _ any, i int) (map[string]time.Duration, error) {
 				d, err := timed(func() error {
 					_, err := ep.Image.PullImage(ctx, &criapi.PullImageRequest{Image: &criapi.ImageSpec{Image: multiLayerImage}})
