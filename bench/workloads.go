@@ -57,7 +57,11 @@ func podConfig(ep *Endpoint, prefix string) *criapi.PodSandboxConfig {
 		Metadata:     &criapi.PodSandboxMetadata{Name: name, Namespace: "bench", Uid: fmt.Sprintf("uid-%s-%d", ep.Name, n)},
 		Hostname:     name,
 		LogDirectory: fmt.Sprintf("%s/logs/%s", ep.Dir, name),
-		Linux:        &criapi.LinuxPodSandboxConfig{},
+		// What the kubelet sends without shareProcessNamespace: each
+		// container its own PID namespace (the zero value means shared).
+		Linux: &criapi.LinuxPodSandboxConfig{SecurityContext: &criapi.LinuxSandboxSecurityContext{
+			NamespaceOptions: &criapi.NamespaceOption{Pid: criapi.NamespaceMode_CONTAINER},
+		}},
 	}
 }
 
