@@ -72,7 +72,9 @@ func containerConfig(image string, cmd ...string) *criapi.ContainerConfig {
 		Image:    &criapi.ImageSpec{Image: image},
 		Command:  cmd,
 		LogPath:  fmt.Sprintf("c%d.log", n),
-		Linux:    &criapi.LinuxContainerConfig{},
+		Linux: &criapi.LinuxContainerConfig{SecurityContext: &criapi.LinuxContainerSecurityContext{
+			NamespaceOptions: &criapi.NamespaceOption{Pid: criapi.NamespaceMode_CONTAINER},
+		}},
 	}
 }
 
