@@ -293,7 +293,8 @@ func (s *Store) Run(ctx context.Context, cfg *runtime.PodSandboxConfig, handler 
 	}
 	var ports []network.PortMapping
 	for _, pm := range cfg.GetPortMappings() {
-		if pm.GetHostPort() < 0 || (pm.GetHostIp() != "" && net.ParseIP(pm.GetHostIp()) == nil) {
+		_, knownProto := runtime.Protocol_name[int32(pm.GetProtocol())]
+		if !knownProto || pm.GetHostPort() < 0 || (pm.GetHostIp() != "" && net.ParseIP(pm.GetHostIp()) == nil) {
 			return nil, fmt.Errorf("port mapping %v: %w", pm, errdefs.ErrInvalidArgument)
 		}
 		if pm.GetHostPort() == 0 {

@@ -76,6 +76,14 @@ var badRequests = []badRequest{
 	{"RunPodSandbox/bad host ip", badPod("hostip", func(c *criapi.PodSandboxConfig) {
 		c.PortMappings = []*criapi.PortMapping{{ContainerPort: 80, HostPort: 18081, HostIp: "not-an-ip"}}
 	}), codes.InvalidArgument},
+	{"RunPodSandbox/unknown protocol", badPod("proto", func(c *criapi.PodSandboxConfig) {
+		c.PortMappings = []*criapi.PortMapping{{ContainerPort: 80, HostPort: 18082, Protocol: criapi.Protocol(99)}}
+	}), codes.InvalidArgument},
+	{"RunPodSandbox/unknown runtime handler", func(ctx context.Context, e *ctrEnv, _, _ string) error {
+		cfg := podConfig("bad-handler")
+		_, err := e.d.Runtime.RunPodSandbox(ctx, &criapi.RunPodSandboxRequest{Config: cfg, RuntimeHandler: "no-such-handler"})
+		return err
+	}, codes.InvalidArgument},
 	{"RunPodSandbox/sysctl not namespaced", badPod("sysctl", func(c *criapi.PodSandboxConfig) {
 		c.Linux.Sysctls = map[string]string{"kernel.panic": "1"}
 	}), codes.InvalidArgument},
@@ -150,6 +158,8 @@ var badRequests = []badRequest{
 	{"CreateContainer/empty mount host path", badCtr(withMount(&criapi.Mount{ContainerPath: "/data"})), codes.InvalidArgument},
 	{"CreateContainer/relative mount container path", badCtr(withMount(&criapi.Mount{HostPath: "/tmp", ContainerPath: "data"})), codes.InvalidArgument},
 	{"CreateContainer/empty mount container path", badCtr(withMount(&criapi.Mount{HostPath: "/tmp"})), codes.InvalidArgument},
+	{"CreateContainer/empty mount", badCtr(withMount(&criapi.Mount{})), codes.InvalidArgument},
+	{"CreateContainer/empty device", badCtr(withDevice(&criapi.Device{})), codes.InvalidArgument},
 	{"CreateContainer/relative device host path", badCtr(withDevice(&criapi.Device{HostPath: "dev/null", ContainerPath: "/dev/xnull", Permissions: "rwm"})), codes.InvalidArgument},
 	{"CreateContainer/relative device container path", badCtr(withDevice(&criapi.Device{HostPath: "/dev/null", ContainerPath: "dev/xnull", Permissions: "rwm"})), codes.InvalidArgument},
 	{"CreateContainer/bad device permissions", badCtr(withDevice(&criapi.Device{HostPath: "/dev/null", ContainerPath: "/dev/xnull", Permissions: "rwx"})), codes.InvalidArgument},
@@ -168,6 +178,28 @@ var badRequests = []badRequest{
 	}), codes.NotFound},
 
 	// Container RPCs taking an ID
+	// Stopping an unknown object succeeds (idempotent, as CRI-O).
+	{"StopPodSandbox/unknown id", func(ctx context.Context, e *ctrEnv, _, _ string) error {
+		_, err := e.d.Runtime.StopPodSandbox(ctx, &criapi.StopPodSandboxRequest{PodSandboxId: unknownID})
+		return err
+	}, codes.OK},
+	// Stopping an unknown object succeeds (idempotent, as CRI-O).
+	{"StopContainer/unknown id", func(ctx context.Context, e *ctrEnv, _, _ string) error {
+		_, err := e.d.Runtime.StopContainer(ctx, &criapi.StopContainerRequest{ContainerId: unknownID})
+		return err
+	}, codes.OK},
+	{"Attach/unknown id", func(ctx context.Context, e *ctrEnv, _, _ string) error {
+		_, err := e.d.Runtime.Attach(ctx, &criapi.AttachRequest{ContainerId: unknownID, Stdout: true})
+		return err
+	}, codes.NotFound},
+	{"Exec/unknown id", func(ctx context.Context, e *ctrEnv, _, _ string) error {
+		_, err := e.d.Runtime.Exec(ctx, &criapi.ExecRequest{ContainerId: unknownID, Cmd: []string{"true"}, Stdout: true})
+		return err
+	}, codes.NotFound},
+	{"Exec/empty cmd", func(ctx context.Context, e *ctrEnv, _, ctr string) error {
+		_, err := e.d.Runtime.Exec(ctx, &criapi.ExecRequest{ContainerId: ctr, Stdout: true})
+		return err
+	}, codes.InvalidArgument},
 	{"StartContainer/empty id", func(ctx context.Context, e *ctrEnv, _, _ string) error {
 		_, err := e.d.Runtime.StartContainer(ctx, &criapi.StartContainerRequest{})
 		return err
@@ -290,8 +322,9 @@ var badRequests = []badRequest{
 
 // TestBadInputGetsAClearCodeAndLeavesNothing sends every RPC that takes
 // user input a request with a missing or invalid field: each must get
-// InvalidArgument (NotFound for an unknown ID), never Unknown, Internal or
-// a dropped connection, and leave nothing behind.
+// InvalidArgument (NotFound for an unknown ID; stopping an unknown pod or
+// container succeeds), never Unknown, Internal or a dropped connection,
+// and leave nothing behind.
 func TestBadInputGetsAClearCodeAndLeavesNothing(t *testing.T) {
 	t.Parallel()
 	e := newCtrEnv(t)
