@@ -214,3 +214,100 @@ func TestLoad200PodLifecyclesAt8InParallel(t *testing.T) {
 			startRSS, endRSS, 100*growth, 100*rssTolerance)
 	}
 }
+
+// shimsOf counts the berth-shim processes serving pod.
+func shimsOf(d *berthdtest.Daemon, pod string) int {
+	n := 0
+	for _, pid := range berthdtest.PidsMentioning(d.State) {
+		comm, _ := os.ReadFile(fmt.Sprintf("/proc/%d/comm", pid))
+		cmd, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+		if strings.TrimSpace(string(comm)) == "berth-shim" && strings.Contains(string(cmd), pod) {
+			n++
+		}
+	}
+	return n
+}
+
+// TestLoadConcurrentRPCsOnOnePod sends many RPCs at once to the same pod:
+// 8 containers created and started together in a pod that has no shim
+// yet, while status, list and exec calls run beside them. Every call must
+// succeed, the pod must end up with exactly one shim, and stop and remove
+// must leave nothing behind.
+func TestLoadConcurrentRPCsOnOnePod(t *testing.T) {
+	t.Parallel()
+	e := newCtrEnv(t)
+	scope := leakcheck.ForDaemon(e.d)
+	scope.Root = e.d.Root
+	stopRemove(t, e.d, e.pod) // warm up: bridge, lock files
+	before := leakcheck.Take(t, scope)
+	e.podCfg = podConfig("same-pod")
+	e.podCfg.LogDirectory = e.logDir
+	e.pod = runPod(t, e.d, e.podCfg)
+	ctx := ctxT(t)
+
+	const creators = 8
+	var (
+		wg   sync.WaitGroup
+		mu   sync.Mutex
+		errs []error
+		ids  []string
+	)
+	fail := func(err error) {
+		mu.Lock()
+		errs = append(errs, err)
+		mu.Unlock()
+	}
+	for i := 0; i < creators; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			cfg := e.config(fmt.Sprintf("c%d", i), "sleep", "3600")
+			c, err := e.d.Runtime.CreateContainer(ctx, &criapi.CreateContainerRequest{PodSandboxId: e.pod, Config: cfg, SandboxConfig: e.podCfg})
+			if err != nil {
+				fail(fmt.Errorf("create c%d: %w", i, err))
+				return
+			}
+			if _, err := e.d.Runtime.StartContainer(ctx, &criapi.StartContainerRequest{ContainerId: c.ContainerId}); err != nil {
+				fail(fmt.Errorf("start c%d: %w", i, err))
+				return
+			}
+			// Exec and status on this container while others are created.
+			ex, err := e.d.Runtime.ExecSync(ctx, &criapi.ExecSyncRequest{ContainerId: c.ContainerId, Cmd: []string{"true"}, Timeout: 30})
+			if err != nil || ex.ExitCode != 0 {
+				fail(fmt.Errorf("exec in c%d: %v, %v", i, ex, err))
+				return
+			}
+			mu.Lock()
+			ids = append(ids, c.ContainerId)
+			mu.Unlock()
+		}()
+	}
+	for i := 0; i < 2; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for j := 0; j < 20; j++ {
+				if _, err := e.d.Runtime.PodSandboxStatus(ctx, &criapi.PodSandboxStatusRequest{PodSandboxId: e.pod}); err != nil {
+					fail(fmt.Errorf("pod status: %w", err))
+				}
+				if _, err := e.d.Runtime.ListContainers(ctx, &criapi.ListContainersRequest{Filter: &criapi.ContainerFilter{PodSandboxId: e.pod}}); err != nil {
+					fail(fmt.Errorf("list: %w", err))
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	if len(errs) > 0 {
+		t.Fatalf("%d concurrent calls failed, first: %v", len(errs), errs[0])
+	}
+	for _, id := range ids {
+		if st := e.status(id); st.State != criapi.ContainerState_CONTAINER_RUNNING {
+			t.Fatalf("container %s is %v, want running", id, st.State)
+		}
+	}
+	if n := shimsOf(e.d, e.pod); n != 1 {
+		t.Fatalf("the pod has %d shims after concurrent creates, want 1", n)
+	}
+	stopRemove(t, e.d, e.pod)
+	leakcheck.CheckSettled(t, scope, before, leakcheck.Take(t, scope))
+}
