@@ -62,7 +62,17 @@ type Store struct {
 	ctrs  map[string]*entry
 	names map[string]string // pod/name/attempt → ID
 
-	shimMu sync.Mutex // serialises shim launches
+	// shimLocks serialise shim launches per pod (two creates in one pod
+	// must not launch two shims); guarded by mu. Pods never wait on each
+	// other's shim, so a hung shim stalls only its own pod.
+	shimLocks map[string]*podShimLock
+}
+
+// podShimLock is one pod's shim-launch lock; refs counts holders and
+// waiters, so the map entry goes when nobody needs it.
+type podShimLock struct {
+	mu   sync.Mutex
+	refs int
 }
 
 // entry is a container in memory; mu serialises its lifecycle operations.
@@ -82,7 +92,7 @@ func Open(ctx context.Context, opts Options) (*Store, error) {
 			return nil, fmt.Errorf("create %s: %w", d, err)
 		}
 	}
-	s := &Store{opts: opts, log: opts.Logger, ctrs: map[string]*entry{}, names: map[string]string{}}
+	s := &Store{opts: opts, log: opts.Logger, ctrs: map[string]*entry{}, names: map[string]string{}, shimLocks: map[string]*podShimLock{}}
 	if err := s.recover(ctx); err != nil {
 		return nil, err
 	}
@@ -368,8 +378,7 @@ func (s *Store) Create(ctx context.Context, p CreateParams) (_ *Container, retEr
 // ensureShim returns a client for the pod's shim, launching one if none
 // listens.
 func (s *Store) ensureShim(ctx context.Context, podID string) (*shim.Client, error) {
-	s.shimMu.Lock()
-	defer s.shimMu.Unlock()
+	defer s.lockPodShim(podID)()
 	c := s.shimClient(podID)
 	_, err := c.List(ctx)
 	if err == nil {
@@ -384,6 +393,27 @@ func (s *Store) ensureShim(ctx context.Context, podID string) (*shim.Client, err
 	}
 	s.log.Info("shim started", "pod", podID)
 	return c, nil
+}
+
+// lockPodShim takes the pod's shim-launch lock and returns its unlock.
+func (s *Store) lockPodShim(podID string) func() {
+	s.mu.Lock()
+	l := s.shimLocks[podID]
+	if l == nil {
+		l = &podShimLock{}
+		s.shimLocks[podID] = l
+	}
+	l.refs++
+	s.mu.Unlock()
+	l.mu.Lock()
+	return func() {
+		l.mu.Unlock()
+		s.mu.Lock()
+		if l.refs--; l.refs == 0 {
+			delete(s.shimLocks, podID)
+		}
+		s.mu.Unlock()
+	}
 }
 
 func (s *Store) entry(id string) (*entry, error) {

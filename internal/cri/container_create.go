@@ -28,6 +28,9 @@ func (s *Service) CreateContainer(ctx context.Context, req *runtime.CreateContai
 		return nil, invalidArgument("CreateContainer: config with metadata.name is required")
 	case cfg.GetImage().GetImage() == "":
 		return nil, invalidArgument("CreateContainer: config.image is required")
+	case cfg.GetLinux().GetSecurityContext().GetNamespaceOptions().GetPid() == runtime.NamespaceMode_TARGET &&
+		cfg.GetLinux().GetSecurityContext().GetNamespaceOptions().GetTargetId() == "":
+		return nil, invalidArgument("CreateContainer: pid namespace mode TARGET needs target_id")
 	}
 	sb, err := s.sandboxes.Get(req.GetPodSandboxId())
 	if err != nil {

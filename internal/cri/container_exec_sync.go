@@ -25,6 +25,9 @@ func (s *Service) ExecSync(ctx context.Context, req *runtime.ExecSyncRequest) (*
 	if len(req.GetCmd()) == 0 {
 		return nil, invalidArgument("ExecSync: cmd is required")
 	}
+	if req.GetTimeout() < 0 {
+		return nil, invalidArgument("ExecSync: timeout %d is negative", req.GetTimeout())
+	}
 	var stdout, stderr cappedBuffer
 	stdout.max, stderr.max = maxExecSyncOutput, maxExecSyncOutput
 	code, err := s.containers.Exec(ctx, req.GetContainerId(), container.ExecOptions{

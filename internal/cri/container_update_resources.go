@@ -6,6 +6,7 @@ import (
 	runtime "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/berthcri/berth/internal/container"
+	"github.com/berthcri/berth/internal/specgen"
 )
 
 // UpdateContainerResources changes a live container's cgroup limits
@@ -17,6 +18,9 @@ func (s *Service) UpdateContainerResources(ctx context.Context, req *runtime.Upd
 	linux := req.GetLinux()
 	if linux == nil {
 		return nil, invalidArgument("UpdateContainerResources: linux resources are required")
+	}
+	if err := specgen.CheckResources(linux); err != nil {
+		return nil, toStatus(err)
 	}
 	if err := s.containers.UpdateResources(ctx, req.GetContainerId(), container.OCIResources(linux), linux); err != nil {
 		return nil, toStatus(err)

@@ -323,7 +323,8 @@ func (s *Store) lookup(ref string) (*record, error) {
 	if rec, ok := s.images["sha256:"+ref]; ok {
 		return rec, nil
 	}
-	if n, err := ParseReference(ref); err == nil {
+	n, parseErr := ParseReference(ref)
+	if parseErr == nil {
 		for _, rec := range s.images {
 			if n.Digest != "" {
 				if slices.Contains(rec.RepoDigests, n.Repo()+"@"+n.Digest) {
@@ -348,6 +349,10 @@ func (s *Store) lookup(ref string) (*record, error) {
 		if found != nil {
 			return found, nil
 		}
+	}
+	if parseErr != nil && !hexPattern.MatchString(prefix) {
+		// Neither a name nor an ID: bad input, not a missing image.
+		return nil, parseErr
 	}
 	return nil, fmt.Errorf("image %q: %w", ref, errdefs.ErrNotFound)
 }

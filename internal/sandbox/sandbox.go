@@ -11,6 +11,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -270,6 +271,9 @@ func (s *Store) Run(ctx context.Context, cfg *runtime.PodSandboxConfig, handler 
 	if md.GetName() == "" || md.GetNamespace() == "" || md.GetUid() == "" {
 		return nil, fmt.Errorf("sandbox metadata needs name, namespace and uid: %w", errdefs.ErrInvalidArgument)
 	}
+	if dir := cfg.GetLogDirectory(); dir != "" && !filepath.IsAbs(dir) {
+		return nil, fmt.Errorf("log_directory %q is not absolute: %w", dir, errdefs.ErrInvalidArgument)
+	}
 	if handler == "" {
 		handler = s.opts.DefaultRuntimeHandler
 	}
@@ -289,7 +293,11 @@ func (s *Store) Run(ctx context.Context, cfg *runtime.PodSandboxConfig, handler 
 	}
 	var ports []network.PortMapping
 	for _, pm := range cfg.GetPortMappings() {
-		if pm.GetHostPort() <= 0 {
+		_, knownProto := runtime.Protocol_name[int32(pm.GetProtocol())]
+		if !knownProto || pm.GetHostPort() < 0 || (pm.GetHostIp() != "" && net.ParseIP(pm.GetHostIp()) == nil) {
+			return nil, fmt.Errorf("port mapping %v: %w", pm, errdefs.ErrInvalidArgument)
+		}
+		if pm.GetHostPort() == 0 {
 			continue // only host ports need forwarding, as in kubelet
 		}
 		if pm.GetContainerPort() <= 0 || pm.GetContainerPort() > 65535 || pm.GetHostPort() > 65535 {

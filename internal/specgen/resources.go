@@ -7,7 +7,40 @@ import (
 	"strings"
 
 	specs "github.com/opencontainers/runtime-spec/specs-go"
+	runtime "k8s.io/cri-api/pkg/apis/runtime/v1"
 )
+
+// CheckResources refuses resource values no host accepts (out-of-range
+// CPU settings, negative memory limits, bad hugepage sizes), so that
+// CreateContainer and UpdateContainerResources both answer InvalidArgument
+// before runc sees them.
+func CheckResources(r *runtime.LinuxContainerResources) error {
+	if v := r.GetCpuShares(); v != 0 && (v < 2 || v > 262144) {
+		return invalid("cpu_shares %d outside [2, 262144]", v)
+	}
+	if v := r.GetCpuPeriod(); v != 0 && (v < 1000 || v > 1000000) {
+		return invalid("cpu_period %d outside [1000, 1000000] µs", v)
+	}
+	if v := r.GetCpuQuota(); v != 0 && v < 1000 && v != -1 {
+		return invalid("cpu_quota %d below 1000 µs", v)
+	}
+	limit, swap := r.GetMemoryLimitInBytes(), r.GetMemorySwapLimitInBytes()
+	if limit < 0 || swap < 0 {
+		return invalid("negative memory limit")
+	}
+	if swap != 0 && swap < limit {
+		return invalid("memory_swap_limit_in_bytes %d below memory_limit_in_bytes %d", swap, limit)
+	}
+	if v := r.GetOomScoreAdj(); v < -1000 || v > 1000 {
+		return invalid("oom_score_adj %d outside [-1000, 1000]", v)
+	}
+	for _, h := range r.GetHugepageLimits() {
+		if !validPageSize(h.GetPageSize()) {
+			return invalid("hugepage size %q (want e.g. 2MB, 1GB)", h.GetPageSize())
+		}
+	}
+	return nil
+}
 
 // applyResources sets CPU, cpuset, memory, hugepages and unified limits.
 // The pids limit is the pod's (kubelet sets it on the pod cgroup).
@@ -15,6 +48,9 @@ func applyResources(in *Input, s *specs.Spec) error {
 	r := in.Config.GetLinux().GetResources()
 	if r == nil {
 		return nil
+	}
+	if err := CheckResources(r); err != nil {
+		return err
 	}
 	res := s.Linux.Resources
 	cpu := &specs.LinuxCPU{Cpus: r.GetCpusetCpus(), Mems: r.GetCpusetMems()}

@@ -1,0 +1,40 @@
+package container
+
+import (
+	"testing"
+	"time"
+)
+
+// A pod's shim launch blocks another launch in the same pod but not in a
+// different pod, and the lock map empties once nobody holds a lock.
+func TestPodShimLockIsPerPod(t *testing.T) {
+	s := &Store{shimLocks: map[string]*podShimLock{}}
+	unlockA := s.lockPodShim("pod-a")
+
+	otherPod := make(chan struct{})
+	go func() { s.lockPodShim("pod-b")(); close(otherPod) }()
+	select {
+	case <-otherPod:
+	case <-time.After(5 * time.Second):
+		t.Fatal("a launch in pod-b waited for pod-a's lock")
+	}
+
+	samePod := make(chan struct{})
+	go func() { s.lockPodShim("pod-a")(); close(samePod) }()
+	select {
+	case <-samePod:
+		t.Fatal("a second launch in pod-a did not wait for the first")
+	case <-time.After(100 * time.Millisecond):
+	}
+	unlockA()
+	select {
+	case <-samePod:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the second launch in pod-a never got the lock")
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if len(s.shimLocks) != 0 {
+		t.Fatalf("%d shim locks left with no holder", len(s.shimLocks))
+	}
+}
