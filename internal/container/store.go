@@ -532,10 +532,13 @@ func (s *Store) List() []*Container {
 		entries = append(entries, e)
 	}
 	s.mu.Unlock()
+	// No refresh here: every container has a watcher that records its
+	// exit as it happens, and ListContainers runs every second per kubelet,
+	// so reading each container's exit file on it would be I/O for nothing.
+	// Get (ContainerStatus) still folds in a persisted exit directly.
 	out := make([]*Container, 0, len(entries))
 	for _, e := range entries {
 		e.mu.Lock()
-		s.refresh(e)
 		out = append(out, e.rec.clone())
 		e.mu.Unlock()
 	}
