@@ -133,8 +133,11 @@ type CreateParams struct {
 	AcquireVolume func(ctx context.Context, ref, owner string) (*AcquiredImage, error)
 	// BuildSpec makes the OCI spec once the rootfs and the image volumes
 	// are mounted; volumes maps each image volume's container path to the
-	// host path to bind there.
-	BuildSpec func(id, rootfs string, volumes map[string]string) (*specs.Spec, error)
+	// host path to bind there, idmapped each CRI mount with ID mappings to
+	// its idmapped copy.
+	BuildSpec func(id, rootfs string, volumes, idmapped map[string]string) (*specs.Spec, error)
+	// UserNS is the pod's own user namespace; nil for the host's.
+	UserNS *UserNS
 }
 
 // imageVolume is one image volume mounted for a container.
@@ -252,7 +255,26 @@ func (s *Store) Create(ctx context.Context, p CreateParams) (_ *Container, retEr
 		}
 	})
 
-	rootfs, err := mountRootfs(dir, img.LowerDirs)
+	var nsFD int
+	if p.UserNS != nil {
+		ns, err := os.Open(p.UserNS.Path)
+		if err != nil {
+			return nil, fmt.Errorf("open the pod's user namespace: %w", err)
+		}
+		defer ns.Close()
+		nsFD = int(ns.Fd())
+		undo = append(undo, func() {
+			if err := unmountIDMounts(dir); err != nil {
+				log.Warn("unmount idmapped mounts after failed create", "err", err)
+			}
+		})
+	}
+	var rootfs string
+	if p.UserNS != nil {
+		rootfs, err = mountRootfsIDMapped(dir, img.LowerDirs, nsFD, p.UserNS.Mapping)
+	} else {
+		rootfs, err = mountRootfs(dir, img.LowerDirs)
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -273,7 +295,13 @@ func (s *Store) Create(ctx context.Context, p CreateParams) (_ *Container, retEr
 		volumes[v.mount.ContainerPath] = v.source
 	}
 
-	spec, err := p.BuildSpec(id, rootfs, volumes)
+	var idmapped map[string]string
+	if p.UserNS != nil {
+		if idmapped, err = mountIDMapped(dir, cfg.GetMounts(), nsFD, p.UserNS.Mapping); err != nil {
+			return nil, err
+		}
+	}
+	spec, err := p.BuildSpec(id, rootfs, volumes, idmapped)
 	if err != nil {
 		return nil, err
 	}
@@ -702,6 +730,9 @@ func (s *Store) Remove(ctx context.Context, id string) error {
 	if err := unmountImageVolumes(dir); err != nil {
 		return fmt.Errorf("remove container %s: %w", r.ID, err)
 	}
+	if err := unmountIDMounts(dir); err != nil {
+		return fmt.Errorf("remove container %s: %w", r.ID, err)
+	}
 	if err := unmountRootfs(dir); err != nil {
 		return fmt.Errorf("remove container %s: %w", r.ID, err)
 	}
@@ -817,6 +848,11 @@ func (s *Store) recover(ctx context.Context) error {
 			_ = unmountRootfs(dir)
 			if s.opts.Layers != nil {
 				_ = s.opts.Layers.Release(d.Name())
+			}
+			if err := unmountIDMounts(dir); err != nil {
+				// Never remove through an attached copy of a host path.
+				s.log.Warn("container dir keeps idmapped mounts; not removed", "dir", dir, "err", err)
+				continue
 			}
 			_ = os.RemoveAll(dir)
 			continue

@@ -53,7 +53,12 @@ func (s *Service) CreateContainer(ctx context.Context, req *runtime.CreateContai
 	}
 
 	var imgConfig *ocispecv1.Image
+	var podUserNS *container.UserNS
+	if sb.UserNS != nil {
+		podUserNS = &container.UserNS{Path: sb.UserNSPath, Mapping: *sb.UserNS}
+	}
 	c, err := s.containers.Create(ctx, container.CreateParams{
+		UserNS:  podUserNS,
 		PodID:   sb.ID,
 		Runtime: handler,
 		Config:  cfg,
@@ -83,18 +88,20 @@ func (s *Service) CreateContainer(ctx context.Context, req *runtime.CreateContai
 			}
 			return &container.AcquiredImage{ID: img.ID, Name: ref, Ref: img.ID, LowerDirs: lower}, nil
 		},
-		BuildSpec: func(id, rootfs string, volumes map[string]string) (*specs.Spec, error) {
+		BuildSpec: func(id, rootfs string, volumes, idmapped map[string]string) (*specs.Spec, error) {
 			in := specgen.Input{
-				ContainerID:   id,
-				Config:        cfg,
-				SandboxConfig: sbCfg,
-				Image:         imgConfig,
-				RootfsPath:    rootfs,
-				ImageVolumes:  volumes,
+				ContainerID:    id,
+				Config:         cfg,
+				SandboxConfig:  sbCfg,
+				Image:          imgConfig,
+				RootfsPath:     rootfs,
+				ImageVolumes:   volumes,
+				IDMappedMounts: idmapped,
 				Pod: specgen.Pod{
 					ID: sb.ID, NetNSPath: sb.NetNSPath, IPCNSPath: sb.IPCNSPath, UTSNSPath: sb.UTSNSPath,
 					PIDNSPath: sb.PIDNSPath, CgroupParent: sb.CgroupParent,
 					HostnamePath: sb.HostnamePath, HostsPath: sb.HostsPath, ResolvConfPath: sb.ResolvConfPath, ShmPath: sb.ShmPath,
+					UserNSPath: sb.UserNSPath, UserNS: sb.UserNS,
 				},
 				CgroupDriver:     CgroupDriver(s.cfg.CgroupDriver),
 				OOMScoreAdjFloor: ownOOMScoreAdj(),

@@ -168,7 +168,7 @@ func New(ctx context.Context, cfg *config.Config, version string, log *slog.Logg
 		Containers: containers,
 
 		Host:            host,
-		HandlerFeatures: cri.ProbeRuntimeFeatures(ctx, runtimes, log),
+		HandlerFeatures: cri.ProbeRuntimeFeatures(ctx, runtimes, sandboxes.UserNamespaceSupport(), log),
 	})
 	d.grpc = grpc.NewServer(
 		// As the kubelet's client: requests up to 16 MiB; responses may
