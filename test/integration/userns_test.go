@@ -295,7 +295,8 @@ func mountedBelow(t *testing.T, dir string) bool {
 // than one mapping, a mapping without container ID 0, modes CONTAINER and
 // TARGET (critest's four), plus mappings with mode NODE, a user namespace
 // with host networking, and a container asking for a user namespace its
-// pod does not have. Then a pod whose container create fails (command
+// pod does not have; a pod failing after its namespaces were made. Then a
+// pod whose container create fails (command
 // not found, after its idmapped rootfs and volume were mounted) and a
 // full pod lifecycle with an idmapped volume: removing the pod removes
 // the namespace pin, the holder and every idmapped mount.
@@ -328,6 +329,14 @@ func TestUsernsRefusalsAndRemovalLeakNothing(t *testing.T) {
 	hostNet.Linux.SecurityContext.NamespaceOptions.Network = criapi.NamespaceMode_NODE
 	_, err := e.d.Runtime.RunPodSandbox(ctx, &criapi.RunPodSandboxRequest{Config: hostNet})
 	wantCode(t, err, codes.InvalidArgument)
+	// Fails after the namespaces were created and pinned (a sysctl value
+	// the kernel rejects), with the holder kept as pause process.
+	badSysctl := usernsPodConfig("failed-sysctl", criapi.NamespaceMode_POD)
+	badSysctl.Linux.Sysctls = map[string]string{"net.ipv4.ip_local_port_range": "not numbers"}
+	_, err = e.d.Runtime.RunPodSandbox(ctx, &criapi.RunPodSandboxRequest{Config: badSysctl})
+	if err == nil || !strings.Contains(err.Error(), "set sysctl") {
+		t.Fatalf("pod with a bad sysctl value: %v", err)
+	}
 	pods, err := e.d.Runtime.ListPodSandbox(ctx, &criapi.ListPodSandboxRequest{})
 	if err != nil || len(pods.Items) != 0 {
 		t.Fatalf("refused pods listed: %v, %v", pods, err)
