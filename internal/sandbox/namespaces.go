@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+	criapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/berthcri/berth/internal/userns"
 )
@@ -302,6 +303,38 @@ func procStartTime(pid int) (uint64, bool) {
 		return 0, false
 	}
 	return st, true
+}
+
+// mayHaveHolder reports whether a pod's creation starts berth-pause: for
+// a shared PID namespace or its own user namespace.
+func mayHaveHolder(cfg *criapi.PodSandboxConfig) bool {
+	ns := cfg.GetLinux().GetSecurityContext().GetNamespaceOptions()
+	return ns.GetPid() == criapi.NamespaceMode_POD || ns.GetUsernsOptions().GetMode() == criapi.NamespaceMode_POD
+}
+
+// stopHolders stops every berth-pause whose one argument is stateDir.
+func stopHolders(stateDir string) {
+	procs, err := os.ReadDir("/proc")
+	if err != nil {
+		return
+	}
+	for _, p := range procs {
+		pid, err := strconv.Atoi(p.Name())
+		if err != nil {
+			continue
+		}
+		b, err := os.ReadFile(filepath.Join("/proc", p.Name(), "cmdline"))
+		if err != nil {
+			continue
+		}
+		args := strings.Split(strings.TrimSuffix(string(b), "\x00"), "\x00")
+		if len(args) == 2 && args[1] == stateDir && filepath.Base(args[0]) == "berth-pause" {
+			start, ok := procStartTime(pid)
+			if ok {
+				stopPause(pid, start)
+			}
+		}
+	}
 }
 
 // stopPause ends the pod's PID namespace holder: SIGTERM, then SIGKILL.

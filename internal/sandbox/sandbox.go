@@ -574,6 +574,11 @@ func (s *Store) teardown(ctx context.Context, r *record, force bool) error {
 		}
 	}
 	stopPause(r.pausePID, r.pauseStart)
+	if r.pausePID == 0 && mayHaveHolder(r.sb.Config) {
+		// A crash between starting the holder and checkpointing its pid
+		// leaves one nobody recorded; it names the pod's state dir.
+		stopHolders(filepath.Join(s.opts.State, "sandboxes", r.sb.ID))
+	}
 	// The user namespace pin goes last: it owns the others.
 	for _, p := range []string{r.sb.NetNSPath, r.sb.IPCNSPath, r.sb.UTSNSPath, r.sb.UserNSPath} {
 		if err := unpin(p); err != nil {

@@ -1,6 +1,7 @@
 package integration
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"os"
@@ -9,11 +10,13 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 
 	"google.golang.org/grpc/codes"
 	criapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/berthcri/berth/internal/config"
+	"github.com/berthcri/berth/internal/fault"
 	"github.com/berthcri/berth/internal/testutil/berthdtest"
 	"github.com/berthcri/berth/internal/testutil/leakcheck"
 )
@@ -425,4 +428,79 @@ func TestUsernsPodSurvivesRestart(t *testing.T) {
 		t.Fatalf("new container's user namespace %q, pod's %q", got, before)
 	}
 	stopRemove(t, e.d, e.pod)
+}
+
+// berthd dying right after a user namespace pod's namespaces were pinned,
+// or right after a container's idmapped rootfs was mounted, leaves
+// nothing once the kubelet removes what it lists after the restart.
+func TestUsernsCrashesLeaveNothing(t *testing.T) {
+	t.Parallel()
+	e := newUsernsEnv(t, criapi.NamespaceMode_POD)
+	vol := filepath.Join(e.d.Dir, "vol")
+	if err := os.Mkdir(vol, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	stopRemove(t, e.d, e.pod)
+	scope := leakcheck.ForDaemon(e.d)
+	scope.Root = e.d.Root
+	before := leakcheck.Take(t, scope)
+	for _, c := range []struct {
+		point fault.Point
+		op    func(ctx context.Context) error
+	}{
+		{fault.SandboxAfterNetnsCreate, func(ctx context.Context) error {
+			_, err := e.d.Runtime.RunPodSandbox(ctx, &criapi.RunPodSandboxRequest{Config: usernsPodConfig("crash-pod", criapi.NamespaceMode_POD)})
+			return err
+		}},
+		{fault.ContainerAfterRuncCreate, func(ctx context.Context) error {
+			e.podCfg = usernsPodConfig("crash-ctr", criapi.NamespaceMode_POD)
+			e.podCfg.LogDirectory = e.logDir
+			pod, err := e.d.Runtime.RunPodSandbox(ctx, &criapi.RunPodSandboxRequest{Config: e.podCfg})
+			if err != nil {
+				t.Errorf("RunPodSandbox: %v", err)
+				return err
+			}
+			cfg := e.usernsCtrConfig("crash", "sleep", "3600")
+			cfg.Mounts = []*criapi.Mount{{ContainerPath: "/vol", HostPath: vol, UidMappings: usernsMapping, GidMappings: usernsMapping}}
+			_, err = e.d.Runtime.CreateContainer(ctx, &criapi.CreateContainerRequest{PodSandboxId: pod.PodSandboxId, Config: cfg, SandboxConfig: e.podCfg})
+			return err
+		}},
+	} {
+		e.d.Kill()
+		e.d.SetEnv(fault.EnvVar + "=" + string(c.point))
+		e.d.Start()
+		e.d.WaitReady()
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		err := c.op(ctx)
+		cancel()
+		if err == nil {
+			t.Fatalf("%s: the operation succeeded", c.point)
+		}
+		select {
+		case <-e.d.Exited():
+		case <-time.After(30 * time.Second):
+			t.Fatalf("berthd did not die at %s (%v)", c.point, err)
+		}
+		e.d.SetEnv()
+		e.d.Start()
+		e.d.WaitReady()
+		ctx = ctxT(t)
+		cs, err := e.d.Runtime.ListContainers(ctx, &criapi.ListContainersRequest{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, ctr := range cs.Containers {
+			if _, err := e.d.Runtime.RemoveContainer(ctx, &criapi.RemoveContainerRequest{ContainerId: ctr.Id}); err != nil {
+				t.Fatalf("%s: RemoveContainer: %v", c.point, err)
+			}
+		}
+		ps, err := e.d.Runtime.ListPodSandbox(ctx, &criapi.ListPodSandboxRequest{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, p := range ps.Items {
+			stopRemove(t, e.d, p.Id)
+		}
+		leakcheck.CheckSettled(t, scope, before, leakcheck.Take(t, scope))
+	}
 }
