@@ -140,6 +140,11 @@ func TestUsernsPodContainerSeesMapping(t *testing.T) {
 	if info.PIDNSPath == "" {
 		t.Fatal("pid POD pod has no shared PID namespace")
 	}
+	// Its holder, the pause process, is named for ps though started
+	// through /proc/self/fd.
+	if comm, err := os.ReadFile(filepath.Join(filepath.Dir(filepath.Dir(info.PIDNSPath)), "comm")); err != nil || string(comm) != "berth-pause\n" {
+		t.Fatalf("pause process comm %q, %v", comm, err)
+	}
 
 	// What critest's NamespaceMode_POD spec runs: cat /proc/self/uid_map.
 	lines, st := e.output(e.usernsCtrConfig("uidmap", "cat", "/proc/self/uid_map", "/proc/self/gid_map"))
