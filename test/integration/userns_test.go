@@ -195,8 +195,8 @@ func TestUsernsPodContainerSeesMapping(t *testing.T) {
 	}
 }
 
-// Two containers of one pod share its user namespace; a container in a
-// pod without one (userns mode NODE, as in critest's NODE spec) sees the
+// Two containers of one pod share its user namespace; a read-only rootfs
+// stays read-only; a container in a pod without one (userns mode NODE, as in critest's NODE spec) sees the
 // host's mapping.
 func TestUsernsContainersShareThePodNamespace(t *testing.T) {
 	t.Parallel()
@@ -212,6 +212,13 @@ func TestUsernsContainersShareThePodNamespace(t *testing.T) {
 	// user namespace: /proc is mounted and shows only their processes.
 	if ps := execOut(t, e, a, "sh", "-c", "ls -d /proc/[0-9]* | wc -l"); strings.TrimSpace(ps) == "0" {
 		t.Fatalf("no processes in /proc: %q", ps)
+	}
+
+	// A read-only rootfs stays read-only for the namespace's root.
+	ro := e.usernsCtrConfig("ro", "sh", "-c", "touch /x 2>/dev/null && echo writable; echo ok >/dev/shm/ro && echo shm")
+	ro.Linux.SecurityContext.ReadonlyRootfs = true
+	if lines, st := e.output(ro); st.ExitCode != 0 || strings.Join(lines, ",") != "shm" {
+		t.Fatalf("read-only rootfs: exit %d, %q", st.ExitCode, lines)
 	}
 
 	nodeCfg := podConfig("userns-node")
