@@ -238,6 +238,7 @@ func (s *Store) Create(ctx context.Context, p CreateParams) (_ *Container, retEr
 	s.names[key] = id
 	s.mu.Unlock()
 	log := s.log.With("pod", p.PodID, "container", id, "name", name)
+	began := time.Now()
 
 	var undo []func()
 	defer func() {
@@ -349,10 +350,12 @@ func (s *Store) Create(ctx context.Context, p CreateParams) (_ *Container, retEr
 		}
 	}
 
+	prepared := time.Now()
 	client, err := s.ensureShim(ctx, p.PodID)
 	if err != nil {
 		return nil, err
 	}
+	shimReady := time.Now()
 	s.opts.Faults.Hit(fault.ContainerAfterShimStart, "pod", p.PodID, "container", id)
 	cr := &shim.CreateRequest{
 		Bundle: dir, LogPath: p.LogPath,
@@ -369,6 +372,7 @@ func (s *Store) Create(ctx context.Context, p CreateParams) (_ *Container, retEr
 	if err != nil {
 		return nil, fmt.Errorf("create container %s: %w", id, err)
 	}
+	runtimeCreated := time.Now()
 	s.opts.Faults.Hit(fault.ContainerAfterRuncCreate, "pod", p.PodID, "container", id)
 	undo = append(undo, func() {
 		if _, err := client.Delete(context.WithoutCancel(ctx), id); err != nil && !errors.Is(err, errdefs.ErrNotFound) && !errors.Is(err, shim.ErrNoShim) {
@@ -388,7 +392,10 @@ func (s *Store) Create(ctx context.Context, p CreateParams) (_ *Container, retEr
 	s.ctrs[id] = e
 	s.mu.Unlock()
 	go s.watch(e)
-	log.Info("container created")
+	// Where the time went: rootfs and spec, reaching (or starting) the
+	// pod's shim, and the OCI runtime's create.
+	log.Info("container created", "took", time.Since(began),
+		"prepare", prepared.Sub(began), "shim", shimReady.Sub(prepared), "runtime_create", runtimeCreated.Sub(shimReady))
 	return rec.clone(), nil
 }
 
