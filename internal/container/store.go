@@ -15,6 +15,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -79,6 +80,22 @@ type podShimLock struct {
 type entry struct {
 	mu  sync.Mutex
 	rec *Container
+	// snap is a copy of rec taken at every unlock. List reads it without
+	// taking mu, so a StopContainer waiting out a grace period under mu
+	// never stalls the kubelet's ListContainers relist.
+	snap atomic.Pointer[Container]
+}
+
+func newEntry(rec *Container) *entry {
+	e := &entry{rec: rec}
+	e.snap.Store(rec.clone())
+	return e
+}
+
+// unlock publishes the record as it is now and releases mu.
+func (e *entry) unlock() {
+	e.snap.Store(e.rec.clone())
+	e.mu.Unlock()
 }
 
 // Open loads the records under opts.Dir and reconciles them with the shims
@@ -224,6 +241,7 @@ func (s *Store) Create(ctx context.Context, p CreateParams) (_ *Container, retEr
 	s.names[key] = id
 	s.mu.Unlock()
 	log := s.log.With("pod", p.PodID, "container", id, "name", name)
+	began := time.Now()
 
 	var undo []func()
 	defer func() {
@@ -360,10 +378,12 @@ func (s *Store) Create(ctx context.Context, p CreateParams) (_ *Container, retEr
 		}
 	}
 
+	prepared := time.Now()
 	client, err := s.ensureShim(ctx, p.PodID)
 	if err != nil {
 		return nil, err
 	}
+	shimReady := time.Now()
 	s.opts.Faults.Hit(fault.ContainerAfterShimStart, "pod", p.PodID, "container", id)
 	cr := &shim.CreateRequest{
 		Bundle: dir, LogPath: p.LogPath,
@@ -380,6 +400,7 @@ func (s *Store) Create(ctx context.Context, p CreateParams) (_ *Container, retEr
 	if err != nil {
 		return nil, fmt.Errorf("create container %s: %w", id, err)
 	}
+	runtimeCreated := time.Now()
 	s.opts.Faults.Hit(fault.ContainerAfterRuncCreate, "pod", p.PodID, "container", id)
 	undo = append(undo, func() {
 		if _, err := client.Delete(context.WithoutCancel(ctx), id); err != nil && !errors.Is(err, errdefs.ErrNotFound) && !errors.Is(err, shim.ErrNoShim) {
@@ -393,13 +414,16 @@ func (s *Store) Create(ctx context.Context, p CreateParams) (_ *Container, retEr
 		return nil, err
 	}
 	s.opts.Faults.Hit(fault.ContainerAfterRecordWrite, "pod", p.PodID, "container", id)
-	e := &entry{rec: rec}
+	e := newEntry(rec)
 	s.emit(EventCreated, rec)
 	s.mu.Lock()
 	s.ctrs[id] = e
 	s.mu.Unlock()
 	go s.watch(e)
-	log.Info("container created")
+	// Where the time went: rootfs and spec, reaching (or starting) the
+	// pod's shim, and the OCI runtime's create.
+	log.Info("container created", "took", time.Since(began),
+		"prepare", prepared.Sub(began), "shim", shimReady.Sub(prepared), "runtime_create", runtimeCreated.Sub(shimReady))
 	return rec.clone(), nil
 }
 
@@ -491,10 +515,10 @@ func (s *Store) refresh(e *entry) {
 func (s *Store) watch(e *entry) {
 	e.mu.Lock()
 	id, pod := e.rec.ID, e.rec.PodID
-	e.mu.Unlock()
+	e.unlock()
 	st, err := s.shimClient(pod).Wait(context.Background(), id)
 	e.mu.Lock()
-	defer e.mu.Unlock()
+	defer e.unlock()
 	s.mu.Lock()
 	current := s.ctrs[id] == e
 	s.mu.Unlock()
@@ -540,14 +564,18 @@ func (s *Store) setExited(e *entry, ex *shim.Exit) {
 	s.emit(EventStopped, r)
 }
 
-// Get returns a copy of the container's current record.
+// Get returns a copy of the container's current record. While another
+// operation holds the container (a stop waiting out its grace period), it
+// returns the record as that operation found it rather than wait.
 func (s *Store) Get(id string) (*Container, error) {
 	e, err := s.entry(id)
 	if err != nil {
 		return nil, err
 	}
-	e.mu.Lock()
-	defer e.mu.Unlock()
+	if !e.mu.TryLock() {
+		return e.snap.Load().clone(), nil
+	}
+	defer e.unlock()
 	s.refresh(e)
 	return e.rec.clone(), nil
 }
@@ -566,9 +594,7 @@ func (s *Store) List() []*Container {
 	// Get (ContainerStatus) still folds in a persisted exit directly.
 	out := make([]*Container, 0, len(entries))
 	for _, e := range entries {
-		e.mu.Lock()
-		out = append(out, e.rec.clone())
-		e.mu.Unlock()
+		out = append(out, e.snap.Load().clone())
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].CreatedAt.Before(out[j].CreatedAt) })
 	return out
@@ -581,7 +607,7 @@ func (s *Store) Start(ctx context.Context, id string) (*Container, error) {
 		return nil, err
 	}
 	e.mu.Lock()
-	defer e.mu.Unlock()
+	defer e.unlock()
 	s.refresh(e)
 	r := e.rec
 	if r.State != StateCreated {
@@ -637,7 +663,7 @@ func (s *Store) Stop(ctx context.Context, id string, timeout time.Duration) erro
 		return err
 	}
 	e.mu.Lock()
-	defer e.mu.Unlock()
+	defer e.unlock()
 	return s.stopLocked(ctx, e, timeout)
 }
 
@@ -706,7 +732,7 @@ func (s *Store) Remove(ctx context.Context, id string) error {
 		return err
 	}
 	e.mu.Lock()
-	defer e.mu.Unlock()
+	defer e.unlock()
 	r := e.rec
 	st, err := s.shimClient(r.PodID).Delete(ctx, r.ID)
 	switch {
@@ -791,7 +817,7 @@ func (s *Store) UpdateResources(ctx context.Context, id string, res *specs.Linux
 		return err
 	}
 	e.mu.Lock()
-	defer e.mu.Unlock()
+	defer e.unlock()
 	s.refresh(e)
 	r := e.rec
 	if r.State == StateExited {
@@ -816,7 +842,7 @@ func (s *Store) ReopenLog(ctx context.Context, id string) error {
 		return err
 	}
 	e.mu.Lock()
-	defer e.mu.Unlock()
+	defer e.unlock()
 	s.refresh(e)
 	if e.rec.State != StateRunning {
 		return fmt.Errorf("container %s is %s, not running: %w", e.rec.ID, e.rec.State, errdefs.ErrFailedPrecondition)
@@ -857,7 +883,7 @@ func (s *Store) recover(ctx context.Context) error {
 			_ = os.RemoveAll(dir)
 			continue
 		}
-		e := &entry{rec: rec}
+		e := newEntry(rec)
 		s.ctrs[rec.ID] = e
 		s.names[nameKey(rec.PodID, rec.Name, rec.Attempt)] = rec.ID
 		s.refresh(e)
