@@ -516,3 +516,37 @@ func TestUsernsCrashesLeaveNothing(t *testing.T) {
 		leakcheck.CheckSettled(t, scope, before, leakcheck.Take(t, scope))
 	}
 }
+
+// On a node that cannot run user namespace pods (here: --root below a
+// directory others cannot search, so the namespace's root could not reach
+// its rootfs) no handler offers them and such a pod is refused up front
+// with FailedPrecondition naming the reason.
+func TestUsernsRefusedWhereUnsupported(t *testing.T) {
+	t.Parallel()
+	d := berthdtest.Start(t, berthdtest.Options{Configure: func(c *config.Config) {
+		if err := os.Chmod(filepath.Dir(c.Root), 0o700); err != nil {
+			t.Fatal(err)
+		}
+	}})
+	resp, err := d.Runtime.Status(ctxT(t), &criapi.StatusRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, h := range resp.RuntimeHandlers {
+		if h.GetFeatures().GetUserNamespaces() {
+			t.Errorf("handler %q offers user namespaces", h.Name)
+		}
+	}
+	_, err = d.Runtime.RunPodSandbox(ctxT(t), &criapi.RunPodSandboxRequest{Config: usernsPodConfig("unsupported", criapi.NamespaceMode_POD)})
+	wantCode(t, err, codes.FailedPrecondition)
+	if !strings.Contains(err.Error(), "not searchable by others") {
+		t.Fatalf("refusal does not say why: %v", err)
+	}
+	pods, err := d.Runtime.ListPodSandbox(ctxT(t), &criapi.ListPodSandboxRequest{})
+	if err != nil || len(pods.Items) != 0 {
+		t.Fatalf("refused pod listed: %v, %v", pods, err)
+	}
+	if entries, _ := os.ReadDir(filepath.Join(d.State, "netns")); len(entries) != 0 {
+		t.Fatalf("namespace pins left: %v", entries)
+	}
+}
