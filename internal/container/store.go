@@ -15,6 +15,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -79,6 +80,22 @@ type podShimLock struct {
 type entry struct {
 	mu  sync.Mutex
 	rec *Container
+	// snap is a copy of rec taken at every unlock. List reads it without
+	// taking mu, so a StopContainer waiting out a grace period under mu
+	// never stalls the kubelet's ListContainers relist.
+	snap atomic.Pointer[Container]
+}
+
+func newEntry(rec *Container) *entry {
+	e := &entry{rec: rec}
+	e.snap.Store(rec.clone())
+	return e
+}
+
+// unlock publishes the record as it is now and releases mu.
+func (e *entry) unlock() {
+	e.snap.Store(e.rec.clone())
+	e.mu.Unlock()
 }
 
 // Open loads the records under opts.Dir and reconciles them with the shims
@@ -382,7 +399,7 @@ func (s *Store) Create(ctx context.Context, p CreateParams) (_ *Container, retEr
 		return nil, err
 	}
 	s.opts.Faults.Hit(fault.ContainerAfterRecordWrite, "pod", p.PodID, "container", id)
-	e := &entry{rec: rec}
+	e := newEntry(rec)
 	s.emit(EventCreated, rec)
 	s.mu.Lock()
 	s.ctrs[id] = e
@@ -480,10 +497,10 @@ func (s *Store) refresh(e *entry) {
 func (s *Store) watch(e *entry) {
 	e.mu.Lock()
 	id, pod := e.rec.ID, e.rec.PodID
-	e.mu.Unlock()
+	e.unlock()
 	st, err := s.shimClient(pod).Wait(context.Background(), id)
 	e.mu.Lock()
-	defer e.mu.Unlock()
+	defer e.unlock()
 	s.mu.Lock()
 	current := s.ctrs[id] == e
 	s.mu.Unlock()
@@ -529,14 +546,18 @@ func (s *Store) setExited(e *entry, ex *shim.Exit) {
 	s.emit(EventStopped, r)
 }
 
-// Get returns a copy of the container's current record.
+// Get returns a copy of the container's current record. While another
+// operation holds the container (a stop waiting out its grace period), it
+// returns the record as that operation found it rather than wait.
 func (s *Store) Get(id string) (*Container, error) {
 	e, err := s.entry(id)
 	if err != nil {
 		return nil, err
 	}
-	e.mu.Lock()
-	defer e.mu.Unlock()
+	if !e.mu.TryLock() {
+		return e.snap.Load().clone(), nil
+	}
+	defer e.unlock()
 	s.refresh(e)
 	return e.rec.clone(), nil
 }
@@ -555,9 +576,7 @@ func (s *Store) List() []*Container {
 	// Get (ContainerStatus) still folds in a persisted exit directly.
 	out := make([]*Container, 0, len(entries))
 	for _, e := range entries {
-		e.mu.Lock()
-		out = append(out, e.rec.clone())
-		e.mu.Unlock()
+		out = append(out, e.snap.Load().clone())
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].CreatedAt.Before(out[j].CreatedAt) })
 	return out
@@ -570,7 +589,7 @@ func (s *Store) Start(ctx context.Context, id string) (*Container, error) {
 		return nil, err
 	}
 	e.mu.Lock()
-	defer e.mu.Unlock()
+	defer e.unlock()
 	s.refresh(e)
 	r := e.rec
 	if r.State != StateCreated {
@@ -626,7 +645,7 @@ func (s *Store) Stop(ctx context.Context, id string, timeout time.Duration) erro
 		return err
 	}
 	e.mu.Lock()
-	defer e.mu.Unlock()
+	defer e.unlock()
 	return s.stopLocked(ctx, e, timeout)
 }
 
@@ -695,7 +714,7 @@ func (s *Store) Remove(ctx context.Context, id string) error {
 		return err
 	}
 	e.mu.Lock()
-	defer e.mu.Unlock()
+	defer e.unlock()
 	r := e.rec
 	st, err := s.shimClient(r.PodID).Delete(ctx, r.ID)
 	switch {
@@ -777,7 +796,7 @@ func (s *Store) UpdateResources(ctx context.Context, id string, res *specs.Linux
 		return err
 	}
 	e.mu.Lock()
-	defer e.mu.Unlock()
+	defer e.unlock()
 	s.refresh(e)
 	r := e.rec
 	if r.State == StateExited {
@@ -802,7 +821,7 @@ func (s *Store) ReopenLog(ctx context.Context, id string) error {
 		return err
 	}
 	e.mu.Lock()
-	defer e.mu.Unlock()
+	defer e.unlock()
 	s.refresh(e)
 	if e.rec.State != StateRunning {
 		return fmt.Errorf("container %s is %s, not running: %w", e.rec.ID, e.rec.State, errdefs.ErrFailedPrecondition)
@@ -838,7 +857,7 @@ func (s *Store) recover(ctx context.Context) error {
 			_ = os.RemoveAll(dir)
 			continue
 		}
-		e := &entry{rec: rec}
+		e := newEntry(rec)
 		s.ctrs[rec.ID] = e
 		s.names[nameKey(rec.PodID, rec.Name, rec.Attempt)] = rec.ID
 		s.refresh(e)
