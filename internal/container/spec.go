@@ -16,9 +16,7 @@ func (s *Store) Spec(id string) (*specs.Spec, error) {
 	if err != nil {
 		return nil, err
 	}
-	e.mu.Lock()
-	full := e.rec.ID
-	e.mu.Unlock()
+	full := e.snap.Load().ID // never waits on a busy container
 	path := filepath.Join(s.dir(full), "config.json")
 	data, err := os.ReadFile(path)
 	if err != nil {
