@@ -275,7 +275,7 @@ func (n *NRI) CreateContainer(ctx context.Context, sb *sandbox.Sandbox, c *conta
 		return nil, fmt.Errorf("NRI CreateContainer: %w", err)
 	}
 	if adj := rsp.GetAdjust(); adj != nil {
-		g := nrigen.SpecGenerator(&specEdit{spec: spec})
+		g := nrigen.SpecGenerator(&specEdit{spec: spec}, unsupported...)
 		if err := g.Adjust(adj); err != nil {
 			n.ctrs[c.ID] = &tracked{state: created, ctr: ctr}
 			n.mu.Unlock()
@@ -290,6 +290,26 @@ func (n *NRI) CreateContainer(ctx context.Context, sb *sandbox.Sandbox, c *conta
 	n.applyEvictions(ctx, rsp.GetEvict())
 	n.applyUpdates(ctx, rsp.GetUpdate())
 	return block, nil
+}
+
+// unsupported makes adjustments berth cannot honour fail the create
+// instead of being dropped silently.
+var unsupported = []nrigen.GeneratorOption{
+	nrigen.WithCDIDeviceInjector(func(_ *specs.Spec, devices []string) error {
+		return fmt.Errorf("NRI adjustment asks for CDI devices %v: berth has no CDI support: %w", devices, errdefs.ErrInvalidArgument)
+	}),
+	nrigen.WithBlockIOResolver(func(class string) (*specs.LinuxBlockIO, error) {
+		if class == "" {
+			return nil, nil
+		}
+		return nil, fmt.Errorf("NRI adjustment asks for block I/O class %q: not supported: %w", class, errdefs.ErrInvalidArgument)
+	}),
+	nrigen.WithRdtResolver(func(class string) (*specs.LinuxIntelRdt, error) {
+		if class == "" {
+			return nil, nil
+		}
+		return nil, fmt.Errorf("NRI adjustment asks for RDT class %q: not supported: %w", class, errdefs.ErrInvalidArgument)
+	}),
 }
 
 // UndoCreateContainer tells plugins a container they saw in
