@@ -120,7 +120,8 @@ func (g *specEdit) RemoveLinuxNamespace(ns string) error {
 
 func (g *specEdit) AddPreStartHook(h specs.Hook) {
 	hk := g.hooks()
-	hk.Prestart = append(hk.Prestart, h) //nolint:staticcheck // NRI still injects prestart hooks
+	//lint:ignore SA1019 NRI plugins still inject prestart hooks; runc runs them
+	hk.Prestart = append(hk.Prestart, h)
 }
 
 func (g *specEdit) AddPostStartHook(h specs.Hook) {
