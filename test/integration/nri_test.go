@@ -766,7 +766,59 @@ func TestNRIPluginUpdatesContainer(t *testing.T) {
 	if got := e.status(id).GetResources().GetLinux().GetMemoryLimitInBytes(); got != limit {
 		t.Fatalf("status memory limit %d, want %d", got, limit)
 	}
+
+	// A plugin rewriting an UpdateContainerResources: its value wins.
+	override := int64(40 << 20)
+	p.mu.Lock()
+	p.onUpdate = func(_ context.Context, ctr *api.Container, _ *api.LinuxResources) ([]*api.ContainerUpdate, error) {
+		u := &api.ContainerUpdate{ContainerId: ctr.Id}
+		u.SetLinuxMemoryLimit(override)
+		return []*api.ContainerUpdate{u}, nil
+	}
+	p.mu.Unlock()
+	if _, err := d.Runtime.UpdateContainerResources(ctxT(t), &criapi.UpdateContainerResourcesRequest{
+		ContainerId: id, Linux: &criapi.LinuxContainerResources{MemoryLimitInBytes: 96 << 20},
+	}); err != nil {
+		t.Fatalf("UpdateContainerResources: %v", err)
+	}
+	data, err = os.ReadFile(filepath.Join("/sys/fs/cgroup/memory", cgroupOf(t, pid, "memory"), "memory.limit_in_bytes"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := strings.TrimSpace(string(data)); got != "41943040" {
+		t.Fatalf("memory limit %s after a plugin rewrote the update, want %d", got, override)
+	}
 	stopRemove(t, d, e.pod)
+}
+
+// TestNRIAfterRestart: a restarted berthd synchronizes plugins with what
+// it recovered and still reports each stop and remove once.
+func TestNRIAfterRestart(t *testing.T) {
+	t.Parallel()
+	d := nriDaemon(t)
+	e := newCtrEnvOn(t, d)
+	id := e.run(e.config("survivor", "sleep", "1000"))
+	exited := e.run(e.config("done", "true"))
+	e.waitExited(exited)
+	d.Restart()
+	p := startPlugin(t, d, "after-restart", "00", nil)
+	p.mu.Lock()
+	pods, ctrs := slices.Clone(p.syncPods), slices.Clone(p.syncCtrs)
+	p.mu.Unlock()
+	if !slices.Contains(pods, e.pod) || !slices.Contains(ctrs, id) || !slices.Contains(ctrs, exited) {
+		t.Fatalf("Synchronize after restart: pods %v containers %v", pods, ctrs)
+	}
+	stopRemove(t, d, e.pod)
+	// The exited container's stop was before the restart: not again.
+	want := []string{"StopContainer", "StopPodSandbox", "RemoveContainer", "RemoveContainer", "RemovePodSandbox"}
+	waitFor(t, func() bool { return len(p.eventsFor(e.pod, "")) >= len(want) })
+	time.Sleep(300 * time.Millisecond)
+	if got := p.eventsFor(e.pod, ""); !slices.Equal(got, want) {
+		t.Fatalf("events after restart\n got %v\nwant %v", got, want)
+	}
+	if got := p.eventsFor(e.pod, id); !slices.Equal(got, []string{"StopContainer", "RemoveContainer"}) {
+		t.Fatalf("events of the running container: %v", got)
+	}
 }
 
 // TestNRIDisabled: with nri.enable = false no socket appears and pods and
