@@ -229,6 +229,37 @@ func (n *NRI) StopPodSandbox(ctx context.Context, sb *sandbox.Sandbox) error {
 	return nil
 }
 
+// UpdatePodSandbox tells plugins about new pod-level resources
+// (UpdatePodSandboxResources) before they are applied; an error fails the
+// update.
+func (n *NRI) UpdatePodSandbox(ctx context.Context, sb *sandbox.Sandbox, overhead, resources *runtime.LinuxContainerResources) error {
+	if !n.Enabled() {
+		return nil
+	}
+	defer n.a.BlockPluginSync().Unblock()
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if _, err := n.a.UpdatePodSandbox(ctx, &api.UpdatePodSandboxRequest{
+		Pod: podToNRI(sb), OverheadLinuxResources: criResourcesToNRI(overhead), LinuxResources: criResourcesToNRI(resources),
+	}); err != nil {
+		return fmt.Errorf("NRI UpdatePodSandbox: %w", err)
+	}
+	return nil
+}
+
+// PostUpdatePodSandbox reports a pod whose resources changed.
+func (n *NRI) PostUpdatePodSandbox(ctx context.Context, sb *sandbox.Sandbox) {
+	if !n.Enabled() {
+		return
+	}
+	defer n.a.BlockPluginSync().Unblock()
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if err := n.a.PostUpdatePodSandbox(ctx, &api.PostUpdatePodSandboxRequest{Pod: podToNRI(sb)}); err != nil {
+		n.log.Warn("NRI notification failed", "pod", sb.ID, "err", err)
+	}
+}
+
 // RemovePodSandbox tells plugins a pod is gone (after a stop, which is
 // sent first if it was not).
 func (n *NRI) RemovePodSandbox(ctx context.Context, sb *sandbox.Sandbox) error {

@@ -38,6 +38,7 @@ type nriPlugin struct {
 	events   []nriEvent
 	syncPods []string
 	syncCtrs []string
+	podRes   *api.LinuxResources // last UpdatePodSandbox's resources
 	ready    chan struct{}
 	once     sync.Once
 
@@ -81,6 +82,19 @@ func (p *nriPlugin) RunPodSandbox(ctx context.Context, pod *api.PodSandbox) erro
 	if p.onRunPod != nil {
 		return p.onRunPod(ctx, pod)
 	}
+	return nil
+}
+
+func (p *nriPlugin) UpdatePodSandbox(_ context.Context, pod *api.PodSandbox, _, res *api.LinuxResources) error {
+	p.record("UpdatePodSandbox", pod, nil)
+	p.mu.Lock()
+	p.podRes = res
+	p.mu.Unlock()
+	return nil
+}
+
+func (p *nriPlugin) PostUpdatePodSandbox(_ context.Context, pod *api.PodSandbox) error {
+	p.record("PostUpdatePodSandbox", pod, nil)
 	return nil
 }
 
@@ -277,6 +291,17 @@ func TestNRILifecycleEvents(t *testing.T) {
 	}); err != nil {
 		t.Fatalf("UpdateContainerResources: %v", err)
 	}
+	if _, err := d.Runtime.UpdatePodSandboxResources(ctx, &criapi.UpdatePodSandboxResourcesRequest{
+		PodSandboxId: e.pod, Resources: &criapi.LinuxContainerResources{MemoryLimitInBytes: 512 << 20},
+	}); err != nil {
+		t.Fatalf("UpdatePodSandboxResources: %v", err)
+	}
+	p.mu.Lock()
+	podMem := p.podRes.GetMemory().GetLimit().GetValue()
+	p.mu.Unlock()
+	if podMem != 512<<20 {
+		t.Fatalf("UpdatePodSandbox memory limit %d", podMem)
+	}
 	if _, err := d.Runtime.StopContainer(ctx, &criapi.StopContainerRequest{ContainerId: id, Timeout: 1}); err != nil {
 		t.Fatal(err)
 	}
@@ -290,7 +315,7 @@ func TestNRILifecycleEvents(t *testing.T) {
 	}
 
 	want := []string{"RunPodSandbox", "CreateContainer", "PostCreateContainer", "StartContainer", "PostStartContainer",
-		"UpdateContainer", "PostUpdateContainer", "StopContainer", "RemoveContainer", "StopPodSandbox", "RemovePodSandbox"}
+		"UpdateContainer", "PostUpdateContainer", "UpdatePodSandbox", "PostUpdatePodSandbox", "StopContainer", "RemoveContainer", "StopPodSandbox", "RemovePodSandbox"}
 	var got []string
 	waitFor(t, func() bool { got = p.eventsFor(e.pod, ""); return len(got) >= len(want) })
 	time.Sleep(300 * time.Millisecond) // a late duplicate would show now
