@@ -2,6 +2,7 @@ package nri
 
 import (
 	"maps"
+	"strconv"
 	"strings"
 
 	api "github.com/containerd/nri/pkg/api"
@@ -46,6 +47,13 @@ func podToNRI(sb *sandbox.Sandbox) *api.PodSandbox {
 	}
 	if sb.IP != "" {
 		p.Ips = append([]string{sb.IP}, sb.AdditionalIPs...)
+	}
+	// Only a pod with a shared PID namespace has a process of its own
+	// (berth-pause); its namespace path names it.
+	if rest, ok := strings.CutPrefix(sb.PIDNSPath, "/proc/"); ok {
+		if pid, err := strconv.ParseUint(strings.TrimSuffix(rest, "/ns/pid"), 10, 32); err == nil {
+			p.Pid = uint32(pid)
+		}
 	}
 	return p
 }

@@ -119,6 +119,13 @@ func TestPodToNRI(t *testing.T) {
 	if p.Linux.PodResources.GetMemory().GetLimit().GetValue() != 1<<20 {
 		t.Fatalf("pod resources %v", p.Linux.PodResources)
 	}
+	if p.Pid != 0 {
+		t.Fatalf("pid %d without a pause process", p.Pid)
+	}
+	sb.PIDNSPath = "/proc/4242/ns/pid"
+	if p := podToNRI(sb); p.Pid != 4242 || len(p.Linux.Namespaces) != 4 {
+		t.Fatalf("shared PID namespace pod: pid %d namespaces %v", p.Pid, p.Linux.Namespaces)
+	}
 }
 
 func TestContainerToNRI(t *testing.T) {

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -857,4 +858,34 @@ func TestNRIDisabled(t *testing.T) {
 		t.Fatalf("NRI socket with NRI disabled: %v", err)
 	}
 	stopRemove(t, d, e.pod)
+}
+
+// TestNRIPreinstalledPlugin: berthd starts the plugins in nri.plugin_path
+// with their configuration from nri.plugin_config_path, and they get events.
+func TestNRIPreinstalledPlugin(t *testing.T) {
+	t.Parallel()
+	pluginDir, confDir := t.TempDir(), t.TempDir()
+	out := filepath.Join(t.TempDir(), "events")
+	build := exec.Command("go", "build", "-o", filepath.Join(pluginDir, "10-recorder"), "./testdata/nri-recorder")
+	if msg, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("build the test plugin: %v\n%s", err, msg)
+	}
+	if err := os.WriteFile(filepath.Join(confDir, "10-recorder.conf"), []byte(out+"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	d := berthdtest.Start(t, berthdtest.Options{Configure: func(c *config.Config) {
+		c.NRI.PluginPath, c.NRI.PluginConfigPath = pluginDir, confDir
+	}})
+	id := runPod(t, d, podConfig("preinstalled"))
+	stopRemove(t, d, id)
+	var lines []string
+	waitFor(t, func() bool {
+		data, _ := os.ReadFile(out)
+		lines = strings.Split(strings.TrimSpace(string(data)), "\n")
+		return len(lines) >= 3
+	})
+	want := []string{"Configure berth", "RunPodSandbox preinstalled", "RemovePodSandbox preinstalled"}
+	if !slices.Equal(lines, want) {
+		t.Fatalf("plugin saw\n%v\nwant\n%v", lines, want)
+	}
 }
