@@ -155,6 +155,11 @@ type CreateParams struct {
 	BuildSpec func(id, rootfs string, volumes, idmapped map[string]string) (*specs.Spec, error)
 	// UserNS is the pod's own user namespace; nil for the host's.
 	UserNS *UserNS
+	// Adjust, if set, sees the finished spec before the OCI runtime
+	// creates the container and may edit it (NRI); c is the record to be.
+	// An error fails Create. The container is not visible to Get or List
+	// yet.
+	Adjust func(ctx context.Context, c *Container, spec *specs.Spec) error
 }
 
 // imageVolume is one image volume mounted for a container.
@@ -333,6 +338,18 @@ func (s *Store) Create(ctx context.Context, p CreateParams) (_ *Container, retEr
 		}
 	}
 	spec.Root.Readonly = cfg.GetLinux().GetSecurityContext().GetReadonlyRootfs()
+	createdAt := time.Now().UTC()
+	if p.Adjust != nil {
+		pending := &Container{
+			ID: id, PodID: p.PodID, Name: name, Attempt: attempt,
+			Image: cfg.GetImage().GetImage(), ImageID: img.ID, ImageName: img.Name, ImageRef: img.Ref,
+			Labels: cfg.GetLabels(), Annotations: cfg.GetAnnotations(), Runtime: p.Runtime,
+			State: StateCreated, CreatedAt: createdAt,
+		}
+		if err := p.Adjust(ctx, pending, spec); err != nil {
+			return nil, err
+		}
+	}
 	data, err := json.Marshal(spec)
 	if err != nil {
 		return nil, fmt.Errorf("encode spec: %w", err)
@@ -348,7 +365,7 @@ func (s *Store) Create(ctx context.Context, p CreateParams) (_ *Container, retEr
 		LogPath: p.LogPath, Runtime: p.Runtime, StopSignal: img.StopSignal,
 		Resources: cfg.GetLinux().GetResources(),
 		Terminal:  cfg.GetTty(), Stdin: cfg.GetStdin(), StdinOnce: cfg.GetStdinOnce(),
-		State: StateCreated, CreatedAt: time.Now().UTC(),
+		State: StateCreated, CreatedAt: createdAt,
 	}
 	for _, v := range vols {
 		rec.VolumeOwners = append(rec.VolumeOwners, v.owner)

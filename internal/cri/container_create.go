@@ -14,6 +14,7 @@ import (
 
 	"github.com/berthcri/berth/internal/container"
 	"github.com/berthcri/berth/internal/errdefs"
+	"github.com/berthcri/berth/internal/nri"
 	"github.com/berthcri/berth/internal/specgen"
 )
 
@@ -52,8 +53,14 @@ func (s *Service) CreateContainer(ctx context.Context, req *runtime.CreateContai
 		handler = s.cfg.DefaultRuntimeHandler
 	}
 
-	var imgConfig *ocispecv1.Image
-	var podUserNS *container.UserNS
+	var (
+		imgConfig *ocispecv1.Image
+		podUserNS *container.UserNS
+		// Set once NRI plugins saw the container (CreateContainer hook).
+		block   *nri.SyncBlock
+		nriCtr  *container.Container
+		nriSpec *specs.Spec
+	)
 	if sb.UserNS != nil {
 		podUserNS = &container.UserNS{Path: sb.UserNSPath, Mapping: *sb.UserNS}
 	}
@@ -124,10 +131,22 @@ func (s *Service) CreateContainer(ctx context.Context, req *runtime.CreateContai
 			}
 			return specgen.Build(in)
 		},
+		// NRI plugins see (and may adjust) the finished spec before the
+		// runtime creates the container and before it is visible.
+		Adjust: func(ctx context.Context, c *container.Container, spec *specs.Spec) error {
+			b, err := s.nri.CreateContainer(ctx, sb, c, spec)
+			block, nriCtr, nriSpec = b, c, spec
+			return err
+		},
 	})
+	block.Unblock()
 	if err != nil {
+		if block != nil {
+			s.nri.UndoCreateContainer(context.WithoutCancel(ctx), sb, nriCtr, nriSpec)
+		}
 		return nil, toStatus(err)
 	}
+	s.nri.PostCreateContainer(ctx, c)
 	return &runtime.CreateContainerResponse{ContainerId: c.ID}, nil
 }
 

@@ -278,9 +278,13 @@ func newID() string {
 	return hex.EncodeToString(b)
 }
 
+// ReadyHook runs once a sandbox is fully set up, before it is READY and
+// visible to Get and List (NRI's RunPodSandbox); an error fails Run.
+type ReadyHook func(ctx context.Context, sb *Sandbox) error
+
 // Run creates a sandbox. Every step already done is undone when a later
 // one fails, so a failed Run leaves nothing behind.
-func (s *Store) Run(ctx context.Context, cfg *runtime.PodSandboxConfig, handler string) (_ *Sandbox, retErr error) {
+func (s *Store) Run(ctx context.Context, cfg *runtime.PodSandboxConfig, handler string, hooks ...ReadyHook) (_ *Sandbox, retErr error) {
 	start := time.Now()
 	md := cfg.GetMetadata()
 	if md.GetName() == "" || md.GetNamespace() == "" || md.GetUid() == "" {
@@ -509,6 +513,11 @@ func (s *Store) Run(ctx context.Context, cfg *runtime.PodSandboxConfig, handler 
 		r.fillFromAttachment()
 	}
 	s.opts.Faults.Hit(fault.SandboxAfterCNIAdd, "pod", id)
+	for _, hook := range hooks {
+		if err := hook(ctx, r.snapshot()); err != nil {
+			return nil, err
+		}
+	}
 	r.sb.State = runtime.PodSandboxState_SANDBOX_READY
 	if err := s.persist(r); err != nil {
 		return nil, err
