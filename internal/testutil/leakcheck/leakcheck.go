@@ -96,7 +96,7 @@ func Take(t testing.TB, s Scope) Snapshot {
 			}
 		}
 		snap["iptables"] = rules
-		snap["iptables-chain"] = unreferencedCNIChains(string(out))
+		snap["iptables-chain"] = unreferencedCNIChains(string(out), s.IPPrefix)
 	}
 	if s.CgroupParent != "" {
 		snap["cgroup"] = cgroups(s.CgroupParent)
@@ -172,19 +172,26 @@ func CheckSettled(t testing.TB, s Scope, before, after Snapshot) {
 
 // unreferencedCNIChains lists CNI-* chains (per table) that no rule jumps
 // to: what is left when a plugin's DEL removed the jump but not the chain.
-// portmap's shared CNI-HOSTPORT-* chains are always referenced.
-func unreferencedCNIChains(save string) []string {
+// Chains are named by a hash, so their rules (the bridge plugin's
+// masquerade rules name the pod subnet) are what ties them to one daemon:
+// a chain whose rules only name other addresses belongs to another test
+// daemon (one killed mid-ADD by a fault test, say) and is not counted. An
+// empty chain cannot be attributed and counts. portmap's shared
+// CNI-HOSTPORT-* chains are always referenced.
+func unreferencedCNIChains(save, ipPrefix string) []string {
 	var out []string
 	table := ""
 	declared := map[string]bool{}
 	referenced := map[string]bool{}
+	ours := map[string]bool{}
+	hasRules := map[string]bool{}
 	flush := func() {
 		for c := range declared {
-			if !referenced[c] {
+			if !referenced[c] && (ours[c] || !hasRules[c]) {
 				out = append(out, table+"/"+c)
 			}
 		}
-		declared, referenced = map[string]bool{}, map[string]bool{}
+		declared, referenced, ours, hasRules = map[string]bool{}, map[string]bool{}, map[string]bool{}, map[string]bool{}
 	}
 	for _, l := range strings.Split(save, "\n") {
 		switch {
@@ -194,6 +201,12 @@ func unreferencedCNIChains(save string) []string {
 			declared[strings.Fields(l[1:])[0]] = true
 		case strings.HasPrefix(l, "-A "):
 			f := strings.Fields(l)
+			if len(f) > 1 {
+				hasRules[f[1]] = true
+				if ipPrefix == "" || strings.Contains(l, ipPrefix) {
+					ours[f[1]] = true
+				}
+			}
 			for i := 0; i+1 < len(f); i++ {
 				if f[i] == "-j" || f[i] == "-g" {
 					referenced[f[i+1]] = true

@@ -15,16 +15,19 @@ func TestUnreferencedCNIChains(t *testing.T) {
 :CNI-aaaa - [0:0]
 :CNI-bbbb - [0:0]
 :CNI-DN-cccc - [0:0]
+:CNI-other - [0:0]
 -A PREROUTING -m addrtype --dst-type LOCAL -j CNI-HOSTPORT-DNAT
 -A POSTROUTING -s 10.1.0.2/32 -j CNI-aaaa
 -A CNI-aaaa -d 10.1.0.0/24 -j ACCEPT
 -A CNI-DN-cccc -p tcp -j DNAT --to-destination 10.1.0.3:80
+-A CNI-other -d 10.2.0.0/24 -j ACCEPT
 COMMIT
 *filter
 :CNI-aaaa - [0:0]
 COMMIT
 `
-	got := unreferencedCNIChains(save)
+	// CNI-other's rules name another daemon's subnet: not ours.
+	got := unreferencedCNIChains(save, "10.1.0.")
 	want := map[string]bool{"nat/CNI-bbbb": true, "nat/CNI-DN-cccc": true, "filter/CNI-aaaa": true}
 	gotSet := map[string]bool{}
 	for _, c := range got {
