@@ -17,7 +17,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/berthcri/berth/internal/shim"
+	"github.com/berthcri/berth/internal/shim/server"
 )
 
 func main() {
@@ -57,7 +57,7 @@ func main() {
 	logf := func(format string, args ...any) {
 		fmt.Fprintf(logFile, "%s pod=%s %s\n", time.Now().UTC().Format(time.RFC3339Nano), *pod, fmt.Sprintf(format, args...))
 	}
-	srv := shim.NewServer(*dir, logf)
+	srv := server.NewServer(*dir, logf)
 	if err := srv.Listen(); err != nil {
 		logf("%v", err)
 		os.Exit(1)
