@@ -11,7 +11,6 @@ import (
 	"os/signal"
 	"path/filepath"
 	"runtime"
-	"runtime/debug"
 	"syscall"
 	"time"
 
@@ -28,14 +27,13 @@ func main() {
 		fmt.Fprintln(os.Stderr, "berth-shim: --dir is required")
 		os.Exit(2)
 	}
-	// Lean by design: one P and a small heap goal. GOGC=10 puts the
-	// minimum heap goal at 400 KiB (4 MiB × GOGC/100), so the little
-	// garbage requests leave behind is collected before it spreads over
-	// fresh pages. No memory limit: the limit counts the runtime's own
-	// mapped metadata (several MiB here, mostly never touched), so any
-	// limit small enough to matter keeps the GC running non-stop.
+	// Lean by design: one P. The GC keeps its default pace; the server
+	// collects and returns memory itself once garbage piles up (see
+	// server.trimMinGarbage). No memory limit: the limit counts the
+	// runtime's own mapped metadata (several MiB here, mostly never
+	// touched), so any limit small enough to matter keeps the GC running
+	// non-stop.
 	runtime.GOMAXPROCS(1)
-	debug.SetGCPercent(10)
 
 	// Container inits reparent to us when the runtime's create exits.
 	if err := unix.Prctl(unix.PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0); err != nil {

@@ -23,7 +23,8 @@ import (
 // os/signal parks a thread in the kernel for good (two threads more, each
 // with its stacks, in every shim). Children nobody waits for (orphans
 // reparented to the shim, such as the leftovers of a host-PID container)
-// are reaped whenever a watched child exits and every orphanReapInterval.
+// are reaped whenever a watched child exits and on the server's periodic
+// housekeeping.
 type reaper struct {
 	mu      sync.Mutex
 	waiters map[int]chan unix.WaitStatus
@@ -37,17 +38,8 @@ type unclaimedExit struct {
 	at     time.Time
 }
 
-// orphanReapInterval bounds how long an orphan's zombie lingers.
-const orphanReapInterval = 10 * time.Second
-
 func newReaper() *reaper {
-	r := &reaper{waiters: map[int]chan unix.WaitStatus{}, unclaimed: map[int]unclaimedExit{}}
-	var t *time.Timer
-	t = time.AfterFunc(orphanReapInterval, func() {
-		r.reap()
-		t.Reset(orphanReapInterval)
-	})
-	return r
+	return &reaper{waiters: map[int]chan unix.WaitStatus{}, unclaimed: map[int]unclaimedExit{}}
 }
 
 func (r *reaper) reap() {

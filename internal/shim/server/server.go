@@ -46,7 +46,8 @@ type Server struct {
 	done    chan struct{}
 
 	trim      *time.Timer // returns freed heap to the kernel once things settle
-	trimmedAt uint64      // MemStats.TotalAlloc at the last trim
+	trimMu    sync.Mutex
+	trimmedAt uint64 // MemStats.TotalAlloc at the last trim
 }
 
 // container is one container the shim holds.
@@ -103,6 +104,13 @@ func (s *Server) Listen() error {
 
 // Serve answers connections until the pod has no containers left.
 func (s *Server) Serve() {
+	var t *time.Timer
+	t = time.AfterFunc(housekeepingInterval, func() {
+		s.reaper.reap()
+		s.trimNow()
+		t.Reset(housekeepingInterval)
+	})
+	defer t.Stop()
 	go func() {
 		for {
 			conn, err := accept(s.ln)
@@ -162,10 +170,18 @@ func (s *Server) serveConn(conn *os.File) {
 const trimDelay = 500 * time.Millisecond
 
 // trimMinGarbage is how much must have been allocated since the last trim
-// for another to be worth it. Every GC cycle hands out fresh 64 KiB mark
-// bit arenas and clears recycled ones in full, so each cycle up to the
-// fourth or so makes another 64 KiB resident: collect only real garbage.
-const trimMinGarbage = 64 << 10
+// for another to be worth it. A shim's first GC cycle alone makes ~0.3 MiB
+// of runtime metadata resident for good (span set blocks for every size
+// class in use, mark bit arenas: decision 0303), more than a pod's worth of
+// garbage, so the shim collects only once real garbage piled up: a pod
+// with a few containers never pays for a GC, a pod whose containers keep
+// restarting is bounded at ~this much garbage.
+const trimMinGarbage = 256 << 10
+
+// housekeepingInterval is how often the shim reaps orphans (children it
+// never started, reparented to it) and checks whether garbage from
+// attach streams or waits calls for a trim.
+const housekeepingInterval = 10 * time.Second
 
 func (s *Server) scheduleTrim() {
 	s.mu.Lock()
@@ -178,6 +194,8 @@ func (s *Server) scheduleTrim() {
 }
 
 func (s *Server) trimNow() {
+	s.trimMu.Lock()
+	defer s.trimMu.Unlock()
 	var m runtime.MemStats
 	runtime.ReadMemStats(&m)
 	if m.TotalAlloc-s.trimmedAt >= trimMinGarbage {
