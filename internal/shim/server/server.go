@@ -47,7 +47,8 @@ type Server struct {
 
 	trim      *time.Timer // returns freed heap to the kernel once things settle
 	trimMu    sync.Mutex
-	trimmedAt uint64 // bytes allocated (ever) at the last trim
+	trimmedAt uint64            // bytes allocated (ever) at the last trim
+	allocs    [1]metrics.Sample // reused: reading it allocates nothing
 }
 
 // container is one container the shim holds.
@@ -111,21 +112,21 @@ func (s *Server) Serve() {
 		t.Reset(housekeepingInterval)
 	})
 	defer t.Stop()
-	go func() {
-		for {
-			conn, err := accept(s.ln)
-			if err != nil {
-				if errors.Is(err, os.ErrClosed) {
-					return
-				}
-				// Out of fds or memory: back off rather than spin.
-				s.logf("accept: %v", err)
-				time.Sleep(100 * time.Millisecond)
-				continue
+	// Accept here rather than in a goroutine of its own: one stack less.
+	for {
+		conn, err := accept(s.ln)
+		if err != nil {
+			if s.isClosing() {
+				break
 			}
-			go s.serveConn(conn)
+			// Out of fds or memory: back off rather than spin.
+			s.logf("accept: %v", err)
+			time.Sleep(100 * time.Millisecond)
+			continue
 		}
-	}()
+		go s.serveConn(conn)
+	}
+	// exitIfEmpty closed the listener; the last response is on its way.
 	<-s.done
 }
 
@@ -201,7 +202,8 @@ func (s *Server) scheduleTrim() {
 func (s *Server) trimNow() {
 	s.trimMu.Lock()
 	defer s.trimMu.Unlock()
-	allocs := []metrics.Sample{{Name: "/gc/heap/allocs:bytes"}}
+	allocs := s.allocs[:]
+	allocs[0].Name = "/gc/heap/allocs:bytes"
 	metrics.Read(allocs)
 	if n := allocs[0].Value.Uint64(); n-s.trimmedAt >= trimMinGarbage {
 		debug.FreeOSMemory()
@@ -305,22 +307,32 @@ func (s *Server) wait(conn *os.File, req *request) bool {
 	if err != nil {
 		return writeResponse(conn, errResponse(err)) == nil
 	}
+	rc, err := conn.SyscallConn()
+	if err != nil {
+		return false
+	}
+	// Nothing may arrive while waiting: data or EOF means the client gave
+	// up. The probe peeks without blocking and allocates nothing, so an
+	// idle shim makes no garbage however long its containers run.
+	var probe [1]byte
+	gone := false
+	peek := func(fd uintptr) bool {
+		// Data (n > 0), EOF (n == 0) and errors other than "nothing
+		// yet" all mean the client is gone.
+		_, _, errno := unix.Syscall6(unix.SYS_RECVFROM, fd, uintptr(unsafe.Pointer(&probe[0])), 1, unix.MSG_PEEK|unix.MSG_DONTWAIT, 0, 0)
+		gone = errno != unix.EAGAIN && errno != unix.EINTR
+		return true
+	}
 	t := time.NewTimer(waitPoll)
 	defer t.Stop()
-	var probe [1]byte
 	for {
 		select {
 		case <-c.exited:
 			return writeResponse(conn, &response{state: c.state()}) == nil
 		case <-t.C:
-			// Nothing may arrive while waiting: data or EOF means the
-			// client gave up.
-			_ = conn.SetReadDeadline(time.Now().Add(time.Millisecond))
-			_, err := conn.Read(probe[:])
-			if err == nil || !errors.Is(err, os.ErrDeadlineExceeded) {
+			if rc.Read(peek) != nil || gone {
 				return false
 			}
-			_ = conn.SetReadDeadline(time.Time{})
 			t.Reset(waitPoll)
 		}
 	}
@@ -345,6 +357,12 @@ func (s *Server) exitIfEmpty() bool {
 	}
 	s.ln.Close()
 	return true
+}
+
+func (s *Server) isClosing() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.closing
 }
 
 func (s *Server) get(id string) (*container, error) {
