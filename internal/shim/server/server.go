@@ -513,7 +513,10 @@ func (s *Server) create(req *request) (retErr error) {
 		res := <-consoleCh
 		if res.err != nil {
 			_ = c.rt.delete(req.id, true)
-			s.reaper.wait(exitCh, pidfd)
+			if pidfd != nil {
+				// The reaper still collects the init's exit.
+				pidfd.Close()
+			}
 			return fmt.Errorf("receive console of %s: %w", req.id, res.err)
 		}
 		c.console = res.f
