@@ -53,7 +53,7 @@ func (s *Store) Exec(ctx context.Context, id string, o ExecOptions) (int, error)
 	e.mu.Lock()
 	s.refresh(e)
 	rec := e.rec.clone()
-	e.mu.Unlock()
+	e.unlock()
 	if rec.State != StateRunning {
 		return -1, fmt.Errorf("container %s is %s, not running: %w", rec.ID, rec.State, errdefs.ErrFailedPrecondition)
 	}

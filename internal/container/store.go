@@ -15,6 +15,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -79,6 +80,22 @@ type podShimLock struct {
 type entry struct {
 	mu  sync.Mutex
 	rec *Container
+	// snap is a copy of rec taken at every unlock. List reads it without
+	// taking mu, so a StopContainer waiting out a grace period under mu
+	// never stalls the kubelet's ListContainers relist.
+	snap atomic.Pointer[Container]
+}
+
+func newEntry(rec *Container) *entry {
+	e := &entry{rec: rec}
+	e.snap.Store(rec.clone())
+	return e
+}
+
+// unlock publishes the record as it is now and releases mu.
+func (e *entry) unlock() {
+	e.snap.Store(e.rec.clone())
+	e.mu.Unlock()
 }
 
 // Open loads the records under opts.Dir and reconciles them with the shims
@@ -133,8 +150,16 @@ type CreateParams struct {
 	AcquireVolume func(ctx context.Context, ref, owner string) (*AcquiredImage, error)
 	// BuildSpec makes the OCI spec once the rootfs and the image volumes
 	// are mounted; volumes maps each image volume's container path to the
-	// host path to bind there.
-	BuildSpec func(id, rootfs string, volumes map[string]string) (*specs.Spec, error)
+	// host path to bind there, idmapped each CRI mount with ID mappings to
+	// its idmapped copy.
+	BuildSpec func(id, rootfs string, volumes, idmapped map[string]string) (*specs.Spec, error)
+	// UserNS is the pod's own user namespace; nil for the host's.
+	UserNS *UserNS
+	// Adjust, if set, sees the finished spec before the OCI runtime
+	// creates the container and may edit it (NRI); c is the record to be.
+	// An error fails Create. The container is not visible to Get or List
+	// yet.
+	Adjust func(ctx context.Context, c *Container, spec *specs.Spec) error
 }
 
 // imageVolume is one image volume mounted for a container.
@@ -221,6 +246,7 @@ func (s *Store) Create(ctx context.Context, p CreateParams) (_ *Container, retEr
 	s.names[key] = id
 	s.mu.Unlock()
 	log := s.log.With("pod", p.PodID, "container", id, "name", name)
+	began := time.Now()
 
 	var undo []func()
 	defer func() {
@@ -252,7 +278,26 @@ func (s *Store) Create(ctx context.Context, p CreateParams) (_ *Container, retEr
 		}
 	})
 
-	rootfs, err := mountRootfs(dir, img.LowerDirs)
+	var nsFD int
+	if p.UserNS != nil {
+		ns, err := os.Open(p.UserNS.Path)
+		if err != nil {
+			return nil, fmt.Errorf("open the pod's user namespace: %w", err)
+		}
+		defer ns.Close()
+		nsFD = int(ns.Fd())
+		undo = append(undo, func() {
+			if err := unmountIDMounts(dir); err != nil {
+				log.Warn("unmount idmapped mounts after failed create", "err", err)
+			}
+		})
+	}
+	var rootfs string
+	if p.UserNS != nil {
+		rootfs, err = mountRootfsIDMapped(dir, img.LowerDirs, nsFD, p.UserNS.Mapping)
+	} else {
+		rootfs, err = mountRootfs(dir, img.LowerDirs)
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -273,7 +318,13 @@ func (s *Store) Create(ctx context.Context, p CreateParams) (_ *Container, retEr
 		volumes[v.mount.ContainerPath] = v.source
 	}
 
-	spec, err := p.BuildSpec(id, rootfs, volumes)
+	var idmapped map[string]string
+	if p.UserNS != nil {
+		if idmapped, err = mountIDMapped(dir, cfg.GetMounts(), nsFD, p.UserNS.Mapping); err != nil {
+			return nil, err
+		}
+	}
+	spec, err := p.BuildSpec(id, rootfs, volumes, idmapped)
 	if err != nil {
 		return nil, err
 	}
@@ -287,6 +338,18 @@ func (s *Store) Create(ctx context.Context, p CreateParams) (_ *Container, retEr
 		}
 	}
 	spec.Root.Readonly = cfg.GetLinux().GetSecurityContext().GetReadonlyRootfs()
+	createdAt := time.Now().UTC()
+	if p.Adjust != nil {
+		pending := &Container{
+			ID: id, PodID: p.PodID, Name: name, Attempt: attempt,
+			Image: cfg.GetImage().GetImage(), ImageID: img.ID, ImageName: img.Name, ImageRef: img.Ref,
+			Labels: cfg.GetLabels(), Annotations: cfg.GetAnnotations(), Runtime: p.Runtime,
+			State: StateCreated, CreatedAt: createdAt,
+		}
+		if err := p.Adjust(ctx, pending, spec); err != nil {
+			return nil, err
+		}
+	}
 	data, err := json.Marshal(spec)
 	if err != nil {
 		return nil, fmt.Errorf("encode spec: %w", err)
@@ -302,7 +365,7 @@ func (s *Store) Create(ctx context.Context, p CreateParams) (_ *Container, retEr
 		LogPath: p.LogPath, Runtime: p.Runtime, StopSignal: img.StopSignal,
 		Resources: cfg.GetLinux().GetResources(),
 		Terminal:  cfg.GetTty(), Stdin: cfg.GetStdin(), StdinOnce: cfg.GetStdinOnce(),
-		State: StateCreated, CreatedAt: time.Now().UTC(),
+		State: StateCreated, CreatedAt: createdAt,
 	}
 	for _, v := range vols {
 		rec.VolumeOwners = append(rec.VolumeOwners, v.owner)
@@ -332,10 +395,12 @@ func (s *Store) Create(ctx context.Context, p CreateParams) (_ *Container, retEr
 		}
 	}
 
+	prepared := time.Now()
 	client, err := s.ensureShim(ctx, p.PodID)
 	if err != nil {
 		return nil, err
 	}
+	shimReady := time.Now()
 	s.opts.Faults.Hit(fault.ContainerAfterShimStart, "pod", p.PodID, "container", id)
 	cr := &shim.CreateRequest{
 		Bundle: dir, LogPath: p.LogPath,
@@ -352,6 +417,7 @@ func (s *Store) Create(ctx context.Context, p CreateParams) (_ *Container, retEr
 	if err != nil {
 		return nil, fmt.Errorf("create container %s: %w", id, err)
 	}
+	runtimeCreated := time.Now()
 	s.opts.Faults.Hit(fault.ContainerAfterRuncCreate, "pod", p.PodID, "container", id)
 	undo = append(undo, func() {
 		if _, err := client.Delete(context.WithoutCancel(ctx), id); err != nil && !errors.Is(err, errdefs.ErrNotFound) && !errors.Is(err, shim.ErrNoShim) {
@@ -365,13 +431,16 @@ func (s *Store) Create(ctx context.Context, p CreateParams) (_ *Container, retEr
 		return nil, err
 	}
 	s.opts.Faults.Hit(fault.ContainerAfterRecordWrite, "pod", p.PodID, "container", id)
-	e := &entry{rec: rec}
+	e := newEntry(rec)
 	s.emit(EventCreated, rec)
 	s.mu.Lock()
 	s.ctrs[id] = e
 	s.mu.Unlock()
 	go s.watch(e)
-	log.Info("container created")
+	// Where the time went: rootfs and spec, reaching (or starting) the
+	// pod's shim, and the OCI runtime's create.
+	log.Info("container created", "took", time.Since(began),
+		"prepare", prepared.Sub(began), "shim", shimReady.Sub(prepared), "runtime_create", runtimeCreated.Sub(shimReady))
 	return rec.clone(), nil
 }
 
@@ -463,10 +532,10 @@ func (s *Store) refresh(e *entry) {
 func (s *Store) watch(e *entry) {
 	e.mu.Lock()
 	id, pod := e.rec.ID, e.rec.PodID
-	e.mu.Unlock()
+	e.unlock()
 	st, err := s.shimClient(pod).Wait(context.Background(), id)
 	e.mu.Lock()
-	defer e.mu.Unlock()
+	defer e.unlock()
 	s.mu.Lock()
 	current := s.ctrs[id] == e
 	s.mu.Unlock()
@@ -512,14 +581,18 @@ func (s *Store) setExited(e *entry, ex *shim.Exit) {
 	s.emit(EventStopped, r)
 }
 
-// Get returns a copy of the container's current record.
+// Get returns a copy of the container's current record. While another
+// operation holds the container (a stop waiting out its grace period), it
+// returns the record as that operation found it rather than wait.
 func (s *Store) Get(id string) (*Container, error) {
 	e, err := s.entry(id)
 	if err != nil {
 		return nil, err
 	}
-	e.mu.Lock()
-	defer e.mu.Unlock()
+	if !e.mu.TryLock() {
+		return e.snap.Load().clone(), nil
+	}
+	defer e.unlock()
 	s.refresh(e)
 	return e.rec.clone(), nil
 }
@@ -538,9 +611,7 @@ func (s *Store) List() []*Container {
 	// Get (ContainerStatus) still folds in a persisted exit directly.
 	out := make([]*Container, 0, len(entries))
 	for _, e := range entries {
-		e.mu.Lock()
-		out = append(out, e.rec.clone())
-		e.mu.Unlock()
+		out = append(out, e.snap.Load().clone())
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].CreatedAt.Before(out[j].CreatedAt) })
 	return out
@@ -553,7 +624,7 @@ func (s *Store) Start(ctx context.Context, id string) (*Container, error) {
 		return nil, err
 	}
 	e.mu.Lock()
-	defer e.mu.Unlock()
+	defer e.unlock()
 	s.refresh(e)
 	r := e.rec
 	if r.State != StateCreated {
@@ -609,7 +680,7 @@ func (s *Store) Stop(ctx context.Context, id string, timeout time.Duration) erro
 		return err
 	}
 	e.mu.Lock()
-	defer e.mu.Unlock()
+	defer e.unlock()
 	return s.stopLocked(ctx, e, timeout)
 }
 
@@ -678,7 +749,7 @@ func (s *Store) Remove(ctx context.Context, id string) error {
 		return err
 	}
 	e.mu.Lock()
-	defer e.mu.Unlock()
+	defer e.unlock()
 	r := e.rec
 	st, err := s.shimClient(r.PodID).Delete(ctx, r.ID)
 	switch {
@@ -700,6 +771,9 @@ func (s *Store) Remove(ctx context.Context, id string) error {
 	s.opts.Faults.Hit(fault.ContainerMidRemove, "pod", r.PodID, "container", r.ID)
 	dir := s.dir(r.ID)
 	if err := unmountImageVolumes(dir); err != nil {
+		return fmt.Errorf("remove container %s: %w", r.ID, err)
+	}
+	if err := unmountIDMounts(dir); err != nil {
 		return fmt.Errorf("remove container %s: %w", r.ID, err)
 	}
 	if err := unmountRootfs(dir); err != nil {
@@ -760,7 +834,7 @@ func (s *Store) UpdateResources(ctx context.Context, id string, res *specs.Linux
 		return err
 	}
 	e.mu.Lock()
-	defer e.mu.Unlock()
+	defer e.unlock()
 	s.refresh(e)
 	r := e.rec
 	if r.State == StateExited {
@@ -785,7 +859,7 @@ func (s *Store) ReopenLog(ctx context.Context, id string) error {
 		return err
 	}
 	e.mu.Lock()
-	defer e.mu.Unlock()
+	defer e.unlock()
 	s.refresh(e)
 	if e.rec.State != StateRunning {
 		return fmt.Errorf("container %s is %s, not running: %w", e.rec.ID, e.rec.State, errdefs.ErrFailedPrecondition)
@@ -818,10 +892,15 @@ func (s *Store) recover(ctx context.Context) error {
 			if s.opts.Layers != nil {
 				_ = s.opts.Layers.Release(d.Name())
 			}
+			if err := unmountIDMounts(dir); err != nil {
+				// Never remove through an attached copy of a host path.
+				s.log.Warn("container dir keeps idmapped mounts; not removed", "dir", dir, "err", err)
+				continue
+			}
 			_ = os.RemoveAll(dir)
 			continue
 		}
-		e := &entry{rec: rec}
+		e := newEntry(rec)
 		s.ctrs[rec.ID] = e
 		s.names[nameKey(rec.PodID, rec.Name, rec.Attempt)] = rec.ID
 		s.refresh(e)

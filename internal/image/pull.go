@@ -79,6 +79,7 @@ func (s *Store) Pull(ctx context.Context, ref string, auth *Auth) (*Image, error
 				s.log.Warn("clean up after failed pull", "image", n.String(), "error", gcErr)
 			}
 			s.mu.Unlock()
+			s.emptyTrash()
 		}
 		return img, err
 	})

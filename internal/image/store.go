@@ -153,10 +153,12 @@ func Open(opts Options) (*Store, error) {
 			s.pinned = append(s.pinned, p)
 		}
 	}
-	if err := os.RemoveAll(s.path("ingest")); err != nil {
-		return nil, fmt.Errorf("clean image ingest dir: %w", err)
+	for _, d := range []string{"ingest", "trash"} {
+		if err := os.RemoveAll(s.path(d)); err != nil {
+			return nil, fmt.Errorf("clean image %s dir: %w", d, err)
+		}
 	}
-	for _, d := range []string{"blobs/sha256", "records", "layers", "leases", "ingest"} {
+	for _, d := range []string{"blobs/sha256", "records", "layers", "leases", "ingest", "trash"} {
 		if err := os.MkdirAll(s.path(d), 0o700); err != nil {
 			return nil, fmt.Errorf("create image store dir: %w", err)
 		}
@@ -183,6 +185,7 @@ func Open(opts Options) (*Store, error) {
 		// Keeping garbage is safe; refusing to start is not useful.
 		log.Warn("image store cleanup at start failed", "error", err)
 	}
+	s.emptyTrash()
 	return s, nil
 }
 
@@ -395,6 +398,7 @@ func (s *Store) ConfigJSON(id string) ([]byte, error) {
 // frees the layers no other image or container uses. A missing image is not
 // an error (RemoveImage is idempotent).
 func (s *Store) Remove(ref string) error {
+	defer s.emptyTrash()
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	rec, err := s.lookup(ref)
@@ -459,6 +463,7 @@ func (s *Store) Release(owner string) error {
 	if err := validOwner(owner); err != nil {
 		return err
 	}
+	defer s.emptyTrash()
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if err := os.Remove(s.path("leases", owner+".json")); err != nil {
@@ -489,7 +494,10 @@ func (s *Store) Owners() ([]string, error) {
 }
 
 // gc removes blobs and layers that no record, lease or running pull refers
-// to. Caller holds s.mu (or is Open).
+// to. Caller holds s.mu (or is Open). Unused layers are only renamed into
+// trash/ here, which is quick; the caller deletes them with emptyTrash after
+// releasing s.mu, so that pulls, lookups and container creates never wait
+// behind the deletion of a large layer tree.
 func (s *Store) gc() error {
 	s.gen++
 	keepBlobs := map[string]bool{}
@@ -548,7 +556,8 @@ func (s *Store) gc() error {
 	for _, e := range layers {
 		if !keepLayers[e.Name()] {
 			s.log.Debug("freeing layer", "chainID", e.Name())
-			if err := os.RemoveAll(s.path("layers", e.Name())); err != nil {
+			trashed := s.path("trash", fmt.Sprintf("%s.%d", e.Name(), s.gen))
+			if err := os.Rename(s.path("layers", e.Name()), trashed); err != nil && !os.IsNotExist(err) {
 				errs = append(errs, err)
 			}
 		}
@@ -557,6 +566,21 @@ func (s *Store) gc() error {
 		return fmt.Errorf("collect unused image content: %w", err)
 	}
 	return nil
+}
+
+// emptyTrash deletes the layer trees gc moved to trash/. It runs without
+// s.mu; what it leaves (a crash midway) Open deletes.
+func (s *Store) emptyTrash() {
+	es, err := os.ReadDir(s.path("trash"))
+	if err != nil {
+		s.log.Warn("read image trash", "error", err)
+		return
+	}
+	for _, e := range es {
+		if err := os.RemoveAll(s.path("trash", e.Name())); err != nil {
+			s.log.Warn("delete unused layer", "path", e.Name(), "error", err)
+		}
+	}
 }
 
 // Usage is what the store occupies on disk.
@@ -597,6 +621,9 @@ func (s *Store) walkUsage() (Usage, error) {
 				return nil
 			}
 			return err
+		}
+		if d.IsDir() && p == s.path("trash") {
+			return filepath.SkipDir // being deleted
 		}
 		fi, err := d.Info()
 		if err != nil {

@@ -118,6 +118,21 @@ func TestAcquireKeepsLayersUntilReleaseAcrossReopen(t *testing.T) {
 			t.Fatalf("layer %s not freed after release: %v", l, err)
 		}
 	}
+	// Freed layers go through trash/ and are deleted outside the lock.
+	if es, err := os.ReadDir(filepath.Join(dir, "trash")); err != nil || len(es) != 0 {
+		t.Fatalf("trash after release: %v %v", es, err)
+	}
+	// What a crash left in trash/ is deleted when the store opens.
+	leftover := filepath.Join(dir, "trash", "abc.7", "bin")
+	if err := os.MkdirAll(leftover, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if s, err = Open(Options{Root: dir}); err != nil {
+		t.Fatal(err)
+	}
+	if es, err := os.ReadDir(filepath.Join(dir, "trash")); err != nil || len(es) != 0 {
+		t.Fatalf("trash after reopen: %v %v", es, err)
+	}
 	if _, _, err := s.Acquire(ctx, ref, "ctr2"); !errdefs.IsNotFound(err) {
 		t.Fatalf("acquire of a removed image: %v", err)
 	}

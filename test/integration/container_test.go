@@ -338,7 +338,27 @@ func TestContainerStopGracePeriodThenKill(t *testing.T) {
 	id := e.run(e.config("stubborn", "sh", "-c", "trap 'echo got TERM' TERM; while true; do sleep 0.1; done"))
 	time.Sleep(500 * time.Millisecond)
 	start := time.Now()
-	if _, err := e.d.Runtime.StopContainer(ctx, &criapi.StopContainerRequest{ContainerId: id, Timeout: 2}); err != nil {
+	stopped := make(chan error, 1)
+	go func() {
+		_, err := e.d.Runtime.StopContainer(ctx, &criapi.StopContainerRequest{ContainerId: id, Timeout: 2})
+		stopped <- err
+	}()
+	// While the stop waits out the grace period, list and status answer
+	// (the kubelet relists every second) instead of queueing behind it.
+	time.Sleep(300 * time.Millisecond)
+	list, err := e.d.Runtime.ListContainers(ctx, &criapi.ListContainersRequest{Filter: &criapi.ContainerFilter{Id: id}})
+	if err != nil || len(list.Containers) != 1 {
+		t.Fatalf("list during stop: %v %v", list, err)
+	}
+	if _, err := e.d.Runtime.ContainerStatus(ctx, &criapi.ContainerStatusRequest{ContainerId: id}); err != nil {
+		t.Fatalf("status during stop: %v", err)
+	}
+	select {
+	case err := <-stopped:
+		t.Fatalf("stop ended (%v) before the grace period did: list/status waited for it", err)
+	default:
+	}
+	if err := <-stopped; err != nil {
 		t.Fatal(err)
 	}
 	took := time.Since(start)
@@ -361,7 +381,7 @@ func TestContainerStopGracePeriodThenKill(t *testing.T) {
 	// Stopping the pod stops its containers; removing it removes them.
 	other := e.run(e.config("other", "sleep", "1000"))
 	stopRemove(t, e.d, e.pod)
-	_, err := e.d.Runtime.ContainerStatus(ctx, &criapi.ContainerStatusRequest{ContainerId: other})
+	_, err = e.d.Runtime.ContainerStatus(ctx, &criapi.ContainerStatusRequest{ContainerId: other})
 	wantCode(t, err, codes.NotFound)
 	if pids := berthdtest.PidsMentioning(filepath.Join(e.d.State, "shims")); len(pids) != 0 {
 		t.Fatalf("shim processes left: %v", pids)
