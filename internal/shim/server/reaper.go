@@ -81,7 +81,21 @@ func (r *reaper) watchLocked(pid int) (<-chan unix.WaitStatus, *os.File, error) 
 		return c, nil, nil
 	}
 	fd, err := unix.PidfdOpen(pid, unix.PIDFD_NONBLOCK)
-	if err != nil {
+	if err == unix.EINVAL {
+		// Before Linux 5.10 there is no PIDFD_NONBLOCK; the flag only
+		// matters to os.NewFile, which puts non-blocking fds in the poller.
+		if fd, err = unix.PidfdOpen(pid, 0); err == nil {
+			if err = unix.SetNonblock(fd, true); err != nil {
+				unix.Close(fd)
+			}
+		}
+	}
+	switch {
+	case err == unix.ENOSYS:
+		// Before Linux 5.3: wait polls the exit (see wait).
+		r.waiters[pid] = c
+		return c, nil, nil
+	case err != nil:
 		return nil, nil, fmt.Errorf("watch pid %d: %w", pid, os.NewSyscallError("pidfd_open", err))
 	}
 	r.waiters[pid] = c
@@ -89,7 +103,8 @@ func (r *reaper) watchLocked(pid int) (<-chan unix.WaitStatus, *os.File, error) 
 }
 
 // wait blocks until pid (watched with watchLocked) exits and returns its
-// status. It parks in the poller, not in a blocking syscall.
+// status. It parks in the poller, not in a blocking syscall; without a
+// pidfd (kernels before 5.3) it polls every 100 ms.
 func (r *reaper) wait(c <-chan unix.WaitStatus, pidfd *os.File) unix.WaitStatus {
 	if pidfd != nil {
 		defer pidfd.Close()
@@ -107,7 +122,8 @@ func (r *reaper) wait(c <-chan unix.WaitStatus, pidfd *os.File) unix.WaitStatus 
 		case ws := <-c:
 			return ws
 		case <-time.After(100 * time.Millisecond):
-			// Readable pidfd, but wait4 raced with the exit's delivery.
+			// No pidfd, or a readable one whose exit another reap is
+			// delivering right now.
 		}
 	}
 }
