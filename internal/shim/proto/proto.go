@@ -1,8 +1,8 @@
 // Package proto holds what berth-shim and its client (package shim) must
 // agree on: operation names, error kinds, statuses, attach frames and file
-// paths. It imports only io, os and strconv so that the shim binary, which
-// builds on it, links no networking or encoding packages (see decision
-// 0303: every package's init and data cost each pod's shim memory).
+// paths. It imports nothing heavy (no net, no encoding/json) because the
+// shim binary builds on it (decision 0303: every package's init and data
+// cost each pod's shim memory).
 package proto
 
 import (
