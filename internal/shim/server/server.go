@@ -63,6 +63,10 @@ type container struct {
 	exited chan struct{} // closed once exit is set and persisted
 	exit   *exitRecord
 
+	waitMu   sync.Mutex
+	waiters  []*waiter // parked waits, answered once exited
+	answered bool      // waiters were answered: later waits answer at once
+
 	ioMu    sync.Mutex
 	stdin   *os.File // write end of the container's stdin, nil when none
 	console *os.File // pty master for a terminal container
@@ -108,6 +112,7 @@ func (s *Server) Serve() {
 	var t *time.Timer
 	t = time.AfterFunc(housekeepingInterval, func() {
 		s.reaper.reap()
+		s.dropGoneWaiters()
 		s.trimNow()
 		t.Reset(housekeepingInterval)
 	})
@@ -131,7 +136,12 @@ func (s *Server) Serve() {
 }
 
 func (s *Server) serveConn(conn *os.File) {
-	defer conn.Close()
+	parked := false // a wait holds the connection now
+	defer func() {
+		if !parked {
+			conn.Close()
+		}
+	}()
 	for {
 		body, err := readMessage(conn)
 		if err != nil {
@@ -147,7 +157,7 @@ func (s *Server) serveConn(conn *os.File) {
 			return
 		}
 		if req.op == proto.OpWait {
-			if !s.wait(conn, req) {
+			if parked, err = s.wait(conn, req); parked || err != nil {
 				return
 			}
 			continue
@@ -180,9 +190,9 @@ const trimDelay = 500 * time.Millisecond
 const trimMinGarbage = 256 << 10
 
 // housekeepingInterval is how often the shim reaps orphans (children it
-// never started, reparented to it) and checks whether garbage from
-// attach streams or waits calls for a trim.
-const housekeepingInterval = 10 * time.Second
+// never started, reparented to it), drops waits whose clients went away
+// and checks whether garbage (from attach streams) calls for a trim.
+const housekeepingInterval = 5 * time.Second
 
 func (s *Server) scheduleTrim() {
 	s.mu.Lock()
@@ -297,44 +307,94 @@ func (s *Server) handle(req *request) (*response, bool) {
 	return &response{state: c.state()}, false
 }
 
-// waitPoll is how often a waiting connection is checked for a client that
-// went away (berthd restarted), so waits do not pile up in the shim.
-const waitPoll = 5 * time.Second
+// waiter is a connection waiting for a container's exit. No goroutine
+// holds it (each would keep a stack for as long as the container runs):
+// waitExit answers it, and the housekeeping drops it once its client went
+// away (a killed berthd's), so waits do not pile up in the shim.
+type waiter struct {
+	conn  *os.File
+	rc    syscall.RawConn
+	probe [1]byte
+	gone  bool
+	peek  func(fd uintptr) bool
+}
 
-// wait answers once the container exits; false means the client is gone.
-func (s *Server) wait(conn *os.File, req *request) bool {
-	c, err := s.get(req.id)
-	if err != nil {
-		return writeResponse(conn, errResponse(err)) == nil
-	}
+func newWaiter(conn *os.File) (*waiter, error) {
 	rc, err := conn.SyscallConn()
 	if err != nil {
-		return false
+		return nil, err
 	}
-	// Nothing may arrive while waiting: data or EOF means the client gave
-	// up. The probe peeks without blocking and allocates nothing, so an
-	// idle shim makes no garbage however long its containers run.
-	var probe [1]byte
-	gone := false
-	peek := func(fd uintptr) bool {
-		// Data (n > 0), EOF (n == 0) and errors other than "nothing
-		// yet" all mean the client is gone.
-		_, _, errno := unix.Syscall6(unix.SYS_RECVFROM, fd, uintptr(unsafe.Pointer(&probe[0])), 1, unix.MSG_PEEK|unix.MSG_DONTWAIT, 0, 0)
-		gone = errno != unix.EAGAIN && errno != unix.EINTR
+	w := &waiter{conn: conn, rc: rc}
+	w.peek = func(fd uintptr) bool {
+		// Nothing may arrive while waiting: data (n > 0), EOF (n == 0)
+		// and errors other than "nothing yet" all mean the client gave
+		// up. Peeking allocates nothing, so an idle shim makes no garbage.
+		_, _, errno := unix.Syscall6(unix.SYS_RECVFROM, fd, uintptr(unsafe.Pointer(&w.probe[0])), 1, unix.MSG_PEEK|unix.MSG_DONTWAIT, 0, 0)
+		w.gone = errno != unix.EAGAIN && errno != unix.EINTR
 		return true
 	}
-	t := time.NewTimer(waitPoll)
-	defer t.Stop()
-	for {
-		select {
-		case <-c.exited:
-			return writeResponse(conn, &response{state: c.state()}) == nil
-		case <-t.C:
-			if rc.Read(peek) != nil || gone {
-				return false
-			}
-			t.Reset(waitPoll)
+	return w, nil
+}
+
+func (w *waiter) clientGone() bool { return w.rc.Read(w.peek) != nil || w.gone }
+
+// wait answers at once when the container has exited, or parks conn on
+// it (parked: the container now owns conn).
+func (s *Server) wait(conn *os.File, req *request) (parked bool, err error) {
+	c, err := s.get(req.id)
+	if err != nil {
+		return false, writeResponse(conn, errResponse(err))
+	}
+	w, err := newWaiter(conn)
+	if err != nil {
+		return false, err
+	}
+	c.waitMu.Lock()
+	if !c.answered {
+		c.waiters = append(c.waiters, w)
+		c.waitMu.Unlock()
+		return true, nil
+	}
+	c.waitMu.Unlock()
+	return false, writeResponse(conn, &response{state: c.state()})
+}
+
+// answerWaiters tells every parked wait of c that it exited and serves
+// their connections on.
+func (s *Server) answerWaiters(c *container) {
+	c.waitMu.Lock()
+	ws := c.waiters
+	c.waiters, c.answered = nil, true
+	c.waitMu.Unlock()
+	for _, w := range ws {
+		// A stuck client must not hold up the others.
+		_ = w.conn.SetWriteDeadline(time.Now().Add(5 * time.Second))
+		if writeResponse(w.conn, &response{state: c.state()}) != nil {
+			w.conn.Close()
+			continue
 		}
+		_ = w.conn.SetWriteDeadline(time.Time{})
+		go s.serveConn(w.conn)
+	}
+}
+
+// dropGoneWaiters closes the parked waits whose clients went away.
+func (s *Server) dropGoneWaiters() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, c := range s.ctrs {
+		c.waitMu.Lock()
+		kept := c.waiters[:0]
+		for _, w := range c.waiters {
+			if w.clientGone() {
+				w.conn.Close()
+				continue
+			}
+			kept = append(kept, w)
+		}
+		clear(c.waiters[len(kept):])
+		c.waiters = kept
+		c.waitMu.Unlock()
 	}
 }
 
@@ -625,6 +685,7 @@ func (s *Server) waitExit(c *container, exitCh <-chan unix.WaitStatus, pidfd *os
 	}
 	c.exit = e
 	close(c.exited)
+	s.answerWaiters(c)
 	c.attachMu.Lock()
 	for a := range c.attaches {
 		a.conn.Close()
