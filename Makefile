@@ -45,7 +45,8 @@ test: test-deps lint build
 # crash found here lands in the package's testdata/fuzz as a regression test.
 fuzz:
 	$(GO) test -run '^$$' -fuzz '^FuzzBuild$$' -fuzztime $(FUZZTIME) ./internal/specgen/
-	$(GO) test -run '^$$' -fuzz '^FuzzLineSplitter$$' -fuzztime $(FUZZTIME) ./internal/shim/
+	$(GO) test -run '^$$' -fuzz '^FuzzLineSplitter$$' -fuzztime $(FUZZTIME) ./internal/shim/server/
+	$(GO) test -run '^$$' -fuzz '^FuzzDecodeRequest$$' -fuzztime $(FUZZTIME) ./internal/shim/server/
 
 bench: build
 	hack/install-deps.sh bench

@@ -11,13 +11,12 @@ import (
 	"os/signal"
 	"path/filepath"
 	"runtime"
-	"runtime/debug"
 	"syscall"
 	"time"
 
 	"golang.org/x/sys/unix"
 
-	"github.com/berthcri/berth/internal/shim"
+	"github.com/berthcri/berth/internal/shim/server"
 )
 
 func main() {
@@ -28,10 +27,13 @@ func main() {
 		fmt.Fprintln(os.Stderr, "berth-shim: --dir is required")
 		os.Exit(2)
 	}
-	// Lean by design: one P, a tight heap target.
+	// Lean by design: one P. The GC keeps its default pace; the server
+	// collects and returns memory itself once garbage piles up (see
+	// server.trimMinGarbage). No memory limit: the limit counts the
+	// runtime's own mapped metadata (several MiB here, mostly never
+	// touched), so any limit small enough to matter keeps the GC running
+	// non-stop.
 	runtime.GOMAXPROCS(1)
-	debug.SetGCPercent(25)
-	debug.SetMemoryLimit(4 << 20)
 
 	// Container inits reparent to us when the runtime's create exits.
 	if err := unix.Prctl(unix.PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0); err != nil {
@@ -53,7 +55,7 @@ func main() {
 	logf := func(format string, args ...any) {
 		fmt.Fprintf(logFile, "%s pod=%s %s\n", time.Now().UTC().Format(time.RFC3339Nano), *pod, fmt.Sprintf(format, args...))
 	}
-	srv := shim.NewServer(*dir, logf)
+	srv := server.NewServer(*dir, logf)
 	if err := srv.Listen(); err != nil {
 		logf("%v", err)
 		os.Exit(1)

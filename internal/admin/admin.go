@@ -20,7 +20,7 @@ import (
 	"google.golang.org/protobuf/types/known/structpb"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
-	"github.com/berthcri/berth/internal/errdefs"
+	"github.com/berthcri/berth/internal/errdefs/errgrpc"
 	"github.com/berthcri/berth/internal/image"
 )
 
@@ -171,7 +171,7 @@ func toAnySlice(ss []string) []any {
 	return out
 }
 
-func toStatus(err error) error { return errdefs.ToGRPC(err) }
+func toStatus(err error) error { return errgrpc.ToGRPC(err) }
 
 // ImportImage streams an image archive to the daemon and returns the
 // images it stored.

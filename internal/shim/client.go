@@ -234,6 +234,10 @@ func Launch(ctx context.Context, binary, dir, podID string) (*Client, error) {
 	cmd := exec.Command(binary, "--dir", dir, "--pod", podID)
 	cmd.ExtraFiles = []*os.File{w}
 	cmd.Env = []string{"GOMAXPROCS=1", "GOTRACEBACK=single", "PATH=" + os.Getenv("PATH")}
+	// A debugging aid: the shim logs its memory stats after each trim.
+	if v := os.Getenv("BERTH_SHIM_MEMSTATS"); v != "" {
+		cmd.Env = append(cmd.Env, "BERTH_SHIM_MEMSTATS="+v)
+	}
 	cmd.Dir = "/"
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
 	if err := cmd.Start(); err != nil {

@@ -1,6 +1,8 @@
-// Package shim is berth-shim's protocol, its server (the shim process: one
-// per pod, holding its containers' stdio, writing CRI logs, reaping exits)
-// and the client berthd uses to talk to it.
+// Package shim is berth-shim's protocol and the client berthd uses to talk
+// to it. The shim process itself (one per pod, holding its containers'
+// stdio, writing CRI logs, reaping exits) is package shim/server, which
+// speaks the same JSON with a small hand-written codec so the shim links no
+// encoding/json, net or os/exec.
 //
 // Protocol: a unix socket at <state>/shims/<pod-id>/shim.sock. Each message
 // is a 4-byte big-endian length and a JSON body; a connection carries any
@@ -16,54 +18,43 @@ import (
 	"io"
 	"net"
 	"os"
-	"path/filepath"
-	"strconv"
 	"syscall"
 	"time"
+
+	"github.com/berthcri/berth/internal/shim/proto"
 )
 
-// Operations.
+// Operations, error kinds, statuses and frames: see package proto.
 const (
-	OpCreate    = "create"
-	OpStart     = "start"
-	OpKill      = "kill"
-	OpState     = "state"
-	OpWait      = "wait"
-	OpDelete    = "delete"
-	OpReopenLog = "reopen-log"
-	OpAttach    = "attach"
-	OpPing      = "ping"
-	// OpShutdown asks a shim that holds no container to exit (berthd's
-	// recovery uses it for a shim launched just before a crash).
-	OpShutdown = "shutdown"
-)
+	OpCreate    = proto.OpCreate
+	OpStart     = proto.OpStart
+	OpKill      = proto.OpKill
+	OpState     = proto.OpState
+	OpWait      = proto.OpWait
+	OpDelete    = proto.OpDelete
+	OpReopenLog = proto.OpReopenLog
+	OpAttach    = proto.OpAttach
+	OpPing      = proto.OpPing
+	OpShutdown  = proto.OpShutdown
 
-// Error kinds in Response.Kind, mapped back to errdefs by the client.
-const (
-	KindNotFound           = "not_found"
-	KindFailedPrecondition = "failed_precondition"
-	KindUnavailable        = "unavailable"
-	KindInvalidArgument    = "invalid_argument"
-)
+	KindNotFound           = proto.KindNotFound
+	KindFailedPrecondition = proto.KindFailedPrecondition
+	KindUnavailable        = proto.KindUnavailable
+	KindInvalidArgument    = proto.KindInvalidArgument
 
-// Container states the shim reports.
-const (
-	StatusCreated = "created"
-	StatusRunning = "running"
-	StatusExited  = "exited"
-)
+	StatusCreated = proto.StatusCreated
+	StatusRunning = proto.StatusRunning
+	StatusExited  = proto.StatusExited
 
-// Attach frame kinds.
-const (
-	FrameStdin      byte = 0
-	FrameStdout     byte = 1
-	FrameStderr     byte = 2
-	FrameResize     byte = 3 // payload: width, height as two big-endian uint16
-	FrameCloseStdin byte = 4
+	FrameStdin      = proto.FrameStdin
+	FrameStdout     = proto.FrameStdout
+	FrameStderr     = proto.FrameStderr
+	FrameResize     = proto.FrameResize
+	FrameCloseStdin = proto.FrameCloseStdin
 )
 
 // maxMessage bounds one JSON message; requests are small.
-const maxMessage = 1 << 20
+const maxMessage = proto.MaxMessage
 
 // Runtime names the OCI runtime a container runs with.
 type Runtime struct {
@@ -107,9 +98,6 @@ type Exit struct {
 	// Unknown is set by berthd, never the shim, for an exit nobody saw.
 	Unknown string `json:"-"`
 }
-
-// exitVersion is the version of the Exit file format.
-const exitVersion = 1
 
 // State is a container as the shim sees it.
 type State struct {
@@ -158,39 +146,17 @@ func readMessage(r io.Reader, v any) error {
 
 // WriteFrame writes one attach frame.
 func WriteFrame(w io.Writer, kind byte, payload []byte) error {
-	buf := make([]byte, 5+len(payload))
-	buf[0] = kind
-	binary.BigEndian.PutUint32(buf[1:], uint32(len(payload)))
-	copy(buf[5:], payload)
-	_, err := w.Write(buf)
-	return err
+	return proto.WriteFrame(w, kind, payload)
 }
 
 // ReadFrame reads one attach frame into buf (grown when too small).
-func ReadFrame(r io.Reader, buf []byte) (byte, []byte, error) {
-	var hdr [5]byte
-	if _, err := io.ReadFull(r, hdr[:]); err != nil {
-		return 0, nil, err
-	}
-	n := binary.BigEndian.Uint32(hdr[1:])
-	if n > maxMessage {
-		return 0, nil, fmt.Errorf("frame of %d bytes exceeds %d", n, maxMessage)
-	}
-	if int(n) > cap(buf) {
-		buf = make([]byte, n)
-	}
-	buf = buf[:n]
-	if _, err := io.ReadFull(r, buf); err != nil {
-		return 0, nil, err
-	}
-	return hdr[0], buf, nil
-}
+func ReadFrame(r io.Reader, buf []byte) (byte, []byte, error) { return proto.ReadFrame(r, buf) }
 
 // SocketPath is the shim's socket in its directory.
-func SocketPath(dir string) string { return filepath.Join(dir, "shim.sock") }
+func SocketPath(dir string) string { return proto.SocketPath(dir) }
 
 // ExitPath is where the shim persists a container's exit.
-func ExitPath(dir, id string) string { return filepath.Join(dir, "exits", id+".json") }
+func ExitPath(dir, id string) string { return proto.ExitPath(dir, id) }
 
 // ReadExit reads a persisted exit; ok is false when there is none.
 func ReadExit(dir, id string) (*Exit, bool, error) {
@@ -208,44 +174,10 @@ func ReadExit(dir, id string) (*Exit, bool, error) {
 	return &e, true, nil
 }
 
-// maxSunPath is the usable length of a unix socket path.
-const maxSunPath = 107
-
-// withShortPath calls fn with a path to the same file short enough for a
-// unix socket address: when path is too long it goes through
-// /proc/self/fd/<dirfd>/<name>, which the kernel resolves like the original.
-func withShortPath(path string, fn func(string) error) error {
-	if len(path) <= maxSunPath {
-		return fn(path)
-	}
-	dir, err := os.Open(filepath.Dir(path))
-	if err != nil {
-		return err
-	}
-	defer dir.Close()
-	return fn("/proc/self/fd/" + strconv.Itoa(int(dir.Fd())) + "/" + filepath.Base(path))
-}
-
-// listenUnix listens on path, however long.
-func listenUnix(path string) (*net.UnixListener, error) {
-	var ln *net.UnixListener
-	err := withShortPath(path, func(p string) error {
-		l, err := net.ListenUnix("unix", &net.UnixAddr{Name: p, Net: "unix"})
-		ln = l
-		return err
-	})
-	if err != nil {
-		return nil, err
-	}
-	// The short name is not the file's: never let Close unlink it.
-	ln.SetUnlinkOnClose(false)
-	return ln, nil
-}
-
 // dialUnix connects to path, however long.
 func dialUnix(path string) (*net.UnixConn, error) {
 	var c *net.UnixConn
-	err := withShortPath(path, func(p string) error {
+	err := proto.WithShortPath(path, func(p string) error {
 		conn, err := net.DialUnix("unix", nil, &net.UnixAddr{Name: p, Net: "unix"})
 		c = conn
 		return err

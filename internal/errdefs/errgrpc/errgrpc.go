@@ -1,4 +1,7 @@
-package errdefs
+// Package errgrpc maps errdefs kinds to gRPC status codes. It is apart from
+// errdefs so that berth-shim, which uses errdefs, links no gRPC or protobuf
+// (their package init and data cost every pod's shim memory).
+package errgrpc
 
 import (
 	"context"
@@ -6,6 +9,8 @@ import (
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+
+	"github.com/berthcri/berth/internal/errdefs"
 )
 
 // ToGRPC maps an error to a gRPC status error: the one place error kinds
@@ -24,21 +29,21 @@ func ToGRPC(err error) error {
 // Code is the gRPC code for err's kind; Unknown when it has none.
 func Code(err error) codes.Code {
 	switch {
-	case errors.Is(err, ErrNotFound):
+	case errors.Is(err, errdefs.ErrNotFound):
 		return codes.NotFound
-	case errors.Is(err, ErrAlreadyExists):
+	case errors.Is(err, errdefs.ErrAlreadyExists):
 		return codes.AlreadyExists
-	case errors.Is(err, ErrInvalidArgument):
+	case errors.Is(err, errdefs.ErrInvalidArgument):
 		return codes.InvalidArgument
-	case errors.Is(err, ErrFailedPrecondition):
+	case errors.Is(err, errdefs.ErrFailedPrecondition):
 		return codes.FailedPrecondition
-	case errors.Is(err, ErrUnavailable):
+	case errors.Is(err, errdefs.ErrUnavailable):
 		return codes.Unavailable
-	case errors.Is(err, ErrUnauthenticated):
+	case errors.Is(err, errdefs.ErrUnauthenticated):
 		return codes.Unauthenticated
-	case errors.Is(err, ErrResourceExhausted):
+	case errors.Is(err, errdefs.ErrResourceExhausted):
 		return codes.ResourceExhausted
-	case errors.Is(err, ErrDeadlineExceeded), errors.Is(err, context.DeadlineExceeded):
+	case errors.Is(err, errdefs.ErrDeadlineExceeded), errors.Is(err, context.DeadlineExceeded):
 		return codes.DeadlineExceeded
 	case errors.Is(err, context.Canceled):
 		return codes.Canceled

@@ -1,28 +1,32 @@
-package shim
+// Package server is berth-shim: the process, one per pod, that creates the
+// pod's containers through the OCI runtime, holds their stdio, writes their
+// CRI logs, reaps them and persists their exits. It speaks the protocol of
+// package shim (decision 0300) and is built to stay small (decision 0303):
+// no encoding/json, net, os/exec or os/signal, no thread parked in the
+// kernel, nothing allocated per log line.
+package server
 
 import (
-	"bufio"
-	"context"
 	"encoding/binary"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"os"
 	"path/filepath"
 	"runtime/debug"
+	"runtime/metrics"
 	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
 	"time"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
 
 	"github.com/berthcri/berth/internal/errdefs"
-	"github.com/berthcri/berth/internal/oci"
+	"github.com/berthcri/berth/internal/shim/proto"
 )
 
 // drainTimeout bounds how long an exit waits for the container's output
@@ -37,24 +41,31 @@ type Server struct {
 
 	mu      sync.Mutex
 	ctrs    map[string]*container
-	ln      *net.UnixListener
+	ln      *os.File
 	closing bool
 	done    chan struct{}
 
-	trim *time.Timer // returns freed heap to the kernel once things settle
+	trim      *time.Timer // returns freed heap to the kernel once things settle
+	trimMu    sync.Mutex
+	trimmedAt uint64            // bytes allocated (ever) at the last trim
+	allocs    [1]metrics.Sample // reused: reading it allocates nothing
 }
 
 // container is one container the shim holds.
 type container struct {
 	id        string
-	rt        *oci.Runtime
+	rt        *ociRuntime
 	bundle    string
 	pid       int
 	started   atomic.Bool
 	stdinOnce bool
 
 	exited chan struct{} // closed once exit is set and persisted
-	exit   *Exit
+	exit   *exitRecord
+
+	waitMu   sync.Mutex
+	waiters  []*waiter // parked waits, answered once exited
+	answered bool      // waiters were answered: later waits answer at once
 
 	ioMu    sync.Mutex
 	stdin   *os.File // write end of the container's stdin, nil when none
@@ -72,7 +83,7 @@ type container struct {
 }
 
 type attachment struct {
-	conn           net.Conn
+	conn           *os.File
 	stdout, stderr bool
 	wmu            sync.Mutex
 }
@@ -87,10 +98,10 @@ func (s *Server) Listen() error {
 	if err := os.MkdirAll(filepath.Join(s.dir, "exits"), 0o700); err != nil {
 		return fmt.Errorf("create shim dir: %w", err)
 	}
-	_ = os.Remove(SocketPath(s.dir))
-	ln, err := listenUnix(SocketPath(s.dir))
+	_ = os.Remove(proto.SocketPath(s.dir))
+	ln, err := listenUnix(proto.SocketPath(s.dir))
 	if err != nil {
-		return fmt.Errorf("listen on %s: %w", SocketPath(s.dir), err)
+		return fmt.Errorf("listen on %s: %w", proto.SocketPath(s.dir), err)
 	}
 	s.ln = ln
 	return nil
@@ -98,37 +109,61 @@ func (s *Server) Listen() error {
 
 // Serve answers connections until the pod has no containers left.
 func (s *Server) Serve() {
-	go func() {
-		for {
-			conn, err := s.ln.Accept()
-			if err != nil {
-				return
+	var t *time.Timer
+	t = time.AfterFunc(housekeepingInterval, func() {
+		s.reaper.reap()
+		s.dropGoneWaiters()
+		s.trimNow()
+		t.Reset(housekeepingInterval)
+	})
+	defer t.Stop()
+	// Accept here rather than in a goroutine of its own: one stack less.
+	for {
+		conn, err := accept(s.ln)
+		if err != nil {
+			if s.isClosing() {
+				break
 			}
-			go s.serveConn(conn)
+			// Out of fds or memory: back off rather than spin.
+			s.logf("accept: %v", err)
+			time.Sleep(100 * time.Millisecond)
+			continue
 		}
-	}()
+		go s.serveConn(conn)
+	}
+	// exitIfEmpty closed the listener; the last response is on its way.
 	<-s.done
 }
 
-func (s *Server) serveConn(conn net.Conn) {
-	defer conn.Close()
+func (s *Server) serveConn(conn *os.File) {
+	parked := false // a wait holds the connection now
+	defer func() {
+		if !parked {
+			conn.Close()
+		}
+	}()
 	for {
-		var req Request
-		if err := readMessage(conn, &req); err != nil {
+		body, err := readMessage(conn)
+		if err != nil {
 			return
 		}
-		if req.Op == OpAttach {
-			s.attach(conn, &req)
+		req, err := decodeRequest(body)
+		if err != nil {
+			_ = writeResponse(conn, errResponse(fmt.Errorf("%v: %w", err, errdefs.ErrInvalidArgument)))
 			return
 		}
-		if req.Op == OpWait {
-			if !s.wait(conn, &req) {
+		if req.op == proto.OpAttach {
+			s.attach(conn, req)
+			return
+		}
+		if req.op == proto.OpWait {
+			if parked, err = s.wait(conn, req); parked || err != nil {
 				return
 			}
 			continue
 		}
-		resp, exit := s.handle(&req)
-		if err := writeMessage(conn, resp); err != nil {
+		resp, exit := s.handle(req)
+		if err := writeResponse(conn, resp); err != nil {
 			return
 		}
 		s.scheduleTrim()
@@ -145,111 +180,221 @@ func (s *Server) serveConn(conn net.Conn) {
 // per pod), and a burst of requests should not pay for a GC each.
 const trimDelay = 500 * time.Millisecond
 
+// trimMinGarbage is how much must have been allocated since the last trim
+// for another to be worth it. A shim's first GC cycle alone makes ~0.3 MiB
+// of runtime metadata resident for good (span set blocks for every size
+// class in use, mark bit arenas: decision 0303), more than a pod's worth of
+// garbage, so the shim collects only once real garbage piled up: a pod
+// with a few containers never pays for a GC, a pod whose containers keep
+// restarting is bounded at ~this much garbage.
+const trimMinGarbage = 256 << 10
+
+// housekeepingInterval is how often the shim reaps orphans (children it
+// never started, reparented to it), drops waits whose clients went away
+// and checks whether garbage (from attach streams) calls for a trim.
+const housekeepingInterval = 5 * time.Second
+
 func (s *Server) scheduleTrim() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.trim == nil {
-		s.trim = time.AfterFunc(trimDelay, debug.FreeOSMemory)
+		s.trim = time.AfterFunc(trimDelay, s.trimNow)
 		return
 	}
 	s.trim.Reset(trimDelay)
 }
 
-func errResponse(err error) *Response {
-	r := &Response{Error: err.Error()}
+// trimNow collects and returns free memory when enough garbage piled up.
+// It reads the allocation counter through runtime/metrics, never
+// runtime.ReadMemStats: that flushes every cached span into the central
+// span sets, which allocates their blocks for each size class in use
+// (~0.3 MiB that stay resident), the very cost a GC has.
+func (s *Server) trimNow() {
+	s.trimMu.Lock()
+	defer s.trimMu.Unlock()
+	allocs := s.allocs[:]
+	allocs[0].Name = "/gc/heap/allocs:bytes"
+	metrics.Read(allocs)
+	if n := allocs[0].Value.Uint64(); n-s.trimmedAt >= trimMinGarbage {
+		debug.FreeOSMemory()
+		metrics.Read(allocs)
+		s.trimmedAt = allocs[0].Value.Uint64()
+	}
+	if os.Getenv("BERTH_SHIM_MEMSTATS") == "" {
+		return
+	}
+	// A debugging aid for the memory budget (decision 0303).
+	names := []string{"/gc/heap/allocs:bytes", "/memory/classes/heap/objects:bytes", "/memory/classes/heap/stacks:bytes",
+		"/memory/classes/metadata/other:bytes", "/memory/classes/total:bytes", "/gc/cycles/total:gc-cycles", "/sched/goroutines:goroutines"}
+	samples := make([]metrics.Sample, len(names))
+	for i, n := range names {
+		samples[i].Name = n
+	}
+	metrics.Read(samples)
+	var b strings.Builder
+	b.WriteString("memstats")
+	for _, sm := range samples {
+		if sm.Value.Kind() == metrics.KindUint64 {
+			b.WriteString(" " + sm.Name + "=" + strconv.FormatUint(sm.Value.Uint64(), 10))
+		}
+	}
+	task, _ := os.ReadDir("/proc/self/task")
+	s.logf("%s threads=%d", b.String(), len(task))
+}
+
+func errResponse(err error) *response {
+	r := &response{err: err.Error()}
 	switch {
 	case errors.Is(err, errdefs.ErrNotFound):
-		r.Kind = KindNotFound
+		r.kind = proto.KindNotFound
 	case errors.Is(err, errdefs.ErrFailedPrecondition):
-		r.Kind = KindFailedPrecondition
+		r.kind = proto.KindFailedPrecondition
 	case errors.Is(err, errdefs.ErrUnavailable):
-		r.Kind = KindUnavailable
+		r.kind = proto.KindUnavailable
 	case errors.Is(err, errdefs.ErrInvalidArgument):
-		r.Kind = KindInvalidArgument
+		r.kind = proto.KindInvalidArgument
 	}
 	return r
 }
 
 // handle runs one request; exit is true when the shim should now exit.
-func (s *Server) handle(req *Request) (*Response, bool) {
-	if req.Op == OpPing {
+func (s *Server) handle(req *request) (*response, bool) {
+	if req.op == proto.OpPing {
 		s.mu.Lock()
 		defer s.mu.Unlock()
 		ids := make([]string, 0, len(s.ctrs))
 		for id := range s.ctrs {
 			ids = append(ids, id)
 		}
-		return &Response{IDs: ids}, false
+		return &response{ids: ids}, false
 	}
-	if req.Op == OpShutdown {
+	if req.op == proto.OpShutdown {
 		if !s.exitIfEmpty() {
 			return errResponse(fmt.Errorf("shim holds containers: %w", errdefs.ErrFailedPrecondition)), false
 		}
-		return &Response{}, true
+		return &response{}, true
 	}
-	if req.Op == OpCreate {
+	if req.op == proto.OpCreate {
 		err := s.create(req)
 		if err != nil {
 			return errResponse(err), s.exitIfEmpty()
 		}
-		return &Response{}, false
+		return &response{}, false
 	}
-	c, err := s.get(req.ID)
+	c, err := s.get(req.id)
 	if err != nil {
 		return errResponse(err), false
 	}
-	ctx := context.Background()
-	switch req.Op {
-	case OpStart:
-		err = s.start(ctx, c)
-	case OpKill:
-		err = s.kill(ctx, c, syscall.Signal(req.Signal), req.All)
-	case OpState:
-		return &Response{State: c.state()}, false
-	case OpReopenLog:
+	switch req.op {
+	case proto.OpStart:
+		err = s.start(c)
+	case proto.OpKill:
+		err = s.kill(c, syscall.Signal(req.signal), req.all)
+	case proto.OpState:
+		return &response{state: c.state()}, false
+	case proto.OpReopenLog:
 		err = c.reopenLog()
-	case OpDelete:
-		if err = s.delete(ctx, c); err == nil {
-			return &Response{State: c.state()}, s.exitIfEmpty()
+	case proto.OpDelete:
+		if err = s.delete(c); err == nil {
+			return &response{state: c.state()}, s.exitIfEmpty()
 		}
 	default:
-		err = fmt.Errorf("unknown op %q: %w", req.Op, errdefs.ErrInvalidArgument)
+		err = fmt.Errorf("unknown op %q: %w", req.op, errdefs.ErrInvalidArgument)
 	}
 	if err != nil {
 		return errResponse(err), false
 	}
-	return &Response{State: c.state()}, false
+	return &response{state: c.state()}, false
 }
 
-// waitPoll is how often a waiting connection is checked for a client that
-// went away (berthd restarted), so waits do not pile up in the shim.
-const waitPoll = 5 * time.Second
+// waiter is a connection waiting for a container's exit. No goroutine
+// holds it (each would keep a stack for as long as the container runs):
+// waitExit answers it, and the housekeeping drops it once its client went
+// away (a killed berthd's), so waits do not pile up in the shim.
+type waiter struct {
+	conn  *os.File
+	rc    syscall.RawConn
+	probe [1]byte
+	gone  bool
+	peek  func(fd uintptr) bool
+}
 
-// wait answers once the container exits; false means the client is gone.
-func (s *Server) wait(conn net.Conn, req *Request) bool {
-	c, err := s.get(req.ID)
+func newWaiter(conn *os.File) (*waiter, error) {
+	rc, err := conn.SyscallConn()
 	if err != nil {
-		return writeMessage(conn, errResponse(err)) == nil
+		return nil, err
 	}
-	t := time.NewTimer(waitPoll)
-	defer t.Stop()
-	var probe [1]byte
-	for {
-		select {
-		case <-c.exited:
-			return writeMessage(conn, &Response{State: c.state()}) == nil
-		case <-t.C:
-			// Nothing may arrive while waiting: data or EOF means the
-			// client gave up.
-			_ = conn.SetReadDeadline(time.Now().Add(time.Millisecond))
-			_, err := conn.Read(probe[:])
-			var ne net.Error
-			if err == nil || !errors.As(err, &ne) || !ne.Timeout() {
-				return false
-			}
-			_ = conn.SetReadDeadline(time.Time{})
-			t.Reset(waitPoll)
+	w := &waiter{conn: conn, rc: rc}
+	w.peek = func(fd uintptr) bool {
+		// Nothing may arrive while waiting: data (n > 0), EOF (n == 0)
+		// and errors other than "nothing yet" all mean the client gave
+		// up. Peeking allocates nothing, so an idle shim makes no garbage.
+		_, _, errno := unix.Syscall6(unix.SYS_RECVFROM, fd, uintptr(unsafe.Pointer(&w.probe[0])), 1, unix.MSG_PEEK|unix.MSG_DONTWAIT, 0, 0)
+		w.gone = errno != unix.EAGAIN && errno != unix.EINTR
+		return true
+	}
+	return w, nil
+}
+
+func (w *waiter) clientGone() bool { return w.rc.Read(w.peek) != nil || w.gone }
+
+// wait answers at once when the container has exited, or parks conn on
+// it (parked: the container now owns conn).
+func (s *Server) wait(conn *os.File, req *request) (parked bool, err error) {
+	c, err := s.get(req.id)
+	if err != nil {
+		return false, writeResponse(conn, errResponse(err))
+	}
+	w, err := newWaiter(conn)
+	if err != nil {
+		return false, err
+	}
+	c.waitMu.Lock()
+	if !c.answered {
+		c.waiters = append(c.waiters, w)
+		c.waitMu.Unlock()
+		return true, nil
+	}
+	c.waitMu.Unlock()
+	return false, writeResponse(conn, &response{state: c.state()})
+}
+
+// answerWaiters tells every parked wait of c that it exited and serves
+// their connections on.
+func (s *Server) answerWaiters(c *container) {
+	c.waitMu.Lock()
+	ws := c.waiters
+	c.waiters, c.answered = nil, true
+	c.waitMu.Unlock()
+	for _, w := range ws {
+		// A stuck client must not hold up the others.
+		_ = w.conn.SetWriteDeadline(time.Now().Add(5 * time.Second))
+		if writeResponse(w.conn, &response{state: c.state()}) != nil {
+			w.conn.Close()
+			continue
 		}
+		_ = w.conn.SetWriteDeadline(time.Time{})
+		go s.serveConn(w.conn)
+	}
+}
+
+// dropGoneWaiters closes the parked waits whose clients went away.
+func (s *Server) dropGoneWaiters() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, c := range s.ctrs {
+		c.waitMu.Lock()
+		kept := c.waiters[:0]
+		for _, w := range c.waiters {
+			if w.clientGone() {
+				w.conn.Close()
+				continue
+			}
+			kept = append(kept, w)
+		}
+		clear(c.waiters[len(kept):])
+		c.waiters = kept
+		c.waitMu.Unlock()
 	}
 }
 
@@ -274,6 +419,12 @@ func (s *Server) exitIfEmpty() bool {
 	return true
 }
 
+func (s *Server) isClosing() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.closing
+}
+
 func (s *Server) get(id string) (*container, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -284,22 +435,28 @@ func (s *Server) get(id string) (*container, error) {
 	return c, nil
 }
 
-func (c *container) state() *State {
-	st := &State{ID: c.id, Pid: c.pid, Status: StatusCreated}
+func (c *container) state() *state {
+	st := &state{id: c.id, pid: c.pid, status: proto.StatusCreated}
 	select {
 	case <-c.exited:
-		st.Status, st.Exit = StatusExited, c.exit
+		st.status, st.exit = proto.StatusExited, c.exit
 	default:
 		if c.started.Load() {
-			st.Status = StatusRunning
+			st.status = proto.StatusRunning
 		}
 	}
 	return st
 }
 
-func (s *Server) create(req *Request) (retErr error) {
-	cr := req.Create
-	if req.ID == "" || cr == nil || cr.Bundle == "" || cr.Runtime.Binary == "" {
+// output is one stream of a container the shim reads.
+type output struct {
+	r    *os.File
+	name string
+}
+
+func (s *Server) create(req *request) (retErr error) {
+	cr := req.create
+	if req.id == "" || cr == nil || cr.bundle == "" || cr.binary == "" {
 		return fmt.Errorf("create needs an id, a bundle and a runtime: %w", errdefs.ErrInvalidArgument)
 	}
 	s.mu.Lock()
@@ -307,26 +464,26 @@ func (s *Server) create(req *Request) (retErr error) {
 		s.mu.Unlock()
 		return fmt.Errorf("shim is exiting: %w", errdefs.ErrUnavailable)
 	}
-	if _, ok := s.ctrs[req.ID]; ok {
+	if _, ok := s.ctrs[req.id]; ok {
 		s.mu.Unlock()
-		return fmt.Errorf("container %s: %w", req.ID, errdefs.ErrAlreadyExists)
+		return fmt.Errorf("container %s: %w", req.id, errdefs.ErrAlreadyExists)
 	}
 	// Reserve the ID so the shim does not exit while the create runs.
 	c := &container{
-		id:        req.ID,
-		rt:        &oci.Runtime{Binary: cr.Runtime.Binary, Root: cr.Runtime.Root, Options: cr.Runtime.Options, Runner: s.reaper},
-		bundle:    cr.Bundle,
-		stdinOnce: cr.StdinOnce,
+		id:        req.id,
+		rt:        &ociRuntime{binary: cr.binary, root: cr.root, options: cr.options, reaper: s.reaper},
+		bundle:    cr.bundle,
+		stdinOnce: cr.stdinOnce,
 		exited:    make(chan struct{}),
-		logPath:   cr.LogPath,
+		logPath:   cr.logPath,
 		attaches:  map[*attachment]struct{}{},
 	}
-	s.ctrs[req.ID] = c
+	s.ctrs[req.id] = c
 	s.mu.Unlock()
 	defer func() {
 		if retErr != nil {
 			s.mu.Lock()
-			delete(s.ctrs, req.ID)
+			delete(s.ctrs, req.id)
 			s.mu.Unlock()
 			c.closeIO()
 		}
@@ -337,21 +494,18 @@ func (s *Server) create(req *Request) (retErr error) {
 			return err
 		}
 	}
-	opts := oci.CreateOpts{Bundle: cr.Bundle, PidFile: filepath.Join(cr.Bundle, "init.pid")}
+	opts := createOpts{bundle: cr.bundle, pidFile: filepath.Join(cr.bundle, "init.pid")}
 	var closeAfter []*os.File // the container's ends, closed once runc has them
 	defer func() {
 		for _, f := range closeAfter {
 			f.Close()
 		}
 	}()
-	var outputs []struct {
-		r    *os.File
-		name string
-	}
-	var consoleLn *net.UnixListener
+	var outputs []output
+	var consoleLn *os.File
 	var consoleCh chan consoleResult
-	if cr.Terminal {
-		sock := filepath.Join(s.dir, "console-"+shortID(req.ID)+".sock")
+	if cr.terminal {
+		sock := filepath.Join(s.dir, "console-"+shortID(req.id)+".sock")
 		_ = os.Remove(sock)
 		ln, err := listenUnix(sock)
 		if err != nil {
@@ -368,7 +522,7 @@ func (s *Server) create(req *Request) (retErr error) {
 			return fmt.Errorf("console socket: %w", err)
 		}
 		defer d.Close()
-		opts.ConsoleSocket = fmt.Sprintf("/proc/%d/fd/%d/%s", os.Getpid(), d.Fd(), filepath.Base(sock))
+		opts.consoleSocket = "/proc/" + strconv.Itoa(os.Getpid()) + "/fd/" + strconv.Itoa(int(d.Fd())) + "/" + filepath.Base(sock)
 	} else {
 		for _, name := range []string{"stdout", "stderr"} {
 			r, w, err := os.Pipe()
@@ -376,14 +530,11 @@ func (s *Server) create(req *Request) (retErr error) {
 				return fmt.Errorf("create %s pipe: %w", name, err)
 			}
 			closeAfter = append(closeAfter, w)
-			outputs = append(outputs, struct {
-				r    *os.File
-				name string
-			}{r, name})
+			outputs = append(outputs, output{r, name})
 			if name == "stdout" {
-				opts.Stdout = w
+				opts.stdout = w
 			} else {
-				opts.Stderr = w
+				opts.stderr = w
 			}
 		}
 		defer func() {
@@ -393,46 +544,51 @@ func (s *Server) create(req *Request) (retErr error) {
 				}
 			}
 		}()
-		if cr.Stdin {
+		if cr.stdin {
 			r, w, err := os.Pipe()
 			if err != nil {
 				return fmt.Errorf("create stdin pipe: %w", err)
 			}
 			closeAfter = append(closeAfter, r)
-			opts.Stdin = r
+			opts.stdin = r
 			c.stdin = w
 		}
 	}
-	if err := c.rt.Create(context.Background(), req.ID, opts); err != nil {
+	if err := c.rt.create(req.id, opts); err != nil {
 		return err
 	}
-	pid, err := readPidFile(opts.PidFile)
+	pid, err := readPidFile(opts.pidFile)
 	if err != nil {
-		_ = c.rt.Delete(context.Background(), req.ID, true)
+		_ = c.rt.delete(req.id, true)
 		return err
 	}
 	c.pid = pid
-	exitCh := s.reaper.wait(pid)
+	exitCh, pidfd, err := s.reaper.watch(pid)
+	if err != nil {
+		_ = c.rt.delete(req.id, true)
+		return err
+	}
 	if consoleLn != nil {
-		consoleLn.SetDeadline(time.Now().Add(10 * time.Second))
+		_ = consoleLn.SetDeadline(time.Now().Add(10 * time.Second))
 		res := <-consoleCh
 		if res.err != nil {
-			_ = c.rt.Delete(context.Background(), req.ID, true)
-			return fmt.Errorf("receive console of %s: %w", req.ID, res.err)
+			_ = c.rt.delete(req.id, true)
+			if pidfd != nil {
+				// The reaper still collects the init's exit.
+				pidfd.Close()
+			}
+			return fmt.Errorf("receive console of %s: %w", req.id, res.err)
 		}
 		c.console = res.f
 		c.stdin = nil
-		outputs = append(outputs, struct {
-			r    *os.File
-			name string
-		}{res.f, "stdout"})
+		outputs = append(outputs, output{res.f, "stdout"})
 	}
 	c.memCgroup = memoryCgroup(pid)
 	for _, o := range outputs {
 		c.streams.Add(1)
 		go c.copyOutput(o.r, o.name, o.r != c.console)
 	}
-	go s.waitExit(c, exitCh)
+	go s.waitExit(c, exitCh, pidfd)
 	return nil
 }
 
@@ -457,15 +613,13 @@ func readPidFile(path string) (int, error) {
 
 // memoryCgroup finds pid's v1 memory cgroup (or the v2 unified one).
 func memoryCgroup(pid int) string {
-	f, err := os.Open("/proc/" + strconv.Itoa(pid) + "/cgroup")
+	data, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/cgroup")
 	if err != nil {
 		return ""
 	}
-	defer f.Close()
-	sc := bufio.NewScanner(f)
 	unified := ""
-	for sc.Scan() {
-		parts := strings.SplitN(sc.Text(), ":", 3)
+	for _, line := range strings.Split(string(data), "\n") {
+		parts := strings.SplitN(line, ":", 3)
 		if len(parts) != 3 {
 			continue
 		}
@@ -502,33 +656,36 @@ func oomKills(dir string) int {
 	return 0
 }
 
-func (s *Server) waitExit(c *container, exitCh <-chan unix.WaitStatus) {
-	ws := <-exitCh
+func (s *Server) waitExit(c *container, exitCh <-chan unix.WaitStatus, pidfd *os.File) {
+	ws := s.reaper.wait(exitCh, pidfd)
 	at := time.Now().UTC()
-	e := &Exit{Version: exitVersion, ID: c.id, Pid: c.pid, At: at}
+	e := &exitRecord{id: c.id, pid: c.pid, at: at}
 	switch {
 	case ws.Exited():
-		e.Code = ws.ExitStatus()
+		e.code = ws.ExitStatus()
 	case ws.Signaled():
-		e.Signal = int(ws.Signal())
-		e.Code = 128 + e.Signal
+		e.signal = int(ws.Signal())
+		e.code = 128 + e.signal
 	}
 	// The cgroup outlives its processes until the runtime deletes it.
 	if oomKills(c.memCgroup) > 0 {
-		e.OOMKilled = true
+		e.oomKilled = true
 	}
 	drained := make(chan struct{})
 	go func() { c.streams.Wait(); close(drained) }()
+	t := time.NewTimer(drainTimeout)
 	select {
 	case <-drained:
-	case <-time.After(drainTimeout):
+	case <-t.C:
 		s.logf("container %s: output not drained after %s", c.id, drainTimeout)
 	}
+	t.Stop()
 	if err := writeExit(s.dir, e); err != nil {
 		s.logf("container %s: persist exit: %v", c.id, err)
 	}
 	c.exit = e
 	close(c.exited)
+	s.answerWaiters(c)
 	c.attachMu.Lock()
 	for a := range c.attaches {
 		a.conn.Close()
@@ -537,12 +694,9 @@ func (s *Server) waitExit(c *container, exitCh <-chan unix.WaitStatus) {
 }
 
 // writeExit persists e atomically: temp file, fsync, rename, fsync dir.
-func writeExit(dir string, e *Exit) error {
-	data, err := json.Marshal(e)
-	if err != nil {
-		return err
-	}
-	path := ExitPath(dir, e.ID)
+func writeExit(dir string, e *exitRecord) error {
+	data := appendExit(nil, e)
+	path := proto.ExitPath(dir, e.id)
 	tmp, err := os.CreateTemp(filepath.Dir(path), ".exit-")
 	if err != nil {
 		return err
@@ -569,7 +723,7 @@ func writeExit(dir string, e *Exit) error {
 	return nil
 }
 
-func (s *Server) start(ctx context.Context, c *container) error {
+func (s *Server) start(c *container) error {
 	select {
 	case <-c.exited:
 		return fmt.Errorf("container %s has exited: %w", c.id, errdefs.ErrFailedPrecondition)
@@ -578,14 +732,14 @@ func (s *Server) start(ctx context.Context, c *container) error {
 	if c.started.Load() {
 		return fmt.Errorf("container %s already started: %w", c.id, errdefs.ErrFailedPrecondition)
 	}
-	if err := c.rt.Start(ctx, c.id); err != nil {
+	if err := c.rt.start(c.id); err != nil {
 		return err
 	}
 	c.started.Store(true)
 	return nil
 }
 
-func (s *Server) kill(ctx context.Context, c *container, sig syscall.Signal, all bool) error {
+func (s *Server) kill(c *container, sig syscall.Signal, all bool) error {
 	select {
 	case <-c.exited:
 		return nil
@@ -594,13 +748,15 @@ func (s *Server) kill(ctx context.Context, c *container, sig syscall.Signal, all
 	if sig == 0 {
 		sig = syscall.SIGTERM
 	}
-	err := c.rt.Kill(ctx, c.id, sig, all)
+	err := c.rt.kill(c.id, sig, all)
 	if err != nil {
 		// It may have exited meanwhile: that is what was asked.
+		t := time.NewTimer(100 * time.Millisecond)
+		defer t.Stop()
 		select {
 		case <-c.exited:
 			return nil
-		case <-time.After(100 * time.Millisecond):
+		case <-t.C:
 		}
 		if errors.Is(err, errdefs.ErrNotFound) {
 			return nil
@@ -609,20 +765,22 @@ func (s *Server) kill(ctx context.Context, c *container, sig syscall.Signal, all
 	return err
 }
 
-func (s *Server) delete(ctx context.Context, c *container) error {
-	if err := c.rt.Delete(ctx, c.id, true); err != nil {
+func (s *Server) delete(c *container) error {
+	if err := c.rt.delete(c.id, true); err != nil {
 		return err
 	}
+	t := time.NewTimer(10 * time.Second)
+	defer t.Stop()
 	select {
 	case <-c.exited:
-	case <-time.After(10 * time.Second):
+	case <-t.C:
 		return fmt.Errorf("container %s did not exit after delete --force", c.id)
 	}
 	c.closeIO()
 	s.mu.Lock()
 	delete(s.ctrs, c.id)
 	s.mu.Unlock()
-	_ = os.Remove(ExitPath(s.dir, c.id))
+	_ = os.Remove(proto.ExitPath(s.dir, c.id))
 	return nil
 }
 
@@ -685,19 +843,16 @@ func (c *container) copyOutput(r *os.File, name string, closeAtEnd bool) {
 	if closeAtEnd {
 		defer r.Close()
 	}
-	frame := FrameStdout
+	frame := proto.FrameStdout
 	if name == "stderr" {
-		frame = FrameStderr
+		frame = proto.FrameStderr
 	}
 	lines := newLineSplitter(func(tag string, msg []byte) { c.writeLog(name, tag, msg) })
+	// Logged first (inside readOnce), then attached clients: whoever saw a
+	// line can rely on it being in the log.
+	fan := func(chunk []byte) { c.fanout(frame, chunk) }
 	for {
-		chunk, err := lines.readOnce(r)
-		if len(chunk) > 0 {
-			// Logged first (inside readOnce), then attached clients:
-			// whoever saw a line can rely on it being in the log.
-			c.fanout(frame, chunk)
-		}
-		if err != nil {
+		if err := lines.readOnce(r, fan); err != nil {
 			lines.Flush()
 			return
 		}
@@ -719,17 +874,17 @@ func newLineSplitter(emit func(tag string, msg []byte)) *lineSplitter {
 }
 
 // readOnce does one read from r into the buffer, emits the records it
-// completes and returns the bytes read (valid until the next call).
-func (l *lineSplitter) readOnce(r io.Reader) ([]byte, error) {
+// completes, then passes the bytes read to fan. Nothing is allocated: the
+// chunk is handed over before the buffer is compacted.
+func (l *lineSplitter) readOnce(r io.Reader, fan func([]byte)) error {
 	m, err := r.Read(l.buf[l.n:])
-	chunk := l.buf[l.n : l.n+m]
 	if m > 0 {
-		// Copy out before the buffer is compacted below.
-		out := append([]byte(nil), chunk...)
-		l.consume(m)
-		return out, err
+		from := l.n
+		done := l.consume(m)
+		fan(l.buf[from : from+m])
+		l.compact(done)
 	}
-	return nil, err
+	return err
 }
 
 // Write feeds p through the splitter (used by tests and the fuzz target).
@@ -738,13 +893,14 @@ func (l *lineSplitter) Write(p []byte) (int, error) {
 	for len(p) > 0 {
 		m := copy(l.buf[l.n:], p)
 		p = p[m:]
-		l.consume(m)
+		l.compact(l.consume(m))
 	}
 	return total, nil
 }
 
-// consume accounts for m new bytes at buf[n:] and emits what they complete.
-func (l *lineSplitter) consume(m int) {
+// consume accounts for m new bytes at buf[n:], emits the records they
+// complete and returns how many bytes at the buffer's start are done with.
+func (l *lineSplitter) consume(m int) int {
 	l.n += m
 	start := 0
 	for {
@@ -756,13 +912,18 @@ func (l *lineSplitter) consume(m int) {
 		l.partial = false
 		start += i + 1
 	}
-	copy(l.buf, l.buf[start:l.n])
-	l.n -= start
-	if l.n == len(l.buf) {
+	if start == 0 && l.n == len(l.buf) {
 		l.emit("P", l.buf[:l.n])
 		l.partial = true
-		l.n = 0
+		start = l.n
 	}
+	return start
+}
+
+// compact drops the first done bytes of the buffer.
+func (l *lineSplitter) compact(done int) {
+	copy(l.buf, l.buf[done:l.n])
+	l.n -= done
 }
 
 // Flush ends the stream: an unterminated last line becomes F, and a line
@@ -785,7 +946,8 @@ func indexNewline(b []byte) int {
 }
 
 // writeLog appends one record `<RFC3339Nano> <stream> <F|P> <msg>\n` with
-// a single writev, so records from stdout and stderr never interleave.
+// a single writev, so records from stdout and stderr never interleave. It
+// allocates nothing: the header and the iovecs live on the stack.
 func (c *container) writeLog(stream, tag string, msg []byte) {
 	var hdr [64]byte
 	h := time.Now().UTC().AppendFormat(hdr[:0], time.RFC3339Nano)
@@ -794,29 +956,38 @@ func (c *container) writeLog(stream, tag string, msg []byte) {
 	h = append(h, ' ')
 	h = append(h, tag...)
 	h = append(h, ' ')
+	nl := [1]byte{'\n'}
+	var iov [3]unix.Iovec
+	iov[0].Base = &h[0]
+	iov[0].SetLen(len(h))
+	n := 1
+	if len(msg) > 0 {
+		iov[n].Base = &msg[0]
+		iov[n].SetLen(len(msg))
+		n++
+	}
+	iov[n].Base = &nl[0]
+	iov[n].SetLen(1)
+	n++
 	c.logMu.Lock()
 	defer c.logMu.Unlock()
 	if c.logFile == nil {
 		return
 	}
-	iov := [][]byte{h, msg, {'\n'}}
-	if len(msg) == 0 {
-		iov = [][]byte{h, {'\n'}}
-	}
-	_, _ = unix.Writev(int(c.logFile.Fd()), iov)
+	_, _, _ = unix.Syscall(unix.SYS_WRITEV, c.logFile.Fd(), uintptr(unsafe.Pointer(&iov[0])), uintptr(n))
 }
 
 func (c *container) fanout(kind byte, data []byte) {
 	c.attachMu.Lock()
 	defer c.attachMu.Unlock()
 	for a := range c.attaches {
-		if (kind == FrameStdout && !a.stdout) || (kind == FrameStderr && !a.stderr) {
+		if (kind == proto.FrameStdout && !a.stdout) || (kind == proto.FrameStderr && !a.stderr) {
 			continue
 		}
 		a.wmu.Lock()
 		// A stuck client must not stall the log.
 		_ = a.conn.SetWriteDeadline(time.Now().Add(5 * time.Second))
-		err := WriteFrame(a.conn, kind, data)
+		err := proto.WriteFrame(a.conn, kind, data)
 		a.wmu.Unlock()
 		if err != nil {
 			a.conn.Close()
@@ -827,21 +998,21 @@ func (c *container) fanout(kind byte, data []byte) {
 
 // attach serves one attach connection: it answers the request, then relays
 // output frames to the client and its stdin/resize frames to the container.
-func (s *Server) attach(conn net.Conn, req *Request) {
-	c, err := s.get(req.ID)
+func (s *Server) attach(conn *os.File, req *request) {
+	c, err := s.get(req.id)
 	if err != nil {
-		_ = writeMessage(conn, errResponse(err))
+		_ = writeResponse(conn, errResponse(err))
 		return
 	}
 	select {
 	case <-c.exited:
-		_ = writeMessage(conn, errResponse(fmt.Errorf("container %s is not running: %w", c.id, errdefs.ErrFailedPrecondition)))
+		_ = writeResponse(conn, errResponse(fmt.Errorf("container %s is not running: %w", c.id, errdefs.ErrFailedPrecondition)))
 		return
 	default:
 	}
-	a := &attachment{conn: conn, stdout: req.Stdout, stderr: req.Stderr}
+	a := &attachment{conn: conn, stdout: req.stdout, stderr: req.stderr}
 	a.wmu.Lock()
-	err = writeMessage(conn, &Response{State: c.state()})
+	err = writeResponse(conn, &response{state: c.state()})
 	a.wmu.Unlock()
 	if err != nil {
 		return
@@ -853,28 +1024,28 @@ func (s *Server) attach(conn net.Conn, req *Request) {
 		c.attachMu.Lock()
 		delete(c.attaches, a)
 		c.attachMu.Unlock()
-		if req.Stdin && c.stdinOnce {
+		if req.stdin && c.stdinOnce {
 			c.closeStdin()
 		}
 	}()
 	buf := make([]byte, 0, 4096)
 	for {
-		kind, payload, err := ReadFrame(conn, buf)
+		kind, payload, err := proto.ReadFrame(conn, buf)
 		if err != nil {
 			return
 		}
 		switch kind {
-		case FrameStdin:
-			if req.Stdin {
+		case proto.FrameStdin:
+			if req.stdin {
 				c.writeStdin(payload)
 			}
-		case FrameCloseStdin:
+		case proto.FrameCloseStdin:
 			// The client's input ended: that ends the container's stdin
 			// only for stdin_once containers (as in containerd).
-			if req.Stdin && c.stdinOnce {
+			if req.stdin && c.stdinOnce {
 				c.closeStdin()
 			}
-		case FrameResize:
+		case proto.FrameResize:
 			if len(payload) == 4 {
 				c.resize(binary.BigEndian.Uint16(payload), binary.BigEndian.Uint16(payload[2:]))
 			}
@@ -908,7 +1079,13 @@ func (c *container) resize(width, height uint16) {
 	if c.console == nil {
 		return
 	}
-	_ = unix.IoctlSetWinsize(int(c.console.Fd()), unix.TIOCSWINSZ, &unix.Winsize{Col: width, Row: height})
+	rc, err := c.console.SyscallConn()
+	if err != nil {
+		return
+	}
+	_ = rc.Control(func(fd uintptr) {
+		_ = unix.IoctlSetWinsize(int(fd), unix.TIOCSWINSZ, &unix.Winsize{Col: width, Row: height})
+	})
 }
 
 type consoleResult struct {
@@ -916,27 +1093,24 @@ type consoleResult struct {
 	err error
 }
 
+var errBadConsole = errors.New("bad console message")
+
 // receiveConsole accepts the runtime's connection on the console socket and
-// takes the pty master it sends with SCM_RIGHTS.
-func receiveConsole(ln *net.UnixListener) consoleResult {
-	conn, err := ln.AcceptUnix()
+// takes the pty master it sends with SCM_RIGHTS. The master is made
+// non-blocking so its reads park in the poller rather than hold a thread.
+func receiveConsole(ln *os.File) consoleResult {
+	conn, err := accept(ln)
 	if err != nil {
 		return consoleResult{err: err}
 	}
 	defer conn.Close()
-	name := make([]byte, 256)
-	oob := make([]byte, unix.CmsgSpace(4))
-	_, oobn, _, _, err := conn.ReadMsgUnix(name, oob)
+	fd, err := recvFd(conn)
 	if err != nil {
 		return consoleResult{err: err}
 	}
-	msgs, err := unix.ParseSocketControlMessage(oob[:oobn])
-	if err != nil || len(msgs) != 1 {
-		return consoleResult{err: fmt.Errorf("bad console message: %v", err)}
+	if err := unix.SetNonblock(fd, true); err != nil {
+		unix.Close(fd)
+		return consoleResult{err: err}
 	}
-	fds, err := unix.ParseUnixRights(&msgs[0])
-	if err != nil || len(fds) != 1 {
-		return consoleResult{err: fmt.Errorf("bad console rights: %v", err)}
-	}
-	return consoleResult{f: os.NewFile(uintptr(fds[0]), "pty-master")}
+	return consoleResult{f: os.NewFile(uintptr(fd), "pty-master")}
 }

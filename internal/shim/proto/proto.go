@@ -1,0 +1,115 @@
+// Package proto holds what berth-shim and its client (package shim) must
+// agree on: operation names, error kinds, statuses, attach frames and file
+// paths. It imports nothing heavy (no net, no encoding/json) because the
+// shim binary builds on it (decision 0303: every package's init and data
+// cost each pod's shim memory).
+package proto
+
+import (
+	"encoding/binary"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strconv"
+)
+
+// Operations.
+const (
+	OpCreate    = "create"
+	OpStart     = "start"
+	OpKill      = "kill"
+	OpState     = "state"
+	OpWait      = "wait"
+	OpDelete    = "delete"
+	OpReopenLog = "reopen-log"
+	OpAttach    = "attach"
+	OpPing      = "ping"
+	// OpShutdown asks a shim that holds no container to exit (berthd's
+	// recovery uses it for a shim launched just before a crash).
+	OpShutdown = "shutdown"
+)
+
+// Error kinds in a response's "kind", mapped back to errdefs by the client.
+const (
+	KindNotFound           = "not_found"
+	KindFailedPrecondition = "failed_precondition"
+	KindUnavailable        = "unavailable"
+	KindInvalidArgument    = "invalid_argument"
+)
+
+// Container states the shim reports.
+const (
+	StatusCreated = "created"
+	StatusRunning = "running"
+	StatusExited  = "exited"
+)
+
+// Attach frame kinds.
+const (
+	FrameStdin      byte = 0
+	FrameStdout     byte = 1
+	FrameStderr     byte = 2
+	FrameResize     byte = 3 // payload: width, height as two big-endian uint16
+	FrameCloseStdin byte = 4
+)
+
+// MaxMessage bounds one JSON message and one frame; requests are small.
+const MaxMessage = 1 << 20
+
+// ExitVersion is the version of the exit file format.
+const ExitVersion = 1
+
+// SocketPath is the shim's socket in its directory.
+func SocketPath(dir string) string { return filepath.Join(dir, "shim.sock") }
+
+// ExitPath is where the shim persists a container's exit.
+func ExitPath(dir, id string) string { return filepath.Join(dir, "exits", id+".json") }
+
+// WriteFrame writes one attach frame.
+func WriteFrame(w io.Writer, kind byte, payload []byte) error {
+	buf := make([]byte, 5+len(payload))
+	buf[0] = kind
+	binary.BigEndian.PutUint32(buf[1:], uint32(len(payload)))
+	copy(buf[5:], payload)
+	_, err := w.Write(buf)
+	return err
+}
+
+// ReadFrame reads one attach frame into buf (grown when too small).
+func ReadFrame(r io.Reader, buf []byte) (byte, []byte, error) {
+	var hdr [5]byte
+	if _, err := io.ReadFull(r, hdr[:]); err != nil {
+		return 0, nil, err
+	}
+	n := binary.BigEndian.Uint32(hdr[1:])
+	if n > MaxMessage {
+		return 0, nil, fmt.Errorf("frame of %d bytes exceeds %d", n, MaxMessage)
+	}
+	if int(n) > cap(buf) {
+		buf = make([]byte, n)
+	}
+	buf = buf[:n]
+	if _, err := io.ReadFull(r, buf); err != nil {
+		return 0, nil, err
+	}
+	return hdr[0], buf, nil
+}
+
+// maxSunPath is the usable length of a unix socket path.
+const maxSunPath = 107
+
+// WithShortPath calls fn with a path to the same file short enough for a
+// unix socket address: when path is too long it goes through
+// /proc/self/fd/<dirfd>/<name>, which the kernel resolves like the original.
+func WithShortPath(path string, fn func(string) error) error {
+	if len(path) <= maxSunPath {
+		return fn(path)
+	}
+	dir, err := os.Open(filepath.Dir(path))
+	if err != nil {
+		return err
+	}
+	defer dir.Close()
+	return fn("/proc/self/fd/" + strconv.Itoa(int(dir.Fd())) + "/" + filepath.Base(path))
+}

@@ -1,0 +1,211 @@
+package server
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// reaper collects every child of the shim (a subreaper: container inits
+// reparent to it) and hands each exit status to whoever waits for that pid.
+// Nothing else in the shim may call wait, so the runtime CLI runs through
+// reaper.run instead of os/exec.
+//
+// It learns of exits from pidfds in the runtime's poller, not from SIGCHLD:
+// os/signal parks a thread in the kernel for good (two threads more, each
+// with its stacks, in every shim). Children nobody waits for (orphans
+// reparented to the shim, such as the leftovers of a host-PID container)
+// are reaped whenever a watched child exits and on the server's periodic
+// housekeeping.
+type reaper struct {
+	mu      sync.Mutex
+	waiters map[int]chan unix.WaitStatus
+	// unclaimed holds exits nobody waited for yet (a pid read from a pid
+	// file after its process died), pruned after a minute.
+	unclaimed map[int]unclaimedExit
+}
+
+type unclaimedExit struct {
+	status unix.WaitStatus
+	at     time.Time
+}
+
+func newReaper() *reaper {
+	return &reaper{waiters: map[int]chan unix.WaitStatus{}, unclaimed: map[int]unclaimedExit{}}
+}
+
+func (r *reaper) reap() {
+	for {
+		var ws unix.WaitStatus
+		pid, err := unix.Wait4(-1, &ws, unix.WNOHANG, nil)
+		if err == unix.EINTR {
+			continue
+		}
+		if pid <= 0 || err != nil {
+			return
+		}
+		r.mu.Lock()
+		if c, ok := r.waiters[pid]; ok {
+			delete(r.waiters, pid)
+			c <- ws
+		} else {
+			now := time.Now()
+			for p, u := range r.unclaimed {
+				if now.Sub(u.at) > time.Minute {
+					delete(r.unclaimed, p)
+				}
+			}
+			r.unclaimed[pid] = unclaimedExit{status: ws, at: now}
+		}
+		r.mu.Unlock()
+	}
+}
+
+// watchLocked registers a waiter for pid, a child of the shim, and returns
+// its channel and a pidfd that becomes readable when pid exits (nil when
+// the exit is already in the channel). r.mu must be held, so pid cannot be
+// reaped before its pidfd exists.
+func (r *reaper) watchLocked(pid int) (<-chan unix.WaitStatus, *os.File, error) {
+	c := make(chan unix.WaitStatus, 1)
+	if u, ok := r.unclaimed[pid]; ok {
+		delete(r.unclaimed, pid)
+		c <- u.status
+		return c, nil, nil
+	}
+	fd, err := unix.PidfdOpen(pid, unix.PIDFD_NONBLOCK)
+	if err == unix.EINVAL {
+		// Before Linux 5.10 there is no PIDFD_NONBLOCK; the flag only
+		// matters to os.NewFile, which puts non-blocking fds in the poller.
+		if fd, err = unix.PidfdOpen(pid, 0); err == nil {
+			if err = unix.SetNonblock(fd, true); err != nil {
+				unix.Close(fd)
+			}
+		}
+	}
+	switch {
+	case err == unix.ENOSYS:
+		// Before Linux 5.3: wait polls the exit (see wait).
+		r.waiters[pid] = c
+		return c, nil, nil
+	case err != nil:
+		return nil, nil, fmt.Errorf("watch pid %d: %w", pid, os.NewSyscallError("pidfd_open", err))
+	}
+	r.waiters[pid] = c
+	return c, os.NewFile(uintptr(fd), "pidfd"), nil
+}
+
+// wait blocks until pid (watched with watchLocked) exits and returns its
+// status. It parks in the poller, not in a blocking syscall; without a
+// pidfd (kernels before 5.3) it polls every 100 ms.
+func (r *reaper) wait(c <-chan unix.WaitStatus, pidfd *os.File) unix.WaitStatus {
+	if pidfd != nil {
+		defer pidfd.Close()
+		if rc, err := pidfd.SyscallConn(); err == nil {
+			_ = rc.Read(func(fd uintptr) bool {
+				fds := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
+				n, err := unix.Poll(fds, 0)
+				return err != nil && err != unix.EINTR || n > 0
+			})
+		}
+	}
+	for {
+		r.reap()
+		select {
+		case ws := <-c:
+			return ws
+		case <-time.After(100 * time.Millisecond):
+			// No pidfd, or a readable one whose exit another reap is
+			// delivering right now.
+		}
+	}
+}
+
+// watch is watchLocked for a pid the caller learnt after the fact (a
+// container's init, read from the runtime's pid file).
+func (r *reaper) watch(pid int) (<-chan unix.WaitStatus, *os.File, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.watchLocked(pid)
+}
+
+// lookPath finds bin in PATH unless it names a path already.
+func lookPath(bin string) (string, error) {
+	if strings.Contains(bin, "/") {
+		return bin, nil
+	}
+	for _, dir := range filepath.SplitList(os.Getenv("PATH")) {
+		if dir == "" {
+			dir = "."
+		}
+		p := filepath.Join(dir, bin)
+		if st, err := os.Stat(p); err == nil && st.Mode().IsRegular() && st.Mode()&0o111 != 0 {
+			return p, nil
+		}
+	}
+	return "", fmt.Errorf("%s: executable not found in $PATH", bin)
+}
+
+// run starts argv with the given stdio (nil means /dev/null), waits for it
+// and returns what it wrote to stderr (when stderr is nil). It forks while
+// holding the lock, so the exit cannot be reaped before it is watched.
+func (r *reaper) run(argv []string, stdin, stdout, stderr *os.File) ([]byte, error) {
+	bin, err := lookPath(argv[0])
+	if err != nil {
+		return nil, err
+	}
+	null, err := os.OpenFile(os.DevNull, os.O_RDWR, 0)
+	if err != nil {
+		return nil, err
+	}
+	defer null.Close()
+	// Fd puts a file in blocking mode, as the child expects.
+	fd := func(f *os.File) uintptr {
+		if f == nil {
+			return null.Fd()
+		}
+		return f.Fd()
+	}
+	var errR, errW *os.File
+	if stderr == nil {
+		if errR, errW, err = os.Pipe(); err != nil {
+			return nil, err
+		}
+		defer errR.Close()
+		stderr = errW
+	}
+	attr := &syscall.ProcAttr{Env: os.Environ(), Files: []uintptr{fd(stdin), fd(stdout), fd(stderr)}}
+	r.mu.Lock()
+	var done <-chan unix.WaitStatus
+	var pidfd *os.File
+	pid, err := syscall.ForkExec(bin, argv, attr)
+	if err == nil {
+		done, pidfd, err = r.watchLocked(pid)
+	}
+	r.mu.Unlock()
+	if errW != nil {
+		errW.Close()
+	}
+	if err != nil {
+		return nil, err
+	}
+	var errOut []byte
+	if errR != nil {
+		errOut, _ = io.ReadAll(io.LimitReader(errR, 64<<10))
+	}
+	ws := r.wait(done, pidfd)
+	if ws.Exited() && ws.ExitStatus() == 0 {
+		return errOut, nil
+	}
+	if ws.Signaled() {
+		return errOut, fmt.Errorf("killed by signal %d", ws.Signal())
+	}
+	return errOut, errors.New("exit status " + fmt.Sprint(ws.ExitStatus()))
+}

@@ -1,0 +1,187 @@
+package server
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+
+	"github.com/berthcri/berth/internal/errdefs"
+)
+
+// ociRuntime drives the OCI runtime CLI (runc, crun) for the shim: create,
+// start, kill and delete. It mirrors internal/oci (which berthd uses) but
+// runs everything through the shim's reaper and needs no encoding/json,
+// os/exec or runtime-spec types.
+type ociRuntime struct {
+	binary  string
+	root    string
+	options []string
+	reaper  *reaper
+}
+
+func (r *ociRuntime) args(sub ...string) []string {
+	a := []string{r.binary, "--root", r.root}
+	a = append(a, r.options...)
+	return append(a, sub...)
+}
+
+func (r *ociRuntime) run(id string, args []string, stdin, stdout, stderr *os.File) error {
+	if err := os.MkdirAll(r.root, 0o700); err != nil {
+		return fmt.Errorf("create runtime root %s: %w", r.root, err)
+	}
+	errOut, err := r.reaper.run(args, stdin, stdout, stderr)
+	if err != nil {
+		return runtimeError(args, id, errOut, err)
+	}
+	return nil
+}
+
+// runtimeError carries the runtime's stderr and maps "does not exist" to
+// ErrNotFound so callers can treat a vanished container as gone.
+func runtimeError(args []string, id string, errOut []byte, err error) error {
+	msg := logMessage(strings.TrimSpace(string(errOut)))
+	what := filepath.Base(args[0]) + " " + subcommand(args) + " " + id
+	if msg == "" {
+		return fmt.Errorf("%s: %w", what, err)
+	}
+	if strings.Contains(msg, "does not exist") || strings.Contains(msg, "not found") {
+		return fmt.Errorf("%s: %w: %s", what, errdefs.ErrNotFound, msg)
+	}
+	return fmt.Errorf("%s: %v: %s", what, err, msg)
+}
+
+// logMessage pulls msg="..." out of runc's logfmt stderr lines.
+func logMessage(s string) string {
+	var msgs []string
+	for _, line := range strings.Split(s, "\n") {
+		i := strings.Index(line, `msg="`)
+		if i < 0 {
+			if line = strings.TrimSpace(line); line != "" {
+				msgs = append(msgs, line)
+			}
+			continue
+		}
+		rest := line[i+len(`msg="`):]
+		if m, err := strconv.Unquote(`"` + rest); err == nil {
+			msgs = append(msgs, m)
+			continue
+		}
+		if j := strings.LastIndex(rest, `"`); j >= 0 {
+			rest = rest[:j]
+		}
+		msgs = append(msgs, strings.ReplaceAll(rest, `\"`, `"`))
+	}
+	return strings.Join(msgs, "; ")
+}
+
+func subcommand(args []string) string {
+	for _, a := range args[1:] {
+		switch a {
+		case "create", "start", "kill", "delete":
+			return a
+		}
+	}
+	return "?"
+}
+
+// createOpts are the arguments of create.
+type createOpts struct {
+	bundle, pidFile, consoleSocket string
+	// Stdio of the runtime and so of the container's init (nil → /dev/null).
+	stdin, stdout, stderr *os.File
+}
+
+// create runs `create`: the container's init waits for start.
+func (r *ociRuntime) create(id string, o createOpts) error {
+	// The runtime's stderr is the container's: take its errors from --log.
+	logPath := filepath.Join(o.bundle, "runtime.log")
+	args := r.args("--log", logPath, "--log-format", "json", "create", "--bundle", o.bundle)
+	if o.pidFile != "" {
+		args = append(args, "--pid-file", o.pidFile)
+	}
+	if o.consoleSocket != "" {
+		args = append(args, "--console-socket", o.consoleSocket)
+	}
+	args = append(args, id)
+	_ = os.Remove(logPath)
+	// The container inherits the runtime's stdio: never hand it a pipe the
+	// runner waits on, or the runner would wait for the container.
+	stderr := o.stderr
+	if stderr == nil {
+		null, err := os.OpenFile(os.DevNull, os.O_WRONLY, 0)
+		if err != nil {
+			return fmt.Errorf("create %s: %w", id, err)
+		}
+		defer null.Close()
+		stderr = null
+	}
+	if err := r.run(id, args, o.stdin, o.stdout, stderr); err != nil {
+		if msg := lastLogError(logPath); msg != "" && !strings.Contains(err.Error(), msg) {
+			return fmt.Errorf("%w: %s", err, msg)
+		}
+		return err
+	}
+	return nil
+}
+
+// lastLogError returns the error messages a runtime wrote to its JSON log.
+func lastLogError(path string) string {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return ""
+	}
+	var msgs []string
+	for _, line := range bytes.Split(data, []byte("\n")) {
+		var level, msg string
+		d := &decoder{b: line}
+		err := d.object(func(key string) (err error) {
+			switch key {
+			case "level":
+				level, err = d.str()
+			case "msg":
+				msg, err = d.str()
+			default:
+				err = d.skip()
+			}
+			return err
+		})
+		if err == nil && (level == "error" || level == "fatal") {
+			msgs = append(msgs, msg)
+		}
+	}
+	return strings.Join(msgs, "; ")
+}
+
+// start lets a created container's init exec the process.
+func (r *ociRuntime) start(id string) error {
+	return r.run(id, r.args("start", id), nil, nil, nil)
+}
+
+// kill sends sig to the container's init (all its processes when all).
+func (r *ociRuntime) kill(id string, sig syscall.Signal, all bool) error {
+	args := r.args("kill")
+	if all {
+		args = append(args, "--all")
+	}
+	args = append(args, id, strconv.Itoa(int(sig)))
+	return r.run(id, args, nil, nil, nil)
+}
+
+// delete removes the container from the runtime; force kills it first.
+// A container the runtime does not know is not an error.
+func (r *ociRuntime) delete(id string, force bool) error {
+	args := r.args("delete")
+	if force {
+		args = append(args, "--force")
+	}
+	err := r.run(id, append(args, id), nil, nil, nil)
+	if errors.Is(err, errdefs.ErrNotFound) {
+		return nil
+	}
+	return err
+}

@@ -1,0 +1,97 @@
+package server
+
+import (
+	"os"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/berthcri/berth/internal/shim/proto"
+)
+
+// The shim serves its unix sockets without package net: a non-blocking
+// socket wrapped in an *os.File is served by the runtime's poller (reads,
+// writes and deadlines park the goroutine, not a thread), and net's init,
+// resolver and connection types are not worth their memory here.
+
+// listenUnix listens on path, however long.
+func listenUnix(path string) (*os.File, error) {
+	fd, err := unix.Socket(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return nil, os.NewSyscallError("socket", err)
+	}
+	err = proto.WithShortPath(path, func(p string) error {
+		return os.NewSyscallError("bind", unix.Bind(fd, &unix.SockaddrUnix{Name: p}))
+	})
+	if err == nil {
+		err = os.NewSyscallError("listen", unix.Listen(fd, 64))
+	}
+	if err != nil {
+		unix.Close(fd)
+		return nil, err
+	}
+	return os.NewFile(uintptr(fd), path), nil
+}
+
+// accept waits for the next connection on ln.
+func accept(ln *os.File) (*os.File, error) {
+	rc, err := ln.SyscallConn()
+	if err != nil {
+		return nil, err
+	}
+	var nfd int
+	var aerr error
+	err = rc.Read(func(fd uintptr) bool {
+		for {
+			nfd, _, aerr = unix.Accept4(int(fd), unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC)
+			switch aerr {
+			case unix.EINTR, unix.ECONNABORTED:
+				continue
+			case unix.EAGAIN:
+				return false
+			}
+			return true
+		}
+	})
+	if err != nil {
+		return nil, err
+	}
+	if aerr != nil {
+		return nil, os.NewSyscallError("accept", aerr)
+	}
+	return os.NewFile(uintptr(nfd), "conn"), nil
+}
+
+// recvFd reads one message from conn and returns the file descriptor it
+// carries (SCM_RIGHTS).
+func recvFd(conn *os.File) (int, error) {
+	rc, err := conn.SyscallConn()
+	if err != nil {
+		return -1, err
+	}
+	buf := make([]byte, 256)
+	oob := make([]byte, unix.CmsgSpace(4))
+	var oobn int
+	var rerr error
+	err = rc.Read(func(fd uintptr) bool {
+		_, oobn, _, _, rerr = unix.Recvmsg(int(fd), buf, oob, unix.MSG_CMSG_CLOEXEC)
+		return rerr != unix.EAGAIN
+	})
+	if err != nil {
+		return -1, err
+	}
+	if rerr != nil {
+		return -1, os.NewSyscallError("recvmsg", rerr)
+	}
+	msgs, err := unix.ParseSocketControlMessage(oob[:oobn])
+	if err != nil || len(msgs) != 1 {
+		return -1, errBadConsole
+	}
+	fds, err := unix.ParseUnixRights(&msgs[0])
+	if err != nil || len(fds) != 1 {
+		for _, fd := range fds {
+			unix.Close(fd)
+		}
+		return -1, errBadConsole
+	}
+	return fds[0], nil
+}
