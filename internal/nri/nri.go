@@ -43,6 +43,10 @@ type lifecycle int
 
 const (
 	created lifecycle = iota + 1
+	// starting: StartContainer was sent, PostStartContainer not yet. An
+	// exit seen now is held back until PostStartContainer, so plugins
+	// never hear Stop before PostStart of a container that exits at once.
+	starting
 	running
 	stopped
 )
@@ -53,6 +57,9 @@ const (
 type tracked struct {
 	state lifecycle
 	ctr   *api.Container
+	// exitedAs is the record of a container that exited while starting;
+	// PostStartContainer sends its Stop with it.
+	exitedAs *container.Container
 }
 
 // NRI relays berth's pod and container lifecycle to NRI plugins.
@@ -396,18 +403,40 @@ func (n *NRI) StartContainer(ctx context.Context, c *container.Container) error 
 	if t == nil {
 		return nil
 	}
-	t.state = running
+	t.state = starting
 	if err := n.a.StartContainer(ctx, &api.StartContainerRequest{Pod: n.pod(c.PodID), Container: t.ctr}); err != nil {
 		return fmt.Errorf("NRI StartContainer: %w", err)
 	}
 	return nil
 }
 
-// PostStartContainer reports a container that started.
+// PostStartContainer reports a container that started, and then its stop
+// if it already exited.
 func (n *NRI) PostStartContainer(ctx context.Context, c *container.Container) {
-	n.notify(ctx, c, func(pod *api.PodSandbox, ctr *api.Container) error {
-		return n.a.PostStartContainer(ctx, &api.PostStartContainerRequest{Pod: pod, Container: ctr})
-	})
+	if !n.Enabled() {
+		return
+	}
+	defer n.a.BlockPluginSync().Unblock()
+	n.mu.Lock()
+	t := n.view(c)
+	if t == nil || t.state != starting {
+		n.mu.Unlock()
+		return
+	}
+	t.state = running
+	if err := n.a.PostStartContainer(ctx, &api.PostStartContainerRequest{Pod: n.pod(c.PodID), Container: t.ctr}); err != nil {
+		n.log.Warn("NRI notification failed", "pod", c.PodID, "container", c.ID, "err", err)
+	}
+	var updates []*api.ContainerUpdate
+	var err error
+	if t.exitedAs != nil {
+		updates, err = n.stopLocked(ctx, t.exitedAs)
+	}
+	n.mu.Unlock()
+	n.applyUpdates(ctx, updates)
+	if err != nil {
+		n.log.Warn("NRI stop notification for an exited container", "pod", c.PodID, "container", c.ID, "err", err)
+	}
 }
 
 // notify sends a post-event plugins cannot fail; errors are logged.
@@ -507,7 +536,18 @@ func (n *NRI) ContainerExited(c *container.Container) {
 		return
 	}
 	go func() {
-		if err := n.StopContainer(context.Background(), c); err != nil {
+		ctx := context.Background()
+		defer n.a.BlockPluginSync().Unblock()
+		n.mu.Lock()
+		if t := n.ctrs[c.ID]; t != nil && t.state == starting {
+			t.exitedAs = c // PostStartContainer sends the stop
+			n.mu.Unlock()
+			return
+		}
+		updates, err := n.stopLocked(ctx, c)
+		n.mu.Unlock()
+		n.applyUpdates(ctx, updates)
+		if err != nil {
 			n.log.Warn("NRI stop notification for an exited container", "pod", c.PodID, "container", c.ID, "err", err)
 		}
 	}()
