@@ -37,6 +37,7 @@ type checkpoint struct {
 	PauseStart uint64 `json:"pauseStart,omitempty"`
 
 	CgroupParent   string `json:"cgroupParent"`
+	CgroupUnit     string `json:"cgroupUnit,omitempty"`
 	HostnamePath   string `json:"hostnamePath"`
 	HostsPath      string `json:"hostsPath"`
 	ResolvConfPath string `json:"resolvConfPath"`
@@ -59,7 +60,7 @@ func (r *record) toCheckpoint() (*checkpoint, error) {
 		State: sb.State.String(), CreatedAt: sb.CreatedAt,
 		NetNSPath: sb.NetNSPath, IPCNSPath: sb.IPCNSPath, UTSNSPath: sb.UTSNSPath,
 		PausePID: r.pausePID, PauseStart: r.pauseStart,
-		CgroupParent: sb.CgroupParent, HostnamePath: sb.HostnamePath, HostsPath: sb.HostsPath,
+		CgroupParent: sb.CgroupParent, CgroupUnit: sb.CgroupUnit, HostnamePath: sb.HostnamePath, HostsPath: sb.HostsPath,
 		ResolvConfPath: sb.ResolvConfPath, ShmPath: sb.ShmPath,
 		PortMappings: r.ports, Network: r.attachment,
 	}, nil
@@ -81,7 +82,7 @@ func (c *checkpoint) toRecord() (*record, error) {
 		sb: Sandbox{
 			ID: c.ID, Config: cfg, RuntimeHandler: c.RuntimeHandler, State: state, CreatedAt: c.CreatedAt,
 			NetNSPath: c.NetNSPath, IPCNSPath: c.IPCNSPath, UTSNSPath: c.UTSNSPath,
-			CgroupParent: c.CgroupParent, HostnamePath: c.HostnamePath, HostsPath: c.HostsPath,
+			CgroupParent: c.CgroupParent, CgroupUnit: c.CgroupUnit, HostnamePath: c.HostnamePath, HostsPath: c.HostsPath,
 			ResolvConfPath: c.ResolvConfPath, ShmPath: c.ShmPath,
 		},
 		pausePID: c.PausePID, pauseStart: c.PauseStart,
