@@ -74,7 +74,14 @@ func (s *Store) removePodCgroup(ctx context.Context, unit, path string) error {
 	if s.opts.Systemd == nil {
 		return fmt.Errorf("pod slice %s was made by the systemd cgroup driver; berth now runs with cgroupfs and cannot stop it", unit)
 	}
-	return s.opts.Systemd.Stop(ctx, unit)
+	if err := s.opts.Systemd.Stop(ctx, unit); err != nil {
+		return err
+	}
+	// On cgroup v1 systemd removes the slice only from the hierarchies it
+	// manages; runc made the slice's directory in the others (cpuset,
+	// freezer, net_cls …) as the parent of its scopes. Those go here, as
+	// the kubelet's own systemd cgroup manager removes them.
+	return removeCgroup(path)
 }
 
 // updatePodCgroup applies pod-level limits: as slice properties under
@@ -118,7 +125,8 @@ func (s *Store) cleanOrphanSlices(ctx context.Context, known map[string]bool) {
 		if !ok || known[id] {
 			continue
 		}
-		if path, err := s.opts.Systemd.ControlGroup(ctx, unit, "Slice"); err == nil {
+		path, err := s.opts.Systemd.ControlGroup(ctx, unit, "Slice")
+		if err == nil {
 			busy := false
 			for _, h := range cgroupHierarchies() {
 				busy = busy || cgroupHasProcesses(filepath.Join(h, path))
@@ -129,7 +137,7 @@ func (s *Store) cleanOrphanSlices(ctx context.Context, known map[string]bool) {
 			}
 		}
 		s.log.Warn("stopping a pod slice without a sandbox", "pod", id, "unit", unit)
-		if err := s.opts.Systemd.Stop(ctx, unit); err != nil {
+		if err := s.removePodCgroup(ctx, unit, path); err != nil {
 			s.log.Warn("stop orphan pod slice", "pod", id, "unit", unit, "err", err)
 		}
 	}

@@ -69,6 +69,7 @@ type container struct {
 
 	streams   sync.WaitGroup
 	memCgroup string // memory cgroup dir, to read oom_kill on exit
+	oom       *oomWatch
 }
 
 type attachment struct {
@@ -428,6 +429,7 @@ func (s *Server) create(req *Request) (retErr error) {
 		}{res.f, "stdout"})
 	}
 	c.memCgroup = memoryCgroup(pid)
+	c.oom = watchOOM(c.memCgroup)
 	for _, o := range outputs {
 		c.streams.Add(1)
 		go c.copyOutput(o.r, o.name, o.r != c.console)
@@ -513,7 +515,9 @@ func (s *Server) waitExit(c *container, exitCh <-chan unix.WaitStatus) {
 		e.Signal = int(ws.Signal())
 		e.Code = 128 + e.Signal
 	}
-	// The cgroup outlives its processes until the runtime deletes it.
+	// Under cgroupfs the cgroup outlives its processes until the runtime
+	// deletes it; under systemd it may be gone already, and the watch has
+	// seen the kill.
 	if oomKills(c.memCgroup) > 0 {
 		e.OOMKilled = true
 	}
@@ -524,6 +528,10 @@ func (s *Server) waitExit(c *container, exitCh <-chan unix.WaitStatus) {
 	case <-time.After(drainTimeout):
 		s.logf("container %s: output not drained after %s", c.id, drainTimeout)
 	}
+	if c.oom.killed() {
+		e.OOMKilled = true
+	}
+	c.oom.stop()
 	if err := writeExit(s.dir, e); err != nil {
 		s.logf("container %s: persist exit: %v", c.id, err)
 	}

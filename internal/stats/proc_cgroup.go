@@ -71,3 +71,48 @@ func GroupFromProcCgroup(data []byte) (string, error) {
 	p = strings.TrimSuffix(p, " (deleted)")
 	return filepath.Clean(p), nil
 }
+
+// initRoots maps each v1 hierarchy named in a /proc/<pid>/cgroup listing
+// (controllers, and "systemd" for name=systemd) to the process's path in
+// it, with systemd's own "/init.scope" removed: read for PID 1, that is
+// where systemd roots its units in each hierarchy.
+func initRoots(data []byte) map[string]string {
+	roots := map[string]string{}
+	sc := bufio.NewScanner(bytes.NewReader(data))
+	for sc.Scan() {
+		parts := strings.SplitN(sc.Text(), ":", 3)
+		if len(parts) != 3 || parts[1] == "" {
+			continue
+		}
+		p := strings.TrimSuffix(filepath.Clean(parts[2]), "/init.scope")
+		if p == "" {
+			p = "/"
+		}
+		for _, c := range strings.Split(parts[1], ",") {
+			roots[strings.TrimPrefix(c, "name=")] = p
+		}
+	}
+	return roots
+}
+
+// systemdV1Path is where group, a cgroup systemd made as it names it (its
+// path in the name=systemd hierarchy), lives in v1 hierarchy controller.
+// systemd puts a unit at the same path below its root in every hierarchy,
+// and its roots differ when it runs in a container that placed it
+// differently per controller. ok is false when group is not below
+// systemd's root.
+func systemdV1Path(group, controller string, roots map[string]string) (string, bool) {
+	base, ok := roots["systemd"]
+	root, ok2 := roots[controller]
+	if !ok || !ok2 {
+		return "", false
+	}
+	rel, ok := strings.CutPrefix(group, base)
+	if base == "/" {
+		rel, ok = group, true
+	}
+	if !ok || (rel != "" && !strings.HasPrefix(rel, "/")) {
+		return "", false
+	}
+	return filepath.Join(root, rel), true
+}

@@ -94,8 +94,10 @@ func ResourceProperties(res *specs.LinuxResources, v2 bool) ([]sddbus.Property, 
 		}
 		if m.Swap != nil && *m.Swap != 0 {
 			switch {
-			case !v2:
+			case !v2 && (m.Limit == nil || *m.Swap != *m.Limit):
+				// swap == limit (no swap) is what the kubelet sends.
 				left = append(left, "memory swap")
+			case !v2:
 			case *m.Swap == -1:
 				props = append(props, prop("MemorySwapMax", uint64(math.MaxUint64)))
 			case m.Limit != nil && *m.Limit > 0 && *m.Swap >= *m.Limit:
