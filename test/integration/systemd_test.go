@@ -260,6 +260,9 @@ func TestSystemdCgroupDriver(t *testing.T) {
 	if err != nil || rc.GetLinux().GetCgroupDriver() != criapi.CgroupDriver_SYSTEMD {
 		t.Fatalf("RuntimeConfig = %v, %v; want SYSTEMD", rc, err)
 	}
+	if out, code := runBerthctl(t, "--address", "unix://"+d.Socket, "info"); code != 0 || !strings.Contains(out, "cgroups:    systemd driver") {
+		t.Fatalf("berthctl info (exit %d) does not show the systemd driver:\n%s", code, out)
+	}
 	e := newCtrEnvOn(t, d)
 	ctx := ctxT(t)
 
