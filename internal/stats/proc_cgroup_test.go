@@ -53,3 +53,36 @@ func TestProcessGroup(t *testing.T) {
 		t.Errorf("own cgroup: %q, %v", got, err)
 	}
 }
+
+func TestSystemdV1Path(t *testing.T) {
+	// systemd in a container: its own cgroup is /c/init.scope in
+	// name=systemd and cpu, but /m in memory (a runtime placed it there).
+	roots := initRoots([]byte("9:name=systemd:/c/init.scope\n4:memory:/m\n3:cpu,cpuacct:/c/init.scope\n1:pids:/\n0::/c/init.scope\n"))
+	want := map[string]string{"systemd": "/c", "memory": "/m", "cpu": "/c", "cpuacct": "/c", "pids": "/"}
+	for k, v := range want {
+		if roots[k] != v {
+			t.Errorf("root of %s = %q, want %q (all %v)", k, roots[k], v, roots)
+		}
+	}
+	for _, tc := range []struct {
+		group, ctl, want string
+		ok               bool
+	}{
+		{"/c/a.slice/berth-x.scope", "memory", "/m/a.slice/berth-x.scope", true},
+		{"/c/a.slice/berth-x.scope", "cpu", "/c/a.slice/berth-x.scope", true},
+		{"/c/a.slice/berth-x.scope", "pids", "/a.slice/berth-x.scope", true},
+		{"/other/x", "memory", "", false}, // not below systemd's root
+		{"/cc/x", "memory", "", false},    // a sibling sharing the prefix
+		{"/c/x", "blkio", "", false},      // unknown hierarchy
+	} {
+		got, ok := systemdV1Path(tc.group, tc.ctl, roots)
+		if got != tc.want || ok != tc.ok {
+			t.Errorf("systemdV1Path(%s, %s) = %q, %v; want %q, %v", tc.group, tc.ctl, got, ok, tc.want, tc.ok)
+		}
+	}
+	// systemd at the root of every hierarchy (a normal host): no change.
+	host := initRoots([]byte("9:name=systemd:/init.scope\n4:memory:/init.scope\n"))
+	if got, ok := systemdV1Path("/a.slice/b.scope", "memory", host); !ok || got != "/a.slice/b.scope" {
+		t.Errorf("host layout: %q, %v", got, ok)
+	}
+}

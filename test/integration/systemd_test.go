@@ -233,7 +233,20 @@ func readCgroupFile(t *testing.T, hierarchy, group, file string) string {
 // unitsOf lists the loaded units matching pattern.
 func (sd *privateSystemd) unitsOf(t *testing.T, pattern string) []string {
 	t.Helper()
-	out, err := sd.systemctl("list-units", "--all", "--plain", "--no-legend", pattern)
+	return sd.units(t, pattern)
+}
+
+// cgroupUnitsOf lists the loaded slices and scopes whose name holds id
+// (systemd also mirrors berth's mounts as .mount units; those are not
+// berth's to remove).
+func (sd *privateSystemd) cgroupUnitsOf(t *testing.T, id string) []string {
+	t.Helper()
+	return sd.units(t, "*"+id+"*.slice", "*"+id+"*.scope")
+}
+
+func (sd *privateSystemd) units(t *testing.T, patterns ...string) []string {
+	t.Helper()
+	out, err := sd.systemctl(append([]string{"list-units", "--all", "--plain", "--no-legend"}, patterns...)...)
 	if err != nil {
 		t.Fatalf("systemctl list-units: %v: %s", err, out)
 	}
@@ -356,16 +369,30 @@ func TestSystemdCgroupDriver(t *testing.T) {
 		}
 	}
 	stopRemove(t, d, e.pod)
-	if left := sd.unitsOf(t, "*"+e.pod+"*"); len(left) > 0 {
+	if left := sd.cgroupUnitsOf(t, e.pod); len(left) > 0 {
 		t.Fatalf("units left after the pod was removed: %v", left)
 	}
 	for _, id := range []string{ctr, oom} {
-		if left := sd.unitsOf(t, "*"+id+"*"); len(left) > 0 {
+		if left := sd.cgroupUnitsOf(t, id); len(left) > 0 {
 			t.Fatalf("units left after the container was removed: %v", left)
 		}
 	}
 	if left := cgroupDirs(info.CgroupParent); len(left) > 0 {
 		t.Fatalf("pod cgroup left: %v", left)
+	}
+
+	// A shared PID namespace: berth-pause runs in a scope of its own in
+	// the pod slice (a slice cannot hold processes), gone with the pod.
+	shared := podConfig("systemd-sharedpid")
+	shared.Linux.SecurityContext.NamespaceOptions.Pid = criapi.NamespaceMode_POD
+	sharedPod := runPod(t, d, shared)
+	pauseScope := "berth-pause-" + sharedPod + ".scope"
+	if out, _ := sd.systemctl("show", "-p", "Slice", "--value", pauseScope); out != d.Config.CgroupParent+"-berthpod_"+sharedPod+".slice" {
+		t.Fatalf("pause scope %s is in slice %q", pauseScope, out)
+	}
+	stopRemove(t, d, sharedPod)
+	if left := sd.cgroupUnitsOf(t, sharedPod); len(left) > 0 {
+		t.Fatalf("units left after the shared-PID pod was removed: %v", left)
 	}
 
 	// A pod slice no checkpoint owns (its records lost while berthd was
