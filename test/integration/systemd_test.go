@@ -21,6 +21,7 @@ import (
 	criapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/berthcri/berth/internal/config"
+	"github.com/berthcri/berth/internal/fault"
 	"github.com/berthcri/berth/internal/testutil/berthdtest"
 )
 
@@ -393,6 +394,60 @@ func TestSystemdCgroupDriver(t *testing.T) {
 	stopRemove(t, d, sharedPod)
 	if left := sd.cgroupUnitsOf(t, sharedPod); len(left) > 0 {
 		t.Fatalf("units left after the shared-PID pod was removed: %v", left)
+	}
+
+	// berthd dies right after making the slice (checkpoint NOTREADY): the
+	// restarted daemon lists the pod, and removing it stops the slice.
+	d.Stop()
+	d.SetEnv(fault.EnvVar + "=" + string(fault.SandboxAfterNetnsCreate))
+	d.Start()
+	d.WaitReady()
+	if _, err := d.Runtime.RunPodSandbox(ctxT(t), &criapi.RunPodSandboxRequest{Config: podConfig("systemd-crash")}); err == nil {
+		t.Fatalf("RunPodSandbox succeeded though berthd was to die")
+	}
+	select {
+	case <-d.Exited():
+	case <-time.After(30 * time.Second):
+		t.Fatalf("berthd did not die at the fault point")
+	}
+	d.SetEnv()
+	d.Start()
+	d.WaitReady()
+	pods, err := d.Runtime.ListPodSandbox(ctxT(t), &criapi.ListPodSandboxRequest{})
+	if err != nil || len(pods.Items) != 1 {
+		t.Fatalf("pods after the crash: %v, %v; want the crashed one", pods, err)
+	}
+	crashed := pods.Items[0].Id
+	if len(sd.cgroupUnitsOf(t, crashed)) != 1 {
+		t.Fatalf("the crashed pod's slice is not there: %v", sd.cgroupUnitsOf(t, crashed))
+	}
+	stopRemove(t, d, crashed)
+	if left := sd.cgroupUnitsOf(t, crashed); len(left) > 0 {
+		t.Fatalf("units left after removing the crashed pod: %v", left)
+	}
+
+	// A failed RunPodSandbox (CNI ADD fails after the slice exists) stops
+	// the slice it made.
+	conf := filepath.Join(d.Config.CNIConfDir, "10-broken.conflist")
+	if err := os.MkdirAll(d.Config.CNIConfDir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(conf, []byte(`{"cniVersion":"1.0.0","name":"broken","plugins":[{"type":"berth-no-such-plugin"}]}`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	_, err = d.Runtime.RunPodSandbox(ctxT(t), &criapi.RunPodSandboxRequest{Config: podConfig("systemd-cnifail")})
+	if err == nil {
+		t.Fatalf("RunPodSandbox succeeded with a CNI plugin that does not exist")
+	}
+	// CNI ADD runs after the slice was made.
+	if !strings.Contains(err.Error(), "CNI ADD") {
+		t.Fatalf("RunPodSandbox did not fail in CNI ADD: %v", err)
+	}
+	if left := sd.units(t, d.Config.CgroupParent+"-berthpod_*.slice"); len(left) > 0 {
+		t.Fatalf("slice left by the failed RunPodSandbox: %v", left)
+	}
+	if err := os.Remove(conf); err != nil {
+		t.Fatal(err)
 	}
 
 	// A pod slice no checkpoint owns (its records lost while berthd was
