@@ -70,7 +70,7 @@ func (cb *containerBench) params(pod, name string, args []string) container.Crea
 		Acquire: func(context.Context, string) (*container.AcquiredImage, error) {
 			return &container.AcquiredImage{ID: "sha256:bench", LowerDirs: []string{cb.lower}}, nil
 		},
-		BuildSpec: func(id, rootfs string, _ map[string]string) (*specs.Spec, error) {
+		BuildSpec: func(id, rootfs string, _, _ map[string]string) (*specs.Spec, error) {
 			return bundletest.Spec(rootfs, cb.cgroup, id, args), nil
 		},
 	}

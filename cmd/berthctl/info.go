@@ -12,8 +12,8 @@ import (
 )
 
 // infoCommand prints what berthd reports about itself, all through CRI:
-// version, effective config, counts of pods, containers and images, and the
-// streaming and metrics addresses.
+// version, effective config, runtime handlers and their features, counts of
+// pods, containers and images, and the streaming and metrics addresses.
 func infoCommand(ctx context.Context, g *globals, args []string) error {
 	if len(args) != 0 {
 		return errUsage
@@ -49,6 +49,14 @@ func infoCommand(ctx context.Context, g *globals, args []string) error {
 			line += fmt.Sprintf(" (%s: %s)", c.Reason, c.Message)
 		}
 		fmt.Fprintf(g.stdout, "condition:  %s\n", line)
+	}
+	for _, h := range st.GetRuntimeHandlers() {
+		name := h.GetName()
+		if name == "" {
+			name = "(default)"
+		}
+		fmt.Fprintf(g.stdout, "handler:    %s recursive_read_only_mounts=%v user_namespaces=%v\n",
+			name, h.GetFeatures().GetRecursiveReadOnlyMounts(), h.GetFeatures().GetUserNamespaces())
 	}
 
 	counts := map[string]int{}

@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"time"
 
 	"github.com/BurntSushi/toml"
 )
@@ -75,6 +76,51 @@ type Config struct {
 	// DefaultNetwork is the embedded CNI network used while CNIConfDir
 	// holds no config.
 	DefaultNetwork DefaultNetwork `toml:"default_network" json:"default_network"`
+	// NRI is the Node Resource Interface: external plugins that see and
+	// adjust pods and containers (docs/nri.md).
+	NRI NRI `toml:"nri" json:"nri"`
+}
+
+// NRI configures the Node Resource Interface, with containerd 2.x's names
+// and defaults.
+type NRI struct {
+	// Enable turns NRI on.
+	Enable bool `toml:"enable" json:"enable"`
+	// SocketPath is where external plugins connect.
+	SocketPath string `toml:"socket_path" json:"socket_path"`
+	// PluginPath holds pre-installed plugins berthd starts itself.
+	PluginPath string `toml:"plugin_path" json:"plugin_path"`
+	// PluginConfigPath holds the configuration of those plugins.
+	PluginConfigPath string `toml:"plugin_config_path" json:"plugin_config_path"`
+	// PluginRegistrationTimeout bounds a plugin's registration.
+	PluginRegistrationTimeout Duration `toml:"plugin_registration_timeout" json:"plugin_registration_timeout"`
+	// PluginRequestTimeout bounds each request to a plugin.
+	PluginRequestTimeout Duration `toml:"plugin_request_timeout" json:"plugin_request_timeout"`
+}
+
+// Defaults of the NRI table (containerd 2.x's).
+const (
+	DefaultNRISocketPath                = "/var/run/nri/nri.sock"
+	DefaultNRIPluginPath                = "/opt/nri/plugins"
+	DefaultNRIPluginConfigPath          = "/etc/nri/conf.d"
+	DefaultNRIPluginRegistrationTimeout = 5 * time.Second
+	DefaultNRIPluginRequestTimeout      = 2 * time.Second
+)
+
+// Duration is a time.Duration written as "2s" in berth.toml.
+type Duration time.Duration
+
+// MarshalText writes the Go duration form.
+func (d Duration) MarshalText() ([]byte, error) { return []byte(time.Duration(d).String()), nil }
+
+// UnmarshalText reads the Go duration form ("2s", "500ms").
+func (d *Duration) UnmarshalText(b []byte) error {
+	v, err := time.ParseDuration(string(b))
+	if err != nil {
+		return err
+	}
+	*d = Duration(v)
+	return nil
 }
 
 // DefaultNetwork shapes the embedded bridge network. Two daemons on one
@@ -122,6 +168,12 @@ func Default() *Config {
 		CgroupParent:          DefaultCgroupParent,
 		PinnedImages:          []string{},
 		DefaultNetwork:        DefaultNetwork{Bridge: DefaultNetworkBridge, Subnet: DefaultNetworkSubnet},
+		NRI: NRI{
+			Enable: true, SocketPath: DefaultNRISocketPath,
+			PluginPath: DefaultNRIPluginPath, PluginConfigPath: DefaultNRIPluginConfigPath,
+			PluginRegistrationTimeout: Duration(DefaultNRIPluginRegistrationTimeout),
+			PluginRequestTimeout:      Duration(DefaultNRIPluginRequestTimeout),
+		},
 	}
 }
 
@@ -211,6 +263,12 @@ func (c *Config) Validate() error {
 	}
 	if c.PinnedImages == nil {
 		c.PinnedImages = []string{}
+	}
+	if c.NRI.Enable && !filepath.IsAbs(c.NRI.SocketPath) {
+		return fmt.Errorf("nri.socket_path %q must be an absolute path", c.NRI.SocketPath)
+	}
+	if c.NRI.PluginRegistrationTimeout < 0 || c.NRI.PluginRequestTimeout < 0 {
+		return fmt.Errorf("nri plugin timeouts must not be negative")
 	}
 	return nil
 }

@@ -150,8 +150,16 @@ type CreateParams struct {
 	AcquireVolume func(ctx context.Context, ref, owner string) (*AcquiredImage, error)
 	// BuildSpec makes the OCI spec once the rootfs and the image volumes
 	// are mounted; volumes maps each image volume's container path to the
-	// host path to bind there.
-	BuildSpec func(id, rootfs string, volumes map[string]string) (*specs.Spec, error)
+	// host path to bind there, idmapped each CRI mount with ID mappings to
+	// its idmapped copy.
+	BuildSpec func(id, rootfs string, volumes, idmapped map[string]string) (*specs.Spec, error)
+	// UserNS is the pod's own user namespace; nil for the host's.
+	UserNS *UserNS
+	// Adjust, if set, sees the finished spec before the OCI runtime
+	// creates the container and may edit it (NRI); c is the record to be.
+	// An error fails Create. The container is not visible to Get or List
+	// yet.
+	Adjust func(ctx context.Context, c *Container, spec *specs.Spec) error
 }
 
 // imageVolume is one image volume mounted for a container.
@@ -238,6 +246,7 @@ func (s *Store) Create(ctx context.Context, p CreateParams) (_ *Container, retEr
 	s.names[key] = id
 	s.mu.Unlock()
 	log := s.log.With("pod", p.PodID, "container", id, "name", name)
+	began := time.Now()
 
 	var undo []func()
 	defer func() {
@@ -269,7 +278,26 @@ func (s *Store) Create(ctx context.Context, p CreateParams) (_ *Container, retEr
 		}
 	})
 
-	rootfs, err := mountRootfs(dir, img.LowerDirs)
+	var nsFD int
+	if p.UserNS != nil {
+		ns, err := os.Open(p.UserNS.Path)
+		if err != nil {
+			return nil, fmt.Errorf("open the pod's user namespace: %w", err)
+		}
+		defer ns.Close()
+		nsFD = int(ns.Fd())
+		undo = append(undo, func() {
+			if err := unmountIDMounts(dir); err != nil {
+				log.Warn("unmount idmapped mounts after failed create", "err", err)
+			}
+		})
+	}
+	var rootfs string
+	if p.UserNS != nil {
+		rootfs, err = mountRootfsIDMapped(dir, img.LowerDirs, nsFD, p.UserNS.Mapping)
+	} else {
+		rootfs, err = mountRootfs(dir, img.LowerDirs)
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -290,7 +318,13 @@ func (s *Store) Create(ctx context.Context, p CreateParams) (_ *Container, retEr
 		volumes[v.mount.ContainerPath] = v.source
 	}
 
-	spec, err := p.BuildSpec(id, rootfs, volumes)
+	var idmapped map[string]string
+	if p.UserNS != nil {
+		if idmapped, err = mountIDMapped(dir, cfg.GetMounts(), nsFD, p.UserNS.Mapping); err != nil {
+			return nil, err
+		}
+	}
+	spec, err := p.BuildSpec(id, rootfs, volumes, idmapped)
 	if err != nil {
 		return nil, err
 	}
@@ -304,6 +338,18 @@ func (s *Store) Create(ctx context.Context, p CreateParams) (_ *Container, retEr
 		}
 	}
 	spec.Root.Readonly = cfg.GetLinux().GetSecurityContext().GetReadonlyRootfs()
+	createdAt := time.Now().UTC()
+	if p.Adjust != nil {
+		pending := &Container{
+			ID: id, PodID: p.PodID, Name: name, Attempt: attempt,
+			Image: cfg.GetImage().GetImage(), ImageID: img.ID, ImageName: img.Name, ImageRef: img.Ref,
+			Labels: cfg.GetLabels(), Annotations: cfg.GetAnnotations(), Runtime: p.Runtime,
+			State: StateCreated, CreatedAt: createdAt,
+		}
+		if err := p.Adjust(ctx, pending, spec); err != nil {
+			return nil, err
+		}
+	}
 	data, err := json.Marshal(spec)
 	if err != nil {
 		return nil, fmt.Errorf("encode spec: %w", err)
@@ -319,7 +365,7 @@ func (s *Store) Create(ctx context.Context, p CreateParams) (_ *Container, retEr
 		LogPath: p.LogPath, Runtime: p.Runtime, StopSignal: img.StopSignal,
 		Resources: cfg.GetLinux().GetResources(),
 		Terminal:  cfg.GetTty(), Stdin: cfg.GetStdin(), StdinOnce: cfg.GetStdinOnce(),
-		State: StateCreated, CreatedAt: time.Now().UTC(),
+		State: StateCreated, CreatedAt: createdAt,
 	}
 	for _, v := range vols {
 		rec.VolumeOwners = append(rec.VolumeOwners, v.owner)
@@ -349,10 +395,12 @@ func (s *Store) Create(ctx context.Context, p CreateParams) (_ *Container, retEr
 		}
 	}
 
+	prepared := time.Now()
 	client, err := s.ensureShim(ctx, p.PodID)
 	if err != nil {
 		return nil, err
 	}
+	shimReady := time.Now()
 	s.opts.Faults.Hit(fault.ContainerAfterShimStart, "pod", p.PodID, "container", id)
 	cr := &shim.CreateRequest{
 		Bundle: dir, LogPath: p.LogPath,
@@ -369,6 +417,7 @@ func (s *Store) Create(ctx context.Context, p CreateParams) (_ *Container, retEr
 	if err != nil {
 		return nil, fmt.Errorf("create container %s: %w", id, err)
 	}
+	runtimeCreated := time.Now()
 	s.opts.Faults.Hit(fault.ContainerAfterRuncCreate, "pod", p.PodID, "container", id)
 	undo = append(undo, func() {
 		if _, err := client.Delete(context.WithoutCancel(ctx), id); err != nil && !errors.Is(err, errdefs.ErrNotFound) && !errors.Is(err, shim.ErrNoShim) {
@@ -388,7 +437,10 @@ func (s *Store) Create(ctx context.Context, p CreateParams) (_ *Container, retEr
 	s.ctrs[id] = e
 	s.mu.Unlock()
 	go s.watch(e)
-	log.Info("container created")
+	// Where the time went: rootfs and spec, reaching (or starting) the
+	// pod's shim, and the OCI runtime's create.
+	log.Info("container created", "took", time.Since(began),
+		"prepare", prepared.Sub(began), "shim", shimReady.Sub(prepared), "runtime_create", runtimeCreated.Sub(shimReady))
 	return rec.clone(), nil
 }
 
@@ -726,6 +778,9 @@ func (s *Store) Remove(ctx context.Context, id string) error {
 	if err := unmountImageVolumes(dir); err != nil {
 		return fmt.Errorf("remove container %s: %w", r.ID, err)
 	}
+	if err := unmountIDMounts(dir); err != nil {
+		return fmt.Errorf("remove container %s: %w", r.ID, err)
+	}
 	if err := unmountRootfs(dir); err != nil {
 		return fmt.Errorf("remove container %s: %w", r.ID, err)
 	}
@@ -841,6 +896,11 @@ func (s *Store) recover(ctx context.Context) error {
 			_ = unmountRootfs(dir)
 			if s.opts.Layers != nil {
 				_ = s.opts.Layers.Release(d.Name())
+			}
+			if err := unmountIDMounts(dir); err != nil {
+				// Never remove through an attached copy of a host path.
+				s.log.Warn("container dir keeps idmapped mounts; not removed", "dir", dir, "err", err)
+				continue
 			}
 			_ = os.RemoveAll(dir)
 			continue

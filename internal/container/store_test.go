@@ -101,7 +101,7 @@ func (f *fixture) params(pod, name string, args []string, edit func(*runtime.Con
 		Acquire: func(ctx context.Context, id string) (*container.AcquiredImage, error) {
 			return &container.AcquiredImage{ID: "sha256:test", Name: "busybox:latest", LowerDirs: []string{f.lower}}, nil
 		},
-		BuildSpec: func(id, rootfs string, _ map[string]string) (*specs.Spec, error) {
+		BuildSpec: func(id, rootfs string, _, _ map[string]string) (*specs.Spec, error) {
 			s := bundletest.Spec(rootfs, f.cgroup, id, args)
 			if edit != nil {
 				edit(nil, s)
@@ -259,7 +259,7 @@ func TestNameReservationAndFailedCreateUndoes(t *testing.T) {
 		t.Fatalf("create broken: %v", err)
 	}
 	p = f.params("pod1", "broken", nil, nil)
-	p.BuildSpec = func(string, string, map[string]string) (*specs.Spec, error) {
+	p.BuildSpec = func(string, string, map[string]string, map[string]string) (*specs.Spec, error) {
 		return nil, errors.New("bad config: " + errdefs.ErrInvalidArgument.Error())
 	}
 	if _, err := f.store.Create(ctx, p); err == nil {

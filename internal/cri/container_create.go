@@ -14,6 +14,7 @@ import (
 
 	"github.com/berthcri/berth/internal/container"
 	"github.com/berthcri/berth/internal/errdefs"
+	"github.com/berthcri/berth/internal/nri"
 	"github.com/berthcri/berth/internal/sandbox"
 	"github.com/berthcri/berth/internal/specgen"
 )
@@ -53,8 +54,19 @@ func (s *Service) CreateContainer(ctx context.Context, req *runtime.CreateContai
 		handler = s.cfg.DefaultRuntimeHandler
 	}
 
-	var imgConfig *ocispecv1.Image
+	var (
+		imgConfig *ocispecv1.Image
+		podUserNS *container.UserNS
+		// Set once NRI plugins saw the container (CreateContainer hook).
+		block   *nri.SyncBlock
+		nriCtr  *container.Container
+		nriSpec *specs.Spec
+	)
+	if sb.UserNS != nil {
+		podUserNS = &container.UserNS{Path: sb.UserNSPath, Mapping: *sb.UserNS}
+	}
 	c, err := s.containers.Create(ctx, container.CreateParams{
+		UserNS:  podUserNS,
 		PodID:   sb.ID,
 		Runtime: handler,
 		Config:  cfg,
@@ -84,18 +96,20 @@ func (s *Service) CreateContainer(ctx context.Context, req *runtime.CreateContai
 			}
 			return &container.AcquiredImage{ID: img.ID, Name: ref, Ref: img.ID, LowerDirs: lower}, nil
 		},
-		BuildSpec: func(id, rootfs string, volumes map[string]string) (*specs.Spec, error) {
+		BuildSpec: func(id, rootfs string, volumes, idmapped map[string]string) (*specs.Spec, error) {
 			in := specgen.Input{
-				ContainerID:   id,
-				Config:        cfg,
-				SandboxConfig: sbCfg,
-				Image:         imgConfig,
-				RootfsPath:    rootfs,
-				ImageVolumes:  volumes,
+				ContainerID:    id,
+				Config:         cfg,
+				SandboxConfig:  sbCfg,
+				Image:          imgConfig,
+				RootfsPath:     rootfs,
+				ImageVolumes:   volumes,
+				IDMappedMounts: idmapped,
 				Pod: specgen.Pod{
 					ID: sb.ID, NetNSPath: sb.NetNSPath, IPCNSPath: sb.IPCNSPath, UTSNSPath: sb.UTSNSPath,
 					PIDNSPath: sb.PIDNSPath, CgroupParent: containerCgroupParent(sb),
 					HostnamePath: sb.HostnamePath, HostsPath: sb.HostsPath, ResolvConfPath: sb.ResolvConfPath, ShmPath: sb.ShmPath,
+					UserNSPath: sb.UserNSPath, UserNS: sb.UserNS,
 				},
 				CgroupDriver:     CgroupDriver(s.cfg.CgroupDriver),
 				OOMScoreAdjFloor: ownOOMScoreAdj(),
@@ -118,10 +132,22 @@ func (s *Service) CreateContainer(ctx context.Context, req *runtime.CreateContai
 			}
 			return specgen.Build(in)
 		},
+		// NRI plugins see (and may adjust) the finished spec before the
+		// runtime creates the container and before it is visible.
+		Adjust: func(ctx context.Context, c *container.Container, spec *specs.Spec) error {
+			b, err := s.nri.CreateContainer(ctx, sb, c, spec)
+			block, nriCtr, nriSpec = b, c, spec
+			return err
+		},
 	})
+	block.Unblock()
 	if err != nil {
+		if block != nil {
+			s.nri.UndoCreateContainer(context.WithoutCancel(ctx), sb, nriCtr, nriSpec)
+		}
 		return nil, toStatus(err)
 	}
+	s.nri.PostCreateContainer(ctx, c)
 	return &runtime.CreateContainerResponse{ContainerId: c.ID}, nil
 }
 

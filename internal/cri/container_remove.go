@@ -12,11 +12,16 @@ func (s *Service) RemoveContainer(ctx context.Context, req *runtime.RemoveContai
 	if req.GetContainerId() == "" {
 		return nil, invalidArgument("RemoveContainer: container ID is required")
 	}
-	if c, err := s.containers.Get(req.GetContainerId()); err == nil {
+	c, err := s.containers.Get(req.GetContainerId())
+	if err == nil {
 		defer s.stats.Forget(c.ID)
 	}
 	if err := s.containers.Remove(ctx, req.GetContainerId()); err != nil {
 		return nil, toStatus(err)
+	}
+	if c != nil {
+		// NRI: stop (if not reported yet), then remove.
+		logNRI(s.log, s.nri.RemoveContainer(ctx, c), c.PodID, c.ID)
 	}
 	return &runtime.RemoveContainerResponse{}, nil
 }

@@ -22,8 +22,21 @@ func (s *Service) UpdateContainerResources(ctx context.Context, req *runtime.Upd
 	if err := specgen.CheckResources(linux); err != nil {
 		return nil, toStatus(err)
 	}
-	if err := s.containers.UpdateResources(ctx, req.GetContainerId(), container.OCIResources(linux), linux); err != nil {
+	c, err := s.containers.Get(req.GetContainerId())
+	if err != nil {
 		return nil, toStatus(err)
+	}
+	// NRI plugins may change the update; status then shows what was
+	// applied.
+	res, err := s.nri.UpdateContainer(ctx, c, container.OCIResources(linux))
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	if err := s.containers.UpdateResources(ctx, c.ID, res, linux); err != nil {
+		return nil, toStatus(err)
+	}
+	if cur, err := s.containers.Get(c.ID); err == nil {
+		s.nri.PostUpdateContainer(ctx, cur)
 	}
 	return &runtime.UpdateContainerResourcesResponse{}, nil
 }

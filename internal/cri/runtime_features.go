@@ -15,26 +15,31 @@ import (
 type HandlerFeatures struct {
 	// RecursiveReadOnly: the runtime takes the "rro" mount option.
 	RecursiveReadOnly bool
+	// UserNamespaces: the runtime lists the user namespace and the node
+	// can run user namespace pods (sandbox.Store.UserNamespaceSupport).
+	UserNamespaces bool
 }
 
 // ProbeRuntimeFeatures asks each handler's runtime for its features. A
 // runtime that cannot answer (too old, missing) gets none, with a warning:
-// its containers then refuse recursive read-only mounts.
-func ProbeRuntimeFeatures(ctx context.Context, runtimes map[string]*oci.Runtime, log *slog.Logger) map[string]HandlerFeatures {
+// its containers then refuse recursive read-only mounts. usernsErr is
+// why the node cannot run user namespace pods (nil: it can); then no
+// handler offers them.
+func ProbeRuntimeFeatures(ctx context.Context, runtimes map[string]*oci.Runtime, usernsErr error, log *slog.Logger) map[string]HandlerFeatures {
 	out := make(map[string]HandlerFeatures, len(runtimes))
 	for name, rt := range runtimes {
 		f, err := rt.Features(ctx)
 		if err != nil {
 			log.Warn("runtime features probe failed; assuming none", "handler", name, "binary", rt.Binary, "err", err)
 		}
-		out[name] = HandlerFeatures{RecursiveReadOnly: f.RecursiveReadOnly()}
+		out[name] = HandlerFeatures{RecursiveReadOnly: f.RecursiveReadOnly(), UserNamespaces: usernsErr == nil && f.UserNamespaces()}
 	}
 	return out
 }
 
 // runtimeHandlers lists each configured handler and, as containerd does,
 // the default handler again under the name "" (what a sandbox without
-// runtime_handler gets). User namespaces are not offered yet.
+// runtime_handler gets).
 func (s *Service) runtimeHandlers() []*runtime.RuntimeHandler {
 	names := make([]string, 0, len(s.handlerFeatures))
 	for name := range s.handlerFeatures {
@@ -44,7 +49,7 @@ func (s *Service) runtimeHandlers() []*runtime.RuntimeHandler {
 	entry := func(name string, f HandlerFeatures) *runtime.RuntimeHandler {
 		return &runtime.RuntimeHandler{Name: name, Features: &runtime.RuntimeHandlerFeatures{
 			RecursiveReadOnlyMounts: f.RecursiveReadOnly,
-			UserNamespaces:          false,
+			UserNamespaces:          f.UserNamespaces,
 		}}
 	}
 	var out []*runtime.RuntimeHandler

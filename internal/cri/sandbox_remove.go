@@ -19,9 +19,20 @@ func (s *Service) RemovePodSandbox(ctx context.Context, req *runtime.RemovePodSa
 			}
 		}
 		s.stats.Forget(sb.ID)
+		pod := s.containers.List()
 		if err := s.containers.RemovePod(ctx, sb.ID); err != nil {
 			return nil, toStatus(err)
 		}
+		for _, c := range pod {
+			if c.PodID == sb.ID {
+				logNRI(s.log, s.nri.RemoveContainer(ctx, c), sb.ID, c.ID)
+			}
+		}
+		if err := s.sandboxes.Remove(ctx, req.GetPodSandboxId()); err != nil {
+			return nil, toStatus(err)
+		}
+		logNRI(s.log, s.nri.RemovePodSandbox(ctx, sb), sb.ID, "")
+		return &runtime.RemovePodSandboxResponse{}, nil
 	}
 	if err := s.sandboxes.Remove(ctx, req.GetPodSandboxId()); err != nil {
 		return nil, toStatus(err)

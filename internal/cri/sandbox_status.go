@@ -24,7 +24,7 @@ func (s *Service) PodSandboxStatus(ctx context.Context, req *runtime.PodSandboxS
 			"netnsPath": sb.NetNSPath, "ipcnsPath": sb.IPCNSPath, "utsnsPath": sb.UTSNSPath,
 			"pidnsPath": sb.PIDNSPath, "cgroupParent": sb.CgroupParent, "cgroupUnit": sb.CgroupUnit, "hostnamePath": sb.HostnamePath,
 			"hostsPath": sb.HostsPath, "resolvConfPath": sb.ResolvConfPath, "shmPath": sb.ShmPath,
-			"runtimeHandler": sb.RuntimeHandler,
+			"runtimeHandler": sb.RuntimeHandler, "usernsPath": sb.UserNSPath,
 		})
 		if err != nil {
 			return nil, toStatus(err)

@@ -20,6 +20,9 @@ func (s *Service) StopPodSandbox(ctx context.Context, req *runtime.StopPodSandbo
 		if err := s.containers.StopPod(ctx, sb.ID, 0); err != nil {
 			return nil, toStatus(err)
 		}
+		// NRI: each container's stop, then the pod's, while the pod is
+		// still there; the first StopPodSandbox only.
+		s.nriStopPod(ctx, sb)
 	}
 	err := s.sandboxes.Stop(ctx, req.GetPodSandboxId())
 	if err != nil && !errdefs.IsNotFound(err) {

@@ -19,8 +19,19 @@ func (s *Service) UpdatePodSandboxResources(ctx context.Context, req *runtime.Up
 	if req.GetResources() != nil {
 		res = container.OCIResources(req.GetResources())
 	}
-	if err := s.sandboxes.UpdateResources(ctx, req.GetPodSandboxId(), res, req.GetOverhead(), req.GetResources()); err != nil {
+	sb, err := s.sandboxes.Get(req.GetPodSandboxId())
+	if err != nil {
 		return nil, toStatus(err)
+	}
+	// NRI plugins hear of it first (and may refuse), then once applied.
+	if err := s.nri.UpdatePodSandbox(ctx, sb, req.GetOverhead(), req.GetResources()); err != nil {
+		return nil, toStatus(err)
+	}
+	if err := s.sandboxes.UpdateResources(ctx, sb.ID, res, req.GetOverhead(), req.GetResources()); err != nil {
+		return nil, toStatus(err)
+	}
+	if cur, err := s.sandboxes.Get(sb.ID); err == nil {
+		s.nri.PostUpdatePodSandbox(ctx, cur)
 	}
 	return &runtime.UpdatePodSandboxResourcesResponse{}, nil
 }

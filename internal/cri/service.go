@@ -16,6 +16,7 @@ import (
 	"github.com/berthcri/berth/internal/events"
 	"github.com/berthcri/berth/internal/image"
 	"github.com/berthcri/berth/internal/network"
+	"github.com/berthcri/berth/internal/nri"
 	"github.com/berthcri/berth/internal/sandbox"
 	"github.com/berthcri/berth/internal/specgen"
 	"github.com/berthcri/berth/internal/stats"
@@ -40,6 +41,7 @@ type Service struct {
 	streaming  *streaming.Server
 	containers *container.Store
 	stats      *stats.Collector
+	nri        *nri.NRI
 	// host is the machine as specgen sees it, probed once at start.
 	host            *specgen.Host
 	handlerFeatures map[string]HandlerFeatures
@@ -65,6 +67,8 @@ type Options struct {
 	Containers *container.Store
 	// Stats samples cgroups for the stats RPCs; nil → the host's.
 	Stats *stats.Collector
+	// NRI relays lifecycle events to NRI plugins; nil → off.
+	NRI *nri.NRI
 	// Host is probed once at daemon start; nil → specgen probes per call.
 	Host *specgen.Host
 	// HandlerFeatures maps runtime handler names to what they support.
@@ -92,6 +96,7 @@ func New(opts Options) *Service {
 		streaming:  opts.Streaming,
 		containers: opts.Containers,
 		stats:      opts.Stats,
+		nri:        opts.NRI,
 
 		host:            opts.Host,
 		handlerFeatures: opts.HandlerFeatures,

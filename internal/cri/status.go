@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"os/exec"
+	"path/filepath"
 
 	runtime "k8s.io/cri-api/pkg/apis/runtime/v1"
 )
@@ -54,6 +55,17 @@ func (s *Service) networkCondition() *runtime.RuntimeCondition {
 func (s *Service) statusInfo() (map[string]string, error) {
 	cfgJSON, err := json.Marshal(s.cfg)
 	if err != nil {
+		return nil, fmt.Errorf("encode config: %w", err)
+	}
+	// stateDir, as in containerd's config JSON, is where container rootfs
+	// live: critest probes idmapped-mount support on its parent (--root,
+	// which also holds the image layers berth idmaps).
+	var cfgMap map[string]any
+	if err := json.Unmarshal(cfgJSON, &cfgMap); err != nil {
+		return nil, fmt.Errorf("encode config: %w", err)
+	}
+	cfgMap["stateDir"] = filepath.Join(s.cfg.Root, "containers")
+	if cfgJSON, err = json.Marshal(cfgMap); err != nil {
 		return nil, fmt.Errorf("encode config: %w", err)
 	}
 	s.mu.Lock()

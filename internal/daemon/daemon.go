@@ -13,6 +13,7 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"sync/atomic"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -28,6 +29,7 @@ import (
 	"github.com/berthcri/berth/internal/image"
 	"github.com/berthcri/berth/internal/metrics"
 	"github.com/berthcri/berth/internal/network"
+	"github.com/berthcri/berth/internal/nri"
 	"github.com/berthcri/berth/internal/sandbox"
 	"github.com/berthcri/berth/internal/specgen"
 	"github.com/berthcri/berth/internal/streaming"
@@ -47,7 +49,8 @@ type Daemon struct {
 	grpc     *grpc.Server
 	stream   *streaming.Server
 	metrics  *metrics.Server // nil when --metrics-address is empty
-	systemd  *systemd.Units  // nil unless cgroup_driver is systemd
+	nri      *nri.NRI
+	systemd  *systemd.Units // nil unless cgroup_driver is systemd
 }
 
 // New takes the root lock, prepares directories and the socket, and builds
@@ -135,6 +138,9 @@ func New(ctx context.Context, cfg *config.Config, version string, log *slog.Logg
 	if err != nil {
 		return nil, fmt.Errorf("probe host: %w", err)
 	}
+	// Set once NRI exists (it needs the stores); until then exits seen
+	// during recovery reach no plugin, and none is connected yet.
+	var nriRelay atomic.Pointer[nri.NRI]
 	containers, err := container.Open(ctx, container.Options{
 		Dir:        filepath.Join(cfg.Root, "containers"),
 		ShimDir:    filepath.Join(cfg.State, "shims"),
@@ -142,13 +148,20 @@ func New(ctx context.Context, cfg *config.Config, version string, log *slog.Logg
 		Runtimes:   runtimes,
 		Layers:     images,
 		Logger:     log.With("component", "container"),
-		OnEvent:    publisher.ContainerEvent,
+		OnEvent:    func(ev container.Event) { publisher.ContainerEvent(ev); nriRelay.Load().ContainerEvent(ev) },
 		Faults:     faults,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("open container store: %w", err)
 	}
 	publisher.Seed(containers.List())
+	if d.nri, err = nri.New(nri.Options{
+		Config: cfg.NRI, Name: "berth", Version: version,
+		Sandboxes: sandboxes, Containers: containers, Logger: log,
+	}); err != nil {
+		return nil, err
+	}
+	nriRelay.Store(d.nri)
 	registerObjectCounts(m, sandboxes, containers)
 
 	streamTLS, err := streamingTLS(cfg)
@@ -174,9 +187,10 @@ func New(ctx context.Context, cfg *config.Config, version string, log *slog.Logg
 		Sandboxes:  sandboxes,
 		Streaming:  d.stream,
 		Containers: containers,
+		NRI:        d.nri,
 
 		Host:            host,
-		HandlerFeatures: cri.ProbeRuntimeFeatures(ctx, runtimes, log),
+		HandlerFeatures: cri.ProbeRuntimeFeatures(ctx, runtimes, sandboxes.UserNamespaceSupport(), log),
 	})
 	d.grpc = grpc.NewServer(
 		// As the kubelet's client: requests up to 16 MiB; responses may
@@ -188,6 +202,9 @@ func New(ctx context.Context, cfg *config.Config, version string, log *slog.Logg
 	)
 	svc.Register(d.grpc)
 	admin.New(images, log.With("component", "admin")).Register(d.grpc)
+	if err := d.nri.Start(); err != nil {
+		return nil, err
+	}
 	return d, nil
 }
 
@@ -236,6 +253,7 @@ func (d *Daemon) Serve(ctx context.Context) error {
 }
 
 func (d *Daemon) close() {
+	d.nri.Stop()
 	if d.stream != nil {
 		d.stream.Close()
 	}

@@ -13,6 +13,15 @@ import (
 // features.md) berth reads.
 type Features struct {
 	MountOptions []string `json:"mountOptions"`
+	Linux        *struct {
+		Namespaces []string `json:"namespaces"`
+	} `json:"linux"`
+}
+
+// UserNamespaces reports whether the runtime can put a container in a
+// user namespace ("user" among linux.namespaces).
+func (f *Features) UserNamespaces() bool {
+	return f != nil && f.Linux != nil && slices.Contains(f.Linux.Namespaces, "user")
 }
 
 // RecursiveReadOnly reports whether the runtime understands the "rro"

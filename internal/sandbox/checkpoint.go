@@ -11,6 +11,7 @@ import (
 	runtime "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/berthcri/berth/internal/network"
+	"github.com/berthcri/berth/internal/userns"
 )
 
 // checkpointVersion is bumped when the format changes incompatibly.
@@ -35,6 +36,9 @@ type checkpoint struct {
 	UTSNSPath  string `json:"utsnsPath,omitempty"`
 	PausePID   int    `json:"pausePid,omitempty"`
 	PauseStart uint64 `json:"pauseStart,omitempty"`
+	// UsernsPath and Userns: the pod's own user namespace, if any.
+	UsernsPath string          `json:"usernsPath,omitempty"`
+	Userns     *userns.Mapping `json:"userns,omitempty"`
 
 	CgroupParent   string `json:"cgroupParent"`
 	CgroupUnit     string `json:"cgroupUnit,omitempty"`
@@ -60,6 +64,7 @@ func (r *record) toCheckpoint() (*checkpoint, error) {
 		State: sb.State.String(), CreatedAt: sb.CreatedAt,
 		NetNSPath: sb.NetNSPath, IPCNSPath: sb.IPCNSPath, UTSNSPath: sb.UTSNSPath,
 		PausePID: r.pausePID, PauseStart: r.pauseStart,
+		UsernsPath: sb.UserNSPath, Userns: sb.UserNS,
 		CgroupParent: sb.CgroupParent, CgroupUnit: sb.CgroupUnit, HostnamePath: sb.HostnamePath, HostsPath: sb.HostsPath,
 		ResolvConfPath: sb.ResolvConfPath, ShmPath: sb.ShmPath,
 		PortMappings: r.ports, Network: r.attachment,
@@ -82,6 +87,7 @@ func (c *checkpoint) toRecord() (*record, error) {
 		sb: Sandbox{
 			ID: c.ID, Config: cfg, RuntimeHandler: c.RuntimeHandler, State: state, CreatedAt: c.CreatedAt,
 			NetNSPath: c.NetNSPath, IPCNSPath: c.IPCNSPath, UTSNSPath: c.UTSNSPath,
+			UserNSPath: c.UsernsPath, UserNS: c.Userns,
 			CgroupParent: c.CgroupParent, CgroupUnit: c.CgroupUnit, HostnamePath: c.HostnamePath, HostsPath: c.HostsPath,
 			ResolvConfPath: c.ResolvConfPath, ShmPath: c.ShmPath,
 		},

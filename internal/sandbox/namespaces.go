@@ -13,6 +13,9 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+	criapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+
+	"github.com/berthcri/berth/internal/userns"
 )
 
 // nsRequest says which namespaces a pod gets and what to set inside them.
@@ -21,6 +24,11 @@ type nsRequest struct {
 	hostname               string
 	sysctls                map[string]string // already validated
 	pause                  *pauseRequest     // nil unless pid NamespaceMode_POD
+	// userns, when set, puts the pod in a new user namespace that owns
+	// its other namespaces, pinned at userPin; holder starts it.
+	userns  *userns.Mapping
+	userPin string
+	holder  *pauseRequest
 }
 
 type pauseRequest struct {
@@ -38,6 +46,9 @@ type pauseRequest struct {
 // It returns the pause process's pid (0 when none). Pins made before a
 // failure are left for the caller's teardown, which removes pins by path.
 func createNamespaces(req nsRequest) (int, error) {
+	if req.userns != nil {
+		return createInUserns(req)
+	}
 	type result struct {
 		pid int
 		err error
@@ -78,13 +89,8 @@ func setupOnThread(req nsRequest) (int, error) {
 			return 0, err
 		}
 	}
-	// /proc/sys/net and the IPC sysctls resolve against the opening
-	// thread's namespaces, which are the pod's here.
-	for key, val := range req.sysctls {
-		path := "/proc/sys/" + strings.ReplaceAll(key, ".", "/")
-		if err := os.WriteFile(path, []byte(val), 0o644); err != nil {
-			return 0, fmt.Errorf("set sysctl %s=%s: %w", key, val, err)
-		}
+	if err := writeSysctls(req.sysctls); err != nil {
+		return 0, err
 	}
 	tid := strconv.Itoa(unix.Gettid())
 	for _, p := range []struct{ kind, pin string }{{"net", req.netPin}, {"ipc", req.ipcPin}, {"uts", req.utsPin}} {
@@ -110,6 +116,113 @@ func setupOnThread(req nsRequest) (int, error) {
 	// Reap it when it exits while this daemon is its parent.
 	go func() { _ = cmd.Wait() }()
 	return pid, nil
+}
+
+// writeSysctls sets the pod's sysctls. /proc/sys/net and the IPC sysctls
+// resolve against the calling thread's namespaces, which must be the
+// pod's.
+func writeSysctls(sysctls map[string]string) error {
+	for key, val := range sysctls {
+		path := "/proc/sys/" + strings.ReplaceAll(key, ".", "/")
+		if err := os.WriteFile(path, []byte(val), 0o644); err != nil {
+			return fmt.Errorf("set sysctl %s=%s: %w", key, val, err)
+		}
+	}
+	return nil
+}
+
+// createInUserns creates the pod's user namespace together with its
+// network, IPC and UTS (and, for a shared PID namespace, PID) namespaces
+// in one clone of the holder, so the user namespace owns them all: the
+// kernel lets a container mount sysfs, mqueue and /proc only over
+// namespaces its user namespace owns. A thread cannot unshare a user
+// namespace in a multithreaded process, hence the child. berthd pins each
+// namespace from /proc/<holder>/ns, then configures them (hostname, lo,
+// sysctls) from a locked thread that joins them: host root is privileged
+// over every user namespace below its own. The holder stays as the pod's
+// pause process when a shared PID namespace was asked for; otherwise it
+// is killed once the pins hold the namespaces.
+//
+// It returns the pause pid (0 when none); pins made before a failure are
+// left for the caller's teardown, as in createNamespaces.
+func createInUserns(req nsRequest) (int, error) {
+	var flags uintptr
+	for _, p := range []struct {
+		pin  string
+		flag uintptr
+	}{{req.netPin, unix.CLONE_NEWNET}, {req.ipcPin, unix.CLONE_NEWIPC}, {req.utsPin, unix.CLONE_NEWUTS}} {
+		if p.pin != "" {
+			flags |= p.flag
+		}
+	}
+	holder := req.holder
+	if req.pause != nil {
+		flags |= unix.CLONE_NEWPID
+		holder = req.pause
+	}
+	cmd, err := userns.StartHolder(*req.userns, userns.HolderOptions{Binary: holder.binary, Arg: holder.arg, Cloneflags: flags})
+	if err != nil {
+		return 0, err
+	}
+	pid := cmd.Process.Pid
+	if req.pause != nil {
+		// Kept as the pause process: reaped when it exits while this
+		// daemon is its parent; the caller's teardown stops it.
+		go func() { _ = cmd.Wait() }()
+	} else {
+		defer userns.StopHolder(cmd)
+		pid = 0
+	}
+	nsDir := fmt.Sprintf("/proc/%d/ns/", cmd.Process.Pid)
+	for _, p := range []struct{ kind, pin string }{{"user", req.userPin}, {"net", req.netPin}, {"ipc", req.ipcPin}, {"uts", req.utsPin}} {
+		if p.pin == "" {
+			continue
+		}
+		if err := pin(nsDir+p.kind, p.pin); err != nil {
+			return pid, err
+		}
+	}
+	done := make(chan error, 1)
+	go func() {
+		// Never unlocked: the thread, now in the pod's namespaces, exits
+		// with this goroutine.
+		runtime.LockOSThread()
+		done <- configureJoined(req)
+	}()
+	return pid, <-done
+}
+
+// configureJoined joins the pod's pinned namespaces on the current (locked)
+// thread and sets the hostname, brings lo up and writes the sysctls.
+func configureJoined(req nsRequest) error {
+	for _, p := range []struct {
+		pin  string
+		kind int
+	}{{req.utsPin, unix.CLONE_NEWUTS}, {req.netPin, unix.CLONE_NEWNET}, {req.ipcPin, unix.CLONE_NEWIPC}} {
+		if p.pin == "" {
+			continue
+		}
+		f, err := os.Open(p.pin)
+		if err != nil {
+			return fmt.Errorf("open namespace pin: %w", err)
+		}
+		err = unix.Setns(int(f.Fd()), p.kind)
+		f.Close()
+		if err != nil {
+			return fmt.Errorf("join namespace %s: %w", p.pin, err)
+		}
+	}
+	if req.utsPin != "" && req.hostname != "" {
+		if err := unix.Sethostname([]byte(req.hostname)); err != nil {
+			return fmt.Errorf("set hostname %q: %w", req.hostname, err)
+		}
+	}
+	if req.netPin != "" {
+		if err := loopbackUp(); err != nil {
+			return err
+		}
+	}
+	return writeSysctls(req.sysctls)
 }
 
 func loopbackUp() error {
@@ -190,6 +303,38 @@ func procStartTime(pid int) (uint64, bool) {
 		return 0, false
 	}
 	return st, true
+}
+
+// mayHaveHolder reports whether a pod's creation starts berth-pause: for
+// a shared PID namespace or its own user namespace.
+func mayHaveHolder(cfg *criapi.PodSandboxConfig) bool {
+	ns := cfg.GetLinux().GetSecurityContext().GetNamespaceOptions()
+	return ns.GetPid() == criapi.NamespaceMode_POD || ns.GetUsernsOptions().GetMode() == criapi.NamespaceMode_POD
+}
+
+// stopHolders stops every berth-pause whose one argument is stateDir.
+func stopHolders(stateDir string) {
+	procs, err := os.ReadDir("/proc")
+	if err != nil {
+		return
+	}
+	for _, p := range procs {
+		pid, err := strconv.Atoi(p.Name())
+		if err != nil {
+			continue
+		}
+		b, err := os.ReadFile(filepath.Join("/proc", p.Name(), "cmdline"))
+		if err != nil {
+			continue
+		}
+		args := strings.Split(strings.TrimSuffix(string(b), "\x00"), "\x00")
+		if len(args) == 2 && args[1] == stateDir && filepath.Base(args[0]) == "berth-pause" {
+			start, ok := procStartTime(pid)
+			if ok {
+				stopPause(pid, start)
+			}
+		}
+	}
 }
 
 // stopPause ends the pod's PID namespace holder: SIGTERM, then SIGKILL.

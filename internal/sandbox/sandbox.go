@@ -29,6 +29,7 @@ import (
 	"github.com/berthcri/berth/internal/fault"
 	"github.com/berthcri/berth/internal/network"
 	"github.com/berthcri/berth/internal/systemd"
+	"github.com/berthcri/berth/internal/userns"
 )
 
 // Sandbox is one pod sandbox as the rest of berth sees it.
@@ -42,6 +43,11 @@ type Sandbox struct {
 	IPCNSPath      string // "" when host IPC
 	UTSNSPath      string // "" when hostNetwork (UTS follows network, as in kubelet)
 	PIDNSPath      string // /proc/<holder>/ns/pid when pid NamespaceMode_POD, else ""
+	// UserNSPath pins the pod's own user namespace, which owns its other
+	// namespaces; "" for the host's (userns NamespaceMode_NODE).
+	UserNSPath string
+	// UserNS is that namespace's ID mapping; nil with UserNSPath "".
+	UserNS         *userns.Mapping
 	CgroupParent   string // the pod's own cgroup (cgroupfs path); container cgroups go below it
 	CgroupUnit     string // systemd driver: the pod's slice unit, parent of the containers' scopes
 	HostnamePath   string
@@ -88,6 +94,11 @@ type Store struct {
 	mu    sync.Mutex
 	byID  map[string]*record
 	names map[string]string // reservation key → id
+
+	// usernsOnce probes, on first need, whether user namespace pods can
+	// work here; usernsErr says why not.
+	usernsOnce sync.Once
+	usernsErr  error
 }
 
 // record is one sandbox plus what only this package needs.
@@ -163,7 +174,7 @@ func (s *Store) netnsDir() string     { return filepath.Join(s.opts.State, "netn
 
 // alive reports whether every namespace the sandbox owns still exists.
 func (r *record) alive() bool {
-	for _, p := range []string{r.sb.NetNSPath, r.sb.IPCNSPath, r.sb.UTSNSPath} {
+	for _, p := range []string{r.sb.NetNSPath, r.sb.IPCNSPath, r.sb.UTSNSPath, r.sb.UserNSPath} {
 		if p != "" && !pinAlive(p) {
 			return false
 		}
@@ -240,6 +251,10 @@ func (s *Store) Get(id string) (*Sandbox, error) {
 func copySandbox(v *Sandbox) *Sandbox {
 	sb := *v
 	sb.AdditionalIPs = append([]string(nil), v.AdditionalIPs...)
+	if v.UserNS != nil {
+		m := *v.UserNS
+		sb.UserNS = &m
+	}
 	return &sb
 }
 
@@ -267,9 +282,13 @@ func newID() string {
 	return hex.EncodeToString(b)
 }
 
+// ReadyHook runs once a sandbox is fully set up, before it is READY and
+// visible to Get and List (NRI's RunPodSandbox); an error fails Run.
+type ReadyHook func(ctx context.Context, sb *Sandbox) error
+
 // Run creates a sandbox. Every step already done is undone when a later
 // one fails, so a failed Run leaves nothing behind.
-func (s *Store) Run(ctx context.Context, cfg *runtime.PodSandboxConfig, handler string) (_ *Sandbox, retErr error) {
+func (s *Store) Run(ctx context.Context, cfg *runtime.PodSandboxConfig, handler string, hooks ...ReadyHook) (_ *Sandbox, retErr error) {
 	start := time.Now()
 	md := cfg.GetMetadata()
 	if md.GetName() == "" || md.GetNamespace() == "" || md.GetUid() == "" {
@@ -291,6 +310,21 @@ func (s *Store) Run(ctx context.Context, cfg *runtime.PodSandboxConfig, handler 
 	hostNet := nsOpts.GetNetwork() == runtime.NamespaceMode_NODE
 	hostIPC := nsOpts.GetIpc() == runtime.NamespaceMode_NODE
 	podPID := nsOpts.GetPid() == runtime.NamespaceMode_POD
+	mapping, err := userns.FromCRI(nsOpts.GetUsernsOptions())
+	if err != nil {
+		return nil, err
+	}
+	if mapping != nil {
+		// As the kubelet's validation: a pod with its own user namespace
+		// shares none of the host's namespaces, whose owner it could not
+		// use (sysfs, mqueue and /proc mounts would fail).
+		if hostNet || hostIPC || nsOpts.GetPid() == runtime.NamespaceMode_NODE {
+			return nil, fmt.Errorf("a pod with its own user namespace cannot use the host's network, IPC or PID namespace: %w", errdefs.ErrInvalidArgument)
+		}
+		if err := s.UserNamespaceSupport(); err != nil {
+			return nil, fmt.Errorf("user namespace pod: %w: %w", err, errdefs.ErrFailedPrecondition)
+		}
+	}
 	sysctls, err := validateSysctls(cfg.GetLinux().GetSysctls(), hostNet, hostIPC)
 	if err != nil {
 		return nil, err
@@ -322,7 +356,7 @@ func (s *Store) Run(ctx context.Context, cfg *runtime.PodSandboxConfig, handler 
 		return nil, fmt.Errorf("hostname %q is longer than 64 bytes: %w", hostname, errdefs.ErrInvalidArgument)
 	}
 	var pauseBin string
-	if podPID {
+	if podPID || mapping != nil {
 		if pauseBin, err = s.pauseBinary(); err != nil {
 			return nil, err
 		}
@@ -368,6 +402,10 @@ func (s *Store) Run(ctx context.Context, cfg *runtime.PodSandboxConfig, handler 
 	if !hostIPC {
 		r.sb.IPCNSPath = filepath.Join(s.netnsDir(), id+"-ipc")
 		r.sb.ShmPath = filepath.Join(stateDir, "shm")
+	}
+	if mapping != nil {
+		r.sb.UserNSPath = filepath.Join(s.netnsDir(), id+"-user")
+		r.sb.UserNS = mapping
 	}
 	if !hostNet {
 		// Chosen (and checkpointed below) up front: from here on, DEL
@@ -422,12 +460,23 @@ func (s *Store) Run(ctx context.Context, cfg *runtime.PodSandboxConfig, handler 
 		if err := os.WriteFile(path, data, 0o644); err != nil {
 			return nil, fmt.Errorf("write %s: %w", path, err)
 		}
+		if mapping != nil {
+			// The pod's root owns its files, as in CRI-O: the container
+			// sees them as its root's, like the rest of its rootfs.
+			if err := os.Chown(path, int(mapping.UID.HostID), int(mapping.GID.HostID)); err != nil {
+				return nil, fmt.Errorf("chown %s to the pod's root: %w", path, err)
+			}
+		}
 	}
 	if r.sb.ShmPath != "" {
 		if err := os.Mkdir(r.sb.ShmPath, 0o755); err != nil {
 			return nil, fmt.Errorf("create %s: %w", r.sb.ShmPath, err)
 		}
-		if err := unix.Mount("shm", r.sb.ShmPath, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, fmt.Sprintf("mode=1777,size=%d", shmSize)); err != nil {
+		shmOpts := fmt.Sprintf("mode=1777,size=%d", shmSize)
+		if mapping != nil {
+			shmOpts += fmt.Sprintf(",uid=%d,gid=%d", mapping.UID.HostID, mapping.GID.HostID)
+		}
+		if err := unix.Mount("shm", r.sb.ShmPath, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, shmOpts); err != nil {
 			return nil, fmt.Errorf("mount pod /dev/shm at %s: %w", r.sb.ShmPath, err)
 		}
 	}
@@ -437,6 +486,10 @@ func (s *Store) Run(ctx context.Context, cfg *runtime.PodSandboxConfig, handler 
 	req := nsRequest{netPin: r.sb.NetNSPath, ipcPin: r.sb.IPCNSPath, utsPin: r.sb.UTSNSPath, hostname: hostname, sysctls: sysctls}
 	if podPID {
 		req.pause = &pauseRequest{binary: pauseBin, arg: stateDir}
+	}
+	if mapping != nil {
+		req.userns, req.userPin = mapping, r.sb.UserNSPath
+		req.holder = &pauseRequest{binary: pauseBin, arg: stateDir}
 	}
 	pid, err := createNamespaces(req)
 	if pid > 0 {
@@ -464,6 +517,11 @@ func (s *Store) Run(ctx context.Context, cfg *runtime.PodSandboxConfig, handler 
 		r.fillFromAttachment()
 	}
 	s.opts.Faults.Hit(fault.SandboxAfterCNIAdd, "pod", id)
+	for _, hook := range hooks {
+		if err := hook(ctx, r.snapshot()); err != nil {
+			return nil, err
+		}
+	}
 	r.sb.State = runtime.PodSandboxState_SANDBOX_READY
 	if err := s.persist(r); err != nil {
 		return nil, err
@@ -529,7 +587,13 @@ func (s *Store) teardown(ctx context.Context, r *record, force bool) error {
 		}
 	}
 	stopPause(r.pausePID, r.pauseStart)
-	for _, p := range []string{r.sb.NetNSPath, r.sb.IPCNSPath, r.sb.UTSNSPath} {
+	if r.pausePID == 0 && mayHaveHolder(r.sb.Config) {
+		// A crash between starting the holder and checkpointing its pid
+		// leaves one nobody recorded; it names the pod's state dir.
+		stopHolders(filepath.Join(s.opts.State, "sandboxes", r.sb.ID))
+	}
+	// The user namespace pin goes last: it owns the others.
+	for _, p := range []string{r.sb.NetNSPath, r.sb.IPCNSPath, r.sb.UTSNSPath, r.sb.UserNSPath} {
 		if err := unpin(p); err != nil {
 			errs = append(errs, err)
 		}
@@ -634,4 +698,51 @@ func (s *Store) pauseBinary() (string, error) {
 		return "", fmt.Errorf("a shared PID namespace needs berth-pause next to berthd or in PATH: %w", errdefs.ErrFailedPrecondition)
 	}
 	return p, nil
+}
+
+// UserNamespaceSupport reports, probed once, why pods with their own user
+// namespace cannot work on this node, or nil when they can: berth-pause
+// must be found (it holds the namespace while berthd pins it), the
+// filesystem of --root must take idmapped mounts (every such pod's
+// rootfs is built on idmapped image layers), and --root and --state must
+// be searchable by others (the container's root, an unprivileged host
+// user, reaches its rootfs and pod files through them).
+func (s *Store) UserNamespaceSupport() error {
+	s.usernsOnce.Do(func() {
+		bin, err := s.pauseBinary()
+		if err == nil {
+			err = userns.ProbeIDMap(s.opts.Root, bin)
+		}
+		for _, d := range []string{s.opts.Root, s.opts.State} {
+			if err == nil {
+				err = searchableByOthers(d)
+			}
+		}
+		s.usernsErr = err
+		if err != nil {
+			s.log.Warn("pods with their own user namespace are not supported here", "err", err)
+		}
+	})
+	return s.usernsErr
+}
+
+// searchableByOthers fails unless every directory from / to dir lets
+// others through (the x bit for others).
+func searchableByOthers(dir string) error {
+	abs, err := filepath.Abs(dir)
+	if err != nil {
+		return err
+	}
+	for p := abs; ; p = filepath.Dir(p) {
+		fi, err := os.Stat(p)
+		if err != nil {
+			return fmt.Errorf("stat %s: %w", p, err)
+		}
+		if fi.Mode().Perm()&0o001 == 0 {
+			return fmt.Errorf("%s (mode %v) is not searchable by others, so a user namespace's root cannot reach %s", p, fi.Mode().Perm(), dir)
+		}
+		if p == "/" {
+			return nil
+		}
+	}
 }

@@ -163,8 +163,17 @@ func bindMount(in *Input, m *runtime.Mount) (criMount, error) {
 		return criMount{}, invalid("container path %q is not absolute", dst)
 	case !path.IsAbs(src):
 		return criMount{}, invalid("host path %q is not absolute", src)
-	case len(m.GetUidMappings()) > 0 || len(m.GetGidMappings()) > 0:
-		return criMount{}, invalid("id-mapped mounts are not supported")
+	}
+	idmapped := len(m.GetUidMappings()) > 0 || len(m.GetGidMappings()) > 0
+	if idmapped {
+		// The container package made the idmapped copy; only a mount it
+		// made one for (a user namespace pod's, with the pod's mapping)
+		// gets here with a source.
+		copySrc, ok := in.IDMappedMounts[dst]
+		if !ok {
+			return criMount{}, invalid("id-mapped mount at %q: only a pod with its own user namespace takes ID mappings, and only its own", dst)
+		}
+		src = copySrc
 	}
 	if path.Clean(dst) == "/" {
 		return criMount{}, invalid("cannot mount over the container's root")

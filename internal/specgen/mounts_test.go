@@ -132,7 +132,7 @@ func TestApplyMounts(t *testing.T) {
 		{name: "image volume not mounted refused", mounts: func(h string) []*runtime.Mount {
 			return []*runtime.Mount{{ContainerPath: "/data", HostPath: h, Image: &runtime.ImageSpec{Image: "x"}}}
 		}, err: errInvalid},
-		{name: "idmapped refused", mounts: func(h string) []*runtime.Mount {
+		{name: "idmapped without a copy made refused", mounts: func(h string) []*runtime.Mount {
 			return []*runtime.Mount{{ContainerPath: "/data", HostPath: h, UidMappings: []*runtime.IDMapping{{Length: 1}}}}
 		}, err: errInvalid},
 		{name: "mount options", mounts: func(h string) []*runtime.Mount {

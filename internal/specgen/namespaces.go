@@ -6,6 +6,8 @@ import (
 
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	runtime "k8s.io/cri-api/pkg/apis/runtime/v1"
+
+	"github.com/berthcri/berth/internal/userns"
 )
 
 // applyNamespaces joins the pod's network, IPC and UTS namespaces (none
@@ -18,6 +20,10 @@ func applyNamespaces(in *Input, s *specs.Spec) error {
 		return err
 	}
 	s.Linux.Namespaces = ns
+	if in.Pod.UserNS != nil {
+		// runc 1.1 wants the mappings even when joining a namespace.
+		s.Linux.UIDMappings, s.Linux.GIDMappings = in.Pod.UserNS.OCI()
+	}
 	for _, n := range ns {
 		if n.Type == specs.UTSNamespace {
 			s.Hostname = in.SandboxConfig.GetHostname()
@@ -29,10 +35,22 @@ func applyNamespaces(in *Input, s *specs.Spec) error {
 func namespaces(in *Input) ([]specs.LinuxNamespace, error) {
 	opts := in.Config.GetLinux().GetSecurityContext().GetNamespaceOptions()
 	podOpts := in.SandboxConfig.GetLinux().GetSecurityContext().GetNamespaceOptions()
-	if u := opts.GetUsernsOptions(); u != nil && u.GetMode() != runtime.NamespaceMode_NODE {
-		return nil, invalid("user namespaces (mode %s) are not supported", u.GetMode())
-	}
 	out := []specs.LinuxNamespace{{Type: specs.MountNamespace}}
+	// The user namespace is the pod's: a container may restate it (the
+	// kubelet does) but not ask for another, as in containerd.
+	if u := opts.GetUsernsOptions(); u != nil && !userns.Same(in.Pod.UserNS, u) {
+		if _, err := userns.FromCRI(u); err != nil {
+			return nil, err
+		}
+		return nil, invalid("user namespace options (mode %s) differ from the pod's", u.GetMode())
+	}
+	if in.Pod.UserNS != nil {
+		if in.Pod.UserNSPath == "" {
+			return nil, invalid("the pod has a user namespace mapping but no namespace to join")
+		}
+		// Listed first: runc joins it before the namespaces it owns.
+		out = append([]specs.LinuxNamespace{{Type: specs.UserNamespace, Path: in.Pod.UserNSPath}}, out...)
+	}
 
 	// Network, IPC and UTS always follow the pod, as in containerd; a
 	// container asking for something else is refused, not ignored.

@@ -8,6 +8,8 @@ import (
 
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	runtime "k8s.io/cri-api/pkg/apis/runtime/v1"
+
+	"github.com/berthcri/berth/internal/userns"
 )
 
 // nsString renders namespaces as "type=path" (path "" = new) sorted.
@@ -118,6 +120,49 @@ func TestSysctls(t *testing.T) {
 			wantErr(t, err, tc.err)
 			if tc.err == nil && fmt.Sprint(s.Linux.Sysctl) != fmt.Sprint(tc.want) {
 				t.Fatalf("sysctl %v, want %v", s.Linux.Sysctl, tc.want)
+			}
+		})
+	}
+}
+
+func TestUserNamespace(t *testing.T) {
+	m := &userns.Mapping{UID: userns.IDMap{HostID: 1000, Size: 100000}, GID: userns.IDMap{HostID: 2000, Size: 65536}}
+	podUserns := Pod{NetNSPath: "/n", IPCNSPath: "/i", UTSNSPath: "/u", PIDNSPath: "/p", UserNSPath: "/user", UserNS: m}
+	same := &runtime.UserNamespace{Mode: runtime.NamespaceMode_POD,
+		Uids: []*runtime.IDMapping{{HostId: 1000, Length: 100000}}, Gids: []*runtime.IDMapping{{HostId: 2000, Length: 65536}}}
+	other := &runtime.UserNamespace{Mode: runtime.NamespaceMode_POD,
+		Uids: []*runtime.IDMapping{{HostId: 5000, Length: 100000}}, Gids: []*runtime.IDMapping{{HostId: 2000, Length: 65536}}}
+	for _, tc := range []struct {
+		name string
+		pod  Pod
+		opts *runtime.UserNamespace
+		err  error
+	}{
+		{name: "pod's, not restated", pod: podUserns},
+		{name: "pod's, restated", pod: podUserns, opts: same},
+		{name: "other mapping", pod: podUserns, opts: other, err: errInvalid},
+		{name: "host's in a userns pod", pod: podUserns, opts: &runtime.UserNamespace{Mode: runtime.NamespaceMode_NODE}, err: errInvalid},
+		{name: "pod's in a pod without one", pod: Pod{NetNSPath: "/n", IPCNSPath: "/i", UTSNSPath: "/u", PIDNSPath: "/p"}, opts: same, err: errInvalid},
+		{name: "mode container", pod: podUserns, opts: &runtime.UserNamespace{Mode: runtime.NamespaceMode_CONTAINER}, err: errInvalid},
+		{name: "mapping without pin", pod: Pod{NetNSPath: "/n", IPCNSPath: "/i", UTSNSPath: "/u", PIDNSPath: "/p", UserNS: m}, err: errInvalid},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			in := testInput(t)
+			in.Pod = tc.pod
+			sc(&in).NamespaceOptions = &runtime.NamespaceOption{UsernsOptions: tc.opts}
+			s := &specs.Spec{Linux: &specs.Linux{}}
+			err := applyNamespaces(&in, s)
+			wantErr(t, err, tc.err)
+			if tc.err != nil {
+				return
+			}
+			// The user namespace comes first: runc joins it before the
+			// namespaces it owns.
+			if got := s.Linux.Namespaces[0]; got.Type != specs.UserNamespace || got.Path != "/user" {
+				t.Fatalf("first namespace %+v", got)
+			}
+			if fmt.Sprint(s.Linux.UIDMappings, s.Linux.GIDMappings) != "[{0 1000 100000}] [{0 2000 65536}]" {
+				t.Fatalf("mappings %v %v", s.Linux.UIDMappings, s.Linux.GIDMappings)
 			}
 		})
 	}

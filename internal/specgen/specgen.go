@@ -19,6 +19,7 @@ import (
 	runtime "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/berthcri/berth/internal/errdefs"
+	"github.com/berthcri/berth/internal/userns"
 )
 
 // Input is everything that shapes a container's OCI spec.
@@ -35,8 +36,12 @@ type Input struct {
 	// mount with an image) to where that image is mounted read-only on the
 	// host, image_sub_path applied.
 	ImageVolumes map[string]string
-	Pod          Pod
-	CgroupDriver string // "cgroupfs" or "systemd"
+	// IDMappedMounts maps the container path of each CRI mount with ID
+	// mappings to the idmapped copy of its host path the container
+	// package made (runc 1.1 cannot idmap mounts itself).
+	IDMappedMounts map[string]string
+	Pod            Pod
+	CgroupDriver   string // "cgroupfs" or "systemd"
 	// OOMScoreAdjFloor is the lowest oom_score_adj the kernel lets the
 	// daemon set (its own, without CAP_SYS_RESOURCE); lower requests clamp to it.
 	OOMScoreAdjFloor int
@@ -58,6 +63,10 @@ type Input struct {
 type Pod struct {
 	ID, NetNSPath, IPCNSPath, UTSNSPath, PIDNSPath, CgroupParent string
 	HostnamePath, HostsPath, ResolvConfPath, ShmPath             string
+	// UserNSPath pins the pod's own user namespace and UserNS is its
+	// mapping; "" and nil when the pod uses the host's.
+	UserNSPath string
+	UserNS     *userns.Mapping
 }
 
 // step fills one part of the spec from the Input.

@@ -47,6 +47,9 @@ func TestStatusRuntimeHandlerFeatures(t *testing.T) {
 	if len(got) != 3 || len(resp.GetRuntimeHandlers()) != 3 {
 		t.Fatalf("handlers: %+v", resp.GetRuntimeHandlers())
 	}
+	// This daemon's scratch dir (0700) keeps a user namespace's root out
+	// of its rootfs, so no handler offers user namespaces
+	// (TestUsernsStatusReportsSupport has one that does).
 	for name, rro := range map[string]bool{"": true, "runc": true, "old": false} {
 		f := got[name]
 		if f == nil || f.GetRecursiveReadOnlyMounts() != rro || f.GetUserNamespaces() {

@@ -99,6 +99,11 @@ func Start(t testing.TB, opts Options) *Daemon {
 	}
 	d.netSlot = slot
 	cfg.DefaultNetwork.Bridge, cfg.DefaultNetwork.Subnet = slot.Bridge, slot.Subnet
+	// NRI on a socket (and plugin dirs) of its own: parallel daemons must
+	// never share /var/run/nri/nri.sock or start the node's plugins.
+	cfg.NRI.SocketPath = filepath.Join(dir, "nri.sock")
+	cfg.NRI.PluginPath = filepath.Join(dir, "nri-plugins")
+	cfg.NRI.PluginConfigPath = filepath.Join(dir, "nri-conf.d")
 	if opts.Configure != nil {
 		opts.Configure(cfg)
 	}
