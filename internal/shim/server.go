@@ -428,6 +428,11 @@ func (s *Server) create(req *Request) (retErr error) {
 			name string
 		}{res.f, "stdout"})
 	}
+	if moved, err := keepDevicesCgroup(pid); err != nil {
+		s.logf("container %s: keep devices cgroup: %v", req.ID, err)
+	} else if moved {
+		s.logf("container %s: moved init back into its scope's devices cgroup", req.ID)
+	}
 	c.memCgroup = memoryCgroup(pid)
 	c.oom = watchOOM(c.memCgroup)
 	for _, o := range outputs {

@@ -317,6 +317,27 @@ func TestSystemdCgroupDriver(t *testing.T) {
 		t.Fatalf("scope memory limit %s, want %d", got, 64<<20)
 	}
 
+	// On v1 the init is in its scope's devices cgroup, where runc's device
+	// rules are, not in the pod slice's (where systemd moves the first
+	// such scope below a new parent; the shim moves it back).
+	if procs, err := os.ReadFile(filepath.Join("/sys/fs/cgroup/systemd", scopeGroup, "cgroup.procs")); err == nil {
+		pids := strings.Fields(string(procs))
+		if len(pids) == 0 {
+			t.Fatalf("no process in scope %s", scope)
+		}
+		for _, pid := range pids {
+			data, err := os.ReadFile("/proc/" + pid + "/cgroup")
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, line := range strings.Split(string(data), "\n") {
+				if strings.Contains(line, ":devices:") && !strings.HasSuffix(line, "/"+scope) {
+					t.Fatalf("container process %s is in devices cgroup %q, not its scope's", pid, line)
+				}
+			}
+		}
+	}
+
 	// Stats read the scope's real cgroup (below systemd's root here).
 	st := containerStats(t, d, ctr)
 	if st.GetMemory().GetWorkingSetBytes().GetValue() == 0 || st.GetCpu().GetUsageCoreNanoSeconds() == nil {
