@@ -40,6 +40,9 @@ func infoCommand(ctx context.Context, g *globals, args []string) error {
 	fmt.Fprintf(g.stdout, "endpoint:   %s\n", g.address)
 	fmt.Fprintf(g.stdout, "streaming:  %s\n", orNone(st.Info["streamingAddress"]))
 	fmt.Fprintf(g.stdout, "metrics:    %s\n", orNone(st.Info["metricsAddress"]))
+	if d := st.Info["cgroupDriver"]; d != "" {
+		fmt.Fprintf(g.stdout, "cgroups:    %s driver\n", d)
+	}
 	for _, c := range st.GetStatus().GetConditions() {
 		line := fmt.Sprintf("%s=%v", c.Type, c.Status)
 		if !c.Status {

@@ -79,7 +79,7 @@ func loadConfig(args []string, stderr io.Writer) (*config.Config, error) {
 	fs.StringVar(&flagCfg.MetricsAddress, "metrics-address", flagCfg.MetricsAddress, "Prometheus metrics address (empty: off)")
 	fs.StringVar(&flagCfg.LogLevel, "log-level", flagCfg.LogLevel, "debug, info, warn or error")
 	fs.StringVar(&flagCfg.LogFormat, "log-format", flagCfg.LogFormat, "text or json")
-	fs.StringVar(&flagCfg.CgroupDriver, "cgroup-driver", flagCfg.CgroupDriver, "cgroupfs or systemd (empty: cgroupfs)")
+	fs.StringVar(&flagCfg.CgroupDriver, "cgroup-driver", flagCfg.CgroupDriver, "cgroupfs or systemd (empty: cgroupfs; systemd needs a running systemd)")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
 	}

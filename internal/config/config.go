@@ -67,7 +67,7 @@ type Config struct {
 	LogLevel string `toml:"log_level" json:"log_level"`
 	// LogFormat is text or json.
 	LogFormat string `toml:"log_format" json:"log_format"`
-	// CgroupDriver is cgroupfs or systemd (not built yet: pods fail); empty is cgroupfs.
+	// CgroupDriver is cgroupfs or systemd (needs a running systemd); empty is cgroupfs.
 	CgroupDriver string `toml:"cgroup_driver" json:"cgroup_driver"`
 	// CgroupParent is the parent of pod cgroups whose config names none.
 	CgroupParent string `toml:"cgroup_parent" json:"cgroup_parent"`

@@ -4,9 +4,12 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
+	"path"
 	"path/filepath"
+	"strings"
 
 	"github.com/berthcri/berth/internal/errdefs"
+	"github.com/berthcri/berth/internal/stats"
 )
 
 // CgroupsPath is the container's linux.cgroupsPath from its bundle's
@@ -34,7 +37,20 @@ func (s *Store) CgroupsPath(id string) (string, error) {
 	if spec.Linux == nil || spec.Linux.CgroupsPath == "" {
 		return "", fmt.Errorf("container %s has no cgroups path: %w", e.rec.ID, errdefs.ErrNotFound)
 	}
-	return spec.Linux.CgroupsPath, nil
+	p := spec.Linux.CgroupsPath
+	// systemd's "slice:prefix:name" names a scope, not a place: while the
+	// container runs, its init's /proc/<pid>/cgroup says where systemd put
+	// it (below its own root when systemd runs in a container).
+	if strings.Count(p, ":") == 2 {
+		if snap := e.snap.Load(); snap != nil && snap.State == StateRunning && snap.Pid > 0 {
+			// The scope's name guards against a reused pid.
+			parts := strings.Split(p, ":")
+			if group, err := stats.ProcessGroup("/proc", snap.Pid); err == nil && path.Base(group) == parts[1]+"-"+parts[2]+".scope" {
+				return group, nil
+			}
+		}
+	}
+	return p, nil
 }
 
 // UpperDir is the container's writable layer (the overlay upper dir).

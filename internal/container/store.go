@@ -714,6 +714,11 @@ func (s *Store) stopLocked(ctx context.Context, e *entry, timeout time.Duration)
 	if err := client.Kill(ctx, r.ID, syscall.SIGKILL, true); err != nil && !errors.Is(err, errdefs.ErrNotFound) {
 		return s.lost(e, fmt.Errorf("kill container %s: %w", r.ID, err))
 	}
+	// runc kill --all finds the processes through one v1 hierarchy
+	// (devices); under --systemd-cgroup the init can sit in the pod slice's
+	// cgroup there instead of its scope's, and then gets nothing. The init
+	// itself is always reachable.
+	_ = client.Kill(ctx, r.ID, syscall.SIGKILL, false)
 	st, err := client.Wait(ctx, r.ID)
 	if err != nil {
 		return s.lost(e, fmt.Errorf("wait for container %s: %w", r.ID, err))

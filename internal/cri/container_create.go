@@ -15,6 +15,7 @@ import (
 	"github.com/berthcri/berth/internal/container"
 	"github.com/berthcri/berth/internal/errdefs"
 	"github.com/berthcri/berth/internal/nri"
+	"github.com/berthcri/berth/internal/sandbox"
 	"github.com/berthcri/berth/internal/specgen"
 )
 
@@ -106,7 +107,7 @@ func (s *Service) CreateContainer(ctx context.Context, req *runtime.CreateContai
 				IDMappedMounts: idmapped,
 				Pod: specgen.Pod{
 					ID: sb.ID, NetNSPath: sb.NetNSPath, IPCNSPath: sb.IPCNSPath, UTSNSPath: sb.UTSNSPath,
-					PIDNSPath: sb.PIDNSPath, CgroupParent: sb.CgroupParent,
+					PIDNSPath: sb.PIDNSPath, CgroupParent: containerCgroupParent(sb),
 					HostnamePath: sb.HostnamePath, HostsPath: sb.HostsPath, ResolvConfPath: sb.ResolvConfPath, ShmPath: sb.ShmPath,
 					UserNSPath: sb.UserNSPath, UserNS: sb.UserNS,
 				},
@@ -183,4 +184,13 @@ func ownOOMScoreAdj() int {
 		return 0
 	}
 	return n
+}
+
+// containerCgroupParent is what the container's cgroupsPath goes below:
+// the pod slice under the systemd driver, the pod's directory otherwise.
+func containerCgroupParent(sb *sandbox.Sandbox) string {
+	if sb.CgroupUnit != "" {
+		return sb.CgroupUnit
+	}
+	return sb.CgroupParent
 }

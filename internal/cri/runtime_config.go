@@ -19,10 +19,9 @@ func (s *Service) RuntimeConfig(ctx context.Context, req *runtime.RuntimeConfigR
 }
 
 // CgroupDriver resolves the configured driver: an explicit choice wins;
-// otherwise cgroupfs. berth does not drive systemd's cgroup manager yet (a
-// pod asks for it fails with FailedPrecondition), so detecting systemd and
-// then refusing every pod would break nodes that set nothing; the kubelet
-// reads this through RuntimeConfig and follows it.
+// otherwise cgroupfs. Detecting systemd and switching by itself would
+// change how pod cgroup parents must be spelled under a kubelet set up for
+// cgroupfs; the kubelet reads the driver through RuntimeConfig.
 func CgroupDriver(configured string) string {
 	if configured != "" {
 		return configured

@@ -22,7 +22,7 @@ func (s *Service) PodSandboxStatus(ctx context.Context, req *runtime.PodSandboxS
 	if req.GetVerbose() {
 		info, err := json.Marshal(map[string]any{
 			"netnsPath": sb.NetNSPath, "ipcnsPath": sb.IPCNSPath, "utsnsPath": sb.UTSNSPath,
-			"pidnsPath": sb.PIDNSPath, "cgroupParent": sb.CgroupParent, "hostnamePath": sb.HostnamePath,
+			"pidnsPath": sb.PIDNSPath, "cgroupParent": sb.CgroupParent, "cgroupUnit": sb.CgroupUnit, "hostnamePath": sb.HostnamePath,
 			"hostsPath": sb.HostsPath, "resolvConfPath": sb.ResolvConfPath, "shmPath": sb.ShmPath,
 			"runtimeHandler": sb.RuntimeHandler, "usernsPath": sb.UserNSPath,
 		})

@@ -77,5 +77,7 @@ func (s *Service) statusInfo() (map[string]string, error) {
 		"version":          s.version,
 		"streamingAddress": s.addrs.Streaming,
 		"metricsAddress":   s.addrs.Metrics,
+		// The effective driver: an empty cgroup_driver means cgroupfs.
+		"cgroupDriver": CgroupDriver(s.cfg.CgroupDriver),
 	}, nil
 }

@@ -33,6 +33,7 @@ import (
 	"github.com/berthcri/berth/internal/sandbox"
 	"github.com/berthcri/berth/internal/specgen"
 	"github.com/berthcri/berth/internal/streaming"
+	"github.com/berthcri/berth/internal/systemd"
 )
 
 // shutdownGrace bounds how long in-flight RPCs may run after SIGTERM.
@@ -49,6 +50,7 @@ type Daemon struct {
 	stream   *streaming.Server
 	metrics  *metrics.Server // nil when --metrics-address is empty
 	nri      *nri.NRI
+	systemd  *systemd.Units // nil unless cgroup_driver is systemd
 }
 
 // New takes the root lock, prepares directories and the socket, and builds
@@ -107,13 +109,19 @@ func New(ctx context.Context, cfg *config.Config, version string, log *slog.Logg
 		Bridge:      cfg.DefaultNetwork.Bridge, Subnet: cfg.DefaultNetwork.Subnet,
 		Logger: log,
 	})
+	if cri.CgroupDriver(cfg.CgroupDriver) == "systemd" {
+		// Refused here, once, rather than on every RunPodSandbox.
+		if d.systemd, err = systemd.Dial(ctx, log.With("component", "systemd")); err != nil {
+			return nil, err
+		}
+	}
 	handlers := make([]string, 0, len(cfg.RuntimeHandlers))
 	for name := range cfg.RuntimeHandlers {
 		handlers = append(handlers, name)
 	}
 	sandboxes, err := sandbox.New(sandbox.Options{
 		Root: cfg.Root, State: cfg.State,
-		CgroupParent: cfg.CgroupParent, CgroupDriver: cri.CgroupDriver(cfg.CgroupDriver),
+		CgroupParent: cfg.CgroupParent, CgroupDriver: cri.CgroupDriver(cfg.CgroupDriver), Systemd: d.systemd,
 		RuntimeHandlers: handlers, DefaultRuntimeHandler: cfg.DefaultRuntimeHandler,
 		Network: netw, Logger: log,
 		Faults: faults,
@@ -255,6 +263,9 @@ func (d *Daemon) close() {
 	if d.listener != nil {
 		d.listener.Close()
 		os.Remove(d.cfg.SocketPath())
+	}
+	if d.systemd != nil {
+		d.systemd.Close()
 	}
 	if d.lock != nil {
 		d.lock.Close()

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/berthcri/berth/internal/config"
+	"github.com/berthcri/berth/internal/systemd"
 )
 
 // Level is a check's verdict.
@@ -44,6 +45,7 @@ func Run(ctx context.Context, cfg *config.Config) []Result {
 	out = append(out,
 		checkOverlay(),
 		checkCgroups(),
+		checkCgroupDriver(cfg.CgroupDriver, systemd.BootedDir),
 		checkIptables(ctx),
 		checkNamespaces(),
 		checkSeccomp(),
@@ -165,6 +167,29 @@ func checkOverlay() Result {
 	}
 	r.Level, r.Message = Fail, "the kernel does not list overlay in /proc/filesystems"
 	r.Hint = "modprobe overlay (and add it to /etc/modules-load.d)"
+	return r
+}
+
+// checkCgroupDriver fails the systemd driver on a node where systemd is
+// not the running init (berthd refuses to start there) and warns about the
+// cgroupfs driver on a systemd node, where kubeadm's kubelet defaults to
+// cgroupDriver: systemd.
+func checkCgroupDriver(driver, bootedDir string) Result {
+	r := Result{Name: "cgroup driver"}
+	_, err := os.Stat(bootedDir)
+	booted := err == nil
+	switch {
+	case driver == "systemd" && booted:
+		r.Level, r.Message = OK, "systemd (systemd is running)"
+	case driver == "systemd":
+		r.Level, r.Message = Fail, "cgroup_driver is systemd but systemd is not running (no "+bootedDir+"): berthd will not start"
+		r.Hint = `set cgroup_driver = "cgroupfs" (and cgroupDriver: cgroupfs in the kubelet)`
+	case booted:
+		r.Level, r.Message = Warn, "cgroupfs, but systemd runs this node: a kubelet set up by kubeadm uses cgroupDriver: systemd"
+		r.Hint = `set cgroup_driver = "systemd" to match the kubelet, or cgroupDriver: cgroupfs in the kubelet`
+	default:
+		r.Level, r.Message = OK, "cgroupfs (systemd is not running)"
+	}
 	return r
 }
 

@@ -81,3 +81,26 @@ func TestDoctorNamesTheCNIConfigInUse(t *testing.T) {
 		t.Fatalf("cni config: %+v", r)
 	}
 }
+
+func TestCheckCgroupDriver(t *testing.T) {
+	booted := t.TempDir()
+	absent := booted + "/absent"
+	for _, tc := range []struct {
+		driver, dir string
+		want        Level
+	}{
+		{"systemd", booted, OK},
+		{"systemd", absent, Fail},
+		{"cgroupfs", booted, Warn},
+		{"", booted, Warn},
+		{"cgroupfs", absent, OK},
+	} {
+		r := checkCgroupDriver(tc.driver, tc.dir)
+		if r.Level != tc.want {
+			t.Errorf("driver %q, systemd dir %s: %s (%s), want %s", tc.driver, tc.dir, r.Level, r.Message, tc.want)
+		}
+		if r.Level == Fail && (!strings.Contains(r.Message, "not running") || r.Hint == "") {
+			t.Errorf("failure does not name the problem: %+v", r)
+		}
+	}
+}

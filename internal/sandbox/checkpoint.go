@@ -41,6 +41,7 @@ type checkpoint struct {
 	Userns     *userns.Mapping `json:"userns,omitempty"`
 
 	CgroupParent   string `json:"cgroupParent"`
+	CgroupUnit     string `json:"cgroupUnit,omitempty"`
 	HostnamePath   string `json:"hostnamePath"`
 	HostsPath      string `json:"hostsPath"`
 	ResolvConfPath string `json:"resolvConfPath"`
@@ -64,7 +65,7 @@ func (r *record) toCheckpoint() (*checkpoint, error) {
 		NetNSPath: sb.NetNSPath, IPCNSPath: sb.IPCNSPath, UTSNSPath: sb.UTSNSPath,
 		PausePID: r.pausePID, PauseStart: r.pauseStart,
 		UsernsPath: sb.UserNSPath, Userns: sb.UserNS,
-		CgroupParent: sb.CgroupParent, HostnamePath: sb.HostnamePath, HostsPath: sb.HostsPath,
+		CgroupParent: sb.CgroupParent, CgroupUnit: sb.CgroupUnit, HostnamePath: sb.HostnamePath, HostsPath: sb.HostsPath,
 		ResolvConfPath: sb.ResolvConfPath, ShmPath: sb.ShmPath,
 		PortMappings: r.ports, Network: r.attachment,
 	}, nil
@@ -87,7 +88,7 @@ func (c *checkpoint) toRecord() (*record, error) {
 			ID: c.ID, Config: cfg, RuntimeHandler: c.RuntimeHandler, State: state, CreatedAt: c.CreatedAt,
 			NetNSPath: c.NetNSPath, IPCNSPath: c.IPCNSPath, UTSNSPath: c.UTSNSPath,
 			UserNSPath: c.UsernsPath, UserNS: c.Userns,
-			CgroupParent: c.CgroupParent, HostnamePath: c.HostnamePath, HostsPath: c.HostsPath,
+			CgroupParent: c.CgroupParent, CgroupUnit: c.CgroupUnit, HostnamePath: c.HostnamePath, HostsPath: c.HostsPath,
 			ResolvConfPath: c.ResolvConfPath, ShmPath: c.ShmPath,
 		},
 		pausePID: c.PausePID, pauseStart: c.PauseStart,

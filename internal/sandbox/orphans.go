@@ -90,7 +90,9 @@ func (s *Store) CleanOrphans(ctx context.Context) {
 		}
 	}
 
-	if s.opts.CgroupParent != "" {
+	if s.opts.Systemd != nil {
+		s.cleanOrphanSlices(ctx, known)
+	} else if s.opts.CgroupParent != "" {
 		parent, err := podCgroupPath("", s.opts.CgroupParent, "x")
 		if err != nil {
 			return

@@ -29,7 +29,7 @@ func (s *Store) UpdateResources(ctx context.Context, id string, res *specs.Linux
 		return fmt.Errorf("sandbox %s: %w", id, errdefs.ErrNotFound)
 	}
 	if res != nil {
-		if err := updateCgroup(r.sb.CgroupParent, res); err != nil {
+		if err := s.updatePodCgroup(ctx, r, res); err != nil {
 			return fmt.Errorf("update resources of pod %s: %w", r.sb.ID, err)
 		}
 	}

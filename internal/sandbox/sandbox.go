@@ -28,6 +28,7 @@ import (
 	"github.com/berthcri/berth/internal/errdefs"
 	"github.com/berthcri/berth/internal/fault"
 	"github.com/berthcri/berth/internal/network"
+	"github.com/berthcri/berth/internal/systemd"
 	"github.com/berthcri/berth/internal/userns"
 )
 
@@ -48,6 +49,7 @@ type Sandbox struct {
 	// UserNS is that namespace's ID mapping; nil with UserNSPath "".
 	UserNS         *userns.Mapping
 	CgroupParent   string // the pod's own cgroup (cgroupfs path); container cgroups go below it
+	CgroupUnit     string // systemd driver: the pod's slice unit, parent of the containers' scopes
 	HostnamePath   string
 	HostsPath      string
 	ResolvConfPath string
@@ -66,6 +68,8 @@ type Options struct {
 	// CgroupParent is the parent of pod cgroups whose config names none.
 	CgroupParent string
 	CgroupDriver string
+	// Systemd, set exactly when CgroupDriver is systemd, makes pod slices.
+	Systemd *systemd.Units
 	// RuntimeHandlers are the accepted runtime_handler names; "" maps to
 	// DefaultRuntimeHandler.
 	RuntimeHandlers       []string
@@ -299,8 +303,8 @@ func (s *Store) Run(ctx context.Context, cfg *runtime.PodSandboxConfig, handler 
 	if !contains(s.opts.RuntimeHandlers, handler) {
 		return nil, fmt.Errorf("runtime handler %q is not configured (runtime_handlers has %v): %w", handler, s.opts.RuntimeHandlers, errdefs.ErrInvalidArgument)
 	}
-	if s.opts.CgroupDriver == "systemd" {
-		return nil, fmt.Errorf("the systemd cgroup driver is not supported yet: %w", errdefs.ErrFailedPrecondition)
+	if s.opts.CgroupDriver == "systemd" && s.opts.Systemd == nil {
+		return nil, fmt.Errorf("the systemd cgroup driver has no connection to systemd: %w", errdefs.ErrFailedPrecondition)
 	}
 	nsOpts := cfg.GetLinux().GetSecurityContext().GetNamespaceOptions()
 	hostNet := nsOpts.GetNetwork() == runtime.NamespaceMode_NODE
@@ -375,7 +379,7 @@ func (s *Store) Run(ctx context.Context, cfg *runtime.PodSandboxConfig, handler 
 		}
 	}()
 
-	cgroup, err := podCgroupPath(cfg.GetLinux().GetCgroupParent(), s.opts.CgroupParent, id)
+	cgroupUnit, cgroup, err := s.podCgroupName(cfg.GetLinux().GetCgroupParent(), id)
 	if err != nil {
 		return nil, err
 	}
@@ -385,7 +389,7 @@ func (s *Store) Run(ctx context.Context, cfg *runtime.PodSandboxConfig, handler 
 		sb: Sandbox{
 			ID: id, Config: proto.Clone(cfg).(*runtime.PodSandboxConfig), RuntimeHandler: handler,
 			State: runtime.PodSandboxState_SANDBOX_NOTREADY, CreatedAt: time.Now(),
-			CgroupParent: cgroup,
+			CgroupParent: cgroup, CgroupUnit: cgroupUnit,
 			HostnamePath: filepath.Join(dir, "hostname"), HostsPath: filepath.Join(dir, "hosts"),
 			ResolvConfPath: filepath.Join(dir, "resolv.conf"),
 		},
@@ -422,7 +426,7 @@ func (s *Store) Run(ctx context.Context, cfg *runtime.PodSandboxConfig, handler 
 			if err := os.RemoveAll(dir); err != nil {
 				log.Error("undo failed sandbox", "err", err)
 			}
-			if err := removeCgroup(cgroup); err != nil {
+			if err := s.removePodCgroup(context.WithoutCancel(ctx), r.sb.CgroupUnit, r.sb.CgroupParent); err != nil {
 				log.Error("undo failed sandbox", "err", err)
 			}
 			os.RemoveAll(stateDir)
@@ -476,7 +480,7 @@ func (s *Store) Run(ctx context.Context, cfg *runtime.PodSandboxConfig, handler 
 			return nil, fmt.Errorf("mount pod /dev/shm at %s: %w", r.sb.ShmPath, err)
 		}
 	}
-	if err := createCgroup(cgroup); err != nil {
+	if err := s.createPodCgroup(ctx, r); err != nil {
 		return nil, err
 	}
 	req := nsRequest{netPin: r.sb.NetNSPath, ipcPin: r.sb.IPCNSPath, utsPin: r.sb.UTSNSPath, hostname: hostname, sysctls: sysctls}
@@ -497,7 +501,7 @@ func (s *Store) Run(ctx context.Context, cfg *runtime.PodSandboxConfig, handler 
 		return nil, fmt.Errorf("create pod namespaces: %w", err)
 	}
 	if pid > 0 {
-		if err := joinCgroup(cgroup, pid); err != nil {
+		if err := s.joinPodCgroup(ctx, r, pid); err != nil {
 			return nil, err
 		}
 	}
@@ -527,7 +531,7 @@ func (s *Store) Run(ctx context.Context, cfg *runtime.PodSandboxConfig, handler 
 	s.mu.Lock()
 	s.byID[id] = r
 	s.mu.Unlock()
-	log.Info("sandbox ready", "ip", r.sb.IP, "handler", handler, "cgroup", cgroup, "took", time.Since(start), "cni_add", cniTime)
+	log.Info("sandbox ready", "ip", r.sb.IP, "handler", handler, "cgroup", r.sb.CgroupParent, "unit", r.sb.CgroupUnit, "took", time.Since(start), "cni_add", cniTime)
 	return r.snapshot(), nil
 }
 
@@ -655,7 +659,7 @@ func (s *Store) Remove(ctx context.Context, id string) error {
 		return err
 	}
 	s.opts.Faults.Hit(fault.SandboxMidRemove, "pod", r.sb.ID)
-	if err := removeCgroup(r.sb.CgroupParent); err != nil {
+	if err := s.removePodCgroup(ctx, r.sb.CgroupUnit, r.sb.CgroupParent); err != nil {
 		return fmt.Errorf("remove sandbox %s: %w", r.sb.ID, err)
 	}
 	if err := os.RemoveAll(filepath.Join(s.opts.State, "sandboxes", r.sb.ID)); err != nil {

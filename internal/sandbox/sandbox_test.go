@@ -10,6 +10,7 @@ import (
 
 	"github.com/berthcri/berth/internal/errdefs"
 	"github.com/berthcri/berth/internal/network"
+	"github.com/berthcri/berth/internal/systemd"
 )
 
 func TestPodCgroupPath(t *testing.T) {
@@ -108,5 +109,38 @@ func TestCheckpointRoundTrip(t *testing.T) {
 	c2.Version = "v0"
 	if _, err := c2.toRecord(); err == nil {
 		t.Fatal("unknown checkpoint version accepted")
+	}
+}
+
+func TestPodCgroupNameByDriver(t *testing.T) {
+	fs := &Store{opts: Options{CgroupParent: "berth"}}
+	unit, path, err := fs.podCgroupName("", "abc")
+	if err != nil || unit != "" || path != "/berth/pod-abc" {
+		t.Errorf("cgroupfs: %q %q %v", unit, path, err)
+	}
+	sd := &Store{opts: Options{CgroupParent: "berth", CgroupDriver: "systemd", Systemd: &systemd.Units{}}}
+	for parent, want := range map[string]string{
+		"":                              "berth-berthpod_abc.slice",
+		"kubepods-burstable-pod1.slice": "kubepods-burstable-pod1-berthpod_abc.slice",
+	} {
+		unit, path, err := sd.podCgroupName(parent, "abc")
+		if err != nil || unit != want || path != "" {
+			t.Errorf("systemd, parent %q: %q %q %v; want unit %q", parent, unit, path, err, want)
+		}
+	}
+	if _, _, err := sd.podCgroupName("/kubepods/burstable/pod1", "abc"); !errors.Is(err, errdefs.ErrInvalidArgument) {
+		t.Errorf("systemd with a cgroupfs parent: err %v, want InvalidArgument", err)
+	}
+}
+
+func TestRunRefusesSystemdWithoutConnection(t *testing.T) {
+	dir := t.TempDir()
+	s, err := New(Options{Root: dir + "/root", State: dir + "/state", CgroupDriver: "systemd", RuntimeHandlers: []string{"runc"}, DefaultRuntimeHandler: "runc"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = s.Run(t.Context(), &runtime.PodSandboxConfig{Metadata: &runtime.PodSandboxMetadata{Name: "a", Namespace: "b", Uid: "c"}}, "")
+	if !errors.Is(err, errdefs.ErrFailedPrecondition) {
+		t.Fatalf("Run: err %v, want FailedPrecondition", err)
 	}
 }

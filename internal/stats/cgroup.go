@@ -144,7 +144,7 @@ func Read(group string) (*Usage, error) {
 
 // ReadV1 reads a cgroup v1 group through the mounted controllers.
 func ReadV1(group string) (*Usage, error) {
-	cg, err := cgroup1.Load(cgroup1.StaticPath(group))
+	cg, err := cgroup1.Load(v1Path(group))
 	if err != nil {
 		if errors.Is(err, cgroup1.ErrCgroupDeleted) || errors.Is(err, os.ErrNotExist) {
 			return nil, fmt.Errorf("cgroup %s: %w", group, errdefs.ErrNotFound)
@@ -345,4 +345,25 @@ func sub(a, b uint64) uint64 {
 		return 0
 	}
 	return a - b
+}
+
+// v1Path places group in each v1 hierarchy: at group itself where that
+// exists (cgroupfs-driver cgroups, and systemd's on a normal host), else
+// where systemd's root in that hierarchy puts it (systemd in a container
+// rooted differently per controller).
+func v1Path(group string) cgroup1.Path {
+	var roots map[string]string
+	return func(n cgroup1.Name) (string, error) {
+		if _, err := os.Stat(filepath.Join("/sys/fs/cgroup", string(n), group)); err == nil {
+			return group, nil
+		}
+		if roots == nil {
+			data, _ := os.ReadFile("/proc/1/cgroup")
+			roots = initRoots(data)
+		}
+		if p, ok := systemdV1Path(group, string(n), roots); ok {
+			return p, nil
+		}
+		return group, nil
+	}
 }

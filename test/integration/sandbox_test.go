@@ -51,6 +51,7 @@ type podInfo struct {
 	UTSNSPath      string `json:"utsnsPath"`
 	PIDNSPath      string `json:"pidnsPath"`
 	CgroupParent   string `json:"cgroupParent"`
+	CgroupUnit     string `json:"cgroupUnit"`
 	HostnamePath   string `json:"hostnamePath"`
 	HostsPath      string `json:"hostsPath"`
 	ResolvConfPath string `json:"resolvConfPath"`

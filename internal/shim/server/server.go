@@ -80,6 +80,7 @@ type container struct {
 
 	streams   sync.WaitGroup
 	memCgroup string // memory cgroup dir, to read oom_kill on exit
+	oom       *oomWatch
 }
 
 type attachment struct {
@@ -583,7 +584,13 @@ func (s *Server) create(req *request) (retErr error) {
 		c.stdin = nil
 		outputs = append(outputs, output{res.f, "stdout"})
 	}
+	if moved, err := keepDevicesCgroup(pid); err != nil {
+		s.logf("container %s: keep devices cgroup: %v", req.id, err)
+	} else if moved {
+		s.logf("container %s: moved init back into its scope's devices cgroup", req.id)
+	}
 	c.memCgroup = memoryCgroup(pid)
+	c.oom = watchOOM(c.memCgroup)
 	for _, o := range outputs {
 		c.streams.Add(1)
 		go c.copyOutput(o.r, o.name, o.r != c.console)
@@ -667,7 +674,9 @@ func (s *Server) waitExit(c *container, exitCh <-chan unix.WaitStatus, pidfd *os
 		e.signal = int(ws.Signal())
 		e.code = 128 + e.signal
 	}
-	// The cgroup outlives its processes until the runtime deletes it.
+	// Under cgroupfs the cgroup outlives its processes until the runtime
+	// deletes it; under systemd it may be gone already, and the watch has
+	// seen the kill.
 	if oomKills(c.memCgroup) > 0 {
 		e.oomKilled = true
 	}
@@ -680,6 +689,10 @@ func (s *Server) waitExit(c *container, exitCh <-chan unix.WaitStatus, pidfd *os
 		s.logf("container %s: output not drained after %s", c.id, drainTimeout)
 	}
 	t.Stop()
+	if c.oom.killed() {
+		e.oomKilled = true
+	}
+	c.oom.stop()
 	if err := writeExit(s.dir, e); err != nil {
 		s.logf("container %s: persist exit: %v", c.id, err)
 	}

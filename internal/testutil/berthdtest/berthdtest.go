@@ -32,6 +32,10 @@ type Options struct {
 	Args []string
 	// Env is appended to the daemon's environment (fault-injection hooks).
 	Env []string
+	// StartProcess, when set, starts the prepared berthd command instead of
+	// cmd.Start (to run it in other namespaces, e.g. beside a private
+	// systemd). It may change cmd before starting it.
+	StartProcess func(cmd *exec.Cmd) error
 }
 
 // Daemon is one berthd subprocess with CRI clients connected to it.
@@ -146,7 +150,11 @@ func (d *Daemon) Start() {
 	cmd.Stderr = d.logs
 	// Own process group, so a test's ^C does not reach it first.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	if err := cmd.Start(); err != nil {
+	start := cmd.Start
+	if d.opts.StartProcess != nil {
+		start = func() error { return d.opts.StartProcess(cmd) }
+	}
+	if err := start(); err != nil {
 		d.t.Fatalf("start berthd: %v", err)
 	}
 	fmt.Fprintf(d.logs, "=== berthd started, pid %d\n", cmd.Process.Pid)

@@ -1,0 +1,22 @@
+package server
+
+import "testing"
+
+func TestDevicesTarget(t *testing.T) {
+	for name, tc := range map[string]struct {
+		data, want string
+		ok         bool
+	}{
+		"moved up to the pod slice":  {"9:name=systemd:/r/p.slice/berth-c.scope\n5:devices:/r/p.slice\n4:memory:/r/p.slice/berth-c.scope\n", "/r/p.slice/berth-c.scope", true},
+		"already in its scope":       {"9:name=systemd:/r/p.slice/berth-c.scope\n5:devices:/r/p.slice/berth-c.scope\n", "", false},
+		"elsewhere, not an ancestor": {"9:name=systemd:/r/p.slice/berth-c.scope\n5:devices:/other\n", "", false},
+		"not a scope (cgroupfs)":     {"9:name=systemd:/berth/pod-a/c\n5:devices:/berth/pod-a\n", "", false},
+		"v2":                         {"0::/p.slice/berth-c.scope\n", "", false},
+		"prefix but not a parent":    {"9:name=systemd:/r/p.slice2/berth-c.scope\n5:devices:/r/p.slice\n", "", false},
+	} {
+		got, ok := devicesTarget([]byte(tc.data))
+		if got != tc.want || ok != tc.ok {
+			t.Errorf("%s: got %q, %v; want %q, %v", name, got, ok, tc.want, tc.ok)
+		}
+	}
+}
