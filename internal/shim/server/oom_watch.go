@@ -4,6 +4,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"sync/atomic"
 
 	"golang.org/x/sys/unix"
@@ -24,7 +25,11 @@ type oomWatch struct {
 // watchOOM starts watching the memory cgroup dir; nil when it cannot (the
 // counter at exit is then all there is).
 func watchOOM(dir string) *oomWatch {
-	if dir == "" {
+	// Only a systemd scope vanishes with its last process; a cgroupfs
+	// cgroup stays until the runtime deletes it, so the counter read at
+	// exit suffices there and the shim keeps no goroutine, fd and buffer
+	// per container for it (decision 0303).
+	if dir == "" || !strings.HasSuffix(dir, ".scope") {
 		return nil
 	}
 	w := &oomWatch{}

@@ -584,13 +584,17 @@ func (s *Server) create(req *request) (retErr error) {
 		c.stdin = nil
 		outputs = append(outputs, output{res.f, "stdout"})
 	}
-	if moved, err := keepDevicesCgroup(pid); err != nil {
-		s.logf("container %s: keep devices cgroup: %v", req.id, err)
-	} else if moved {
-		s.logf("container %s: moved init back into its scope's devices cgroup", req.id)
+	if pc, err := readProcCgroups(pid); err != nil {
+		s.logf("container %s: read cgroups: %v", req.id, err)
+	} else {
+		if moved, err := keepDevicesCgroup(pid, pc); err != nil {
+			s.logf("container %s: keep devices cgroup: %v", req.id, err)
+		} else if moved {
+			s.logf("container %s: moved init back into its scope's devices cgroup", req.id)
+		}
+		c.memCgroup = pc.memoryDir()
+		c.oom = watchOOM(c.memCgroup)
 	}
-	c.memCgroup = memoryCgroup(pid)
-	c.oom = watchOOM(c.memCgroup)
 	for _, o := range outputs {
 		c.streams.Add(1)
 		go c.copyOutput(o.r, o.name, o.r != c.console)
@@ -616,30 +620,6 @@ func readPidFile(path string) (int, error) {
 		return 0, fmt.Errorf("bad pid file %s: %q", path, data)
 	}
 	return pid, nil
-}
-
-// memoryCgroup finds pid's v1 memory cgroup (or the v2 unified one).
-func memoryCgroup(pid int) string {
-	data, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/cgroup")
-	if err != nil {
-		return ""
-	}
-	unified := ""
-	for _, line := range strings.Split(string(data), "\n") {
-		parts := strings.SplitN(line, ":", 3)
-		if len(parts) != 3 {
-			continue
-		}
-		for _, ctl := range strings.Split(parts[1], ",") {
-			if ctl == "memory" {
-				return filepath.Join("/sys/fs/cgroup/memory", parts[2])
-			}
-		}
-		if parts[0] == "0" && parts[1] == "" {
-			unified = filepath.Join("/sys/fs/cgroup", parts[2])
-		}
-	}
-	return unified
 }
 
 // oomKills reads the cgroup's OOM kill counter (v1 memory.oom_control,
