@@ -1,6 +1,8 @@
 // Package oci drives an OCI runtime CLI (runc, crun): create, start, kill,
-// delete, state, update and exec, each with the runtime's own --root. It
-// imports nothing heavy so that berth-shim can use it too.
+// delete, state, update and exec, each with the runtime's own --root.
+// berth-shim has its own smaller copy of create/start/kill/delete
+// (internal/shim/server) to stay lean; both read the runtime's errors
+// through internal/oci/runtimeerr.
 package oci
 
 import (
@@ -20,6 +22,7 @@ import (
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
 	"github.com/berthcri/berth/internal/errdefs"
+	"github.com/berthcri/berth/internal/oci/runtimeerr"
 )
 
 // Runner runs the runtime binary with args and the given stdio (nil means
@@ -78,58 +81,9 @@ func (r *Runtime) run(ctx context.Context, id string, args []string, stdin, stdo
 	}
 	errOut, err := runner.Run(ctx, args, stdin, stdout, stderr)
 	if err != nil {
-		return runtimeError(args, id, errOut, err)
+		return runtimeerr.New(args, id, errOut, err)
 	}
 	return nil
-}
-
-// runtimeError carries the runtime's stderr and maps "does not exist" to
-// ErrNotFound so callers can treat a vanished container as gone.
-func runtimeError(args []string, id string, errOut []byte, err error) error {
-	msg := logMessage(strings.TrimSpace(string(errOut)))
-	what := filepath.Base(args[0]) + " " + subcommand(args) + " " + id
-	if msg == "" {
-		return fmt.Errorf("%s: %w", what, err)
-	}
-	if strings.Contains(msg, "does not exist") || strings.Contains(msg, "not found") {
-		return fmt.Errorf("%s: %w: %s", what, errdefs.ErrNotFound, msg)
-	}
-	return fmt.Errorf("%s: %v: %s", what, err, msg)
-}
-
-// logMessage pulls msg="..." out of runc's logfmt stderr lines.
-func logMessage(s string) string {
-	var msgs []string
-	for _, line := range strings.Split(s, "\n") {
-		i := strings.Index(line, `msg="`)
-		if i < 0 {
-			if line = strings.TrimSpace(line); line != "" {
-				msgs = append(msgs, line)
-			}
-			continue
-		}
-		rest := line[i+len(`msg="`):]
-		if m, err := strconv.Unquote(`"` + rest); err == nil {
-			msgs = append(msgs, m)
-			continue
-		}
-		if j := strings.LastIndex(rest, `"`); j >= 0 {
-			rest = rest[:j]
-		}
-		msgs = append(msgs, strings.ReplaceAll(rest, `\"`, `"`))
-	}
-	return strings.Join(msgs, "; ")
-}
-
-var subcommands = map[string]bool{"create": true, "start": true, "kill": true, "delete": true, "state": true, "update": true, "exec": true}
-
-func subcommand(args []string) string {
-	for _, a := range args[1:] {
-		if subcommands[a] {
-			return a
-		}
-	}
-	return "?"
 }
 
 // Create runs `create`: the container's init waits for Start.

@@ -11,6 +11,7 @@ import (
 	"syscall"
 
 	"github.com/berthcri/berth/internal/errdefs"
+	"github.com/berthcri/berth/internal/oci/runtimeerr"
 )
 
 // ociRuntime drives the OCI runtime CLI (runc, crun) for the shim: create,
@@ -36,57 +37,9 @@ func (r *ociRuntime) run(id string, args []string, stdin, stdout, stderr *os.Fil
 	}
 	errOut, err := r.reaper.run(args, stdin, stdout, stderr)
 	if err != nil {
-		return runtimeError(args, id, errOut, err)
+		return runtimeerr.New(args, id, errOut, err)
 	}
 	return nil
-}
-
-// runtimeError carries the runtime's stderr and maps "does not exist" to
-// ErrNotFound so callers can treat a vanished container as gone.
-func runtimeError(args []string, id string, errOut []byte, err error) error {
-	msg := logMessage(strings.TrimSpace(string(errOut)))
-	what := filepath.Base(args[0]) + " " + subcommand(args) + " " + id
-	if msg == "" {
-		return fmt.Errorf("%s: %w", what, err)
-	}
-	if strings.Contains(msg, "does not exist") || strings.Contains(msg, "not found") {
-		return fmt.Errorf("%s: %w: %s", what, errdefs.ErrNotFound, msg)
-	}
-	return fmt.Errorf("%s: %v: %s", what, err, msg)
-}
-
-// logMessage pulls msg="..." out of runc's logfmt stderr lines.
-func logMessage(s string) string {
-	var msgs []string
-	for _, line := range strings.Split(s, "\n") {
-		i := strings.Index(line, `msg="`)
-		if i < 0 {
-			if line = strings.TrimSpace(line); line != "" {
-				msgs = append(msgs, line)
-			}
-			continue
-		}
-		rest := line[i+len(`msg="`):]
-		if m, err := strconv.Unquote(`"` + rest); err == nil {
-			msgs = append(msgs, m)
-			continue
-		}
-		if j := strings.LastIndex(rest, `"`); j >= 0 {
-			rest = rest[:j]
-		}
-		msgs = append(msgs, strings.ReplaceAll(rest, `\"`, `"`))
-	}
-	return strings.Join(msgs, "; ")
-}
-
-func subcommand(args []string) string {
-	for _, a := range args[1:] {
-		switch a {
-		case "create", "start", "kill", "delete":
-			return a
-		}
-	}
-	return "?"
 }
 
 // createOpts are the arguments of create.
