@@ -260,6 +260,32 @@ func (s *Store) Create(ctx context.Context, p CreateParams) (_ *Container, retEr
 		}
 	}()
 
+	// Reach (or start) the pod's shim while the rootfs and the spec are
+	// prepared: starting one (fork, exec, a Go runtime's start) costs a
+	// few ms on the first container of every pod.
+	type shimResult struct {
+		client *shim.Client
+		err    error
+	}
+	shimCh := make(chan shimResult, 1)
+	go func() {
+		c, err := s.ensureShim(ctx, p.PodID)
+		shimCh <- shimResult{c, err}
+	}()
+	shimJoined := false
+	undo = append(undo, func() {
+		if shimJoined {
+			return
+		}
+		// Failed before using the shim: one started for this create alone
+		// exits (a shim holding other containers refuses, as it should).
+		if r := <-shimCh; r.err == nil {
+			if err := r.client.Shutdown(context.WithoutCancel(ctx)); err != nil && !errors.Is(err, shim.ErrNoShim) && !errors.Is(err, errdefs.ErrFailedPrecondition) {
+				log.Warn("shut the idle shim down after failed create", "err", err)
+			}
+		}
+	})
+
 	dir := s.dir(id)
 	if err := os.MkdirAll(dir, 0o711); err != nil {
 		return nil, fmt.Errorf("create container dir: %w", err)
@@ -396,10 +422,12 @@ func (s *Store) Create(ctx context.Context, p CreateParams) (_ *Container, retEr
 	}
 
 	prepared := time.Now()
-	client, err := s.ensureShim(ctx, p.PodID)
-	if err != nil {
-		return nil, err
+	r := <-shimCh
+	shimJoined = true
+	if r.err != nil {
+		return nil, r.err
 	}
+	client := r.client
 	shimReady := time.Now()
 	s.opts.Faults.Hit(fault.ContainerAfterShimStart, "pod", p.PodID, "container", id)
 	cr := &shim.CreateRequest{
@@ -437,8 +465,9 @@ func (s *Store) Create(ctx context.Context, p CreateParams) (_ *Container, retEr
 	s.ctrs[id] = e
 	s.mu.Unlock()
 	go s.watch(e)
-	// Where the time went: rootfs and spec, reaching (or starting) the
-	// pod's shim, and the OCI runtime's create.
+	// Where the time went: rootfs and spec, waiting for the pod's shim
+	// beyond that (it is reached or started meanwhile), and the OCI
+	// runtime's create.
 	log.Info("container created", "took", time.Since(began),
 		"prepare", prepared.Sub(began), "shim", shimReady.Sub(prepared), "runtime_create", runtimeCreated.Sub(shimReady))
 	return rec.clone(), nil

@@ -706,6 +706,22 @@ func TestContainerLifecycleLeavesNothingBehind(t *testing.T) {
 		e.podCfg = podConfig(fmt.Sprintf("leak-%d", i))
 		e.podCfg.LogDirectory = e.logDir
 		e.pod = runPod(t, e.d, e.podCfg)
+		if i == 0 {
+			// A create that fails in a pod with no container yet: the shim
+			// started for it meanwhile must not stay behind.
+			bad := e.config("first-bad", "true")
+			bad.Linux.SecurityContext.RunAsGroup = &criapi.Int64Value{Value: 5}
+			_, err := e.d.Runtime.CreateContainer(ctx, &criapi.CreateContainerRequest{PodSandboxId: e.pod, Config: bad, SandboxConfig: e.podCfg})
+			wantCode(t, err, codes.InvalidArgument)
+			shimDir := filepath.Join(e.d.State, "shims", e.pod)
+			deadline := time.Now().Add(5 * time.Second)
+			for len(berthdtest.PidsMentioning(shimDir)) != 0 && time.Now().Before(deadline) {
+				time.Sleep(20 * time.Millisecond)
+			}
+			if pids := berthdtest.PidsMentioning(shimDir); len(pids) != 0 {
+				t.Fatalf("shim left running after the pod's first create failed: %v", pids)
+			}
+		}
 		e.create(e.config("created", "true"))
 		e.run(e.config("running", "sleep", "1000"))
 		e.waitExited(e.run(e.config("exited", "true")))
