@@ -365,6 +365,9 @@ func (s *Store) Create(ctx context.Context, p CreateParams) (_ *Container, retEr
 	}
 	spec.Root.Readonly = cfg.GetLinux().GetSecurityContext().GetReadonlyRootfs()
 	createdAt := time.Now().UTC()
+	// The resources status reports: as asked, unless a plugin (NRI)
+	// changed them in the spec.
+	adjustedResources := cfg.GetLinux().GetResources()
 	if p.Adjust != nil {
 		pending := &Container{
 			ID: id, PodID: p.PodID, Name: name, Attempt: attempt,
@@ -374,6 +377,9 @@ func (s *Store) Create(ctx context.Context, p CreateParams) (_ *Container, retEr
 		}
 		if err := p.Adjust(ctx, pending, spec); err != nil {
 			return nil, err
+		}
+		if pending.Resources != nil {
+			adjustedResources = pending.Resources
 		}
 	}
 	data, err := json.Marshal(spec)
@@ -389,7 +395,7 @@ func (s *Store) Create(ctx context.Context, p CreateParams) (_ *Container, retEr
 		Image: cfg.GetImage().GetImage(), ImageID: img.ID, ImageName: img.Name, ImageRef: img.Ref,
 		Labels: cfg.GetLabels(), Annotations: cfg.GetAnnotations(),
 		LogPath: p.LogPath, Runtime: p.Runtime, StopSignal: img.StopSignal,
-		Resources: cfg.GetLinux().GetResources(),
+		Resources: adjustedResources,
 		Terminal:  cfg.GetTty(), Stdin: cfg.GetStdin(), StdinOnce: cfg.GetStdinOnce(),
 		State: StateCreated, CreatedAt: createdAt,
 	}

@@ -322,6 +322,10 @@ func (n *NRI) CreateContainer(ctx context.Context, sb *sandbox.Sandbox, c *conta
 			n.UndoCreateContainer(context.WithoutCancel(ctx), sb, c, spec)
 			return nil, fmt.Errorf("apply NRI adjustment to container %s: %w", c.ID, err)
 		}
+		if adj.GetLinux().GetResources() != nil && spec.Linux != nil {
+			// Status reports what the container really got.
+			c.Resources = adjustedCRIResources(c.Resources, spec)
+		}
 	}
 	n.ctrs[c.ID] = &tracked{state: created, ctr: containerToNRI(c, spec)}
 	n.mu.Unlock()
@@ -679,6 +683,18 @@ func ociToCRI(r *specs.LinuxResources) *runtime.LinuxContainerResources {
 		out.HugepageLimits = append(out.HugepageLimits, &runtime.HugepageLimit{PageSize: h.Pagesize, Limit: h.Limit})
 	}
 	out.Unified = r.Unified
+	return out
+}
+
+// adjustedCRIResources is the CRI resources of a container after a plugin
+// changed its spec: the spec's limits, with the CRI-only fields (OOM score
+// adjustment, swap as the CRI asked) kept from the request.
+func adjustedCRIResources(asked *runtime.LinuxContainerResources, spec *specs.Spec) *runtime.LinuxContainerResources {
+	out := ociToCRI(spec.Linux.Resources)
+	out.OomScoreAdj = asked.GetOomScoreAdj()
+	if spec.Process != nil && spec.Process.OOMScoreAdj != nil {
+		out.OomScoreAdj = int64(*spec.Process.OOMScoreAdj)
+	}
 	return out
 }
 

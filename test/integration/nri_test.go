@@ -394,6 +394,7 @@ func TestNRICreateAdjustment(t *testing.T) {
 			adj.AddEnv("NRI_INJECTED", "yes-"+ctr.Name)
 			adj.AddAnnotation("example.com/nri", "adjusted")
 			adj.AddMount(&api.Mount{Destination: "/nri", Source: hostDir, Type: "bind", Options: []string{"rbind", "ro"}})
+			adj.SetLinuxMemoryLimit(96 << 20)
 			return adj, nil
 		}
 	})
@@ -416,6 +417,14 @@ func TestNRICreateAdjustment(t *testing.T) {
 	}
 	if spec.Annotations["example.com/nri"] != "adjusted" {
 		t.Fatalf("spec annotations %v", spec.Annotations)
+	}
+	// The plugin's memory limit is what the container got and what its
+	// status reports.
+	if spec.Linux.Resources.Memory == nil || spec.Linux.Resources.Memory.Limit == nil || *spec.Linux.Resources.Memory.Limit != 96<<20 {
+		t.Fatalf("spec memory %+v", spec.Linux.Resources.Memory)
+	}
+	if st := e.status(id); st.GetResources().GetLinux().GetMemoryLimitInBytes() != 96<<20 {
+		t.Fatalf("status resources %+v", st.GetResources().GetLinux())
 	}
 	stopRemove(t, d, e.pod)
 }
