@@ -171,7 +171,10 @@ type imageVolume struct {
 
 // mountImageVolumes pins and mounts every image volume of cfg. The undo
 // func releases and unmounts what was done, also on error.
-func (s *Store) mountImageVolumes(ctx context.Context, p CreateParams, id, dir string) ([]imageVolume, func(), error) {
+// In a pod with its own user namespace (nsFD ≥ 0) the volume's layers are
+// idmapped as the rootfs's are, so files host root owns in the image show
+// as the container root's.
+func (s *Store) mountImageVolumes(ctx context.Context, p CreateParams, id, dir string, nsFD int) ([]imageVolume, func(), error) {
 	var vols []imageVolume
 	undo := func() {
 		if err := unmountImageVolumes(dir); err != nil {
@@ -212,7 +215,16 @@ func (s *Store) mountImageVolumes(ctx context.Context, p CreateParams, id, dir s
 			Image: m.GetImage().GetImage(), ImageRef: img.ID, ImageSubPath: m.GetImageSubPath(),
 		}}
 		vols = append(vols, v)
-		src, err := mountImageVolume(dir, n, img.LowerDirs, m.GetImageSubPath())
+		var src string
+		if nsFD >= 0 {
+			err = withIDMappedLayers(volumeIDMapDir(dir, n), img.LowerDirs, nsFD, func(mapped []string) error {
+				var err error
+				src, err = mountImageVolume(dir, n, mapped, m.GetImageSubPath())
+				return err
+			})
+		} else {
+			src, err = mountImageVolume(dir, n, img.LowerDirs, m.GetImageSubPath())
+		}
 		if err != nil {
 			undo()
 			return nil, nil, fmt.Errorf("image volume %q: %w", m.GetContainerPath(), err)
@@ -304,7 +316,7 @@ func (s *Store) Create(ctx context.Context, p CreateParams) (_ *Container, retEr
 		}
 	})
 
-	var nsFD int
+	nsFD := -1
 	if p.UserNS != nil {
 		ns, err := os.Open(p.UserNS.Path)
 		if err != nil {
@@ -334,7 +346,7 @@ func (s *Store) Create(ctx context.Context, p CreateParams) (_ *Container, retEr
 	})
 	s.opts.Faults.Hit(fault.ContainerAfterOverlayMount, "pod", p.PodID, "container", id)
 
-	vols, undoVols, err := s.mountImageVolumes(ctx, p, id, dir)
+	vols, undoVols, err := s.mountImageVolumes(ctx, p, id, dir, nsFD)
 	if err != nil {
 		return nil, err
 	}

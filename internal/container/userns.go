@@ -25,6 +25,12 @@ type UserNS struct {
 // layers, so the copies are detached right after.
 func layersIDMapDir(dir string) string { return filepath.Join(dir, "idmap") }
 
+// volumeIDMapDir holds the idmapped copies of image volume n's layers
+// while its overlay is mounted (unmountIDMounts cleans up after a crash).
+func volumeIDMapDir(dir string, n int) string {
+	return filepath.Join(dir, "idmap-vol"+strconv.Itoa(n))
+}
+
 // idMountsDir holds the idmapped copies of the container's CRI mounts that
 // carry ID mappings, one per mount, for the container's life.
 func idMountsDir(dir string) string { return filepath.Join(dir, "idmounts") }
@@ -35,7 +41,7 @@ func idMountsDir(dir string) string { return filepath.Join(dir, "idmounts") }
 // through the pod's namespace (nsFD), so what host root owns shows as the
 // container root's, and the container's own upper dir belongs to the
 // host IDs the container's root maps to, where its writes land.
-func mountRootfsIDMapped(dir string, lowerDirs []string, nsFD int, m userns.Mapping) (_ string, retErr error) {
+func mountRootfsIDMapped(dir string, lowerDirs []string, nsFD int, m userns.Mapping) (string, error) {
 	upper := filepath.Join(dir, "upper")
 	if err := os.MkdirAll(upper, 0o755); err != nil {
 		return "", fmt.Errorf("create %s: %w", upper, err)
@@ -43,9 +49,25 @@ func mountRootfsIDMapped(dir string, lowerDirs []string, nsFD int, m userns.Mapp
 	if err := os.Chown(upper, int(m.UID.HostID), int(m.GID.HostID)); err != nil {
 		return "", fmt.Errorf("chown %s to the pod's root: %w", upper, err)
 	}
-	tmp := layersIDMapDir(dir)
+	var rootfs string
+	err := withIDMappedLayers(layersIDMapDir(dir), lowerDirs, nsFD, func(mapped []string) error {
+		var err error
+		rootfs, err = mountRootfs(dir, mapped)
+		return err
+	})
+	if err != nil {
+		return "", err
+	}
+	return rootfs, nil
+}
+
+// withIDMappedLayers idmaps each image layer through the pod's user
+// namespace (nsFD) into tmp and calls mount with the copies, topmost
+// first like lowerDirs. overlayfs keeps private clones of its layers, so
+// the copies are detached and tmp removed once mount returns.
+func withIDMappedLayers(tmp string, lowerDirs []string, nsFD int, mount func(mapped []string) error) (retErr error) {
 	if err := os.MkdirAll(tmp, 0o700); err != nil {
-		return "", fmt.Errorf("create %s: %w", tmp, err)
+		return fmt.Errorf("create %s: %w", tmp, err)
 	}
 	defer func() {
 		if err := detachAll(tmp); err != nil {
@@ -60,18 +82,14 @@ func mountRootfsIDMapped(dir string, lowerDirs []string, nsFD int, m userns.Mapp
 	for i, l := range lowerDirs {
 		d := filepath.Join(tmp, strconv.Itoa(i))
 		if err := os.Mkdir(d, 0o700); err != nil {
-			return "", fmt.Errorf("create %s: %w", d, err)
+			return fmt.Errorf("create %s: %w", d, err)
 		}
 		if err := userns.IDMapClone(l, d, nsFD, false); err != nil {
-			return "", fmt.Errorf("image layer: %w", err)
+			return fmt.Errorf("image layer: %w", err)
 		}
 		mapped[i] = d
 	}
-	rootfs, err := mountRootfs(dir, mapped)
-	if err != nil {
-		return "", err
-	}
-	return rootfs, nil
+	return mount(mapped)
 }
 
 // mountIDMapped makes an idmapped copy, through the pod's namespace, of
@@ -133,13 +151,14 @@ func mountIDMapped(dir string, mounts []*runtime.Mount, nsFD int, m userns.Mappi
 // copies; none is fine. Its error must stop a caller about to remove the
 // container dir: a copy still attached would lead into the host path.
 func unmountIDMounts(dir string) error {
-	if err := detachAll(idMountsDir(dir)); err != nil {
-		return err
+	// Image volumes' idmapped layers live in idmap-vol<n> while mounting.
+	volTmps, _ := filepath.Glob(filepath.Join(dir, "idmap-vol*"))
+	for _, d := range append([]string{idMountsDir(dir), layersIDMapDir(dir)}, volTmps...) {
+		if err := detachAll(d); err != nil {
+			return err
+		}
 	}
-	if err := detachAll(layersIDMapDir(dir)); err != nil {
-		return err
-	}
-	for _, d := range []string{idMountsDir(dir), layersIDMapDir(dir)} {
+	for _, d := range append([]string{idMountsDir(dir), layersIDMapDir(dir)}, volTmps...) {
 		if err := os.RemoveAll(d); err != nil {
 			return fmt.Errorf("remove %s: %w", d, err)
 		}

@@ -211,6 +211,12 @@ func bindMount(in *Input, m *runtime.Mount) (criMount, error) {
 		opts = append(opts, "rw")
 	}
 
+	if m.GetImage() != nil {
+		// The image volume's overlay is mounted nosuid,nodev: say so, or
+		// the runtime's read-only remount of the bind would clear them,
+		// which a user namespace's container may not do (EPERM).
+		opts = append(opts, "nosuid", "nodev")
+	}
 	for _, o := range m.GetMountOptions() {
 		if !slices.Contains(extraBindOptions, o) {
 			return criMount{}, invalid("mount option %q is not one of %q", o, extraBindOptions)

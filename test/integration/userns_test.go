@@ -550,3 +550,28 @@ func TestUsernsRefusedWhereUnsupported(t *testing.T) {
 		t.Fatalf("namespace pins left: %v", entries)
 	}
 }
+
+// TestUsernsImageVolumeIsIDMapped: an image volume in a user namespace
+// pod has idmapped layers, like the rootfs: what host root owns in the
+// image is the container root's, and it stays read-only. The temporary
+// idmapped layer copies are gone once the volume is mounted.
+func TestUsernsImageVolumeIsIDMapped(t *testing.T) {
+	t.Parallel()
+	e := newUsernsEnv(t, criapi.NamespaceMode_CONTAINER)
+	cfg := e.usernsCtrConfig("imgvol", "sleep", "3600")
+	cfg.Mounts = []*criapi.Mount{
+		{ContainerPath: "/vol", Readonly: true, Image: &criapi.ImageSpec{Image: e.reg.Ref("busybox:latest")}},
+	}
+	id := e.run(cfg)
+	out := execOut(t, e, id, "sh", "-c", "stat -c '%u:%g' /vol/bin/busybox /bin/busybox; touch /vol/x 2>/dev/null || echo read-only")
+	if out != "0:0\n0:0\nread-only\n" {
+		t.Fatalf("inside: %q", out)
+	}
+	if leftovers, _ := filepath.Glob(filepath.Join(e.d.Root, "containers", id, "idmap*")); len(leftovers) != 0 {
+		t.Fatalf("idmapped layer copies left after mounting: %v", leftovers)
+	}
+	stopRemove(t, e.d, e.pod)
+	if _, err := os.Stat(filepath.Join(e.d.Root, "containers", id)); !os.IsNotExist(err) {
+		t.Fatalf("container dir after removal: %v", err)
+	}
+}
