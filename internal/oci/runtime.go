@@ -2,7 +2,7 @@
 // delete, state, update and exec, each with the runtime's own --root.
 // berth-shim has its own smaller copy of create/start/kill/delete
 // (internal/shim/server) to stay lean; both read the runtime's errors
-// through internal/oci/runtimeerr.
+// through internal/oci/ocicli.
 package oci
 
 import (
@@ -13,7 +13,6 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"syscall"
@@ -22,7 +21,7 @@ import (
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
 	"github.com/berthcri/berth/internal/errdefs"
-	"github.com/berthcri/berth/internal/oci/runtimeerr"
+	"github.com/berthcri/berth/internal/oci/ocicli"
 )
 
 // Runner runs the runtime binary with args and the given stdio (nil means
@@ -66,9 +65,7 @@ type State struct {
 }
 
 func (r *Runtime) args(sub ...string) []string {
-	a := []string{r.Binary, "--root", r.Root}
-	a = append(a, r.Options...)
-	return append(a, sub...)
+	return ocicli.Args(r.Binary, r.Root, r.Options, sub...)
 }
 
 func (r *Runtime) run(ctx context.Context, id string, args []string, stdin, stdout, stderr *os.File) error {
@@ -81,35 +78,20 @@ func (r *Runtime) run(ctx context.Context, id string, args []string, stdin, stdo
 	}
 	errOut, err := runner.Run(ctx, args, stdin, stdout, stderr)
 	if err != nil {
-		return runtimeerr.New(args, id, errOut, err)
+		return ocicli.Error(args, id, errOut, err)
 	}
 	return nil
 }
 
 // Create runs `create`: the container's init waits for Start.
 func (r *Runtime) Create(ctx context.Context, id string, o CreateOpts) error {
-	// The runtime's stderr is the container's: take its errors from --log.
-	logPath := filepath.Join(o.Bundle, "runtime.log")
-	args := r.args("--log", logPath, "--log-format", "json", "create", "--bundle", o.Bundle)
-	if o.PidFile != "" {
-		args = append(args, "--pid-file", o.PidFile)
-	}
-	if o.ConsoleSocket != "" {
-		args = append(args, "--console-socket", o.ConsoleSocket)
-	}
-	args = append(args, id)
+	args, logPath := ocicli.CreateArgs(r.args(), o.Bundle, o.PidFile, o.ConsoleSocket, id)
 	_ = os.Remove(logPath)
-	// The container inherits the runtime's stdio: never hand it a pipe the
-	// runner waits on, or the runner would wait for the container.
-	stderr := o.Stderr
-	if stderr == nil {
-		null, err := os.OpenFile(os.DevNull, os.O_WRONLY, 0)
-		if err != nil {
-			return fmt.Errorf("create %s: %w", id, err)
-		}
-		defer null.Close()
-		stderr = null
+	stderr, closeNull, err := ocicli.OrDevNull(o.Stderr)
+	if err != nil {
+		return fmt.Errorf("create %s: %w", id, err)
 	}
+	defer closeNull()
 	if err := r.run(ctx, id, args, o.Stdin, o.Stdout, stderr); err != nil {
 		if msg := lastLogError(logPath); msg != "" && !strings.Contains(err.Error(), msg) {
 			return fmt.Errorf("%w: %s", err, msg)

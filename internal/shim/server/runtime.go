@@ -5,13 +5,12 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"syscall"
 
 	"github.com/berthcri/berth/internal/errdefs"
-	"github.com/berthcri/berth/internal/oci/runtimeerr"
+	"github.com/berthcri/berth/internal/oci/ocicli"
 )
 
 // ociRuntime drives the OCI runtime CLI (runc, crun) for the shim: create,
@@ -26,9 +25,7 @@ type ociRuntime struct {
 }
 
 func (r *ociRuntime) args(sub ...string) []string {
-	a := []string{r.binary, "--root", r.root}
-	a = append(a, r.options...)
-	return append(a, sub...)
+	return ocicli.Args(r.binary, r.root, r.options, sub...)
 }
 
 func (r *ociRuntime) run(id string, args []string, stdin, stdout, stderr *os.File) error {
@@ -37,7 +34,7 @@ func (r *ociRuntime) run(id string, args []string, stdin, stdout, stderr *os.Fil
 	}
 	errOut, err := r.reaper.run(args, stdin, stdout, stderr)
 	if err != nil {
-		return runtimeerr.New(args, id, errOut, err)
+		return ocicli.Error(args, id, errOut, err)
 	}
 	return nil
 }
@@ -51,28 +48,13 @@ type createOpts struct {
 
 // create runs `create`: the container's init waits for start.
 func (r *ociRuntime) create(id string, o createOpts) error {
-	// The runtime's stderr is the container's: take its errors from --log.
-	logPath := filepath.Join(o.bundle, "runtime.log")
-	args := r.args("--log", logPath, "--log-format", "json", "create", "--bundle", o.bundle)
-	if o.pidFile != "" {
-		args = append(args, "--pid-file", o.pidFile)
-	}
-	if o.consoleSocket != "" {
-		args = append(args, "--console-socket", o.consoleSocket)
-	}
-	args = append(args, id)
+	args, logPath := ocicli.CreateArgs(r.args(), o.bundle, o.pidFile, o.consoleSocket, id)
 	_ = os.Remove(logPath)
-	// The container inherits the runtime's stdio: never hand it a pipe the
-	// runner waits on, or the runner would wait for the container.
-	stderr := o.stderr
-	if stderr == nil {
-		null, err := os.OpenFile(os.DevNull, os.O_WRONLY, 0)
-		if err != nil {
-			return fmt.Errorf("create %s: %w", id, err)
-		}
-		defer null.Close()
-		stderr = null
+	stderr, closeNull, err := ocicli.OrDevNull(o.stderr)
+	if err != nil {
+		return fmt.Errorf("create %s: %w", id, err)
 	}
+	defer closeNull()
 	if err := r.run(id, args, o.stdin, o.stdout, stderr); err != nil {
 		if msg := lastLogError(logPath); msg != "" && !strings.Contains(err.Error(), msg) {
 			return fmt.Errorf("%w: %s", err, msg)

@@ -1,0 +1,105 @@
+// Package ocicli is what berthd's OCI runtime wrapper (internal/oci) and
+// berth-shim share about an OCI runtime's command line (runc, crun): the
+// arguments of a call and the error of a failed one. It imports nothing
+// heavier than errdefs: the shim's memory budget counts every linked
+// package (decision 0303).
+package ocicli
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+
+	"github.com/berthcri/berth/internal/errdefs"
+)
+
+// Args is the command line of one runtime call: the binary, its state
+// root, the handler's options, then the subcommand and its arguments.
+func Args(binary, root string, options []string, sub ...string) []string {
+	a := []string{binary, "--root", root}
+	a = append(a, options...)
+	return append(a, sub...)
+}
+
+// CreateArgs completes base (from Args, without a subcommand) into a
+// `create` of container id. The runtime's stderr is the container's, so
+// the runtime logs its own errors as JSON to logPath, in the bundle.
+func CreateArgs(base []string, bundle, pidFile, consoleSocket, id string) (args []string, logPath string) {
+	logPath = filepath.Join(bundle, "runtime.log")
+	args = append(base, "--log", logPath, "--log-format", "json", "create", "--bundle", bundle)
+	if pidFile != "" {
+		args = append(args, "--pid-file", pidFile)
+	}
+	if consoleSocket != "" {
+		args = append(args, "--console-socket", consoleSocket)
+	}
+	return append(args, id), logPath
+}
+
+// OrDevNull returns f, or /dev/null opened for writing when f is nil, and
+// what closes it. A created container inherits the runtime's stdio: never
+// hand it a pipe the caller waits on, or the caller would wait for the
+// container.
+func OrDevNull(f *os.File) (*os.File, func(), error) {
+	if f != nil {
+		return f, func() {}, nil
+	}
+	null, err := os.OpenFile(os.DevNull, os.O_WRONLY, 0)
+	if err != nil {
+		return nil, nil, err
+	}
+	return null, func() { null.Close() }, nil
+}
+
+// Error describes the failure of the runtime command args (args[0] is the
+// binary) on container id, with the runtime's stderr errOut. A "does not
+// exist" or "not found" message wraps errdefs.ErrNotFound, so callers can
+// treat a vanished container as gone.
+func Error(args []string, id string, errOut []byte, err error) error {
+	msg := Message(strings.TrimSpace(string(errOut)))
+	what := filepath.Base(args[0]) + " " + subcommand(args) + " " + id
+	if msg == "" {
+		return fmt.Errorf("%s: %w", what, err)
+	}
+	if strings.Contains(msg, "does not exist") || strings.Contains(msg, "not found") {
+		return fmt.Errorf("%s: %w: %s", what, errdefs.ErrNotFound, msg)
+	}
+	return fmt.Errorf("%s: %v: %s", what, err, msg)
+}
+
+// Message pulls msg="..." out of runc's logfmt stderr lines; other lines
+// are kept as they are.
+func Message(s string) string {
+	var msgs []string
+	for _, line := range strings.Split(s, "\n") {
+		i := strings.Index(line, `msg="`)
+		if i < 0 {
+			if line = strings.TrimSpace(line); line != "" {
+				msgs = append(msgs, line)
+			}
+			continue
+		}
+		rest := line[i+len(`msg="`):]
+		if m, err := strconv.Unquote(`"` + rest); err == nil {
+			msgs = append(msgs, m)
+			continue
+		}
+		if j := strings.LastIndex(rest, `"`); j >= 0 {
+			rest = rest[:j]
+		}
+		msgs = append(msgs, strings.ReplaceAll(rest, `\"`, `"`))
+	}
+	return strings.Join(msgs, "; ")
+}
+
+func subcommand(args []string) string {
+	for _, a := range args[1:] {
+		switch a {
+		case "create", "start", "kill", "delete", "state", "update", "exec":
+			return a
+		}
+	}
+	return "?"
+}
