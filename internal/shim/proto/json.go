@@ -435,4 +435,3 @@ func (d *decoder) end() error {
 	}
 	return nil
 }
-
