@@ -82,14 +82,14 @@ type attachSet struct {
 
 func (s *attachSet) add(a *attachment) {
 	s.mu.Lock()
-	defer s.mu.Unlock()
 	s.m[a] = struct{}{}
+	s.mu.Unlock()
 }
 
 func (s *attachSet) remove(a *attachment) {
 	s.mu.Lock()
-	defer s.mu.Unlock()
 	delete(s.m, a)
+	s.mu.Unlock()
 }
 
 // closeAll ends every attach stream (the container exited).
@@ -133,14 +133,14 @@ type stdio struct {
 
 func (s *stdio) setStdin(f *os.File) {
 	s.mu.Lock()
-	defer s.mu.Unlock()
 	s.stdin = f
+	s.mu.Unlock()
 }
 
 func (s *stdio) setConsole(f *os.File) {
 	s.mu.Lock()
-	defer s.mu.Unlock()
 	s.console = f
+	s.mu.Unlock()
 }
 
 func (s *stdio) write(p []byte) {

@@ -83,15 +83,16 @@ func newContainer(id string, cr *proto.CreateRequest, rt *ociRuntime, logf func(
 
 func (c *container) currentPhase() phase {
 	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.phase
+	v := c.phase
+	c.mu.Unlock()
+	return v
 }
 
 // created records the container's init: other ops may see it now.
 func (c *container) created(pid int) {
 	c.mu.Lock()
-	defer c.mu.Unlock()
 	c.pid, c.phase = pid, phaseCreated
+	c.mu.Unlock()
 }
 
 // started records a successful start, unless the container exited

@@ -109,8 +109,9 @@ func (s *Server) exitIfEmpty() bool {
 
 func (s *Server) isClosing() bool {
 	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.closing
+	v := s.closing
+	s.mu.Unlock()
+	return v
 }
 
 // reserve publishes c, still being created, under its ID: the ID is
@@ -132,8 +133,8 @@ func (s *Server) reserve(c *container) error {
 // forget removes container id from the registry.
 func (s *Server) forget(id string) {
 	s.mu.Lock()
-	defer s.mu.Unlock()
 	delete(s.ctrs, id)
+	s.mu.Unlock()
 }
 
 // get returns a created container. One still being created is not there
