@@ -13,8 +13,9 @@ import (
 // encoding/json: the messages have a few fixed shapes, and encoding/json
 // (its reflection, caches and imports) would cost every pod's shim memory
 // for nothing (decision 0303). The JSON it writes is what encoding/json
-// wrote for berthd before, so shims and berthds of either version read
-// each other (codec_test.go keeps those bytes).
+// wrote for berthd before (but for the escaping of <, >, & and invalid
+// UTF-8: the same JSON either way), so shims and berthds of either
+// version read each other (codec_test.go keeps those bytes).
 
 // WriteRequest writes r as one message.
 func WriteRequest(w io.Writer, r *Request) error { return writeMessage(w, AppendRequest, r) }

@@ -77,6 +77,7 @@ func (s *Server) handle(req *proto.Request) (resp *proto.Response, exit bool) {
 	}
 	switch req.Op {
 	case proto.OpState:
+		// The state below is the answer.
 	case proto.OpStart:
 		err = s.start(c)
 	case proto.OpKill:
