@@ -229,3 +229,19 @@ func TestShimLinksNoHeavyPackages(t *testing.T) {
 		}
 	}
 }
+
+// A container's phase only moves forward: a start that returns after the
+// container already exited (a process that ends at once) leaves it exited.
+func TestPhaseOnlyMovesForward(t *testing.T) {
+	c := testContainer(t, "c1", t.Logf)
+	if st := c.state(); st.Status != proto.StatusCreated || st.Pid != 1 {
+		t.Fatalf("created: %+v", st)
+	}
+	c.mu.Lock()
+	c.phase, c.exit = phaseExited, &proto.Exit{ID: "c1", Code: 0}
+	c.mu.Unlock()
+	c.started()
+	if st := c.state(); st.Status != proto.StatusExited || st.Exit == nil {
+		t.Fatalf("started after its exit: %+v", st)
+	}
+}
