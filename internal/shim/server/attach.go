@@ -131,15 +131,10 @@ type stdio struct {
 	console *os.File // pty master, nil unless a terminal
 }
 
-func (s *stdio) setStdin(f *os.File) {
+// set hands the container its stdin and pty (either may be nil).
+func (s *stdio) set(stdin, console *os.File) {
 	s.mu.Lock()
-	s.stdin = f
-	s.mu.Unlock()
-}
-
-func (s *stdio) setConsole(f *os.File) {
-	s.mu.Lock()
-	s.console = f
+	s.stdin, s.console = stdin, console
 	s.mu.Unlock()
 }
 

@@ -14,7 +14,8 @@ const (
 	// not see it yet (Server.get).
 	phaseCreating phase = iota
 	// phaseCreated: the runtime created it, its pid is known, its init
-	// waits for start.
+	// waits for start. (A container restored at its start would be
+	// created with no process yet, pid 0.)
 	phaseCreated
 	// phaseRunning: started.
 	phaseRunning
@@ -88,10 +89,11 @@ func (c *container) currentPhase() phase {
 	return v
 }
 
-// created records the container's init: other ops may see it now.
-func (c *container) created(pid int) {
+// setProcess records the container's init and its phase (created, or
+// running): other ops may see the container now.
+func (c *container) setProcess(pid int, p phase) {
 	c.mu.Lock()
-	c.pid, c.phase = pid, phaseCreated
+	c.pid, c.phase = pid, p
 	c.mu.Unlock()
 }
 

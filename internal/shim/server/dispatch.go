@@ -53,8 +53,8 @@ func (s *Server) serveConn(conn *os.File) {
 }
 
 // handle runs one op; exit is true when the shim should now exit. A new
-// op is a case here and, when it makes a container, a runtime step for
-// launch (lifecycle.go).
+// op is a case here; one that adds a container registers it and launches
+// it with its own runtime step (lifecycle.go).
 func (s *Server) handle(req *proto.Request) (resp *proto.Response, exit bool) {
 	switch req.Op {
 	case proto.OpPing:
@@ -65,7 +65,7 @@ func (s *Server) handle(req *proto.Request) (resp *proto.Response, exit bool) {
 		}
 		return &proto.Response{}, true
 	case proto.OpCreate:
-		if err := s.launch(req, (*ociRuntime).create); err != nil {
+		if err := s.create(req); err != nil {
 			// A shim whose first create failed has nothing to hold.
 			return proto.ErrorResponse(err), s.exitIfEmpty()
 		}

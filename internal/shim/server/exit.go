@@ -18,9 +18,8 @@ import (
 const drainTimeout = 2 * time.Second
 
 // waitExit waits for the container's init to be reaped, then records the
-// exit (decision 0301): the output drained, the OOM kill counted, the exit
-// file written, and only then the container exited, its waits answered
-// and its attach streams closed.
+// exit (decision 0301): the output drained and the OOM kill counted before
+// recordExit.
 func (s *Server) waitExit(c *container, exitCh <-chan unix.WaitStatus, pidfd *os.File) {
 	ws := s.reaper.wait(exitCh, pidfd)
 	c.mu.Lock()
@@ -52,6 +51,14 @@ func (s *Server) waitExit(c *container, exitCh <-chan unix.WaitStatus, pidfd *os
 		e.OOMKilled = true
 	}
 	c.oom.stop()
+	s.recordExit(c, e)
+}
+
+// recordExit makes c exited with e: persisted first, then visible, then
+// its waits answered and its attach streams ended. It runs once per
+// container: from waitExit, or for a container that never ran a process
+// (one restored at start and deleted before it).
+func (s *Server) recordExit(c *container, e *proto.Exit) {
 	if err := writeExit(s.dir, e); err != nil {
 		s.logf("container %s: persist exit: %v", c.id, err)
 	}

@@ -15,57 +15,82 @@ import (
 )
 
 // runtimeStep runs the OCI runtime to make a container's init process:
-// `create` today (ociRuntime.create); a `restore` would be another step
-// with the same contract. The runtime forks the init with o's stdio (or
-// hands its pty to o.consoleSocket) and writes its pid to o.pidFile.
+// `create` today (ociRuntime.create). A restore from a checkpoint is
+// another step with the same contract (a closure over the checkpoint's
+// paths calling `restore --detach`), launched at create or at start. The
+// runtime forks the init with o's stdio (or hands its pty to
+// o.consoleSocket) and writes its pid to o.pidFile.
 type runtimeStep func(rt *ociRuntime, id string, o createOpts) error
 
-// launch makes a container with step and takes it over, top to bottom:
-// reserve the ID, open the CRI log, set up stdio, run the runtime step,
-// learn and watch the init's pid, take the pty, look at the cgroups, then
-// publish the container created and start its output copiers and its exit
-// waiter. A failure undoes every step before it.
-func (s *Server) launch(req *proto.Request, step runtimeStep) (retErr error) {
-	cr := req.Create
-	if req.ID == "" || cr == nil || cr.Bundle == "" || cr.Runtime.Binary == "" {
-		return fmt.Errorf("%s needs an id, a bundle and a runtime: %w", req.Op, errdefs.ErrInvalidArgument)
-	}
-	rt := &ociRuntime{binary: cr.Runtime.Binary, root: cr.Runtime.Root, options: cr.Runtime.Options, reaper: s.reaper}
-	c := newContainer(req.ID, cr, rt, s.logf)
-	if err := s.reserve(c); err != nil {
+// create adds a container the runtime creates (OpCreate); its init waits
+// for start.
+func (s *Server) create(req *proto.Request) (retErr error) {
+	c, err := s.register(req)
+	if err != nil {
 		return err
 	}
 	defer func() {
 		if retErr != nil {
-			s.forget(c.id)
-			c.closeIO()
+			s.unregister(c)
 		}
 	}()
-	if err := c.log.open(); err != nil {
-		return err
+	return s.launch(c, req.Create, (*ociRuntime).create, phaseCreated)
+}
+
+// register checks a request that adds a container, reserves its ID (the
+// container is creating) and opens its CRI log.
+func (s *Server) register(req *proto.Request) (*container, error) {
+	cr := req.Create
+	if req.ID == "" || cr == nil || cr.Bundle == "" || cr.Runtime.Binary == "" {
+		return nil, fmt.Errorf("%s needs an id, a bundle and a runtime: %w", req.Op, errdefs.ErrInvalidArgument)
 	}
+	rt := &ociRuntime{binary: cr.Runtime.Binary, root: cr.Runtime.Root, options: cr.Runtime.Options, reaper: s.reaper}
+	c := newContainer(req.ID, cr, rt, s.logf)
+	if err := s.reserve(c); err != nil {
+		return nil, err
+	}
+	if err := c.log.open(); err != nil {
+		s.forget(c.id)
+		return nil, err
+	}
+	return c, nil
+}
+
+// unregister undoes register (and what a failed launch left open).
+func (s *Server) unregister(c *container) {
+	s.forget(c.id)
+	c.closeIO()
+}
+
+// launch runs step and takes the process it makes over, top to bottom:
+// set up stdio, run the runtime step, learn and watch the init's pid,
+// take the pty, look at the cgroups, then move the container to phase
+// then (created, or running for a process that runs at once) with its
+// stdio, and start its output copiers and its exit waiter. A failure
+// undoes every step of launch before it; the container stays registered.
+func (s *Server) launch(c *container, cr *proto.CreateRequest, step runtimeStep, then phase) (retErr error) {
 	lio, err := s.prepareIO(c, cr)
 	if err != nil {
 		return err
 	}
 	defer func() { lio.release(retErr != nil) }()
 
-	if err := step(rt, c.id, lio.opts); err != nil {
+	if err := step(c.rt, c.id, lio.opts); err != nil {
 		return err
 	}
 	// From here on the runtime holds the container: undo with delete.
 	pid, err := readPidFile(lio.opts.pidFile)
 	if err != nil {
-		_ = rt.delete(c.id, true)
+		_ = c.rt.delete(c.id, true)
 		return err
 	}
 	exitCh, pidfd, err := s.reaper.watch(pid)
 	if err != nil {
-		_ = rt.delete(c.id, true)
+		_ = c.rt.delete(c.id, true)
 		return err
 	}
 	if err := lio.takeConsole(c); err != nil {
-		_ = rt.delete(c.id, true)
+		_ = c.rt.delete(c.id, true)
 		if pidfd != nil {
 			// The reaper still collects the init's exit.
 			pidfd.Close()
@@ -73,12 +98,14 @@ func (s *Server) launch(req *proto.Request, step runtimeStep) (retErr error) {
 		return err
 	}
 	s.watchCgroups(c, pid)
-	c.created(pid)
+	c.stdio.set(lio.stdin, lio.console)
+	c.setProcess(pid, then)
 	for _, o := range lio.outputs {
 		c.streams.Add(1)
 		go c.copyOutput(o.r, o.name, o.r != lio.console)
 	}
-	lio.outputs = nil // the copiers own them now
+	// The container owns them now.
+	lio.outputs, lio.stdin, lio.console = nil, nil, nil
 	go s.waitExit(c, exitCh, pidfd)
 	return nil
 }
@@ -90,12 +117,14 @@ type output struct {
 }
 
 // launchIO is the stdio of a launch: what the runtime gets (opts), the
-// ends the shim keeps (outputs; stdin and the pty go to the container's
-// stdio), and the console socket a terminal container's pty comes over.
+// ends the shim keeps (outputs, stdin, the pty: the container's once the
+// launch succeeded), and the console socket a terminal container's pty
+// comes over.
 type launchIO struct {
 	opts    createOpts
-	outputs []output
+	outputs []output   // includes the pty master, once received
 	theirs  []*os.File // the container's ends, closed once the runtime has them
+	stdin   *os.File   // the write end of the container's stdin
 	console *os.File   // the pty master, once received
 
 	consoleLn  *os.File
@@ -151,7 +180,7 @@ func (s *Server) prepareIO(c *container, cr *proto.CreateRequest) (_ *launchIO, 
 		}
 		l.theirs = append(l.theirs, r)
 		l.opts.stdin = r
-		c.stdio.setStdin(w)
+		l.stdin = w
 	}
 	return l, nil
 }
@@ -168,13 +197,12 @@ func (l *launchIO) takeConsole(c *container) error {
 		return fmt.Errorf("receive console of %s: %w", c.id, res.err)
 	}
 	l.console = res.f
-	c.stdio.setConsole(res.f)
 	l.outputs = append(l.outputs, output{res.f, "stdout"})
 	return nil
 }
 
 // release closes the container's ends and the console socket; after a
-// failed launch also the shim's ends.
+// failed launch also the shim's ends (a successful one handed them on).
 func (l *launchIO) release(failed bool) {
 	for _, f := range l.theirs {
 		f.Close()
@@ -191,11 +219,12 @@ func (l *launchIO) release(failed bool) {
 	}
 	if failed {
 		for _, o := range l.outputs {
-			if o.r != l.console { // the container's stdio closes the pty
-				o.r.Close()
-			}
+			o.r.Close() // the pty master too
 		}
-		l.outputs = nil
+		if l.stdin != nil {
+			l.stdin.Close()
+		}
+		l.outputs, l.stdin, l.console = nil, nil, nil
 	}
 }
 

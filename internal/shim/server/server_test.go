@@ -53,7 +53,7 @@ func TestWriteExitIsReadBack(t *testing.T) {
 // testContainer is a container as launch leaves it, without a process.
 func testContainer(t *testing.T, id string, logf func(string, ...any)) *container {
 	c := newContainer(id, &proto.CreateRequest{}, nil, logf)
-	c.created(1)
+	c.setProcess(1, phaseCreated)
 	return c
 }
 
@@ -205,7 +205,7 @@ func TestContainerBeingCreatedIsNotVisible(t *testing.T) {
 	if resp, _ := s.handle(&proto.Request{Op: proto.OpPing}); len(resp.IDs) != 1 {
 		t.Fatalf("ping: %+v", resp)
 	}
-	c.created(42)
+	c.setProcess(42, phaseCreated)
 	resp, _ = s.handle(&proto.Request{Op: proto.OpState, ID: "c1"})
 	if resp.State == nil || resp.State.Pid != 42 || resp.State.Status != proto.StatusCreated {
 		t.Fatalf("state once created: %+v", resp)
