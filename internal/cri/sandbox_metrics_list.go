@@ -17,26 +17,39 @@ import (
 // them. Objects that fail to sample are
 // left out and logged, as in containerd.
 func (s *Service) ListPodSandboxMetrics(ctx context.Context, req *runtime.ListPodSandboxMetricsRequest) (*runtime.ListPodSandboxMetricsResponse, error) {
-	byPod := map[string][]*container.Container{}
-	for _, c := range s.containers.List() {
-		byPod[c.PodID] = append(byPod[c.PodID], c)
-	}
 	resp := &runtime.ListPodSandboxMetricsResponse{PodMetrics: []*runtime.PodSandboxMetrics{}}
-	for _, sb := range s.sandboxes.List() {
+	err := s.eachPodMetrics(ctx, func(pm *runtime.PodSandboxMetrics) error {
+		resp.PodMetrics = append(resp.PodMetrics, pm)
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return resp, nil
+}
+
+// eachPodMetrics samples the ready pods one by one, for
+// ListPodSandboxMetrics and StreamPodSandboxMetrics; it stops at the first
+// error of fn or of ctx.
+func (s *Service) eachPodMetrics(ctx context.Context, fn func(*runtime.PodSandboxMetrics) error) error {
+	byPod := s.containersByPod()
+	for sb := range s.sandboxes.All() {
 		if sb.State != runtime.PodSandboxState_SANDBOX_READY {
 			continue
 		}
 		if err := ctx.Err(); err != nil {
-			return nil, toStatus(err)
+			return toStatus(err)
 		}
 		pm, err := s.podMetrics(sb, byPod[sb.ID])
 		if err != nil {
 			s.log.Warn("pod metrics", "pod", sb.ID, "err", err)
 			continue
 		}
-		resp.PodMetrics = append(resp.PodMetrics, pm)
+		if err := fn(pm); err != nil {
+			return err
+		}
 	}
-	return resp, nil
+	return nil
 }
 
 // metricSet builds metrics sharing labels and a timestamp.

@@ -79,9 +79,19 @@ func cpuMemSwap(smp stats.Sample) (*runtime.CpuUsage, *runtime.MemoryUsage, *run
 	return cpu, mem, swap
 }
 
+// containersByPod indexes every container by its pod, once per list of
+// pods rather than once per pod.
+func (s *Service) containersByPod() map[string][]*container.Container {
+	byPod := map[string][]*container.Container{}
+	for c := range s.containers.All() {
+		byPod[c.PodID] = append(byPod[c.PodID], c)
+	}
+	return byPod
+}
+
 // podStats samples a pod's cgroup (all its containers), its network
-// namespace while it is ready, and each of its containers.
-func (s *Service) podStats(ctx context.Context, sb *sandbox.Sandbox) (*runtime.PodSandboxStats, error) {
+// namespace while it is ready, and each of ctrs, the pod's containers.
+func (s *Service) podStats(ctx context.Context, sb *sandbox.Sandbox, ctrs []*container.Container) (*runtime.PodSandboxStats, error) {
 	netns := sb.NetNSPath
 	if sb.State != runtime.PodSandboxState_SANDBOX_READY {
 		netns = "" // the namespace pin is gone with the stop
@@ -105,10 +115,7 @@ func (s *Service) podStats(ctx context.Context, sb *sandbox.Sandbox) (*runtime.P
 			linux.Network.Interfaces = append(linux.Network.Interfaces, iu)
 		}
 	}
-	for _, c := range s.containers.List() {
-		if c.PodID != sb.ID {
-			continue
-		}
+	for _, c := range ctrs {
 		if err := ctx.Err(); err != nil {
 			return nil, err
 		}
