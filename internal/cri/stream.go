@@ -3,6 +3,7 @@ package cri
 import (
 	"context"
 
+	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
 )
 
@@ -34,7 +35,8 @@ func (b *batcher[T]) add(item T) error {
 	if err := b.ctx.Err(); err != nil {
 		return toStatus(err)
 	}
-	n := proto.Size(item)
+	// As a repeated field 1 of the response: tag, length, bytes.
+	n := protowire.SizeBytes(proto.Size(item)) + 1
 	if len(b.items) > 0 && b.bytes+n > maxStreamBatchBytes {
 		if err := b.flush(); err != nil {
 			return err
