@@ -2,11 +2,9 @@ package integration
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
-	"os"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -18,37 +16,9 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/protobuf/proto"
 	criapi "k8s.io/cri-api/pkg/apis/runtime/v1"
-)
 
-// cloneRecord copies the JSON file name in dir src to a new directory
-// named id beside it, editing it with edit; extra subdirectories are made
-// empty. This is how the tests below make thousands of containers and
-// pods cheaply: from real records berthd wrote, read back by a real
-// berthd at start, without a runc process or a network namespace each.
-func cloneRecord(t *testing.T, src, id, name string, edit func(m map[string]any), subdirs ...string) {
-	t.Helper()
-	data, err := os.ReadFile(filepath.Join(src, name))
-	if err != nil {
-		t.Fatal(err)
-	}
-	var m map[string]any
-	if err := json.Unmarshal(data, &m); err != nil {
-		t.Fatal(err)
-	}
-	edit(m)
-	if data, err = json.Marshal(m); err != nil {
-		t.Fatal(err)
-	}
-	dst := filepath.Join(filepath.Dir(src), id)
-	for _, d := range append([]string{""}, subdirs...) {
-		if err := os.MkdirAll(filepath.Join(dst, d), 0o700); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if err := os.WriteFile(filepath.Join(dst, name), data, 0o600); err != nil {
-		t.Fatal(err)
-	}
-}
+	"github.com/berthcri/berth/internal/testutil/berthdtest"
+)
 
 // collect drains a Stream* RPC: every response must hold at least one
 // item; it returns the items and the number of responses.
@@ -120,7 +90,7 @@ func TestStreamListsMatchListsWithThousandsOfItems(t *testing.T) {
 		if i%2 == 1 {
 			pod = stopped
 		}
-		cloneRecord(t, ctrDir, id, "container.json", func(m map[string]any) {
+		berthdtest.CloneRecord(t, ctrDir, id, "container.json", func(m map[string]any) {
 			m["id"], m["pod_id"], m["name"] = id, pod, fmt.Sprintf("clone-%d", i)
 			m["created_at"] = t0.Add(time.Duration(i) * time.Microsecond)
 			m["labels"] = map[string]string{"group": fmt.Sprint(i % 3)}
@@ -130,7 +100,7 @@ func TestStreamListsMatchListsWithThousandsOfItems(t *testing.T) {
 	podDir := filepath.Join(e.d.Root, "sandboxes", stopped)
 	for i := range nPods {
 		id := fmt.Sprintf("%064x", 0xb0000+i)
-		cloneRecord(t, podDir, id, "checkpoint.json", func(m map[string]any) {
+		berthdtest.CloneRecord(t, podDir, id, "checkpoint.json", func(m map[string]any) {
 			cfg := m["config"].(map[string]any)
 			name := fmt.Sprintf("clone-%d", i)
 			cfg["metadata"] = map[string]any{"name": name, "namespace": "default", "uid": name + "-uid"}
