@@ -1,0 +1,116 @@
+package integration
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/google/go-containerregistry/pkg/v1/mutate"
+	"google.golang.org/grpc/codes"
+	criapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+
+	"github.com/berthcri/berth/internal/testutil/testimages"
+)
+
+// KEP-4960: ContainerConfig.stop_signal overrides the image's STOPSIGNAL,
+// StopContainer sends it, and ContainerStatus reports the effective one
+// (the image's without an override, SIGTERM without either).
+func TestStopSignalFromConfigOverridesImage(t *testing.T) {
+	t.Parallel()
+	e := newCtrEnv(t)
+	img, err := testimages.Busybox()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cf, err := img.ConfigFile()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cf = cf.DeepCopy()
+	cf.Config.StopSignal = "SIGQUIT"
+	img, err = mutate.ConfigFile(img, cf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.reg.Push(t, "busybox-stopsig:latest", img)
+	stopsig := e.reg.Ref("busybox-stopsig:latest")
+	pull(t, e.d, stopsig, nil)
+
+	// Exits 42 on SIGUSR1 and 43 on SIGQUIT; as PID 1 it ignores SIGTERM,
+	// so a wrong signal ends in SIGKILL (137) after the grace period.
+	traps := []string{"sh", "-c", "trap 'exit 42' USR1; trap 'exit 43' QUIT; touch /tmp/ready; while true; do sleep 0.1; done"}
+	for _, tc := range []struct {
+		name     string
+		image    string
+		override criapi.Signal
+		want     criapi.Signal
+		exit     int32
+	}{
+		{"override", stopsig, criapi.Signal_SIGNAL_SIGUSR1, criapi.Signal_SIGNAL_SIGUSR1, 42},
+		{"image", stopsig, criapi.Signal_SIGNAL_RUNTIME_DEFAULT, criapi.Signal_SIGNAL_SIGQUIT, 43},
+		{"default", e.reg.Ref("busybox:latest"), criapi.Signal_SIGNAL_RUNTIME_DEFAULT, criapi.Signal_SIGNAL_SIGTERM, 137},
+	} {
+		cfg := e.config("stopsig-"+tc.name, traps...)
+		cfg.Image.Image = tc.image
+		cfg.StopSignal = tc.override
+		id := e.run(cfg)
+		if got := e.status(id).StopSignal; got != tc.want {
+			t.Fatalf("%s: status stop_signal %v, want %v", tc.name, got, tc.want)
+		}
+		waitFor(t, func() bool {
+			r, err := e.d.Runtime.ExecSync(ctxT(t), &criapi.ExecSyncRequest{ContainerId: id, Cmd: []string{"test", "-e", "/tmp/ready"}, Timeout: 5})
+			return err == nil && r.ExitCode == 0
+		})
+		if _, err := e.d.Runtime.StopContainer(ctxT(t), &criapi.StopContainerRequest{ContainerId: id, Timeout: 2}); err != nil {
+			t.Fatal(err)
+		}
+		st := e.status(id)
+		if st.ExitCode != tc.exit || st.StopSignal != tc.want {
+			t.Fatalf("%s: exit %d stop_signal %v, want %d %v", tc.name, st.ExitCode, st.StopSignal, tc.exit, tc.want)
+		}
+	}
+
+	bad := e.config("stopsig-bad", "true")
+	bad.StopSignal = criapi.Signal(999)
+	_, err = e.d.Runtime.CreateContainer(ctxT(t), &criapi.CreateContainerRequest{PodSandboxId: e.pod, Config: bad, SandboxConfig: e.podCfg})
+	wantCode(t, err, codes.InvalidArgument)
+}
+
+// RuntimeFeatures says what berth does: mount_options applied,
+// user_namespaces_host_network refused (as RunPodSandbox does).
+func TestStatusFeaturesMountOptionsAndUsernsHostNetwork(t *testing.T) {
+	t.Parallel()
+	e := newCtrEnv(t)
+	resp, err := e.d.Runtime.Status(ctxT(t), &criapi.StatusRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := resp.GetFeatures()
+	if !f.GetMountOptions() || f.GetUserNamespacesHostNetwork() {
+		t.Fatalf("features %+v, want mount_options=true user_namespaces_host_network=false", f)
+	}
+
+	// mount_options reach the mount: noexec stops a binary, nodev a node.
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "hello"), []byte("#!/bin/sh\necho hi\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	cfg := e.config("mountopts", "sh", "-c", "/data/hello; echo rc=$?; grep ' /data ' /proc/self/mounts")
+	cfg.Mounts = []*criapi.Mount{{ContainerPath: "/data", HostPath: dir, MountOptions: []string{"noexec", "nodev"}}}
+	lines, st := e.output(cfg)
+	out := strings.Join(lines, "\n")
+	if st.ExitCode != 0 || !strings.Contains(out, "rc=126") || !strings.Contains(out, "noexec") || !strings.Contains(out, "nodev") {
+		t.Fatalf("exit %d, output:\n%s", st.ExitCode, out)
+	}
+
+	pod := podConfig("userns-hostnet")
+	pod.Linux.SecurityContext.NamespaceOptions.Network = criapi.NamespaceMode_NODE
+	pod.Linux.SecurityContext.NamespaceOptions.UsernsOptions = &criapi.UserNamespace{
+		Mode: criapi.NamespaceMode_POD,
+		Uids: []*criapi.IDMapping{{HostId: 1 << 20, ContainerId: 0, Length: 65536}},
+		Gids: []*criapi.IDMapping{{HostId: 1 << 20, ContainerId: 0, Length: 65536}},
+	}
+	_, err = e.d.Runtime.RunPodSandbox(ctxT(t), &criapi.RunPodSandboxRequest{Config: pod})
+	wantCode(t, err, codes.InvalidArgument)
+}
