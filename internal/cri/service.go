@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"sync"
 
+	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"google.golang.org/grpc"
 	runtime "k8s.io/cri-api/pkg/apis/runtime/v1"
 
@@ -45,6 +46,9 @@ type Service struct {
 	// host is the machine as specgen sees it, probed once at start.
 	host            *specgen.Host
 	handlerFeatures map[string]HandlerFeatures
+
+	// rlimits are every container's default rlimits (default_ulimits).
+	rlimits []specs.POSIXRlimit
 
 	// podCIDR is what the kubelet last sent through UpdateRuntimeConfig.
 	mu      sync.Mutex
@@ -103,6 +107,10 @@ func New(opts Options) *Service {
 	}
 	if s.log == nil {
 		s.log = slog.Default()
+	}
+	if s.cfg != nil {
+		// Validated with the config; an error cannot happen here.
+		s.rlimits, _ = s.cfg.Rlimits()
 	}
 	if s.stats == nil {
 		s.stats = stats.NewCollector(stats.CollectorOptions{})

@@ -1,15 +1,21 @@
 package integration
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
+	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 
 	"github.com/google/go-containerregistry/pkg/v1/mutate"
+	"golang.org/x/sys/unix"
 	"google.golang.org/grpc/codes"
 	criapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
+	"github.com/berthcri/berth/internal/config"
+	"github.com/berthcri/berth/internal/testutil/berthdtest"
 	"github.com/berthcri/berth/internal/testutil/testimages"
 )
 
@@ -113,4 +119,52 @@ func TestStatusFeaturesMountOptionsAndUsernsHostNetwork(t *testing.T) {
 	}
 	_, err = e.d.Runtime.RunPodSandbox(ctxT(t), &criapi.RunPodSandboxRequest{Config: pod})
 	wantCode(t, err, codes.InvalidArgument)
+}
+
+// default_ulimits set every container's rlimits; one above berthd's own
+// hard limit is clamped to it when berthd lacks CAP_SYS_RESOURCE (the
+// kernel would refuse it), not failed.
+func TestDefaultUlimitsSetContainerRlimits(t *testing.T) {
+	t.Parallel()
+	d := berthdtest.Start(t, berthdtest.Options{Configure: func(c *config.Config) {
+		c.DefaultUlimits = []string{"nofile=1024:1048576", "core=1024:2048"}
+	}})
+	e := newCtrEnvOn(t, d)
+	var own unix.Rlimit
+	if err := unix.Getrlimit(unix.RLIMIT_NOFILE, &own); err != nil {
+		t.Fatal(err)
+	}
+	hard := uint64(1048576)
+	if !holdsCapSysResource(t) {
+		hard = min(hard, own.Max)
+	}
+	lines, st := e.output(e.config("ulimits", "sh", "-c", "grep -E 'open files|core file' /proc/self/limits"))
+	out := strings.Join(lines, "\n")
+	for _, re := range []string{
+		`Max core file size\s+1024\s+2048\s`,
+		fmt.Sprintf(`Max open files\s+1024\s+%d\s`, hard),
+	} {
+		if !regexp.MustCompile(re).MatchString(out) {
+			t.Fatalf("exit %d; /proc/self/limits lacks %q:\n%s", st.ExitCode, re, out)
+		}
+	}
+}
+
+// holdsCapSysResource reports whether this process (and so the berthd it
+// starts) has CAP_SYS_RESOURCE in its effective set.
+func holdsCapSysResource(t *testing.T) bool {
+	t.Helper()
+	status, err := os.ReadFile("/proc/self/status")
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := regexp.MustCompile(`(?m)^CapEff:\s+([0-9a-f]+)$`).FindSubmatch(status)
+	if m == nil {
+		t.Fatal("no CapEff in /proc/self/status")
+	}
+	eff, err := strconv.ParseUint(string(m[1]), 16, 64)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return eff&(1<<unix.CAP_SYS_RESOURCE) != 0
 }
