@@ -119,6 +119,7 @@ func (s *Service) CreateContainer(ctx context.Context, req *runtime.CreateContai
 				CgroupDriver:     CgroupDriver(s.cfg.CgroupDriver),
 				OOMScoreAdjFloor: ownOOMScoreAdj(),
 				Rlimits:          s.rlimits,
+				CDI:              s.cdi,
 				Logger:           s.log.With("pod", sb.ID, "container", id),
 			}
 			if s.host != nil {

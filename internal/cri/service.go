@@ -12,6 +12,7 @@ import (
 	"google.golang.org/grpc"
 	runtime "k8s.io/cri-api/pkg/apis/runtime/v1"
 
+	"github.com/berthcri/berth/internal/cdi"
 	"github.com/berthcri/berth/internal/config"
 	"github.com/berthcri/berth/internal/container"
 	"github.com/berthcri/berth/internal/events"
@@ -43,6 +44,7 @@ type Service struct {
 	containers *container.Store
 	stats      *stats.Collector
 	nri        *nri.NRI
+	cdi        *cdi.Registry
 	// host is the machine as specgen sees it, probed once at start.
 	host            *specgen.Host
 	handlerFeatures map[string]HandlerFeatures
@@ -73,6 +75,8 @@ type Options struct {
 	Stats *stats.Collector
 	// NRI relays lifecycle events to NRI plugins; nil → off.
 	NRI *nri.NRI
+	// CDI resolves CDI devices; nil refuses containers that ask for any.
+	CDI *cdi.Registry
 	// Host is probed once at daemon start; nil → specgen probes per call.
 	Host *specgen.Host
 	// HandlerFeatures maps runtime handler names to what they support.
@@ -101,6 +105,7 @@ func New(opts Options) *Service {
 		containers: opts.Containers,
 		stats:      opts.Stats,
 		nri:        opts.NRI,
+		cdi:        opts.CDI,
 
 		host:            opts.Host,
 		handlerFeatures: opts.HandlerFeatures,

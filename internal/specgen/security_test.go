@@ -284,8 +284,8 @@ func TestAmbientCapabilities(t *testing.T) {
 
 func TestRefuseUnsupported(t *testing.T) {
 	for name, mutate := range map[string]func(in *Input){
-		"cdi":     func(in *Input) { in.Config.CDIDevices = []*runtime.CDIDevice{{Name: "vendor.com/gpu=0"}} },
-		"windows": func(in *Input) { in.Config.Windows = &runtime.WindowsContainerConfig{} },
+		"cdi without a registry": func(in *Input) { in.Config.CDIDevices = []*runtime.CDIDevice{{Name: "vendor.com/gpu=0"}} },
+		"windows":                func(in *Input) { in.Config.Windows = &runtime.WindowsContainerConfig{} },
 	} {
 		t.Run(name, func(t *testing.T) {
 			in := testInput(t)
