@@ -9,6 +9,7 @@ import (
 
 	"github.com/berthcri/berth/internal/container"
 	"github.com/berthcri/berth/internal/sandbox"
+	"github.com/berthcri/berth/internal/stats"
 )
 
 // ListPodSandboxMetrics reports cAdvisor-style metrics for every ready pod
@@ -102,6 +103,28 @@ func (s *Service) podMetrics(sb *sandbox.Sandbox, ctrs []*container.Container) (
 	return pm, nil
 }
 
+// addPressure adds pressure stall information as cAdvisor names it:
+// "waiting" is the time some task stalled, "stalled" the time all did.
+// Only what the kernel exposes (cgroup v2), in whole seconds as the CPU
+// counters.
+func (m *metricSet) addPressure(u *stats.Usage) {
+	sec := uint64(time.Second)
+	for _, p := range []struct {
+		resource string
+		psi      *stats.Pressure
+	}{{"cpu", u.CPUPressure}, {"memory", u.MemoryPressure}, {"io", u.IOPressure}} {
+		if p.psi == nil {
+			continue
+		}
+		if p.psi.Some != nil {
+			m.add("container_pressure_"+p.resource+"_waiting_seconds_total", counter, p.psi.Some.TotalNanos/sec)
+		}
+		if p.psi.Full != nil {
+			m.add("container_pressure_"+p.resource+"_stalled_seconds_total", counter, p.psi.Full.TotalNanos/sec)
+		}
+	}
+}
+
 const (
 	counter = runtime.MetricType_COUNTER
 	gauge   = runtime.MetricType_GAUGE
@@ -157,6 +180,8 @@ func (s *Service) containerMetrics(md *runtime.PodSandboxMetadata, c *container.
 	m.add("container_memory_failures_total", counter, u.PageFaults, "pgfault", "hierarchy")
 	m.add("container_memory_failures_total", counter, u.MajorPageFaults, "pgmajfault", "hierarchy")
 	m.add("container_oom_events_total", counter, u.OOMKills)
+
+	m.addPressure(u)
 
 	m.add("container_processes", gauge, u.Processes)
 	m.add("container_threads", gauge, u.Threads)
