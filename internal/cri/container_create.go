@@ -120,6 +120,7 @@ func (s *Service) CreateContainer(ctx context.Context, req *runtime.CreateContai
 				OOMScoreAdjFloor: ownOOMScoreAdj(),
 				Rlimits:          s.rlimits,
 				CDI:              s.cdi,
+				AppArmor:         s.apparmor,
 				Logger:           s.log.With("pod", sb.ID, "container", id),
 			}
 			if s.host != nil {

@@ -45,6 +45,7 @@ type Service struct {
 	stats      *stats.Collector
 	nri        *nri.NRI
 	cdi        *cdi.Registry
+	apparmor   specgen.AppArmorProfiles
 	// host is the machine as specgen sees it, probed once at start.
 	host            *specgen.Host
 	handlerFeatures map[string]HandlerFeatures
@@ -77,6 +78,9 @@ type Options struct {
 	NRI *nri.NRI
 	// CDI resolves CDI devices; nil refuses containers that ask for any.
 	CDI *cdi.Registry
+	// AppArmor loads the RuntimeDefault profile and looks profiles up
+	// where AppArmor is on; nil refuses RuntimeDefault there.
+	AppArmor specgen.AppArmorProfiles
 	// Host is probed once at daemon start; nil → specgen probes per call.
 	Host *specgen.Host
 	// HandlerFeatures maps runtime handler names to what they support.
@@ -106,6 +110,7 @@ func New(opts Options) *Service {
 		stats:      opts.Stats,
 		nri:        opts.NRI,
 		cdi:        opts.CDI,
+		apparmor:   opts.AppArmor,
 
 		host:            opts.Host,
 		handlerFeatures: opts.HandlerFeatures,

@@ -21,6 +21,7 @@ import (
 	criapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/berthcri/berth/internal/admin"
+	"github.com/berthcri/berth/internal/apparmor"
 	"github.com/berthcri/berth/internal/cdi"
 	"github.com/berthcri/berth/internal/config"
 	"github.com/berthcri/berth/internal/container"
@@ -190,6 +191,7 @@ func New(ctx context.Context, cfg *config.Config, version string, log *slog.Logg
 		Containers: containers,
 		NRI:        d.nri,
 		CDI:        cdi.New(cfg.CDISpecDirs, log.With("component", "cdi")),
+		AppArmor:   apparmor.New(apparmor.Options{}),
 
 		Host:            host,
 		HandlerFeatures: cri.ProbeRuntimeFeatures(ctx, runtimes, sandboxes.UserNamespaceSupport(), log),

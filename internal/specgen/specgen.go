@@ -54,6 +54,11 @@ type Input struct {
 	// config); each is clamped to the daemon's own hard limit. None → the
 	// container inherits the runtime's limits, as in containerd.
 	Rlimits []specs.POSIXRlimit
+	// AppArmor loads berth's RuntimeDefault profile and looks localhost
+	// profiles up (internal/apparmor); used only where AppArmor is on.
+	// nil: RuntimeDefault is refused there and localhost profiles are
+	// passed on unchecked.
+	AppArmor AppArmorProfiles
 	// CDI resolves the container's CDI devices (CDI_devices and
 	// "cdi.k8s.io/" annotations); nil refuses any.
 	CDI *cdi.Registry
@@ -61,6 +66,14 @@ type Input struct {
 	Host *Host
 	// Logger receives debug notes (ignored security labels); nil → discard.
 	Logger *slog.Logger
+}
+
+// AppArmorProfiles are the AppArmor profiles of the host.
+type AppArmorProfiles interface {
+	// Default loads berth's RuntimeDefault profile if needed and names it.
+	Default() (string, error)
+	// Loaded reports whether the kernel has the named profile.
+	Loaded(name string) (bool, error)
 }
 
 // Pod is the part of the sandbox a container joins.

@@ -168,3 +168,27 @@ func holdsCapSysResource(t *testing.T) bool {
 	}
 	return eff&(1<<unix.CAP_SYS_RESOURCE) != 0
 }
+
+// On a node without AppArmor (this kernel has none), RuntimeDefault runs
+// the container unconfined, as containerd does, and an explicitly named
+// localhost profile is refused with an error that says why.
+func TestAppArmorOnANodeWithoutIt(t *testing.T) {
+	t.Parallel()
+	if b, err := os.ReadFile("/sys/module/apparmor/parameters/enabled"); err == nil && strings.HasPrefix(string(b), "Y") {
+		t.Skip("AppArmor is enabled on this node")
+	}
+	e := newCtrEnv(t)
+	cfg := e.config("aa-default", "true")
+	cfg.Linux.SecurityContext.Apparmor = &criapi.SecurityProfile{ProfileType: criapi.SecurityProfile_RuntimeDefault}
+	if _, st := e.output(cfg); st.ExitCode != 0 {
+		t.Fatalf("runtime/default container: exit %d (%s)", st.ExitCode, st.Message)
+	}
+
+	cfg = e.config("aa-localhost", "true")
+	cfg.Linux.SecurityContext.Apparmor = &criapi.SecurityProfile{ProfileType: criapi.SecurityProfile_Localhost, LocalhostRef: "localhost/my-profile"}
+	_, err := e.d.Runtime.CreateContainer(ctxT(t), &criapi.CreateContainerRequest{PodSandboxId: e.pod, Config: cfg, SandboxConfig: e.podCfg})
+	wantCode(t, err, codes.InvalidArgument)
+	if msg := err.Error(); !strings.Contains(msg, "my-profile") || !strings.Contains(msg, "AppArmor is not enabled") {
+		t.Fatalf("error does not say why: %v", err)
+	}
+}
