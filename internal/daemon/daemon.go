@@ -157,9 +157,10 @@ func New(ctx context.Context, cfg *config.Config, version string, log *slog.Logg
 		return nil, fmt.Errorf("open container store: %w", err)
 	}
 	publisher.Seed(containers.List())
+	devices := cdi.New(cfg.CDISpecDirs, log.With("component", "cdi"))
 	if d.nri, err = nri.New(nri.Options{
 		Config: cfg.NRI, Name: "berth", Version: version,
-		Sandboxes: sandboxes, Containers: containers, Logger: log,
+		Sandboxes: sandboxes, Containers: containers, CDI: devices, Logger: log,
 	}); err != nil {
 		return nil, err
 	}
@@ -190,7 +191,7 @@ func New(ctx context.Context, cfg *config.Config, version string, log *slog.Logg
 		Streaming:  d.stream,
 		Containers: containers,
 		NRI:        d.nri,
-		CDI:        cdi.New(cfg.CDISpecDirs, log.With("component", "cdi")),
+		CDI:        devices,
 		AppArmor:   apparmor.New(apparmor.Options{}),
 
 		Host:            host,
