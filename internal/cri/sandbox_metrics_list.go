@@ -71,24 +71,27 @@ func (m *metricSet) add(name string, kind runtime.MetricType, v uint64, extra ..
 func (s *Service) podMetrics(sb *sandbox.Sandbox, ctrs []*container.Container) (*runtime.PodSandboxMetrics, error) {
 	md := sb.Config.GetMetadata()
 	pm := &runtime.PodSandboxMetrics{PodSandboxId: sb.ID}
-	if sb.NetNSPath != "" {
-		sample, err := s.stats.Pod(sb.ID, sb.CgroupParent, sb.NetNSPath)
-		if err != nil {
-			return nil, err
-		}
-		pod := &metricSet{ts: sample.NetworkAt.UnixNano(), labels: []string{md.GetName(), md.GetNamespace(), "", sb.ID, ""}}
-		for _, i := range sample.Interfaces {
-			pod.add("container_network_receive_bytes_total", counter, i.RxBytes, i.Name)
-			pod.add("container_network_receive_packets_total", counter, i.RxPackets, i.Name)
-			pod.add("container_network_receive_packets_dropped_total", counter, i.RxDropped, i.Name)
-			pod.add("container_network_receive_errors_total", counter, i.RxErrors, i.Name)
-			pod.add("container_network_transmit_bytes_total", counter, i.TxBytes, i.Name)
-			pod.add("container_network_transmit_packets_total", counter, i.TxPackets, i.Name)
-			pod.add("container_network_transmit_packets_dropped_total", counter, i.TxDropped, i.Name)
-			pod.add("container_network_transmit_errors_total", counter, i.TxErrors, i.Name)
-		}
-		pm.Metrics = pod.out
+	// The pod's cgroup (pressure) and, with its own network namespace,
+	// its interfaces.
+	sample, err := s.stats.Pod(sb.ID, sb.CgroupParent, sb.NetNSPath)
+	if err != nil {
+		return nil, err
 	}
+	labels := []string{md.GetName(), md.GetNamespace(), "", sb.ID, ""}
+	pod := &metricSet{ts: sample.NetworkAt.UnixNano(), labels: labels}
+	for _, i := range sample.Interfaces {
+		pod.add("container_network_receive_bytes_total", counter, i.RxBytes, i.Name)
+		pod.add("container_network_receive_packets_total", counter, i.RxPackets, i.Name)
+		pod.add("container_network_receive_packets_dropped_total", counter, i.RxDropped, i.Name)
+		pod.add("container_network_receive_errors_total", counter, i.RxErrors, i.Name)
+		pod.add("container_network_transmit_bytes_total", counter, i.TxBytes, i.Name)
+		pod.add("container_network_transmit_packets_total", counter, i.TxPackets, i.Name)
+		pod.add("container_network_transmit_packets_dropped_total", counter, i.TxDropped, i.Name)
+		pod.add("container_network_transmit_errors_total", counter, i.TxErrors, i.Name)
+	}
+	pressure := &metricSet{ts: sample.Timestamp.UnixNano(), labels: labels}
+	pressure.addPressure(sample.Usage)
+	pm.Metrics = append(pod.out, pressure.out...)
 	for _, c := range ctrs {
 		if c.State != container.StateRunning {
 			continue

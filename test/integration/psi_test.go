@@ -33,10 +33,12 @@ func TestPSIAbsentWhereTheKernelHasNone(t *testing.T) {
 		t.Fatalf("pod PSI reported on a node without it: %v", l)
 	}
 
-	_, ctr := podMetricsOf(t, e.d, e.pod, id)
-	for name := range ctr {
-		if strings.HasPrefix(name, "container_pressure_") {
-			t.Fatalf("metric %s sent on a node without PSI", name)
+	pod, ctr := podMetricsOf(t, e.d, e.pod, id)
+	for _, level := range []map[string][]*criapi.Metric{pod, ctr} {
+		for name := range level {
+			if strings.HasPrefix(name, "container_pressure_") {
+				t.Fatalf("metric %s sent on a node without PSI", name)
+			}
 		}
 	}
 	descs, err := e.d.Runtime.ListMetricDescriptors(ctxT(t), &criapi.ListMetricDescriptorsRequest{})
