@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs the Debian packages berth needs when they are missing.
 #   hack/install-deps.sh run    what berthd needs: runc, CNI plugins, iptables
-#   hack/install-deps.sh test   also what the tests need: busybox-static
+#   hack/install-deps.sh test   also what the tests need: busybox-static,
+#                               apparmor (apparmor_parser compiles the default profile)
 #   hack/install-deps.sh bench  also the reference runtime: containerd
 # Nothing is installed when everything is present, so it is cheap to call.
 set -euo pipefail
@@ -9,7 +10,7 @@ set -euo pipefail
 want=(runc:runc iptables:iptables ip:iproute2)
 cni_plugins=containernetworking-plugins
 case "${1:-run}" in
-  test) want+=(busybox:busybox-static) ;;
+  test) want+=(busybox:busybox-static apparmor_parser:apparmor) ;;
   bench) want+=(busybox:busybox-static containerd:containerd) ;;
 esac
 

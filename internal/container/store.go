@@ -19,6 +19,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/moby/sys/signal"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"golang.org/x/sys/unix"
 	runtime "k8s.io/cri-api/pkg/apis/runtime/v1"
@@ -134,7 +135,7 @@ type AcquiredImage struct {
 	Name       string   // a repo tag, or what was asked
 	Ref        string   // a repo digest, or the ID
 	LowerDirs  []string // topmost first
-	StopSignal string   // from the image config; "" → SIGTERM
+	StopSignal string   // the config's, else the image config's; "" → SIGTERM
 }
 
 // CreateParams are the inputs of Create.
@@ -683,22 +684,17 @@ func (s *Store) Start(ctx context.Context, id string) (*Container, error) {
 	return r.clone(), nil
 }
 
-// parseSignal accepts "SIGTERM", "TERM" or "15".
+// parseSignal accepts "SIGTERM", "TERM", "15" or "SIGRTMIN+3" (moby's
+// names, as containerd); "" is SIGTERM.
 func parseSignal(name string) (syscall.Signal, error) {
 	if name == "" {
 		return syscall.SIGTERM, nil
 	}
-	if n, err := strconv.Atoi(name); err == nil && n > 0 && n < 65 {
-		return syscall.Signal(n), nil
+	sig, err := signal.ParseSignal(name)
+	if err != nil || !signal.ValidSignalForPlatform(sig) {
+		return 0, fmt.Errorf("unknown stop signal %q: %w", name, errdefs.ErrInvalidArgument)
 	}
-	up := strings.ToUpper(name)
-	if !strings.HasPrefix(up, "SIG") {
-		up = "SIG" + up
-	}
-	if sig := unix.SignalNum(up); sig != 0 {
-		return sig, nil
-	}
-	return 0, fmt.Errorf("unknown stop signal %q: %w", name, errdefs.ErrInvalidArgument)
+	return sig, nil
 }
 
 // Stop sends the stop signal, waits up to timeout, then SIGKILLs and waits

@@ -34,6 +34,10 @@ func (s *Service) CreateContainer(ctx context.Context, req *runtime.CreateContai
 		cfg.GetLinux().GetSecurityContext().GetNamespaceOptions().GetTargetId() == "":
 		return nil, invalidArgument("CreateContainer: pid namespace mode TARGET needs target_id")
 	}
+	stopSignal, ok := stopSignalName(cfg.GetStopSignal())
+	if !ok {
+		return nil, invalidArgument("CreateContainer: unknown stop_signal %d", cfg.GetStopSignal())
+	}
 	sb, err := s.sandboxes.Get(req.GetPodSandboxId())
 	if err != nil {
 		return nil, toStatus(err)
@@ -84,7 +88,8 @@ func (s *Service) CreateContainer(ctx context.Context, req *runtime.CreateContai
 			if len(img.RepoDigests) > 0 {
 				a.Ref = img.RepoDigests[0]
 			}
-			if img.Config != nil {
+			// KEP-4960: the config's stop signal, else the image's.
+			if a.StopSignal = stopSignal; a.StopSignal == "" && img.Config != nil {
 				a.StopSignal = img.Config.Config.StopSignal
 			}
 			return a, nil
@@ -113,6 +118,9 @@ func (s *Service) CreateContainer(ctx context.Context, req *runtime.CreateContai
 				},
 				CgroupDriver:     CgroupDriver(s.cfg.CgroupDriver),
 				OOMScoreAdjFloor: ownOOMScoreAdj(),
+				Rlimits:          s.rlimits,
+				CDI:              s.cdi,
+				AppArmor:         s.apparmor,
 				Logger:           s.log.With("pod", sb.ID, "container", id),
 			}
 			if s.host != nil {

@@ -17,8 +17,16 @@ func (s *Service) Status(ctx context.Context, req *runtime.StatusRequest) (*runt
 	resp := &runtime.StatusResponse{
 		Status:          &runtime.RuntimeStatus{Conditions: conditions},
 		RuntimeHandlers: s.runtimeHandlers(),
-		// specgen honours SupplementalGroupsPolicy Merge and Strict.
-		Features: &runtime.RuntimeFeatures{SupplementalGroupsPolicy: true},
+		Features: &runtime.RuntimeFeatures{
+			// specgen honours SupplementalGroupsPolicy Merge and Strict.
+			SupplementalGroupsPolicy: true,
+			// specgen applies Mount.mount_options (noexec, nodev,
+			// nosuid, atime flags) and refuses any other.
+			MountOptions: true,
+			// A pod with its own user namespace cannot share the host's
+			// network (RunPodSandbox refuses it): false, as the proto asks.
+			UserNamespacesHostNetwork: false,
+		},
 	}
 	if req.GetVerbose() {
 		info, err := s.statusInfo()

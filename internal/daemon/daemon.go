@@ -21,6 +21,8 @@ import (
 	criapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/berthcri/berth/internal/admin"
+	"github.com/berthcri/berth/internal/apparmor"
+	"github.com/berthcri/berth/internal/cdi"
 	"github.com/berthcri/berth/internal/config"
 	"github.com/berthcri/berth/internal/container"
 	"github.com/berthcri/berth/internal/cri"
@@ -155,9 +157,10 @@ func New(ctx context.Context, cfg *config.Config, version string, log *slog.Logg
 		return nil, fmt.Errorf("open container store: %w", err)
 	}
 	publisher.Seed(containers.List())
+	devices := cdi.New(cfg.CDISpecDirs, log.With("component", "cdi"))
 	if d.nri, err = nri.New(nri.Options{
 		Config: cfg.NRI, Name: "berth", Version: version,
-		Sandboxes: sandboxes, Containers: containers, Logger: log,
+		Sandboxes: sandboxes, Containers: containers, CDI: devices, Logger: log,
 	}); err != nil {
 		return nil, err
 	}
@@ -188,6 +191,8 @@ func New(ctx context.Context, cfg *config.Config, version string, log *slog.Logg
 		Streaming:  d.stream,
 		Containers: containers,
 		NRI:        d.nri,
+		CDI:        devices,
+		AppArmor:   apparmor.New(apparmor.Options{}),
 
 		Host:            host,
 		HandlerFeatures: cri.ProbeRuntimeFeatures(ctx, runtimes, sandboxes.UserNamespaceSupport(), log),

@@ -18,6 +18,9 @@ type Host struct {
 	Hostname string
 	// RlimitHard maps "RLIMIT_NOFILE" etc. to the daemon's hard limit.
 	RlimitHard map[string]uint64
+	// NROpen is fs.nr_open, the most RLIMIT_NOFILE can be even with
+	// CAP_SYS_RESOURCE (0: unknown).
+	NROpen uint64
 	// AllCapabilities are the capabilities berthd holds (its CapEff): the
 	// most a container can get ("ALL", privileged).
 	AllCapabilities []string
@@ -58,6 +61,9 @@ func ProbeHost() (*Host, error) {
 			return nil, fmt.Errorf("getrlimit %s: %w", name, err)
 		}
 		h.RlimitHard[name] = rl.Max
+	}
+	if b, err := os.ReadFile("/proc/sys/fs/nr_open"); err == nil {
+		h.NROpen, _ = strconv.ParseUint(strings.TrimSpace(string(b)), 10, 64)
 	}
 	status, err := os.ReadFile("/proc/self/status")
 	if err != nil {
