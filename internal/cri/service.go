@@ -11,6 +11,7 @@ import (
 	"google.golang.org/grpc"
 	runtime "k8s.io/cri-api/pkg/apis/runtime/v1"
 
+	"github.com/berthcri/berth/internal/cgroupctrl"
 	"github.com/berthcri/berth/internal/config"
 	"github.com/berthcri/berth/internal/container"
 	"github.com/berthcri/berth/internal/events"
@@ -44,6 +45,7 @@ type Service struct {
 	nri        *nri.NRI
 	// host is the machine as specgen sees it, probed once at start.
 	host            *specgen.Host
+	cgroups         *cgroupctrl.Controllers
 	handlerFeatures map[string]HandlerFeatures
 
 	// podCIDR is what the kubelet last sent through UpdateRuntimeConfig.
@@ -71,6 +73,9 @@ type Options struct {
 	NRI *nri.NRI
 	// Host is probed once at daemon start; nil → specgen probes per call.
 	Host *specgen.Host
+	// Cgroups are the host's usable cgroup controllers, detected once at
+	// start (Status shows them); nil → not reported.
+	Cgroups *cgroupctrl.Controllers
 	// HandlerFeatures maps runtime handler names to what they support.
 	HandlerFeatures map[string]HandlerFeatures
 }
@@ -99,6 +104,7 @@ func New(opts Options) *Service {
 		nri:        opts.NRI,
 
 		host:            opts.Host,
+		cgroups:         opts.Cgroups,
 		handlerFeatures: opts.HandlerFeatures,
 	}
 	if s.log == nil {
