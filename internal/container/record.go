@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"time"
 
+	"github.com/berthcri/berth/internal/atomicfile"
 	runtime "k8s.io/cri-api/pkg/apis/runtime/v1"
 )
 
@@ -135,34 +136,5 @@ func saveRecord(dir string, c *Container) error {
 	if err != nil {
 		return fmt.Errorf("encode container %s: %w", c.ID, err)
 	}
-	return writeFileAtomic(recordPath(dir), data)
-}
-
-// writeFileAtomic writes a temp file in the same dir, fsyncs it, renames
-// it over path and fsyncs the dir.
-func writeFileAtomic(path string, data []byte) error {
-	tmp, err := os.CreateTemp(filepath.Dir(path), ".tmp-")
-	if err != nil {
-		return fmt.Errorf("write %s: %w", path, err)
-	}
-	defer os.Remove(tmp.Name())
-	if _, err := tmp.Write(data); err != nil {
-		tmp.Close()
-		return fmt.Errorf("write %s: %w", path, err)
-	}
-	if err := tmp.Sync(); err != nil {
-		tmp.Close()
-		return fmt.Errorf("sync %s: %w", path, err)
-	}
-	if err := tmp.Close(); err != nil {
-		return fmt.Errorf("write %s: %w", path, err)
-	}
-	if err := os.Rename(tmp.Name(), path); err != nil {
-		return fmt.Errorf("rename into %s: %w", path, err)
-	}
-	if d, err := os.Open(filepath.Dir(path)); err == nil {
-		_ = d.Sync()
-		d.Close()
-	}
-	return nil
+	return atomicfile.Write(recordPath(dir), data, 0o600)
 }

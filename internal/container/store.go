@@ -23,8 +23,10 @@ import (
 	"golang.org/x/sys/unix"
 	runtime "k8s.io/cri-api/pkg/apis/runtime/v1"
 
+	"github.com/berthcri/berth/internal/atomicfile"
 	"github.com/berthcri/berth/internal/errdefs"
 	"github.com/berthcri/berth/internal/fault"
+	"github.com/berthcri/berth/internal/idprefix"
 	"github.com/berthcri/berth/internal/oci"
 	"github.com/berthcri/berth/internal/shim"
 )
@@ -410,7 +412,7 @@ func (s *Store) Create(ctx context.Context, p CreateParams) (_ *Container, retEr
 	if err != nil {
 		return nil, fmt.Errorf("encode spec: %w", err)
 	}
-	if err := writeFileAtomic(filepath.Join(dir, "config.json"), data); err != nil {
+	if err := atomicfile.Write(filepath.Join(dir, "config.json"), data, 0o600); err != nil {
 		return nil, err
 	}
 
@@ -547,25 +549,8 @@ func (s *Store) lockPodShim(podID string) func() {
 func (s *Store) entry(id string) (*entry, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if e, ok := s.ctrs[id]; ok {
-		return e, nil
-	}
-	// Unique prefix, as crictl passes.
-	var found *entry
-	if id != "" {
-		for cid, e := range s.ctrs {
-			if strings.HasPrefix(cid, id) {
-				if found != nil {
-					return nil, fmt.Errorf("container ID prefix %q is ambiguous: %w", id, errdefs.ErrNotFound)
-				}
-				found = e
-			}
-		}
-	}
-	if found == nil {
-		return nil, fmt.Errorf("container %q: %w", id, errdefs.ErrNotFound)
-	}
-	return found, nil
+	// Full ID or unique prefix, as crictl passes.
+	return idprefix.Resolve(s.ctrs, "container", id, nil)
 }
 
 // refresh folds a persisted exit into the record. Caller holds e.mu.

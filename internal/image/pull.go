@@ -25,6 +25,7 @@ import (
 	ocispecv1 "github.com/opencontainers/image-spec/specs-go/v1"
 	"golang.org/x/sync/errgroup"
 
+	"github.com/berthcri/berth/internal/atomicfile"
 	"github.com/berthcri/berth/internal/errdefs"
 	"github.com/berthcri/berth/internal/fault"
 )
@@ -423,7 +424,7 @@ func (s *Store) writeBlob(digest string, data []byte) error {
 	if _, err := os.Stat(s.blobPath(digest)); err == nil {
 		return nil
 	}
-	if err := writeFileAtomic(s.blobPath(digest), data); err != nil {
+	if err := atomicfile.Write(s.blobPath(digest), data, 0o600); err != nil {
 		return fmt.Errorf("store blob %s: %w", digest, err)
 	}
 	return nil
@@ -510,7 +511,7 @@ func (s *Store) ensureLayer(ctx context.Context, lr layerRecord) error {
 		if err := s.unpackBlob(ctx, lr, filepath.Join(tmp, "diff")); err != nil {
 			return struct{}{}, err
 		}
-		if err := syncDir(tmp); err != nil {
+		if err := atomicfile.SyncDir(tmp); err != nil {
 			return struct{}{}, err
 		}
 		if err := os.Rename(tmp, s.layerDir(lr.ChainID)); err != nil {

@@ -31,8 +31,10 @@ import (
 
 	ocispecv1 "github.com/opencontainers/image-spec/specs-go/v1"
 
+	"github.com/berthcri/berth/internal/atomicfile"
 	"github.com/berthcri/berth/internal/errdefs"
 	"github.com/berthcri/berth/internal/fault"
+	"github.com/berthcri/berth/internal/idprefix"
 )
 
 const recordVersion = 1
@@ -246,41 +248,7 @@ func (s *Store) writeRecord(rec *record) error {
 	if err != nil {
 		return err
 	}
-	return writeFileAtomic(s.path("records", strings.TrimPrefix(rec.ID, "sha256:")+".json"), data)
-}
-
-// writeFileAtomic writes a temp file in the same dir, fsyncs it and renames
-// it over path, so readers see the old or the new file, never a mix.
-func writeFileAtomic(path string, data []byte) error {
-	tmp := path + ".tmp-" + randomHex()
-	f, err := os.OpenFile(tmp, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o600)
-	if err != nil {
-		return err
-	}
-	_, err = f.Write(data)
-	if err == nil {
-		err = f.Sync()
-	}
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err == nil {
-		err = os.Rename(tmp, path)
-	}
-	if err != nil {
-		os.Remove(tmp)
-		return fmt.Errorf("write %s: %w", path, err)
-	}
-	return syncDir(filepath.Dir(path))
-}
-
-func syncDir(dir string) error {
-	d, err := os.Open(dir)
-	if err != nil {
-		return err
-	}
-	defer d.Close()
-	return d.Sync()
+	return atomicfile.Write(s.path("records", strings.TrimPrefix(rec.ID, "sha256:")+".json"), data, 0o600)
 }
 
 func randomHex() string {
@@ -340,17 +308,9 @@ func (s *Store) lookup(ref string) (*record, error) {
 	}
 	prefix := strings.TrimPrefix(ref, "sha256:")
 	if hexPattern.MatchString(prefix) {
-		var found *record
-		for id, rec := range s.images {
-			if strings.HasPrefix(strings.TrimPrefix(id, "sha256:"), prefix) {
-				if found != nil {
-					return nil, fmt.Errorf("image ID prefix %q is ambiguous: %w", ref, errdefs.ErrInvalidArgument)
-				}
-				found = rec
-			}
-		}
-		if found != nil {
-			return found, nil
+		rec, err := idprefix.Resolve(s.images, "image", prefix, func(id string) string { return strings.TrimPrefix(id, "sha256:") })
+		if !errors.Is(err, errdefs.ErrNotFound) {
+			return rec, err
 		}
 	}
 	if parseErr != nil && !hexPattern.MatchString(prefix) {
@@ -447,7 +407,7 @@ func (s *Store) Acquire(ctx context.Context, ref, owner string) (*Image, []strin
 	if err != nil {
 		return nil, nil, err
 	}
-	if err := writeFileAtomic(s.path("leases", owner+".json"), data); err != nil {
+	if err := atomicfile.Write(s.path("leases", owner+".json"), data, 0o600); err != nil {
 		return nil, nil, fmt.Errorf("acquire image %s for %s: %w", img.ID, owner, err)
 	}
 	lower := make([]string, 0, len(img.ChainIDs))

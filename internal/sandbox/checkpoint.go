@@ -10,6 +10,7 @@ import (
 	"google.golang.org/protobuf/encoding/protojson"
 	runtime "k8s.io/cri-api/pkg/apis/runtime/v1"
 
+	"github.com/berthcri/berth/internal/atomicfile"
 	"github.com/berthcri/berth/internal/network"
 	"github.com/berthcri/berth/internal/userns"
 )
@@ -101,31 +102,15 @@ func (c *checkpoint) toRecord() (*record, error) {
 	return r, nil
 }
 
-// writeCheckpoint stores the record atomically: temp file in the same
-// directory, fsync, rename.
+// writeCheckpoint stores the checkpoint atomically (atomicfile: temp
+// file, fsync, rename, directory fsync).
 func writeCheckpoint(dir string, c *checkpoint) error {
 	data, err := json.MarshalIndent(c, "", "  ")
 	if err != nil {
 		return fmt.Errorf("encode checkpoint %s: %w", c.ID, err)
 	}
-	tmp, err := os.CreateTemp(dir, ".checkpoint-*")
-	if err != nil {
+	if err := atomicfile.Write(filepath.Join(dir, checkpointFile), data, 0o600); err != nil {
 		return fmt.Errorf("write checkpoint %s: %w", c.ID, err)
-	}
-	defer os.Remove(tmp.Name())
-	if _, err := tmp.Write(data); err != nil {
-		tmp.Close()
-		return fmt.Errorf("write checkpoint %s: %w", c.ID, err)
-	}
-	if err := tmp.Sync(); err != nil {
-		tmp.Close()
-		return fmt.Errorf("sync checkpoint %s: %w", c.ID, err)
-	}
-	if err := tmp.Close(); err != nil {
-		return fmt.Errorf("write checkpoint %s: %w", c.ID, err)
-	}
-	if err := os.Rename(tmp.Name(), filepath.Join(dir, checkpointFile)); err != nil {
-		return fmt.Errorf("commit checkpoint %s: %w", c.ID, err)
 	}
 	return nil
 }

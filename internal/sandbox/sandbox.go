@@ -28,6 +28,7 @@ import (
 
 	"github.com/berthcri/berth/internal/errdefs"
 	"github.com/berthcri/berth/internal/fault"
+	"github.com/berthcri/berth/internal/idprefix"
 	"github.com/berthcri/berth/internal/network"
 	"github.com/berthcri/berth/internal/systemd"
 	"github.com/berthcri/berth/internal/userns"
@@ -222,27 +223,9 @@ func (r *record) snapshot() *Sandbox {
 
 // lookup resolves a full ID or unique prefix.
 func (s *Store) lookup(id string) (*record, error) {
-	if id == "" {
-		return nil, fmt.Errorf("empty sandbox id: %w", errdefs.ErrNotFound)
-	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if r, ok := s.byID[id]; ok {
-		return r, nil
-	}
-	var found *record
-	for full, r := range s.byID {
-		if strings.HasPrefix(full, id) {
-			if found != nil {
-				return nil, fmt.Errorf("sandbox id prefix %q is ambiguous: %w", id, errdefs.ErrNotFound)
-			}
-			found = r
-		}
-	}
-	if found == nil {
-		return nil, fmt.Errorf("sandbox %q: %w", id, errdefs.ErrNotFound)
-	}
-	return found, nil
+	return idprefix.Resolve(s.byID, "sandbox", id, nil)
 }
 
 // Get returns a sandbox by full ID or unique prefix.

@@ -25,6 +25,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/berthcri/berth/internal/atomicfile"
 	"github.com/berthcri/berth/internal/errdefs"
 	"github.com/berthcri/berth/internal/shim/proto"
 )
@@ -688,32 +689,7 @@ func (s *Server) waitExit(c *container, exitCh <-chan unix.WaitStatus, pidfd *os
 
 // writeExit persists e atomically: temp file, fsync, rename, fsync dir.
 func writeExit(dir string, e *exitRecord) error {
-	data := appendExit(nil, e)
-	path := proto.ExitPath(dir, e.id)
-	tmp, err := os.CreateTemp(filepath.Dir(path), ".exit-")
-	if err != nil {
-		return err
-	}
-	defer os.Remove(tmp.Name())
-	if _, err := tmp.Write(data); err != nil {
-		tmp.Close()
-		return err
-	}
-	if err := tmp.Sync(); err != nil {
-		tmp.Close()
-		return err
-	}
-	if err := tmp.Close(); err != nil {
-		return err
-	}
-	if err := os.Rename(tmp.Name(), path); err != nil {
-		return err
-	}
-	if d, err := os.Open(filepath.Dir(path)); err == nil {
-		_ = d.Sync()
-		d.Close()
-	}
-	return nil
+	return atomicfile.Write(proto.ExitPath(dir, e.id), appendExit(nil, e), 0o600)
 }
 
 func (s *Server) start(c *container) error {
