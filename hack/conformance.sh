@@ -137,7 +137,7 @@ cp "$work/berth.toml" "$out/berth.toml"
 bin/berthd --config "$work/berth.toml" >"$out/berthd.log" 2>&1 &
 berthd_pid=$!
 for _ in $(seq 1 300); do
-	"$bins/crictl" --runtime-endpoint "unix://$work/berth.sock" --timeout 2s version >/dev/null 2>&1 && break
+	bin/berthctl --address "unix://$work/berth.sock" info >/dev/null 2>&1 && break
 	kill -0 "$berthd_pid" 2>/dev/null || { echo "conformance: berthd exited:" >&2; tail -20 "$out/berthd.log" >&2; exit 1; }
 	sleep 0.1
 done
