@@ -49,12 +49,14 @@ test: test-deps lint build
 	cd bench && $(GO) test -count=1 $(TESTFLAGS) ./...
 	$(MAKE) fuzz
 
-# Bounded fuzzing of the CRI→OCI translation and the CRI log writer; a
-# crash found here lands in the package's testdata/fuzz as a regression test.
+# Bounded fuzzing of the CRI→OCI translation, the CRI log writer and the
+# shim protocol's decoder (both sides use it); a crash found here lands in
+# the package's testdata/fuzz as a regression test.
 fuzz:
 	$(GO) test -run '^$$' -fuzz '^FuzzBuild$$' -fuzztime $(FUZZTIME) ./internal/specgen/
 	$(GO) test -run '^$$' -fuzz '^FuzzLineSplitter$$' -fuzztime $(FUZZTIME) ./internal/shim/server/
-	$(GO) test -run '^$$' -fuzz '^FuzzDecodeRequest$$' -fuzztime $(FUZZTIME) ./internal/shim/server/
+	$(GO) test -run '^$$' -fuzz '^FuzzDecodeRequest$$' -fuzztime $(FUZZTIME) ./internal/shim/proto/
+	$(GO) test -run '^$$' -fuzz '^FuzzDecodeResponse$$' -fuzztime $(FUZZTIME) ./internal/shim/proto/
 
 bench: build
 	hack/install-deps.sh bench

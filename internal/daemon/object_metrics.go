@@ -1,6 +1,9 @@
 package daemon
 
 import (
+	"context"
+	"time"
+
 	"github.com/prometheus/client_golang/prometheus"
 	criapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
@@ -9,9 +12,10 @@ import (
 	"github.com/berthcri/berth/internal/sandbox"
 )
 
-// registerObjectCounts adds the scrape-time gauges over the stores: pods
-// and containers by state, and running shims (one per pod that has
-// containers; a shim exits with its pod's last container).
+// registerObjectCounts adds the scrape-time metrics over the stores: pods
+// and containers by state, running shims (one per pod that has
+// containers; a shim exits with its pod's last container), and the CRI
+// log records each container's shim could not write.
 func registerObjectCounts(m *metrics.Metrics, sandboxes *sandbox.Store, containers *container.Store) {
 	m.CountFunc("berth_pods", "Pod sandboxes by state.", "state", func() map[string]float64 {
 		out := map[string]float64{"ready": 0, "notready": 0}
@@ -32,6 +36,27 @@ func registerObjectCounts(m *metrics.Metrics, sandboxes *sandbox.Store, containe
 		return out
 	})
 	m.Registry.MustRegister(shimGauge(containers))
+	m.CounterFunc("berth_container_log_write_errors_total",
+		"CRI log records a container's shim could not write in full (a full or failing disk), by container.",
+		"container", func() map[string]float64 { return logWriteErrors(containers) })
+}
+
+// logWriteErrorsBudget bounds one scrape's questions to the shims.
+const logWriteErrorsBudget = 2 * time.Second
+
+// logWriteErrors asks each container's shim how many CRI log records it
+// could not write: one short RPC per container the shim still holds, at
+// scrape time only.
+func logWriteErrors(containers *container.Store) map[string]float64 {
+	ctx, cancel := context.WithTimeout(context.Background(), logWriteErrorsBudget)
+	defer cancel()
+	out := map[string]float64{}
+	for _, c := range containers.List() {
+		if st, err := containers.ShimState(ctx, c.ID); err == nil {
+			out[c.ID] = float64(st.LogWriteErrors)
+		}
+	}
+	return out
 }
 
 func shimGauge(containers *container.Store) prometheus.Collector {

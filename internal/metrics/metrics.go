@@ -62,21 +62,34 @@ func New() *Metrics {
 // a value per label value (e.g. pods by state).
 func (m *Metrics) CountFunc(name, help, label string, fn func() map[string]float64) {
 	m.Registry.MustRegister(&funcCollector{
-		desc: prometheus.NewDesc(name, help, []string{label}, nil),
-		fn:   fn,
+		desc:  prometheus.NewDesc(name, help, []string{label}, nil),
+		fn:    fn,
+		vtype: prometheus.GaugeValue,
+	})
+}
+
+// CounterFunc registers a counter family read at scrape time: fn returns
+// each label value's total so far (e.g. per-container error counts kept
+// elsewhere).
+func (m *Metrics) CounterFunc(name, help, label string, fn func() map[string]float64) {
+	m.Registry.MustRegister(&funcCollector{
+		desc:  prometheus.NewDesc(name, help, []string{label}, nil),
+		fn:    fn,
+		vtype: prometheus.CounterValue,
 	})
 }
 
 type funcCollector struct {
-	desc *prometheus.Desc
-	fn   func() map[string]float64
+	desc  *prometheus.Desc
+	fn    func() map[string]float64
+	vtype prometheus.ValueType
 }
 
 func (c *funcCollector) Describe(ch chan<- *prometheus.Desc) { ch <- c.desc }
 
 func (c *funcCollector) Collect(ch chan<- prometheus.Metric) {
 	for label, v := range c.fn() {
-		ch <- prometheus.MustNewConstMetric(c.desc, prometheus.GaugeValue, v, label)
+		ch <- prometheus.MustNewConstMetric(c.desc, c.vtype, v, label)
 	}
 }
 

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/berthcri/berth/internal/errdefs"
+	"github.com/berthcri/berth/internal/shim/proto"
 )
 
 // Client talks to one pod's shim. It dials per call, so it survives the
@@ -30,7 +31,7 @@ func (c *Client) Dir() string { return c.dir }
 var ErrNoShim = fmt.Errorf("no shim running: %w", errdefs.ErrUnavailable)
 
 func (c *Client) dial(ctx context.Context) (*net.UnixConn, error) {
-	conn, err := dialUnix(SocketPath(c.dir))
+	conn, err := dialUnix(proto.SocketPath(c.dir))
 	if err != nil {
 		if isGone(err) {
 			return nil, ErrNoShim
@@ -43,7 +44,7 @@ func (c *Client) dial(ctx context.Context) (*net.UnixConn, error) {
 	return conn, nil
 }
 
-func (c *Client) call(ctx context.Context, req *Request) (*Response, error) {
+func (c *Client) call(ctx context.Context, req *proto.Request) (*proto.Response, error) {
 	conn, err := c.dial(ctx)
 	if err != nil {
 		return nil, err
@@ -52,11 +53,11 @@ func (c *Client) call(ctx context.Context, req *Request) (*Response, error) {
 	// Unblock a call waiting on the shim when ctx is cancelled.
 	stop := context.AfterFunc(ctx, func() { _ = conn.SetDeadline(time.Unix(1, 0)) })
 	defer stop()
-	if err := writeMessage(conn, req); err != nil {
+	if err := proto.WriteRequest(conn, req); err != nil {
 		return nil, fmt.Errorf("shim %s %s: %w", req.Op, req.ID, err)
 	}
-	var resp Response
-	if err := readMessage(conn, &resp); err != nil {
+	resp, err := proto.ReadResponse(conn)
+	if err != nil {
 		if ctx.Err() != nil {
 			return nil, fmt.Errorf("shim %s %s: %w", req.Op, req.ID, ctx.Err())
 		}
@@ -67,38 +68,18 @@ func (c *Client) call(ctx context.Context, req *Request) (*Response, error) {
 		}
 		return nil, fmt.Errorf("shim %s %s: %w", req.Op, req.ID, err)
 	}
-	if resp.Error != "" {
-		return &resp, responseError(&resp)
-	}
-	return &resp, nil
-}
-
-func responseError(r *Response) error {
-	var kind error
-	switch r.Kind {
-	case KindNotFound:
-		kind = errdefs.ErrNotFound
-	case KindFailedPrecondition:
-		kind = errdefs.ErrFailedPrecondition
-	case KindUnavailable:
-		kind = errdefs.ErrUnavailable
-	case KindInvalidArgument:
-		kind = errdefs.ErrInvalidArgument
-	default:
-		return errors.New(r.Error)
-	}
-	return fmt.Errorf("%s: %w", r.Error, kind)
+	return resp, resp.Err()
 }
 
 // Create asks the shim to create container id from a bundle.
 func (c *Client) Create(ctx context.Context, id string, cr *CreateRequest) error {
-	_, err := c.call(ctx, &Request{Op: OpCreate, ID: id, Create: cr})
+	_, err := c.call(ctx, &proto.Request{Op: proto.OpCreate, ID: id, Create: cr})
 	return err
 }
 
 // Start starts a created container.
 func (c *Client) Start(ctx context.Context, id string) (*State, error) {
-	r, err := c.call(ctx, &Request{Op: OpStart, ID: id})
+	r, err := c.call(ctx, &proto.Request{Op: proto.OpStart, ID: id})
 	if err != nil {
 		return nil, err
 	}
@@ -107,13 +88,13 @@ func (c *Client) Start(ctx context.Context, id string) (*State, error) {
 
 // Kill signals the container's init (every process with all).
 func (c *Client) Kill(ctx context.Context, id string, sig syscall.Signal, all bool) error {
-	_, err := c.call(ctx, &Request{Op: OpKill, ID: id, Signal: int(sig), All: all})
+	_, err := c.call(ctx, &proto.Request{Op: proto.OpKill, ID: id, Signal: int(sig), All: all})
 	return err
 }
 
 // State reports the container.
 func (c *Client) State(ctx context.Context, id string) (*State, error) {
-	r, err := c.call(ctx, &Request{Op: OpState, ID: id})
+	r, err := c.call(ctx, &proto.Request{Op: proto.OpState, ID: id})
 	if err != nil {
 		return nil, err
 	}
@@ -122,7 +103,7 @@ func (c *Client) State(ctx context.Context, id string) (*State, error) {
 
 // Wait blocks until the container exits or ctx ends.
 func (c *Client) Wait(ctx context.Context, id string) (*State, error) {
-	r, err := c.call(ctx, &Request{Op: OpWait, ID: id})
+	r, err := c.call(ctx, &proto.Request{Op: proto.OpWait, ID: id})
 	if err != nil {
 		return nil, err
 	}
@@ -131,7 +112,7 @@ func (c *Client) Wait(ctx context.Context, id string) (*State, error) {
 
 // Delete removes the container from the runtime (killing it) and the shim.
 func (c *Client) Delete(ctx context.Context, id string) (*State, error) {
-	r, err := c.call(ctx, &Request{Op: OpDelete, ID: id})
+	r, err := c.call(ctx, &proto.Request{Op: proto.OpDelete, ID: id})
 	if err != nil {
 		return nil, err
 	}
@@ -140,13 +121,13 @@ func (c *Client) Delete(ctx context.Context, id string) (*State, error) {
 
 // ReopenLog closes and reopens the container's log file.
 func (c *Client) ReopenLog(ctx context.Context, id string) error {
-	_, err := c.call(ctx, &Request{Op: OpReopenLog, ID: id})
+	_, err := c.call(ctx, &proto.Request{Op: proto.OpReopenLog, ID: id})
 	return err
 }
 
 // List returns the IDs of the containers the shim holds.
 func (c *Client) List(ctx context.Context) ([]string, error) {
-	r, err := c.call(ctx, &Request{Op: OpPing})
+	r, err := c.call(ctx, &proto.Request{Op: proto.OpPing})
 	if err != nil {
 		return nil, err
 	}
@@ -156,7 +137,7 @@ func (c *Client) List(ctx context.Context) ([]string, error) {
 // Shutdown makes a shim that holds no container exit; one that holds
 // containers refuses (FailedPrecondition).
 func (c *Client) Shutdown(ctx context.Context) error {
-	_, err := c.call(ctx, &Request{Op: OpShutdown})
+	_, err := c.call(ctx, &proto.Request{Op: proto.OpShutdown})
 	return err
 }
 
@@ -167,18 +148,18 @@ func (c *Client) Attach(ctx context.Context, id string, stdin, stdout, stderr bo
 	if err != nil {
 		return nil, err
 	}
-	if err := writeMessage(conn, &Request{Op: OpAttach, ID: id, Stdin: stdin, Stdout: stdout, Stderr: stderr}); err != nil {
+	if err := proto.WriteRequest(conn, &proto.Request{Op: proto.OpAttach, ID: id, Stdin: stdin, Stdout: stdout, Stderr: stderr}); err != nil {
 		conn.Close()
 		return nil, fmt.Errorf("attach %s: %w", id, err)
 	}
-	var resp Response
-	if err := readMessage(conn, &resp); err != nil {
+	resp, err := proto.ReadResponse(conn)
+	if err != nil {
 		conn.Close()
 		return nil, fmt.Errorf("attach %s: %w", id, err)
 	}
-	if resp.Error != "" {
+	if err := resp.Err(); err != nil {
 		conn.Close()
-		return nil, responseError(&resp)
+		return nil, err
 	}
 	_ = conn.SetDeadline(time.Time{})
 	return &Stream{conn: conn}, nil
@@ -192,7 +173,7 @@ type Stream struct {
 
 // Recv returns the next output frame (FrameStdout or FrameStderr).
 func (s *Stream) Recv() (byte, []byte, error) {
-	kind, p, err := ReadFrame(s.conn, s.buf)
+	kind, p, err := proto.ReadFrame(s.conn, s.buf)
 	if err == nil && cap(p) > cap(s.buf) {
 		s.buf = p[:0]
 	}
@@ -200,17 +181,17 @@ func (s *Stream) Recv() (byte, []byte, error) {
 }
 
 // Stdin sends input to the container.
-func (s *Stream) Stdin(p []byte) error { return WriteFrame(s.conn, FrameStdin, p) }
+func (s *Stream) Stdin(p []byte) error { return proto.WriteFrame(s.conn, proto.FrameStdin, p) }
 
 // CloseStdin closes the container's stdin.
-func (s *Stream) CloseStdin() error { return WriteFrame(s.conn, FrameCloseStdin, nil) }
+func (s *Stream) CloseStdin() error { return proto.WriteFrame(s.conn, proto.FrameCloseStdin, nil) }
 
 // Resize sets the terminal size.
 func (s *Stream) Resize(width, height uint16) error {
 	var p [4]byte
 	binary.BigEndian.PutUint16(p[:], width)
 	binary.BigEndian.PutUint16(p[2:], height)
-	return WriteFrame(s.conn, FrameResize, p[:])
+	return proto.WriteFrame(s.conn, proto.FrameResize, p[:])
 }
 
 // Close ends the attach.

@@ -453,3 +453,53 @@ func TestShimShutdownOnlyWhenEmpty(t *testing.T) {
 		t.Fatalf("the other shim went too: %v", err)
 	}
 }
+
+// A CRI log on a full disk: the shim counts the records it could not
+// write and reports them in the container's state, and the container
+// itself runs on unharmed.
+func TestShimLogOnFullDiskIsReported(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	ctx := context.Background()
+	logDir := filepath.Join(f.dir, "fulllogs")
+	if err := os.MkdirAll(logDir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Mount("tmpfs", logDir, "tmpfs", 0, "size=64k"); err != nil {
+		t.Fatalf("mount a tiny tmpfs: %v", err)
+	}
+	t.Cleanup(func() { _ = syscall.Unmount(logDir, syscall.MNT_DETACH) })
+	logPath := filepath.Join(logDir, "seq.log")
+	b := f.bundle("seq", []string{"sh", "-c", "seq 1 20000; echo done >&2"}, nil)
+	if err := f.client.Create(ctx, "seq", &shim.CreateRequest{Bundle: b, LogPath: logPath, Runtime: f.rt}); err != nil {
+		t.Fatal(err)
+	}
+	st, err := f.client.State(ctx, "seq")
+	if err != nil || st.LogWriteErrors != 0 {
+		t.Fatalf("state before any output: %+v, %v", st, err)
+	}
+	if _, err := f.client.Start(ctx, "seq"); err != nil {
+		t.Fatal(err)
+	}
+	if st := f.wait("seq"); st.Exit.Code != 0 {
+		t.Fatalf("exit %+v", st.Exit)
+	}
+	st, err = f.client.State(ctx, "seq")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// 20001 records of ~40 bytes, 64 KiB of room: most are lost.
+	if st.LogWriteErrors < 10000 || st.LogWriteError != syscall.ENOSPC.Error() {
+		t.Fatalf("state: %d log write errors (%q), want most of 20001 (%q)", st.LogWriteErrors, st.LogWriteError, syscall.ENOSPC.Error())
+	}
+	// Once, when the failures start (the first is the record the disk
+	// filled in the middle of: a short write).
+	data, err := os.ReadFile(filepath.Join(f.client.Dir(), "shim.log"))
+	if err != nil || bytes.Count(data, []byte("container seq: CRI log "+logPath+": write failed (")) != 1 {
+		t.Fatalf("shim log does not say so once: %v\n%s", err, data)
+	}
+	logData, err := os.ReadFile(logPath)
+	if err != nil || !recordRE.Match(bytes.SplitN(logData, []byte("\n"), 2)[0]) || !bytes.Contains(logData, []byte(" stdout F 1\n")) {
+		t.Fatalf("the records before the disk filled are gone: %v", err)
+	}
+}

@@ -2,7 +2,11 @@ package integration
 
 import (
 	"net/http"
+	"os"
+	"path/filepath"
+	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 
 	"github.com/prometheus/common/expfmt"
@@ -34,32 +38,20 @@ func TestMetricsEndpointScrapesAndCountsRequests(t *testing.T) {
 	if addr == "" || strings.HasSuffix(addr, ":0") {
 		t.Fatalf("status does not report the metrics address: %q", addr)
 	}
-	resp, err := http.Get("http://" + addr + "/metrics")
-	if err != nil {
-		t.Fatal(err)
+	got := scrapeMetrics(t, addr)
+	if n := got["berth_cri_request_duration_seconds{method=/runtime.v1.RuntimeService/Version}"]; n < 3 {
+		t.Fatalf("Version latency histogram has %v samples, want ≥3", n)
 	}
-	defer resp.Body.Close()
-	parser := expfmt.NewTextParser(model.UTF8Validation)
-	families, err := parser.TextToMetricFamilies(resp.Body)
-	if err != nil {
-		t.Fatalf("metrics do not parse: %v", err)
-	}
-	found := false
-	for _, m := range families["berth_cri_request_duration_seconds"].GetMetric() {
-		for _, l := range m.GetLabel() {
-			if l.GetName() == "method" && strings.HasSuffix(l.GetValue(), "/Version") && m.GetHistogram().GetSampleCount() >= 3 {
-				found = true
-			}
+	errs := 0
+	for key := range got {
+		if strings.HasPrefix(key, "berth_cri_request_errors_total{") {
+			errs++
 		}
 	}
-	if !found {
-		t.Fatalf("no Version latency histogram with ≥3 samples in %v", families["berth_cri_request_duration_seconds"])
-	}
-	errs := families["berth_cri_request_errors_total"].GetMetric()
-	if len(errs) == 0 {
+	if errs == 0 {
 		t.Fatal("failed request not counted")
 	}
-	if _, ok := families["go_goroutines"]; !ok {
+	if _, ok := got["go_goroutines"]; !ok {
 		t.Fatal("Go runtime metrics missing")
 	}
 }
@@ -84,4 +76,88 @@ func TestStreamingServerListensOnARealPort(t *testing.T) {
 	if resp.StatusCode != http.StatusNotFound {
 		t.Fatalf("unknown exec token: HTTP %d, want 404", resp.StatusCode)
 	}
+}
+
+// scrapeMetrics reads berthd's /metrics at addr into name{label=value}... →
+// value (a histogram's sample count), failing if it does not parse.
+func scrapeMetrics(t *testing.T, addr string) map[string]float64 {
+	t.Helper()
+	resp, err := http.Get("http://" + addr + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	parser := expfmt.NewTextParser(model.UTF8Validation)
+	families, err := parser.TextToMetricFamilies(resp.Body)
+	if err != nil {
+		t.Fatalf("metrics do not parse: %v", err)
+	}
+	out := map[string]float64{}
+	for name, f := range families {
+		for _, m := range f.GetMetric() {
+			key := name
+			for _, l := range m.GetLabel() {
+				key += "{" + l.GetName() + "=" + l.GetValue() + "}"
+			}
+			switch {
+			case m.GetGauge() != nil:
+				out[key] = m.GetGauge().GetValue()
+			case m.GetCounter() != nil:
+				out[key] = m.GetCounter().GetValue()
+			case m.GetHistogram() != nil:
+				out[key] = float64(m.GetHistogram().GetSampleCount())
+			}
+		}
+	}
+	return out
+}
+
+// A container whose CRI log sits on a full disk: berthd reports the
+// records its shim could not write, in verbose ContainerStatus and as a
+// metric, so a full disk does not go unnoticed; a healthy container
+// reports none.
+func TestContainerLogOnFullDiskIsReported(t *testing.T) {
+	t.Parallel()
+	e := newCtrEnvOn(t, berthdtest.Start(t, berthdtest.Options{Configure: func(c *config.Config) { c.MetricsAddress = "127.0.0.1:0" }}))
+	full := filepath.Join(e.logDir, "full")
+	if err := os.MkdirAll(full, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Mount("tmpfs", full, "tmpfs", 0, "size=64k"); err != nil {
+		t.Fatalf("mount a tiny tmpfs: %v", err)
+	}
+	t.Cleanup(func() { _ = syscall.Unmount(full, syscall.MNT_DETACH) })
+	cfg := e.config("chatty", "sh", "-c", "seq 1 20000")
+	cfg.LogPath = "full/chatty.log"
+	chatty := e.run(cfg)
+	quiet := e.run(e.config("quiet", "echo", "fine"))
+	e.waitExited(chatty)
+	e.waitExited(quiet)
+	verbose := func(id string) map[string]string {
+		resp, err := e.d.Runtime.ContainerStatus(ctxT(t), &criapi.ContainerStatusRequest{ContainerId: id, Verbose: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return resp.Info
+	}
+	info := verbose(chatty)
+	// 20000 records of ~40 bytes, 64 KiB of room: most are lost.
+	if n, _ := strconv.Atoi(info["logWriteErrors"]); n < 10000 || info["logWriteError"] != syscall.ENOSPC.Error() {
+		t.Fatalf("verbose status: logWriteErrors %q (%q), want most of 20000 (%q)", info["logWriteErrors"], info["logWriteError"], syscall.ENOSPC.Error())
+	}
+	if info := verbose(quiet); info["logWriteErrors"] != "" {
+		t.Fatalf("a healthy container reports log write errors: %v", info)
+	}
+	st, err := e.d.Runtime.Status(ctxT(t), &criapi.StatusRequest{Verbose: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := scrapeMetrics(t, st.Info["metricsAddress"])
+	if n := got["berth_container_log_write_errors_total{container="+chatty+"}"]; n < 10000 {
+		t.Fatalf("metric for the full disk's container: %v", n)
+	}
+	if n, ok := got["berth_container_log_write_errors_total{container="+quiet+"}"]; !ok || n != 0 {
+		t.Fatalf("metric for the healthy container: %v (present %v)", n, ok)
+	}
+	stopRemove(t, e.d, e.pod)
 }

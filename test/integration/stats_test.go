@@ -3,9 +3,7 @@ package integration
 import (
 	"context"
 	"fmt"
-	"io"
 	"net"
-	"net/http"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -13,8 +11,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/prometheus/common/expfmt"
-	"github.com/prometheus/common/model"
 	"golang.org/x/sys/unix"
 	"google.golang.org/grpc/codes"
 	criapi "k8s.io/cri-api/pkg/apis/runtime/v1"
@@ -635,37 +631,7 @@ func TestMetricsCountObjectsAndPulls(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	scrape := func() map[string]float64 {
-		resp, err := http.Get("http://" + st.Info["metricsAddress"] + "/metrics")
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer resp.Body.Close()
-		body, _ := io.ReadAll(resp.Body)
-		parser := expfmt.NewTextParser(model.UTF8Validation)
-		families, err := parser.TextToMetricFamilies(strings.NewReader(string(body)))
-		if err != nil {
-			t.Fatalf("metrics do not parse: %v", err)
-		}
-		out := map[string]float64{}
-		for name, f := range families {
-			for _, m := range f.GetMetric() {
-				key := name
-				for _, l := range m.GetLabel() {
-					key += "{" + l.GetName() + "=" + l.GetValue() + "}"
-				}
-				switch {
-				case m.GetGauge() != nil:
-					out[key] = m.GetGauge().GetValue()
-				case m.GetCounter() != nil:
-					out[key] = m.GetCounter().GetValue()
-				case m.GetHistogram() != nil:
-					out[key] = float64(m.GetHistogram().GetSampleCount())
-				}
-			}
-		}
-		return out
-	}
+	scrape := func() map[string]float64 { return scrapeMetrics(t, st.Info["metricsAddress"]) }
 	got := scrape()
 	for key, want := range map[string]float64{
 		"berth_pods{state=ready}":           1,

@@ -1,8 +1,10 @@
-// Package proto holds what berth-shim and its client (package shim) must
-// agree on: operation names, error kinds, statuses, attach frames and file
-// paths. It imports nothing heavy (no net, no encoding/json) because the
-// shim binary builds on it (decision 0303: every package's init and data
-// cost each pod's shim memory).
+// Package proto is the berth-shim protocol (decision 0300): its messages,
+// their one codec, and what else berth-shim and its client (package shim)
+// must agree on: operation names, error kinds, statuses, attach frames and
+// file paths. Both sides build on it, so the two cannot drift apart. It
+// imports nothing heavy (no net, no encoding/json) because the shim binary
+// does (decision 0303: every package's init and data cost each pod's shim
+// memory).
 package proto
 
 import (
@@ -30,9 +32,11 @@ const (
 	OpShutdown = "shutdown"
 )
 
-// Error kinds in a response's "kind", mapped back to errdefs by the client.
+// Error kinds in a response's "kind"; ErrorResponse and Response.Err map
+// them to and from errdefs.
 const (
 	KindNotFound           = "not_found"
+	KindAlreadyExists      = "already_exists"
 	KindFailedPrecondition = "failed_precondition"
 	KindUnavailable        = "unavailable"
 	KindInvalidArgument    = "invalid_argument"

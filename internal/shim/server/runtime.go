@@ -11,6 +11,7 @@ import (
 
 	"github.com/berthcri/berth/internal/errdefs"
 	"github.com/berthcri/berth/internal/oci/ocicli"
+	"github.com/berthcri/berth/internal/shim/proto"
 )
 
 // ociRuntime drives the OCI runtime CLI (runc, crun) for the shim: create,
@@ -73,17 +74,13 @@ func lastLogError(path string) string {
 	var msgs []string
 	for _, line := range bytes.Split(data, []byte("\n")) {
 		var level, msg string
-		d := &decoder{b: line}
-		err := d.object(func(key string) (err error) {
+		err := proto.StringFields(line, func(key, value string) {
 			switch key {
 			case "level":
-				level, err = d.str()
+				level = value
 			case "msg":
-				msg, err = d.str()
-			default:
-				err = d.skip()
+				msg = value
 			}
-			return err
 		})
 		if err == nil && (level == "error" || level == "fatal") {
 			msgs = append(msgs, msg)

@@ -1,162 +1,82 @@
-package server
+package proto
 
 import (
-	"encoding/binary"
 	"errors"
-	"fmt"
-	"io"
 	"strconv"
-	"time"
 	"unicode/utf8"
-
-	"github.com/berthcri/berth/internal/shim/proto"
 )
 
-// The shim speaks the JSON of package shim's Request, Response and Exit
-// with this small codec instead of encoding/json: the messages have a few
-// fixed shapes, and encoding/json (with reflect caches and its imports)
-// would cost every pod's shim memory for nothing.
+// A small JSON writer and reader for the protocol's few shapes: objects of
+// strings, integers, booleans, string arrays and nested objects. Reading
+// skips any other value, so a newer peer may add keys.
 
-// request is shim.Request.
-type request struct {
-	op, id                     string
-	create                     *createRequest
-	signal                     int
-	all, stdin, stdout, stderr bool
+// objectWriter appends one JSON object's members to b.
+type objectWriter struct {
+	b     []byte
+	start int // len(b) after the '{': the first member takes no comma
 }
 
-// createRequest is shim.CreateRequest.
-type createRequest struct {
-	bundle, logPath            string
-	binary, root               string
-	options                    []string
-	stdin, stdinOnce, terminal bool
-}
-
-// exitRecord is shim.Exit.
-type exitRecord struct {
-	id                string
-	pid, code, signal int
-	oomKilled         bool
-	at                time.Time
-}
-
-// state is shim.State.
-type state struct {
-	id     string
-	pid    int
-	status string
-	exit   *exitRecord
-}
-
-// response is shim.Response.
-type response struct {
-	err, kind string
-	state     *state
-	ids       []string
-}
-
-// readMessage reads one length-prefixed message body.
-func readMessage(r io.Reader) ([]byte, error) {
-	var hdr [4]byte
-	if _, err := io.ReadFull(r, hdr[:]); err != nil {
-		return nil, err
-	}
-	n := binary.BigEndian.Uint32(hdr[:])
-	if n > proto.MaxMessage {
-		return nil, fmt.Errorf("message of %d bytes exceeds %d", n, proto.MaxMessage)
-	}
-	body := make([]byte, n)
-	if _, err := io.ReadFull(r, body); err != nil {
-		return nil, err
-	}
-	return body, nil
-}
-
-// writeResponse writes r as one length-prefixed message.
-func writeResponse(w io.Writer, r *response) error {
-	b := make([]byte, 4, 256)
-	b = appendResponse(b, r)
-	binary.BigEndian.PutUint32(b, uint32(len(b)-4))
-	_, err := w.Write(b)
-	return err
-}
-
-func appendResponse(b []byte, r *response) []byte {
+func beginObject(b []byte) objectWriter {
 	b = append(b, '{')
-	n := len(b)
-	if r.err != "" {
-		b = appendKey(b, n, "error")
-		b = appendString(b, r.err)
-	}
-	if r.kind != "" {
-		b = appendKey(b, n, "kind")
-		b = appendString(b, r.kind)
-	}
-	if r.state != nil {
-		b = appendKey(b, n, "state")
-		b = append(b, `{"id":`...)
-		b = appendString(b, r.state.id)
-		b = append(b, `,"pid":`...)
-		b = strconv.AppendInt(b, int64(r.state.pid), 10)
-		b = append(b, `,"status":`...)
-		b = appendString(b, r.state.status)
-		if r.state.exit != nil {
-			b = append(b, `,"exit":`...)
-			b = appendExit(b, r.state.exit)
-		}
-		b = append(b, '}')
-	}
-	if len(r.ids) > 0 {
-		b = appendKey(b, n, "ids")
-		b = append(b, '[')
-		for i, id := range r.ids {
-			if i > 0 {
-				b = append(b, ',')
-			}
-			b = appendString(b, id)
-		}
-		b = append(b, ']')
-	}
-	return append(b, '}')
+	return objectWriter{b: b, start: len(b)}
 }
 
-// appendKey appends "key": after a comma unless it is the object's first.
-func appendKey(b []byte, start int, key string) []byte {
-	if len(b) > start {
-		b = append(b, ',')
+// key appends "key": after a comma unless it is the object's first.
+func (o *objectWriter) key(k string) {
+	if len(o.b) > o.start {
+		o.b = append(o.b, ',')
 	}
-	b = append(b, '"')
-	b = append(b, key...)
-	return append(b, '"', ':')
+	o.b = append(o.b, '"')
+	o.b = append(o.b, k...)
+	o.b = append(o.b, '"', ':')
 }
 
-// appendExit appends e in the exit file format (shim.Exit).
-func appendExit(b []byte, e *exitRecord) []byte {
-	b = append(b, `{"version":`...)
-	b = strconv.AppendInt(b, proto.ExitVersion, 10)
-	b = append(b, `,"id":`...)
-	b = appendString(b, e.id)
-	b = append(b, `,"pid":`...)
-	b = strconv.AppendInt(b, int64(e.pid), 10)
-	b = append(b, `,"exit_code":`...)
-	b = strconv.AppendInt(b, int64(e.code), 10)
-	if e.signal != 0 {
-		b = append(b, `,"signal":`...)
-		b = strconv.AppendInt(b, int64(e.signal), 10)
+func (o *objectWriter) str(k, v string) {
+	o.key(k)
+	o.b = appendString(o.b, v)
+}
+
+func (o *objectWriter) strOmit(k, v string) {
+	if v != "" {
+		o.str(k, v)
 	}
-	if e.oomKilled {
-		b = append(b, `,"oom_killed":true`...)
+}
+
+func (o *objectWriter) int(k string, v int64) {
+	o.key(k)
+	o.b = strconv.AppendInt(o.b, v, 10)
+}
+
+func (o *objectWriter) intOmit(k string, v int64) {
+	if v != 0 {
+		o.int(k, v)
 	}
-	b = append(b, `,"exited_at":"`...)
-	b = e.at.AppendFormat(b, time.RFC3339Nano)
-	return append(b, '"', '}')
+}
+
+func (o *objectWriter) boolOmit(k string, v bool) {
+	if v {
+		o.key(k)
+		o.b = append(o.b, "true"...)
+	}
+}
+
+func (o *objectWriter) end() []byte { return append(o.b, '}') }
+
+func appendStrings(b []byte, ss []string) []byte {
+	b = append(b, '[')
+	for i, s := range ss {
+		if i > 0 {
+			b = append(b, ',')
+		}
+		b = appendString(b, s)
+	}
+	return append(b, ']')
 }
 
 const hexDigits = "0123456789abcdef"
 
 // appendString appends s as a JSON string. Invalid UTF-8 becomes U+FFFD,
-// as with encoding/json.
+// as with encoding/json (which writes it escaped).
 func appendString(b []byte, s string) []byte {
 	b = append(b, '"')
 	for i := 0; i < len(s); {
@@ -181,7 +101,7 @@ func appendString(b []byte, s string) []byte {
 		}
 		r, size := utf8.DecodeRuneInString(s[i:])
 		if r == utf8.RuneError && size == 1 {
-			b = append(b, `\ufffd`...)
+			b = utf8.AppendRune(b, utf8.RuneError)
 		} else {
 			b = append(b, s[i:i+size]...)
 		}
@@ -413,6 +333,21 @@ func (d *decoder) int() (int, error) {
 	return n, nil
 }
 
+func (d *decoder) uint() (uint64, error) {
+	if d.null() {
+		return 0, nil
+	}
+	num, err := d.number()
+	if err != nil {
+		return 0, err
+	}
+	n, err := strconv.ParseUint(string(num), 10, 64)
+	if err != nil {
+		return 0, errSyntax
+	}
+	return n, nil
+}
+
 func (d *decoder) bool() (bool, error) {
 	switch {
 	case d.literal("true"):
@@ -499,78 +434,4 @@ func (d *decoder) end() error {
 		return errSyntax
 	}
 	return nil
-}
-
-// decodeRequest parses a shim.Request.
-func decodeRequest(body []byte) (*request, error) {
-	d := &decoder{b: body}
-	r := &request{}
-	err := d.object(func(key string) (err error) {
-		switch key {
-		case "op":
-			r.op, err = d.str()
-		case "id":
-			r.id, err = d.str()
-		case "signal":
-			r.signal, err = d.int()
-		case "all":
-			r.all, err = d.bool()
-		case "stdin":
-			r.stdin, err = d.bool()
-		case "stdout":
-			r.stdout, err = d.bool()
-		case "stderr":
-			r.stderr, err = d.bool()
-		case "create":
-			if d.null() {
-				return nil
-			}
-			r.create = &createRequest{}
-			err = d.decodeCreate(r.create)
-		default:
-			err = d.skip()
-		}
-		return err
-	})
-	if err == nil {
-		err = d.end()
-	}
-	if err != nil {
-		return nil, fmt.Errorf("decode request: %w", err)
-	}
-	return r, nil
-}
-
-func (d *decoder) decodeCreate(c *createRequest) error {
-	return d.object(func(key string) (err error) {
-		switch key {
-		case "bundle":
-			c.bundle, err = d.str()
-		case "log_path":
-			c.logPath, err = d.str()
-		case "stdin":
-			c.stdin, err = d.bool()
-		case "stdin_once":
-			c.stdinOnce, err = d.bool()
-		case "terminal":
-			c.terminal, err = d.bool()
-		case "runtime":
-			err = d.object(func(key string) (err error) {
-				switch key {
-				case "binary":
-					c.binary, err = d.str()
-				case "root":
-					c.root, err = d.str()
-				case "options":
-					c.options, err = d.strings()
-				default:
-					err = d.skip()
-				}
-				return err
-			})
-		default:
-			err = d.skip()
-		}
-		return err
-	})
 }

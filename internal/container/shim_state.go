@@ -1,0 +1,25 @@
+package container
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/berthcri/berth/internal/shim"
+)
+
+// ShimState asks the pod's shim how it sees the container: pid, status,
+// and the CRI log records it could not write (a full disk). It is an RPC
+// to the shim, unlike Get: for verbose status and metrics, not the
+// kubelet's polling.
+func (s *Store) ShimState(ctx context.Context, id string) (*shim.State, error) {
+	e, err := s.entry(id)
+	if err != nil {
+		return nil, err
+	}
+	r := e.snap.Load()
+	st, err := s.shimClient(r.PodID).State(ctx, r.ID)
+	if err != nil {
+		return nil, fmt.Errorf("shim state of %s: %w", r.ID, err)
+	}
+	return st, nil
+}

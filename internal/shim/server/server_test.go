@@ -1,0 +1,247 @@
+package server
+
+import (
+	"bytes"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/berthcri/berth/internal/shim/proto"
+)
+
+func TestLastLogErrorReadsRuntimeJSONLog(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "runtime.log")
+	log := `{"level":"info","msg":"starting","time":"2026-11-22T06:45:00Z"}
+{"level":"error","msg":"exec: \"nope\": executable file not found in $PATH","time":"2026-11-22T06:45:01Z"}
+not json
+{"level":"fatal","msg":"boom"}
+`
+	if err := os.WriteFile(path, []byte(log), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if got, want := lastLogError(path), `exec: "nope": executable file not found in $PATH; boom`; got != want {
+		t.Fatalf("got %q, want %q", got, want)
+	}
+}
+
+// The exit file is what berthd reads after a restart (decision 0301).
+func TestWriteExitIsReadBack(t *testing.T) {
+	dir := t.TempDir()
+	if err := os.MkdirAll(filepath.Join(dir, "exits"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	at := time.Date(2026, 11, 22, 6, 45, 1, 123456789, time.UTC)
+	e := &proto.Exit{Version: proto.ExitVersion, ID: "c1", Pid: 42, Code: 137, Signal: 9, OOMKilled: true, At: at}
+	if err := writeExit(dir, e); err != nil {
+		t.Fatal(err)
+	}
+	data, err := os.ReadFile(proto.ExitPath(dir, "c1"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := proto.DecodeExit(data)
+	if err != nil || *got != *e {
+		t.Fatalf("read back %+v, %v", got, err)
+	}
+}
+
+// testContainer is a container as launch leaves it, without a process.
+func testContainer(t *testing.T, id string, logf func(string, ...any)) *container {
+	c := newContainer(id, &proto.CreateRequest{}, nil, logf)
+	c.setProcess(1, phaseCreated)
+	return c
+}
+
+// The log path runs for every chunk a container writes: it must not
+// allocate, or a chatty container would make the shim collect garbage.
+func TestLogPathAllocatesNothing(t *testing.T) {
+	c := testContainer(t, "c1", t.Logf)
+	c.log.path = filepath.Join(t.TempDir(), "0.log")
+	if err := c.log.open(); err != nil {
+		t.Fatal(err)
+	}
+	defer c.closeIO()
+	lines := newLineSplitter(func(tag string, msg []byte) { c.writeLog("stdout", tag, msg) })
+	fan := func(chunk []byte) { c.attaches.fanout(1, chunk) }
+	r := bytes.NewReader(nil)
+	chunk := []byte("one line\nand half of anoth")
+	allocs := testing.AllocsPerRun(100, func() {
+		r.Reset(chunk)
+		if err := lines.readOnce(r, fan); err != nil {
+			t.Fatal(err)
+		}
+	})
+	if allocs != 0 {
+		t.Fatalf("%v allocations per chunk", allocs)
+	}
+	data, err := os.ReadFile(c.log.path)
+	if err != nil || !strings.Contains(string(data), " stdout F one line\n") {
+		t.Fatalf("log %q, %v", data, err)
+	}
+	if n, why := c.log.writeErrors(); n != 0 || why != "" {
+		t.Fatalf("write errors %d (%s) on a healthy disk", n, why)
+	}
+}
+
+// A log the shim cannot write is counted, reported in the container's
+// state and in the shim's log, once when it starts failing; failing
+// writes allocate nothing either (a full disk must not make the shim
+// collect garbage).
+func TestLogWriteErrorsAreCountedAndReported(t *testing.T) {
+	var logged []string
+	c := testContainer(t, "c1", func(format string, args ...any) { logged = append(logged, format) })
+	c.log.path = "/dev/full" // every write fails with ENOSPC
+	if err := c.log.open(); err != nil {
+		t.Skipf("no /dev/full: %v", err)
+	}
+	defer c.closeIO()
+	c.writeLog("stdout", "F", []byte("lost"))
+	allocs := testing.AllocsPerRun(20, func() { c.writeLog("stderr", "F", []byte("lost too")) })
+	if allocs != 0 {
+		t.Errorf("%v allocations per failed record", allocs)
+	}
+	st := c.state()
+	if st.LogWriteErrors != 22 || st.LogWriteError != unix.ENOSPC.Error() {
+		t.Fatalf("state: %d errors (%q), want 22 (%q)", st.LogWriteErrors, st.LogWriteError, unix.ENOSPC.Error())
+	}
+	if len(logged) != 1 || !strings.Contains(logged[0], "write failed") {
+		t.Fatalf("shim log: %q, want one line for the run of failures", logged)
+	}
+	// The disk has room again: the next record is written, the resumption
+	// logged, and the count kept.
+	c.log.path = filepath.Join(t.TempDir(), "0.log")
+	if err := c.log.open(); err != nil {
+		t.Fatal(err)
+	}
+	c.writeLog("stdout", "F", []byte("back"))
+	if len(logged) != 2 || !strings.Contains(logged[1], "resumed") {
+		t.Fatalf("shim log: %q", logged)
+	}
+	if st := c.state(); st.LogWriteErrors != 22 {
+		t.Fatalf("count after resuming: %d", st.LogWriteErrors)
+	}
+}
+
+// A record cut short (the disk filled in the middle of it) is ended by
+// the next record's newline, so the torn line does not swallow it.
+func TestTornRecordEndsItsLine(t *testing.T) {
+	c := testContainer(t, "c1", t.Logf)
+	c.log.path = filepath.Join(t.TempDir(), "0.log")
+	if err := c.log.open(); err != nil {
+		t.Fatal(err)
+	}
+	defer c.closeIO()
+	c.log.torn = true // as a short writev leaves it
+	c.writeLog("stdout", "F", []byte("next"))
+	data, err := os.ReadFile(c.log.path)
+	if err != nil || !bytes.HasPrefix(data, []byte("\n")) || !bytes.HasSuffix(data, []byte(" stdout F next\n")) {
+		t.Fatalf("log %q, %v", data, err)
+	}
+	if c.log.torn {
+		t.Fatal("still torn after a full write")
+	}
+}
+
+// The housekeeping runs every few seconds for the shim's whole life: it
+// must not allocate, or an idle shim would pile up garbage until a GC
+// (which costs it ~0.4 MiB for good, decision 0303). It must also drop a
+// parked wait whose client went away, and only that one.
+func TestHousekeepingAllocatesNothingAndDropsGoneWaits(t *testing.T) {
+	pair := func() (*os.File, *os.File) {
+		fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return os.NewFile(uintptr(fds[0]), "shim"), os.NewFile(uintptr(fds[1]), "client")
+	}
+	s := NewServer(t.TempDir(), t.Logf)
+	c := testContainer(t, "c1", t.Logf)
+	if err := s.reserve(c); err != nil {
+		t.Fatal(err)
+	}
+	stay, stayClient := pair()
+	defer stayClient.Close()
+	gone, goneClient := pair()
+	for _, conn := range []*os.File{stay, gone} {
+		if parked, err := s.wait(conn, &proto.Request{Op: proto.OpWait, ID: "c1"}); !parked || err != nil {
+			t.Fatalf("wait: parked %v, %v", parked, err)
+		}
+	}
+	s.trimNow() // the first read of the counter may set things up
+	allocs := testing.AllocsPerRun(50, s.housekeep)
+	if allocs != 0 {
+		t.Errorf("%v allocations per housekeeping round", allocs)
+	}
+	goneClient.Close()
+	s.dropGoneWaiters()
+	if len(c.waiters) != 1 || c.waiters[0].conn != stay {
+		t.Fatalf("waiters after the client left: %d", len(c.waiters))
+	}
+	if _, err := gone.Write([]byte{0}); err == nil {
+		t.Fatal("the gone client's connection is still open")
+	}
+}
+
+// A container being created is reserved (its ID is taken, the shim stays)
+// but no other op sees it before its pid is known.
+func TestContainerBeingCreatedIsNotVisible(t *testing.T) {
+	s := NewServer(t.TempDir(), t.Logf)
+	c := newContainer("c1", &proto.CreateRequest{}, nil, t.Logf)
+	if err := s.reserve(c); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.reserve(newContainer("c1", &proto.CreateRequest{}, nil, t.Logf)); err == nil {
+		t.Fatal("a second create of c1 was let in")
+	}
+	resp, _ := s.handle(&proto.Request{Op: proto.OpState, ID: "c1"})
+	if resp.Kind != proto.KindFailedPrecondition {
+		t.Fatalf("state of a container being created: %+v", resp)
+	}
+	if resp, _ := s.handle(&proto.Request{Op: proto.OpPing}); len(resp.IDs) != 1 {
+		t.Fatalf("ping: %+v", resp)
+	}
+	c.setProcess(42, phaseCreated)
+	resp, _ = s.handle(&proto.Request{Op: proto.OpState, ID: "c1"})
+	if resp.State == nil || resp.State.Pid != 42 || resp.State.Status != proto.StatusCreated {
+		t.Fatalf("state once created: %+v", resp)
+	}
+}
+
+// The shim's memory budget depends on what it links (decision 0303).
+func TestShimLinksNoHeavyPackages(t *testing.T) {
+	out, err := exec.Command("go", "list", "-deps", "github.com/berthcri/berth/cmd/berth-shim").CombinedOutput()
+	if err != nil {
+		t.Skipf("go list: %v: %s", err, out)
+	}
+	deps := map[string]bool{}
+	for _, p := range strings.Fields(string(out)) {
+		deps[p] = true
+	}
+	for _, heavy := range []string{"net", "encoding/json", "os/exec", "google.golang.org/grpc/status", "google.golang.org/protobuf/proto",
+		"github.com/opencontainers/runtime-spec/specs-go", "github.com/berthcri/berth/internal/oci", "github.com/berthcri/berth/internal/shim"} {
+		if deps[heavy] {
+			t.Errorf("berth-shim links %s", heavy)
+		}
+	}
+}
+
+// A container's phase only moves forward: a start that returns after the
+// container already exited (a process that ends at once) leaves it exited.
+func TestPhaseOnlyMovesForward(t *testing.T) {
+	c := testContainer(t, "c1", t.Logf)
+	if st := c.state(); st.Status != proto.StatusCreated || st.Pid != 1 {
+		t.Fatalf("created: %+v", st)
+	}
+	c.mu.Lock()
+	c.phase, c.exit = phaseExited, &proto.Exit{ID: "c1", Code: 0}
+	c.mu.Unlock()
+	c.started()
+	if st := c.state(); st.Status != proto.StatusExited || st.Exit == nil {
+		t.Fatalf("started after its exit: %+v", st)
+	}
+}
