@@ -55,6 +55,15 @@ type Options struct {
 	// Faults, for crash-recovery tests only, kills berthd at armed points
 	// (nil in production).
 	Faults *fault.Injector
+	// Cgroups drops the limits of cgroup controllers the host lacks from
+	// every spec and update before the runtime sees them; nil keeps all.
+	Cgroups LimitDropper
+}
+
+// LimitDropper removes from r the limits the host's cgroups cannot take
+// and names the controllers whose limits it removed (cgroupctrl).
+type LimitDropper interface {
+	Drop(r *specs.LinuxResources) []string
 }
 
 // Store holds every container.
@@ -396,6 +405,9 @@ func (s *Store) Create(ctx context.Context, p CreateParams) (_ *Container, retEr
 		if pending.Resources != nil {
 			adjustedResources = pending.Resources
 		}
+	}
+	if spec.Linux != nil {
+		s.dropLimits(id, spec.Linux.Resources)
 	}
 	data, err := json.Marshal(spec)
 	if err != nil {
@@ -877,11 +889,23 @@ func (s *Store) UpdateResources(ctx context.Context, id string, res *specs.Linux
 	if !ok {
 		return fmt.Errorf("runtime handler %q is gone from the config: %w", r.Runtime, errdefs.ErrFailedPrecondition)
 	}
+	s.dropLimits(r.ID, res)
 	if err := rt.Update(ctx, r.ID, res); err != nil {
 		return fmt.Errorf("update container %s: %w", r.ID, err)
 	}
 	r.Resources = cri
 	return saveRecord(s.dir(r.ID), r)
+}
+
+// dropLimits removes limits of missing cgroup controllers from res. The
+// daemon said once at start which ones go; here only debug.
+func (s *Store) dropLimits(id string, res *specs.LinuxResources) {
+	if s.opts.Cgroups == nil || res == nil {
+		return
+	}
+	if dropped := s.opts.Cgroups.Drop(res); len(dropped) > 0 {
+		s.log.Debug("limits of missing cgroup controllers dropped", "container", id, "controllers", dropped)
+	}
 }
 
 // ReopenLog makes the shim reopen the container's log file (after the

@@ -13,6 +13,7 @@ import (
 	runtime "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/berthcri/berth/internal/cdi"
+	"github.com/berthcri/berth/internal/cgroupctrl"
 	"github.com/berthcri/berth/internal/config"
 	"github.com/berthcri/berth/internal/container"
 	"github.com/berthcri/berth/internal/events"
@@ -48,6 +49,7 @@ type Service struct {
 	apparmor   specgen.AppArmorProfiles
 	// host is the machine as specgen sees it, probed once at start.
 	host            *specgen.Host
+	cgroups         *cgroupctrl.Controllers
 	handlerFeatures map[string]HandlerFeatures
 
 	// rlimits are every container's default rlimits (default_ulimits).
@@ -83,6 +85,9 @@ type Options struct {
 	AppArmor specgen.AppArmorProfiles
 	// Host is probed once at daemon start; nil → specgen probes per call.
 	Host *specgen.Host
+	// Cgroups are the host's usable cgroup controllers, detected once at
+	// start (Status shows them); nil → not reported.
+	Cgroups *cgroupctrl.Controllers
 	// HandlerFeatures maps runtime handler names to what they support.
 	HandlerFeatures map[string]HandlerFeatures
 }
@@ -113,6 +118,7 @@ func New(opts Options) *Service {
 		apparmor:   opts.AppArmor,
 
 		host:            opts.Host,
+		cgroups:         opts.Cgroups,
 		handlerFeatures: opts.HandlerFeatures,
 	}
 	if s.log == nil {

@@ -8,6 +8,8 @@ import (
 	"path/filepath"
 
 	runtime "k8s.io/cri-api/pkg/apis/runtime/v1"
+
+	"github.com/berthcri/berth/internal/cgroupctrl"
 )
 
 // Status reports whether the runtime and pod networking are ready. With
@@ -79,7 +81,7 @@ func (s *Service) statusInfo() (map[string]string, error) {
 	s.mu.Lock()
 	podCIDR := s.podCIDR
 	s.mu.Unlock()
-	return map[string]string{
+	info := map[string]string{
 		"config":           string(cfgJSON),
 		"podCIDR":          podCIDR,
 		"version":          s.version,
@@ -87,5 +89,25 @@ func (s *Service) statusInfo() (map[string]string, error) {
 		"metricsAddress":   s.addrs.Metrics,
 		// The effective driver: an empty cgroup_driver means cgroupfs.
 		"cgroupDriver": CgroupDriver(s.cfg.CgroupDriver),
-	}, nil
+	}
+	if s.cgroups != nil {
+		b, err := json.Marshal(cgroupInfo{
+			Version: s.cgroups.Version(), Available: s.cgroups.Available, Source: s.cgroups.Source,
+			MissingRequired: s.cgroups.MissingRequired(), MissingOptional: s.cgroups.MissingOptional(),
+		})
+		if err != nil {
+			return nil, fmt.Errorf("encode cgroup controllers: %w", err)
+		}
+		info["cgroupControllers"] = string(b)
+	}
+	return info, nil
+}
+
+// cgroupInfo is Status's "cgroupControllers": what berthctl info shows.
+type cgroupInfo struct {
+	Version         string               `json:"version"`
+	Available       []string             `json:"available"`
+	Source          string               `json:"source"`
+	MissingRequired []string             `json:"missingRequired,omitempty"`
+	MissingOptional []cgroupctrl.Missing `json:"missingOptional,omitempty"`
 }

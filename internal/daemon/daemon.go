@@ -117,6 +117,10 @@ func New(ctx context.Context, cfg *config.Config, version string, log *slog.Logg
 			return nil, err
 		}
 	}
+	ctrls, err := detectCgroups(cfg, log)
+	if err != nil {
+		return nil, err
+	}
 	handlers := make([]string, 0, len(cfg.RuntimeHandlers))
 	for name := range cfg.RuntimeHandlers {
 		handlers = append(handlers, name)
@@ -126,7 +130,8 @@ func New(ctx context.Context, cfg *config.Config, version string, log *slog.Logg
 		CgroupParent: cfg.CgroupParent, CgroupDriver: cri.CgroupDriver(cfg.CgroupDriver), Systemd: d.systemd,
 		RuntimeHandlers: handlers, DefaultRuntimeHandler: cfg.DefaultRuntimeHandler,
 		Network: netw, Logger: log,
-		Faults: faults,
+		Faults:  faults,
+		Cgroups: ctrls,
 	})
 	if err != nil {
 		return nil, err
@@ -152,6 +157,7 @@ func New(ctx context.Context, cfg *config.Config, version string, log *slog.Logg
 		Logger:     log.With("component", "container"),
 		OnEvent:    func(ev container.Event) { publisher.ContainerEvent(ev); nriRelay.Load().ContainerEvent(ev) },
 		Faults:     faults,
+		Cgroups:    ctrls,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("open container store: %w", err)
@@ -195,6 +201,7 @@ func New(ctx context.Context, cfg *config.Config, version string, log *slog.Logg
 		AppArmor:   apparmor.New(apparmor.Options{}),
 
 		Host:            host,
+		Cgroups:         ctrls,
 		HandlerFeatures: cri.ProbeRuntimeFeatures(ctx, runtimes, sandboxes.UserNamespaceSupport(), log),
 	})
 	d.grpc = grpc.NewServer(

@@ -28,7 +28,6 @@ type Host struct {
 	SELinux         bool // SELinux is enabled
 	CgroupV2        bool // unified hierarchy
 	SwapAccounting  bool // memory.memsw (v1) or memory.swap.max (v2)
-	Hugetlb         bool // hugetlb controller present
 	// RecursiveReadOnly: the OCI runtime supports "rro" mounts.
 	RecursiveReadOnly bool
 	// MountInfoPath is read to check the propagation of bind-mount
@@ -88,10 +87,8 @@ func ProbeHost() (*Host, error) {
 		// memory controller enabled has it, so look at the controller list.
 		b, _ := os.ReadFile("/sys/fs/cgroup/cgroup.controllers")
 		ctrls := strings.Fields(string(b))
-		h.Hugetlb = slices.Contains(ctrls, "hugetlb")
 		h.SwapAccounting = slices.Contains(ctrls, "memory") && exists("/proc/sys/vm/swappiness")
 	} else {
-		h.Hugetlb = exists("/sys/fs/cgroup/hugetlb")
 		h.SwapAccounting = exists("/sys/fs/cgroup/memory/memory.memsw.limit_in_bytes")
 	}
 	return h, nil
