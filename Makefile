@@ -2,6 +2,9 @@
 #   make run     install what berthd needs, build, run berthd in the foreground
 #   make test    install what tests need, lint, run the whole suite
 #   make bench   benchmarks: tables on stdout, JSON under bench/out
+#   make conformance  critest against a private berthd (not part of make test)
+#   make k8s-bins     build the kubelet, e2e_node.test, agnhost, ginkgo, critest
+#                     and crictl from test/k8s into a cache; prints the directory
 GO        ?= go
 VERSION   ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 LDFLAGS   := -X main.version=$(VERSION)
@@ -14,7 +17,7 @@ TESTFLAGS ?=
 # How long make test fuzzes each target (their corpora also run as tests).
 FUZZTIME  ?= 10s
 
-.PHONY: all build run test fuzz lint deps test-deps bench clean
+.PHONY: all build run test fuzz lint deps test-deps bench clean k8s-bins conformance
 
 all: build
 
@@ -61,5 +64,16 @@ bench: build
 	cd bench && BERTHD_BIN=$(BIN)/berthd BERTH_BIN_DIR=$(BIN) BENCH_OUT=$(CURDIR)/bench/out \
 	  $(GO) test -count=1 -timeout 60m -run '^$$' -bench . -benchtime 1x ./...
 
+# Kubernetes programs from the Go module proxy (test/k8s has its own go.mod),
+# built once into ${BERTH_K8S_CACHE:-/var/cache/berth-k8s}/<version>-<key>.
+k8s-bins:
+	@hack/k8s-bins.sh
+
+# The CRI validation suite and its benchmarks against a private berthd;
+# reports under out/conformance/<time>/ (docs/conformance.md).
+conformance:
+	hack/install-deps.sh conformance
+	hack/conformance.sh
+
 clean:
-	rm -rf $(BIN) bench/out
+	rm -rf $(BIN) bench/out out

@@ -1,16 +1,20 @@
 #!/usr/bin/env bash
 # Installs the Debian packages berth needs when they are missing.
 #   hack/install-deps.sh run    what berthd needs: runc, CNI plugins, iptables
-#   hack/install-deps.sh test   also what the tests need: busybox-static
+#   hack/install-deps.sh test   also what the tests need: busybox-static,
+#                               apparmor (apparmor_parser compiles the default profile)
 #   hack/install-deps.sh bench  also the reference runtime: containerd
+#   hack/install-deps.sh conformance  also a static C toolchain (the critest
+#                               stand-in registry's helpers)
 # Nothing is installed when everything is present, so it is cheap to call.
 set -euo pipefail
 
 want=(runc:runc iptables:iptables ip:iproute2)
 cni_plugins=containernetworking-plugins
 case "${1:-run}" in
-  test) want+=(busybox:busybox-static) ;;
+  test) want+=(busybox:busybox-static apparmor_parser:apparmor) ;;
   bench) want+=(busybox:busybox-static containerd:containerd) ;;
+  conformance) want+=(busybox:busybox-static gcc:gcc) ;;
 esac
 
 missing=()
@@ -20,6 +24,9 @@ for pair in "${want[@]}"; do
 done
 if [ "${1:-run}" != run ] && [ ! -x /bin/busybox ]; then
   missing+=(busybox-static)
+fi
+if [ "${1:-run}" = conformance ] && [ -z "$(find /usr/lib -name libc.a -print -quit 2>/dev/null)" ]; then
+  missing+=(libc6-dev)
 fi
 if [ ! -x /usr/lib/cni/bridge ] && [ ! -x /opt/cni/bin/bridge ]; then
   missing+=("$cni_plugins")

@@ -43,6 +43,7 @@ func infoCommand(ctx context.Context, g *globals, args []string) error {
 	if d := st.Info["cgroupDriver"]; d != "" {
 		fmt.Fprintf(g.stdout, "cgroups:    %s driver\n", d)
 	}
+	printControllers(g, st.Info["cgroupControllers"])
 	for _, c := range st.GetStatus().GetConditions() {
 		line := fmt.Sprintf("%s=%v", c.Type, c.Status)
 		if !c.Status {
@@ -96,6 +97,30 @@ func infoCommand(ctx context.Context, g *globals, args []string) error {
 		fmt.Fprintf(g.stdout, "config:\n%s\n", pretty)
 	}
 	return nil
+}
+
+// printControllers shows the cgroup controllers berthd detected at start
+// and the limits it drops for the missing ones.
+func printControllers(g *globals, raw string) {
+	var c struct {
+		Version         string   `json:"version"`
+		Available       []string `json:"available"`
+		MissingRequired []string `json:"missingRequired"`
+		MissingOptional []struct {
+			Controller string `json:"controller"`
+			Dropped    string `json:"dropped"`
+		} `json:"missingOptional"`
+	}
+	if raw == "" || json.Unmarshal([]byte(raw), &c) != nil {
+		return
+	}
+	fmt.Fprintf(g.stdout, "controllers: %s: %s\n", c.Version, strings.Join(c.Available, " "))
+	for _, m := range c.MissingRequired {
+		fmt.Fprintf(g.stdout, "missing:    %s (required: containers fail)\n", m)
+	}
+	for _, m := range c.MissingOptional {
+		fmt.Fprintf(g.stdout, "missing:    %s (%s dropped)\n", m.Controller, m.Dropped)
+	}
 }
 
 func orNone(s string) string {

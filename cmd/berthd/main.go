@@ -16,12 +16,51 @@ import (
 	"strings"
 	"syscall"
 
+	modsemver "golang.org/x/mod/semver"
+
 	"github.com/berthcri/berth/internal/config"
 	"github.com/berthcri/berth/internal/daemon"
 )
 
-// version is set at build time with -ldflags "-X main.version=...".
+// version is set at build time with -ldflags "-X main.version=...":
+// `git describe` output, a tag (v0.2.0) or a commit (09cb355-dirty).
 var version = "dev"
+
+// baseVersion is the release the tree is heading for; builds from a commit
+// report it as a pre-release.
+const baseVersion = "0.1.0"
+
+// semver turns the build's version into a semantic version, which is what
+// the kubelet parses VersionResponse.runtime_version as (a bare commit
+// hash makes the node report "berth://Unknown"): a tag stays itself
+// (v0.2.0 → 0.2.0), anything else becomes 0.1.0-dev+<build> with the
+// commit kept as build metadata.
+func semver(build string) string {
+	v := strings.TrimPrefix(build, "v")
+	if isSemver(v) {
+		return v
+	}
+	meta := strings.Map(func(r rune) rune {
+		if r >= '0' && r <= '9' || r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r == '-' || r == '.' {
+			return r
+		}
+		return '-'
+	}, strings.Trim(build, "."))
+	meta = strings.ReplaceAll(meta, "..", ".")
+	if meta == "" || meta == "dev" {
+		return baseVersion + "-dev"
+	}
+	return baseVersion + "-dev+" + meta
+}
+
+// isSemver accepts MAJOR.MINOR.PATCH with an optional pre-release and
+// build part (git describe's v0.2.0-3-gabc1234 has the pre-release
+// "3-gabc1234"); x/mod's shorthands (v1, v1.2) are not semantic versions.
+func isSemver(v string) bool {
+	core, _, _ := strings.Cut(v, "+")
+	core, _, _ = strings.Cut(core, "-")
+	return strings.Count(core, ".") == 2 && modsemver.IsValid("v"+v)
+}
 
 func main() {
 	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
@@ -34,7 +73,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	}
 	switch cmd {
 	case "version":
-		fmt.Fprintf(stdout, "berthd %s\n", version)
+		fmt.Fprintf(stdout, "berthd %s\n", semver(version))
 		return 0
 	case "serve", "config":
 	default:
@@ -148,7 +187,7 @@ func serve(cfg *config.Config, stderr io.Writer) int {
 	log := newLogger(cfg, stderr)
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
-	d, err := daemon.New(ctx, cfg, version, log)
+	d, err := daemon.New(ctx, cfg, semver(version), log)
 	if err != nil {
 		log.Error("berthd failed to start", "error", err)
 		return 1

@@ -6,6 +6,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	utilversion "k8s.io/apimachinery/pkg/util/version"
 )
 
 func runBerthd(t *testing.T, args ...string) (string, string, int) {
@@ -83,5 +85,33 @@ func TestBadConfigIsRefusedWithAClearMessage(t *testing.T) {
 func TestUnknownCommandFails(t *testing.T) {
 	if _, _, code := runBerthd(t, "frobnicate"); code == 0 {
 		t.Fatal("unknown command succeeded")
+	}
+}
+
+// The kubelet parses runtime_version with apimachinery's ParseSemantic
+// and shows "berth://Unknown" when that fails; every build must parse.
+func TestRuntimeVersionIsSemantic(t *testing.T) {
+	for build, want := range map[string]string{
+		"09cb355":             "0.1.0-dev+09cb355",
+		"09cb355-dirty":       "0.1.0-dev+09cb355-dirty",
+		"dev":                 "0.1.0-dev",
+		"":                    "0.1.0-dev",
+		"v0.2.0":              "0.2.0",
+		"v0.2.0-3-g09cb355":   "0.2.0-3-g09cb355",
+		"v1.2":                "0.1.0-dev+v1.2",
+		"weird/branch_name!":  "0.1.0-dev+weird-branch-name-",
+		"v0.2.0-rc.1+build.5": "0.2.0-rc.1+build.5",
+	} {
+		got := semver(build)
+		if got != want {
+			t.Errorf("semver(%q) = %q, want %q", build, got, want)
+		}
+		if _, err := utilversion.ParseSemantic(got); err != nil {
+			t.Errorf("semver(%q) = %q: the kubelet cannot parse it: %v", build, got, err)
+		}
+	}
+	out, _, code := runBerthd(t, "version")
+	if code != 0 || !strings.HasPrefix(out, "berthd 0.1.0-dev") {
+		t.Fatalf("berthd version: %q (exit %d)", out, code)
 	}
 }

@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"github.com/BurntSushi/toml"
+	"github.com/docker/go-units"
+	specs "github.com/opencontainers/runtime-spec/specs-go"
 )
 
 // Default locations; every one has a TOML key and a flag.
@@ -79,6 +81,36 @@ type Config struct {
 	// NRI is the Node Resource Interface: external plugins that see and
 	// adjust pods and containers (docs/nri.md).
 	NRI NRI `toml:"nri" json:"nri"`
+	// DefaultUlimits are every container's rlimits, CRI-O's form
+	// "nofile=1024:2048" (soft:hard; one value sets both; -1 unlimited).
+	// None: containers inherit the runtime's, as in containerd.
+	DefaultUlimits []string `toml:"default_ulimits" json:"default_ulimits"`
+	// CDISpecDirs hold Container Device Interface specs, lowest priority
+	// first (a later directory's device of the same name wins).
+	CDISpecDirs []string `toml:"cdi_spec_dirs" json:"cdi_spec_dirs"`
+}
+
+// DefaultCDISpecDirs are the CDI specification's (and containerd's and
+// CRI-O's) spec directories: static, then generated at run time.
+var DefaultCDISpecDirs = []string{"/etc/cdi", "/var/run/cdi"}
+
+// Rlimits turns DefaultUlimits into OCI rlimits (RLIMIT_NOFILE …).
+func (c *Config) Rlimits() ([]specs.POSIXRlimit, error) {
+	var out []specs.POSIXRlimit
+	seen := map[string]bool{}
+	for _, v := range c.DefaultUlimits {
+		u, err := units.ParseUlimit(v)
+		if err != nil {
+			return nil, fmt.Errorf("default_ulimits %q: %v", v, err)
+		}
+		if seen[u.Name] {
+			return nil, fmt.Errorf("default_ulimits: %s given twice", u.Name)
+		}
+		seen[u.Name] = true
+		// -1 is unlimited: RLIM_INFINITY, all ones.
+		out = append(out, specs.POSIXRlimit{Type: "RLIMIT_" + strings.ToUpper(u.Name), Soft: uint64(u.Soft), Hard: uint64(u.Hard)})
+	}
+	return out, nil
 }
 
 // NRI configures the Node Resource Interface, with containerd 2.x's names
@@ -167,6 +199,8 @@ func Default() *Config {
 		CgroupDriver:          "",
 		CgroupParent:          DefaultCgroupParent,
 		PinnedImages:          []string{},
+		DefaultUlimits:        []string{},
+		CDISpecDirs:           append([]string(nil), DefaultCDISpecDirs...),
 		DefaultNetwork:        DefaultNetwork{Bridge: DefaultNetworkBridge, Subnet: DefaultNetworkSubnet},
 		NRI: NRI{
 			Enable: true, SocketPath: DefaultNRISocketPath,
@@ -269,6 +303,20 @@ func (c *Config) Validate() error {
 	}
 	if c.NRI.PluginRegistrationTimeout < 0 || c.NRI.PluginRequestTimeout < 0 {
 		return fmt.Errorf("nri plugin timeouts must not be negative")
+	}
+	if c.DefaultUlimits == nil {
+		c.DefaultUlimits = []string{}
+	}
+	if c.CDISpecDirs == nil {
+		c.CDISpecDirs = []string{}
+	}
+	for _, d := range c.CDISpecDirs {
+		if !filepath.IsAbs(d) {
+			return fmt.Errorf("cdi_spec_dirs: %q is not an absolute path", d)
+		}
+	}
+	if _, err := c.Rlimits(); err != nil {
+		return err
 	}
 	return nil
 }

@@ -43,6 +43,9 @@ type CreateRequest struct {
 	LogPath string
 	// UserNS is the pod's own user namespace; nil for the host's.
 	UserNS *UserNS
+	// StopSignal is the config's stop signal by name (KEP-4960); ""
+	// means the image's.
+	StopSignal string
 }
 
 // Draft is a container being created: its name is reserved, its image
@@ -191,6 +194,9 @@ func (d *Draft) Commit(ctx context.Context, spec *specs.Spec, resources *runtime
 	s := d.s
 	rec := d.Record(spec)
 	rec.Resources = resources
+	if spec.Linux != nil {
+		s.dropLimits(rec.ID, spec.Linux.Resources)
+	}
 	readonly := d.req.Config.GetLinux().GetSecurityContext().GetReadonlyRootfs()
 	if err := writeBundle(d.dir, d.Rootfs.Path, readonly, spec); err != nil {
 		return nil, err

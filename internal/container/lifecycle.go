@@ -5,13 +5,11 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"strconv"
-	"strings"
 	"syscall"
 	"time"
 
+	"github.com/moby/sys/signal"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
-	"golang.org/x/sys/unix"
 	runtime "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/berthcri/berth/internal/errdefs"
@@ -94,22 +92,17 @@ func (s *Store) failStart(e *entry, msg string) {
 	s.emit(EventStopped, e)
 }
 
-// parseSignal accepts "SIGTERM", "TERM" or "15".
+// parseSignal accepts "SIGTERM", "TERM", "15" or "SIGRTMIN+3" (moby's
+// names, as containerd); "" is SIGTERM.
 func parseSignal(name string) (syscall.Signal, error) {
 	if name == "" {
 		return syscall.SIGTERM, nil
 	}
-	if n, err := strconv.Atoi(name); err == nil && n > 0 && n < 65 {
-		return syscall.Signal(n), nil
+	sig, err := signal.ParseSignal(name)
+	if err != nil || !signal.ValidSignalForPlatform(sig) {
+		return 0, fmt.Errorf("unknown stop signal %q: %w", name, errdefs.ErrInvalidArgument)
 	}
-	up := strings.ToUpper(name)
-	if !strings.HasPrefix(up, "SIG") {
-		up = "SIG" + up
-	}
-	if sig := unix.SignalNum(up); sig != 0 {
-		return sig, nil
-	}
-	return 0, fmt.Errorf("unknown stop signal %q: %w", name, errdefs.ErrInvalidArgument)
+	return sig, nil
 }
 
 // Stop sends the stop signal, waits up to timeout, then SIGKILLs and waits
@@ -273,11 +266,23 @@ func (s *Store) UpdateResources(ctx context.Context, id string, res *specs.Linux
 	if !ok {
 		return fmt.Errorf("runtime handler %q is gone from the config: %w", r.Runtime, errdefs.ErrFailedPrecondition)
 	}
+	s.dropLimits(r.ID, res)
 	if err := rt.Update(ctx, r.ID, res); err != nil {
 		return fmt.Errorf("update container %s: %w", r.ID, err)
 	}
 	r.Resources = cri
 	return saveRecord(s.dir(r.ID), r)
+}
+
+// dropLimits removes limits of missing cgroup controllers from res. The
+// daemon said once at start which ones go; here only debug.
+func (s *Store) dropLimits(id string, res *specs.LinuxResources) {
+	if s.opts.Cgroups == nil || res == nil {
+		return
+	}
+	if dropped := s.opts.Cgroups.Drop(res); len(dropped) > 0 {
+		s.log.Debug("limits of missing cgroup controllers dropped", "container", id, "controllers", dropped)
+	}
 }
 
 // ReopenLog makes the shim reopen the container's log file (after the

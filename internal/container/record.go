@@ -125,7 +125,8 @@ func newRecord(id string, req CreateRequest, img *image.Image, vols []imageVolum
 	if len(img.RepoDigests) > 0 {
 		c.ImageRef = img.RepoDigests[0]
 	}
-	if img.Config != nil {
+	// KEP-4960: the config's stop signal, else the image's.
+	if c.StopSignal = req.StopSignal; c.StopSignal == "" && img.Config != nil {
 		c.StopSignal = img.Config.Config.StopSignal
 	}
 	volAt := map[int]imageVolume{}

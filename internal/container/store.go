@@ -21,6 +21,8 @@ import (
 	"sync"
 	"sync/atomic"
 
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+
 	"github.com/berthcri/berth/internal/errdefs"
 	"github.com/berthcri/berth/internal/fault"
 	"github.com/berthcri/berth/internal/idprefix"
@@ -59,10 +61,19 @@ type Options struct {
 	// Faults, for crash-recovery tests only, kills berthd at armed points
 	// (nil in production).
 	Faults *fault.Injector
+	// Cgroups drops the limits of cgroup controllers the host lacks from
+	// every spec and update before the runtime sees them; nil keeps all.
+	Cgroups LimitDropper
 	// Shims and Mounter replace berth-shim under ShimDir and overlayfs
 	// (unit tests); nil means those.
 	Shims   Shims
 	Mounter Mounter
+}
+
+// LimitDropper removes from r the limits the host's cgroups cannot take
+// and names the controllers whose limits it removed (cgroupctrl).
+type LimitDropper interface {
+	Drop(r *specs.LinuxResources) []string
 }
 
 // Store holds every container.

@@ -59,6 +59,7 @@ func criContainerStatus(c *container.Container) *runtime.ContainerStatus {
 		Labels:      c.Labels,
 		Annotations: c.Annotations,
 		LogPath:     c.LogPath,
+		StopSignal:  criStopSignal(c.StopSignal),
 	}
 	for _, m := range c.Mounts {
 		cm := &runtime.Mount{

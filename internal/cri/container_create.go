@@ -34,6 +34,10 @@ func (s *Service) CreateContainer(ctx context.Context, req *runtime.CreateContai
 		cfg.GetLinux().GetSecurityContext().GetNamespaceOptions().GetTargetId() == "":
 		return nil, invalidArgument("CreateContainer: pid namespace mode TARGET needs target_id")
 	}
+	stopSignal, ok := stopSignalName(cfg.GetStopSignal())
+	if !ok {
+		return nil, invalidArgument("CreateContainer: unknown stop_signal %d", cfg.GetStopSignal())
+	}
 	sb, err := s.sandboxes.Get(req.GetPodSandboxId())
 	if err != nil {
 		return nil, toStatus(err)
@@ -61,6 +65,7 @@ func (s *Service) CreateContainer(ctx context.Context, req *runtime.CreateContai
 	// Name, shim, image and mounts; undone on any failure below.
 	draft, err := s.containers.Prepare(ctx, container.CreateRequest{
 		PodID: sb.ID, Runtime: handler, Config: cfg, LogPath: logPath, UserNS: podUserNS,
+		StopSignal: stopSignal,
 	})
 	if err != nil {
 		return nil, toStatus(err)
@@ -105,6 +110,9 @@ func (s *Service) containerSpec(sb *sandbox.Sandbox, sbCfg *runtime.PodSandboxCo
 		},
 		CgroupDriver:     CgroupDriver(s.cfg.CgroupDriver),
 		OOMScoreAdjFloor: ownOOMScoreAdj(),
+		Rlimits:          s.rlimits,
+		CDI:              s.cdi,
+		AppArmor:         s.apparmor,
 		Logger:           s.log.With("pod", sb.ID, "container", draft.ID),
 	}
 	if s.host != nil {

@@ -24,7 +24,8 @@ func withKeys(base []string, extra ...string) []string {
 // for the kubelet's /metrics/cadvisor. Every one listed here is sent for
 // every running container (network ones for every pod with its own
 // network namespace), except the block I/O ones, sent per device the
-// container did I/O on.
+// container did I/O on, and the pressure ones, sent where the kernel
+// exposes pressure stall information.
 var metricDescriptors = []*runtime.MetricDescriptor{
 	// CPU
 	{Name: "container_cpu_usage_seconds_total", Help: "Cumulative cpu time consumed in seconds.", LabelKeys: metricLabelKeys},
@@ -45,6 +46,14 @@ var metricDescriptors = []*runtime.MetricDescriptor{
 	{Name: "container_memory_failcnt", Help: "Number of memory usage hits limits", LabelKeys: metricLabelKeys},
 	{Name: "container_memory_failures_total", Help: "Cumulative count of memory allocation failures.", LabelKeys: failureMetricLabelKeys},
 	{Name: "container_oom_events_total", Help: "Count of out of memory events observed for the container", LabelKeys: metricLabelKeys},
+	// Pressure stall information: only where the kernel exposes it
+	// (cgroup v2 *.pressure files).
+	{Name: "container_pressure_cpu_stalled_seconds_total", Help: "Total time duration no tasks in the container could make progress due to CPU congestion.", LabelKeys: metricLabelKeys},
+	{Name: "container_pressure_cpu_waiting_seconds_total", Help: "Total time duration tasks in the container have waited due to CPU congestion.", LabelKeys: metricLabelKeys},
+	{Name: "container_pressure_memory_stalled_seconds_total", Help: "Total time duration no tasks in the container could make progress due to memory congestion.", LabelKeys: metricLabelKeys},
+	{Name: "container_pressure_memory_waiting_seconds_total", Help: "Total time duration tasks in the container have waited due to memory congestion.", LabelKeys: metricLabelKeys},
+	{Name: "container_pressure_io_stalled_seconds_total", Help: "Total time duration no tasks in the container could make progress due to IO congestion.", LabelKeys: metricLabelKeys},
+	{Name: "container_pressure_io_waiting_seconds_total", Help: "Total time duration tasks in the container have waited due to IO congestion.", LabelKeys: metricLabelKeys},
 	// Processes
 	{Name: "container_processes", Help: "Number of processes running inside the container.", LabelKeys: metricLabelKeys},
 	{Name: "container_threads", Help: "Number of threads running inside the container", LabelKeys: metricLabelKeys},

@@ -9,6 +9,7 @@ import (
 
 	"github.com/berthcri/berth/internal/container"
 	"github.com/berthcri/berth/internal/sandbox"
+	"github.com/berthcri/berth/internal/stats"
 )
 
 // ListPodSandboxMetrics reports cAdvisor-style metrics for every ready pod
@@ -17,26 +18,39 @@ import (
 // them. Objects that fail to sample are
 // left out and logged, as in containerd.
 func (s *Service) ListPodSandboxMetrics(ctx context.Context, req *runtime.ListPodSandboxMetricsRequest) (*runtime.ListPodSandboxMetricsResponse, error) {
-	byPod := map[string][]*container.Container{}
-	for _, c := range s.containers.List() {
-		byPod[c.PodID] = append(byPod[c.PodID], c)
-	}
 	resp := &runtime.ListPodSandboxMetricsResponse{PodMetrics: []*runtime.PodSandboxMetrics{}}
-	for _, sb := range s.sandboxes.List() {
+	err := s.eachPodMetrics(ctx, func(pm *runtime.PodSandboxMetrics) error {
+		resp.PodMetrics = append(resp.PodMetrics, pm)
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return resp, nil
+}
+
+// eachPodMetrics samples the ready pods one by one, for
+// ListPodSandboxMetrics and StreamPodSandboxMetrics; it stops at the first
+// error of fn or of ctx.
+func (s *Service) eachPodMetrics(ctx context.Context, fn func(*runtime.PodSandboxMetrics) error) error {
+	byPod := s.containersByPod()
+	for sb := range s.sandboxes.All() {
 		if sb.State != runtime.PodSandboxState_SANDBOX_READY {
 			continue
 		}
 		if err := ctx.Err(); err != nil {
-			return nil, toStatus(err)
+			return toStatus(err)
 		}
 		pm, err := s.podMetrics(sb, byPod[sb.ID])
 		if err != nil {
 			s.log.Warn("pod metrics", "pod", sb.ID, "err", err)
 			continue
 		}
-		resp.PodMetrics = append(resp.PodMetrics, pm)
+		if err := fn(pm); err != nil {
+			return err
+		}
 	}
-	return resp, nil
+	return nil
 }
 
 // metricSet builds metrics sharing labels and a timestamp.
@@ -57,24 +71,27 @@ func (m *metricSet) add(name string, kind runtime.MetricType, v uint64, extra ..
 func (s *Service) podMetrics(sb *sandbox.Sandbox, ctrs []*container.Container) (*runtime.PodSandboxMetrics, error) {
 	md := sb.Config.GetMetadata()
 	pm := &runtime.PodSandboxMetrics{PodSandboxId: sb.ID}
-	if sb.NetNSPath != "" {
-		sample, err := s.stats.Pod(sb.ID, sb.CgroupParent, sb.NetNSPath)
-		if err != nil {
-			return nil, err
-		}
-		pod := &metricSet{ts: sample.NetworkAt.UnixNano(), labels: []string{md.GetName(), md.GetNamespace(), "", sb.ID, ""}}
-		for _, i := range sample.Interfaces {
-			pod.add("container_network_receive_bytes_total", counter, i.RxBytes, i.Name)
-			pod.add("container_network_receive_packets_total", counter, i.RxPackets, i.Name)
-			pod.add("container_network_receive_packets_dropped_total", counter, i.RxDropped, i.Name)
-			pod.add("container_network_receive_errors_total", counter, i.RxErrors, i.Name)
-			pod.add("container_network_transmit_bytes_total", counter, i.TxBytes, i.Name)
-			pod.add("container_network_transmit_packets_total", counter, i.TxPackets, i.Name)
-			pod.add("container_network_transmit_packets_dropped_total", counter, i.TxDropped, i.Name)
-			pod.add("container_network_transmit_errors_total", counter, i.TxErrors, i.Name)
-		}
-		pm.Metrics = pod.out
+	// The pod's cgroup (pressure) and, with its own network namespace,
+	// its interfaces.
+	sample, err := s.stats.Pod(sb.ID, sb.CgroupParent, sb.NetNSPath)
+	if err != nil {
+		return nil, err
 	}
+	labels := []string{md.GetName(), md.GetNamespace(), "", sb.ID, ""}
+	pod := &metricSet{ts: sample.NetworkAt.UnixNano(), labels: labels}
+	for _, i := range sample.Interfaces {
+		pod.add("container_network_receive_bytes_total", counter, i.RxBytes, i.Name)
+		pod.add("container_network_receive_packets_total", counter, i.RxPackets, i.Name)
+		pod.add("container_network_receive_packets_dropped_total", counter, i.RxDropped, i.Name)
+		pod.add("container_network_receive_errors_total", counter, i.RxErrors, i.Name)
+		pod.add("container_network_transmit_bytes_total", counter, i.TxBytes, i.Name)
+		pod.add("container_network_transmit_packets_total", counter, i.TxPackets, i.Name)
+		pod.add("container_network_transmit_packets_dropped_total", counter, i.TxDropped, i.Name)
+		pod.add("container_network_transmit_errors_total", counter, i.TxErrors, i.Name)
+	}
+	pressure := &metricSet{ts: sample.Timestamp.UnixNano(), labels: labels}
+	pressure.addPressure(sample.Usage)
+	pm.Metrics = append(pod.out, pressure.out...)
 	for _, c := range ctrs {
 		if c.State != container.StateRunning {
 			continue
@@ -87,6 +104,28 @@ func (s *Service) podMetrics(sb *sandbox.Sandbox, ctrs []*container.Container) (
 		pm.ContainerMetrics = append(pm.ContainerMetrics, cm)
 	}
 	return pm, nil
+}
+
+// addPressure adds pressure stall information as cAdvisor names it:
+// "waiting" is the time some task stalled, "stalled" the time all did.
+// Only what the kernel exposes (cgroup v2), in whole seconds as the CPU
+// counters.
+func (m *metricSet) addPressure(u *stats.Usage) {
+	sec := uint64(time.Second)
+	for _, p := range []struct {
+		resource string
+		psi      *stats.Pressure
+	}{{"cpu", u.CPUPressure}, {"memory", u.MemoryPressure}, {"io", u.IOPressure}} {
+		if p.psi == nil {
+			continue
+		}
+		if p.psi.Some != nil {
+			m.add("container_pressure_"+p.resource+"_waiting_seconds_total", counter, p.psi.Some.TotalNanos/sec)
+		}
+		if p.psi.Full != nil {
+			m.add("container_pressure_"+p.resource+"_stalled_seconds_total", counter, p.psi.Full.TotalNanos/sec)
+		}
+	}
 }
 
 const (
@@ -144,6 +183,8 @@ func (s *Service) containerMetrics(md *runtime.PodSandboxMetadata, c *container.
 	m.add("container_memory_failures_total", counter, u.PageFaults, "pgfault", "hierarchy")
 	m.add("container_memory_failures_total", counter, u.MajorPageFaults, "pgmajfault", "hierarchy")
 	m.add("container_oom_events_total", counter, u.OOMKills)
+
+	m.addPressure(u)
 
 	m.add("container_processes", gauge, u.Processes)
 	m.add("container_threads", gauge, u.Threads)

@@ -16,7 +16,7 @@ func (s *Service) PodSandboxStats(ctx context.Context, req *runtime.PodSandboxSt
 	if err != nil {
 		return nil, toStatus(err)
 	}
-	st, err := s.podStats(ctx, sb)
+	st, err := s.podStats(ctx, sb, s.containersByPod()[sb.ID])
 	if err != nil {
 		return nil, toStatus(err)
 	}

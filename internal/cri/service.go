@@ -8,9 +8,12 @@ import (
 	"log/slog"
 	"sync"
 
+	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"google.golang.org/grpc"
 	runtime "k8s.io/cri-api/pkg/apis/runtime/v1"
 
+	"github.com/berthcri/berth/internal/cdi"
+	"github.com/berthcri/berth/internal/cgroupctrl"
 	"github.com/berthcri/berth/internal/config"
 	"github.com/berthcri/berth/internal/container"
 	"github.com/berthcri/berth/internal/events"
@@ -42,9 +45,15 @@ type Service struct {
 	containers *container.Store
 	stats      *stats.Collector
 	nri        *nri.NRI
+	cdi        *cdi.Registry
+	apparmor   specgen.AppArmorProfiles
 	// host is the machine as specgen sees it, probed once at start.
 	host            *specgen.Host
+	cgroups         *cgroupctrl.Controllers
 	handlerFeatures map[string]HandlerFeatures
+
+	// rlimits are every container's default rlimits (default_ulimits).
+	rlimits []specs.POSIXRlimit
 
 	// podCIDR is what the kubelet last sent through UpdateRuntimeConfig.
 	mu      sync.Mutex
@@ -69,8 +78,16 @@ type Options struct {
 	Stats *stats.Collector
 	// NRI relays lifecycle events to NRI plugins; nil → off.
 	NRI *nri.NRI
+	// CDI resolves CDI devices; nil refuses containers that ask for any.
+	CDI *cdi.Registry
+	// AppArmor loads the RuntimeDefault profile and looks profiles up
+	// where AppArmor is on; nil refuses RuntimeDefault there.
+	AppArmor specgen.AppArmorProfiles
 	// Host is probed once at daemon start; nil → specgen probes per call.
 	Host *specgen.Host
+	// Cgroups are the host's usable cgroup controllers, detected once at
+	// start (Status shows them); nil → not reported.
+	Cgroups *cgroupctrl.Controllers
 	// HandlerFeatures maps runtime handler names to what they support.
 	HandlerFeatures map[string]HandlerFeatures
 }
@@ -97,12 +114,19 @@ func New(opts Options) *Service {
 		containers: opts.Containers,
 		stats:      opts.Stats,
 		nri:        opts.NRI,
+		cdi:        opts.CDI,
+		apparmor:   opts.AppArmor,
 
 		host:            opts.Host,
+		cgroups:         opts.Cgroups,
 		handlerFeatures: opts.HandlerFeatures,
 	}
 	if s.log == nil {
 		s.log = slog.Default()
+	}
+	if s.cfg != nil {
+		// Validated with the config; an error cannot happen here.
+		s.rlimits, _ = s.cfg.Rlimits()
 	}
 	if s.stats == nil {
 		s.stats = stats.NewCollector(stats.CollectorOptions{})

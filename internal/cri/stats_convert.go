@@ -52,6 +52,7 @@ func (s *Service) containerStats(c *container.Container) (*runtime.ContainerStat
 	}
 	if sample.Usage != nil {
 		cs.Cpu, cs.Memory, cs.Swap = cpuMemSwap(sample.Sample)
+		cs.Io = ioUsage(sample.Sample)
 	}
 	cs.WritableLayer = &runtime.FilesystemUsage{
 		Timestamp:  sample.WritableAt.UnixNano(),
@@ -65,7 +66,7 @@ func (s *Service) containerStats(c *container.Container) (*runtime.ContainerStat
 func cpuMemSwap(smp stats.Sample) (*runtime.CpuUsage, *runtime.MemoryUsage, *runtime.SwapUsage) {
 	u := smp.Usage
 	ts := u.Timestamp.UnixNano()
-	cpu := &runtime.CpuUsage{Timestamp: ts, UsageCoreNanoSeconds: u64(u.CPUUsageNanos), UsageNanoCores: u64(smp.NanoCores)}
+	cpu := &runtime.CpuUsage{Timestamp: ts, UsageCoreNanoSeconds: u64(u.CPUUsageNanos), UsageNanoCores: u64(smp.NanoCores), Psi: criPSI(u.CPUPressure)}
 	mem := &runtime.MemoryUsage{
 		Timestamp:       ts,
 		WorkingSetBytes: u64(u.WorkingSet),
@@ -74,14 +75,49 @@ func cpuMemSwap(smp stats.Sample) (*runtime.CpuUsage, *runtime.MemoryUsage, *run
 		RssBytes:        u64(u.RSS),
 		PageFaults:      u64(u.PageFaults),
 		MajorPageFaults: u64(u.MajorPageFaults),
+		Psi:             criPSI(u.MemoryPressure),
 	}
 	swap := &runtime.SwapUsage{Timestamp: ts, SwapUsageBytes: u64(u.SwapUsage)}
 	return cpu, mem, swap
 }
 
+// ioUsage is the I/O pressure, the only I/O figure the CRI carries; nil
+// where the kernel exposes none.
+func ioUsage(smp stats.Sample) *runtime.IoUsage {
+	if smp.IOPressure == nil {
+		return nil
+	}
+	return &runtime.IoUsage{Timestamp: smp.Timestamp.UnixNano(), Psi: criPSI(smp.IOPressure)}
+}
+
+// criPSI converts pressure stall information (KEP-4205); nil (absent, not
+// zero) where the kernel exposes none.
+func criPSI(p *stats.Pressure) *runtime.PsiStats {
+	if p == nil {
+		return nil
+	}
+	line := func(d *stats.PSI) *runtime.PsiData {
+		if d == nil {
+			return nil
+		}
+		return &runtime.PsiData{Total: d.TotalNanos, Avg10: d.Avg10, Avg60: d.Avg60, Avg300: d.Avg300}
+	}
+	return &runtime.PsiStats{Some: line(p.Some), Full: line(p.Full)}
+}
+
+// containersByPod indexes every container by its pod, once per list of
+// pods rather than once per pod.
+func (s *Service) containersByPod() map[string][]*container.Container {
+	byPod := map[string][]*container.Container{}
+	for c := range s.containers.All() {
+		byPod[c.PodID] = append(byPod[c.PodID], c)
+	}
+	return byPod
+}
+
 // podStats samples a pod's cgroup (all its containers), its network
-// namespace while it is ready, and each of its containers.
-func (s *Service) podStats(ctx context.Context, sb *sandbox.Sandbox) (*runtime.PodSandboxStats, error) {
+// namespace while it is ready, and each of ctrs, the pod's containers.
+func (s *Service) podStats(ctx context.Context, sb *sandbox.Sandbox, ctrs []*container.Container) (*runtime.PodSandboxStats, error) {
 	netns := sb.NetNSPath
 	if sb.State != runtime.PodSandboxState_SANDBOX_READY {
 		netns = "" // the namespace pin is gone with the stop
@@ -95,6 +131,7 @@ func (s *Service) podStats(ctx context.Context, sb *sandbox.Sandbox) (*runtime.P
 		Process: &runtime.ProcessUsage{Timestamp: sample.Timestamp.UnixNano(), ProcessCount: u64(sample.Processes)},
 	}
 	linux.Cpu, linux.Memory, _ = cpuMemSwap(sample.Sample)
+	linux.Io = ioUsage(sample.Sample)
 	if sample.Interfaces != nil {
 		linux.Network = &runtime.NetworkUsage{Timestamp: sample.NetworkAt.UnixNano()}
 		for _, i := range sample.Interfaces {
@@ -105,10 +142,7 @@ func (s *Service) podStats(ctx context.Context, sb *sandbox.Sandbox) (*runtime.P
 			linux.Network.Interfaces = append(linux.Network.Interfaces, iu)
 		}
 	}
-	for _, c := range s.containers.List() {
-		if c.PodID != sb.ID {
-			continue
-		}
+	for _, c := range ctrs {
 		if err := ctx.Err(); err != nil {
 			return nil, err
 		}

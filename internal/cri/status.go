@@ -8,6 +8,8 @@ import (
 	"path/filepath"
 
 	runtime "k8s.io/cri-api/pkg/apis/runtime/v1"
+
+	"github.com/berthcri/berth/internal/cgroupctrl"
 )
 
 // Status reports whether the runtime and pod networking are ready. With
@@ -17,8 +19,16 @@ func (s *Service) Status(ctx context.Context, req *runtime.StatusRequest) (*runt
 	resp := &runtime.StatusResponse{
 		Status:          &runtime.RuntimeStatus{Conditions: conditions},
 		RuntimeHandlers: s.runtimeHandlers(),
-		// specgen honours SupplementalGroupsPolicy Merge and Strict.
-		Features: &runtime.RuntimeFeatures{SupplementalGroupsPolicy: true},
+		Features: &runtime.RuntimeFeatures{
+			// specgen honours SupplementalGroupsPolicy Merge and Strict.
+			SupplementalGroupsPolicy: true,
+			// specgen applies Mount.mount_options (noexec, nodev,
+			// nosuid, atime flags) and refuses any other.
+			MountOptions: true,
+			// A pod with its own user namespace cannot share the host's
+			// network (RunPodSandbox refuses it): false, as the proto asks.
+			UserNamespacesHostNetwork: false,
+		},
 	}
 	if req.GetVerbose() {
 		info, err := s.statusInfo()
@@ -71,7 +81,7 @@ func (s *Service) statusInfo() (map[string]string, error) {
 	s.mu.Lock()
 	podCIDR := s.podCIDR
 	s.mu.Unlock()
-	return map[string]string{
+	info := map[string]string{
 		"config":           string(cfgJSON),
 		"podCIDR":          podCIDR,
 		"version":          s.version,
@@ -79,5 +89,25 @@ func (s *Service) statusInfo() (map[string]string, error) {
 		"metricsAddress":   s.addrs.Metrics,
 		// The effective driver: an empty cgroup_driver means cgroupfs.
 		"cgroupDriver": CgroupDriver(s.cfg.CgroupDriver),
-	}, nil
+	}
+	if s.cgroups != nil {
+		b, err := json.Marshal(cgroupInfo{
+			Version: s.cgroups.Version(), Available: s.cgroups.Available, Source: s.cgroups.Source,
+			MissingRequired: s.cgroups.MissingRequired(), MissingOptional: s.cgroups.MissingOptional(),
+		})
+		if err != nil {
+			return nil, fmt.Errorf("encode cgroup controllers: %w", err)
+		}
+		info["cgroupControllers"] = string(b)
+	}
+	return info, nil
+}
+
+// cgroupInfo is Status's "cgroupControllers": what berthctl info shows.
+type cgroupInfo struct {
+	Version         string               `json:"version"`
+	Available       []string             `json:"available"`
+	Source          string               `json:"source"`
+	MissingRequired []string             `json:"missingRequired,omitempty"`
+	MissingOptional []cgroupctrl.Missing `json:"missingOptional,omitempty"`
 }

@@ -21,6 +21,8 @@ import (
 	criapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/berthcri/berth/internal/admin"
+	"github.com/berthcri/berth/internal/apparmor"
+	"github.com/berthcri/berth/internal/cdi"
 	"github.com/berthcri/berth/internal/config"
 	"github.com/berthcri/berth/internal/container"
 	"github.com/berthcri/berth/internal/cri"
@@ -115,6 +117,10 @@ func New(ctx context.Context, cfg *config.Config, version string, log *slog.Logg
 			return nil, err
 		}
 	}
+	ctrls, err := detectCgroups(cfg, log)
+	if err != nil {
+		return nil, err
+	}
 	handlers := make([]string, 0, len(cfg.RuntimeHandlers))
 	for name := range cfg.RuntimeHandlers {
 		handlers = append(handlers, name)
@@ -124,7 +130,8 @@ func New(ctx context.Context, cfg *config.Config, version string, log *slog.Logg
 		CgroupParent: cfg.CgroupParent, CgroupDriver: cri.CgroupDriver(cfg.CgroupDriver), Systemd: d.systemd,
 		RuntimeHandlers: handlers, DefaultRuntimeHandler: cfg.DefaultRuntimeHandler,
 		Network: netw, Logger: log,
-		Faults: faults,
+		Faults:  faults,
+		Cgroups: ctrls,
 	})
 	if err != nil {
 		return nil, err
@@ -150,13 +157,15 @@ func New(ctx context.Context, cfg *config.Config, version string, log *slog.Logg
 		Logger:     log.With("component", "container"),
 		OnEvent:    func(ev container.Event) { publisher.ContainerEvent(ev); nriRelay.Load().ContainerEvent(ev) },
 		Faults:     faults,
+		Cgroups:    ctrls,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("open container store: %w", err)
 	}
+	devices := cdi.New(cfg.CDISpecDirs, log.With("component", "cdi"))
 	if d.nri, err = nri.New(nri.Options{
 		Config: cfg.NRI, Name: "berth", Version: version,
-		Sandboxes: sandboxes, Containers: containers, Logger: log,
+		Sandboxes: sandboxes, Containers: containers, CDI: devices, Logger: log,
 	}); err != nil {
 		return nil, err
 	}
@@ -187,8 +196,11 @@ func New(ctx context.Context, cfg *config.Config, version string, log *slog.Logg
 		Streaming:  d.stream,
 		Containers: containers,
 		NRI:        d.nri,
+		CDI:        devices,
+		AppArmor:   apparmor.New(apparmor.Options{}),
 
 		Host:            host,
+		Cgroups:         ctrls,
 		HandlerFeatures: cri.ProbeRuntimeFeatures(ctx, runtimes, sandboxes.UserNamespaceSupport(), log),
 	})
 	d.grpc = grpc.NewServer(

@@ -15,6 +15,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/berthcri/berth/internal/cgroupctrl"
 	"github.com/berthcri/berth/internal/config"
 	"github.com/berthcri/berth/internal/systemd"
 )
@@ -44,7 +45,7 @@ func Run(ctx context.Context, cfg *config.Config) []Result {
 	out = append(out, checkCNI(cfg)...)
 	out = append(out,
 		checkOverlay(),
-		checkCgroups(),
+		checkCgroups(cfg),
 		checkCgroupDriver(cfg.CgroupDriver, systemd.BootedDir),
 		checkIptables(ctx),
 		checkNamespaces(),
@@ -193,36 +194,61 @@ func checkCgroupDriver(driver, bootedDir string) Result {
 	return r
 }
 
-func checkCgroups() Result {
+// checkCgroups reports the controllers the runtime can use, detected
+// from the cgroup mounts (a v1 controller directory with no hierarchy
+// mounted does not count), and the limits berthd drops for missing
+// optional ones.
+func checkCgroups(cfg *config.Config) Result {
+	return cgroupResult(cgroupctrl.Options{}, cfg)
+}
+
+func cgroupResult(opts cgroupctrl.Options, cfg *config.Config) Result {
 	r := Result{Name: "cgroups"}
-	unified, _ := os.ReadFile("/sys/fs/cgroup/cgroup.controllers")
-	if len(unified) > 0 {
-		ctrls := strings.Fields(string(unified))
-		r.Level, r.Message = OK, "v2 (unified), controllers: "+strings.Join(ctrls, " ")
-		for _, want := range []string{"cpu", "memory", "pids"} {
-			if !contains(ctrls, want) {
-				r.Level, r.Message = Warn, fmt.Sprintf("v2 without the %s controller", want)
-				r.Hint = "enable it in the root cgroup's cgroup.subtree_control"
-			}
+	driver := cfg.CgroupDriver
+	if driver == "" {
+		driver = "cgroupfs"
+	}
+	parent, err := cgroupctrl.PodParent(driver, cfg.CgroupParent)
+	if err != nil {
+		r.Level, r.Message = Fail, err.Error()
+		r.Hint = "fix cgroup_parent"
+		return r
+	}
+	opts.Parent = parent
+	c, err := cgroupctrl.Detect(opts)
+	if err != nil {
+		r.Level, r.Message = Fail, err.Error()
+		r.Hint = "mount the cgroup controllers (or boot with cgroup v2)"
+		return r
+	}
+	r.Level, r.Message = OK, c.Version()+", controllers: "+strings.Join(c.Available, " ")
+	if missing := c.MissingRequired(); len(missing) > 0 {
+		r.Level = Fail
+		r.Message = fmt.Sprintf("%s without the %s controllers (have: %s)", c.Version(), strings.Join(missing, " "), strings.Join(c.Available, " "))
+		r.Hint = "mount the cgroup controllers (or boot with cgroup v2)"
+		if c.V2 {
+			r.Hint = "enable them in cgroup.subtree_control down to " + c.Source
 		}
 		return r
 	}
 	var missing []string
-	for _, c := range []string{"cpu", "cpuacct", "memory", "pids", "devices", "cpuset"} {
-		if _, err := os.Stat(filepath.Join("/sys/fs/cgroup", c)); err != nil {
-			missing = append(missing, c)
-		}
+	hugetlb := false
+	for _, m := range c.MissingOptional() {
+		missing = append(missing, m.Controller+" ("+m.Dropped+")")
+		hugetlb = hugetlb || m.Controller == "hugetlb"
 	}
 	if len(missing) > 0 {
-		r.Level, r.Message = Fail, "cgroup v1 controllers not mounted: "+strings.Join(missing, " ")
-		r.Hint = "mount the cgroup controllers (or boot with cgroup v2)"
-		return r
+		r.Message += "; missing, so berthd drops their limits: " + strings.Join(missing, ", ")
 	}
-	mode := "v1"
-	if _, err := os.Stat("/sys/fs/cgroup/unified"); err == nil {
-		mode = "v1 (hybrid)"
+	// The kubelet sends hugepage limits for every container: say so.
+	// Nothing it sends needs the other optional ones.
+	if hugetlb {
+		r.Level = Warn
+		r.Hint = "mount -t cgroup -o hugetlb hugetlb /sys/fs/cgroup/hugetlb if pods need hugepage limits enforced"
+		if c.V2 {
+			r.Hint = "enable hugetlb in cgroup.subtree_control down to " + c.Source + " if pods need hugepage limits enforced"
+		}
 	}
-	r.Level, r.Message = OK, mode+", controllers: cpu cpuacct memory pids devices cpuset"
 	return r
 }
 
@@ -333,13 +359,4 @@ func checkDir(what, dir string) Result {
 func firstLine(s string) string {
 	line, _, _ := strings.Cut(strings.TrimSpace(s), "\n")
 	return line
-}
-
-func contains(list []string, s string) bool {
-	for _, x := range list {
-		if x == s {
-			return true
-		}
-	}
-	return false
 }

@@ -4,9 +4,11 @@ import (
 	"bytes"
 	"context"
 	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
+	"github.com/berthcri/berth/internal/cgroupctrl"
 	"github.com/berthcri/berth/internal/config"
 )
 
@@ -102,5 +104,40 @@ func TestCheckCgroupDriver(t *testing.T) {
 		if r.Level == Fail && (!strings.Contains(r.Message, "not running") || r.Hint == "") {
 			t.Errorf("failure does not name the problem: %+v", r)
 		}
+	}
+}
+
+// The cgroup check reads the mounts: a host shaped like the development
+// machine (no hugetlb hierarchy mounted) warns and says hugepage limits
+// are dropped; with the hierarchy mounted it is ok; without memory it
+// fails.
+func TestCheckCgroupsFromMounts(t *testing.T) {
+	cfg := testConfig(t)
+	fixtures := "../cgroupctrl/testdata/"
+	r := cgroupResult(cgroupctrl.Options{MountInfo: fixtures + "mountinfo-v1-no-hugetlb"}, cfg)
+	if r.Level != Warn || !strings.Contains(r.Message, "hugetlb (hugepage limits)") || !strings.Contains(r.Hint, "mount -t cgroup -o hugetlb") {
+		t.Errorf("without hugetlb: %+v", r)
+	}
+	r = cgroupResult(cgroupctrl.Options{MountInfo: fixtures + "mountinfo-v1-hugetlb"}, cfg)
+	if r.Level != OK || !strings.Contains(r.Message, "hugetlb") || strings.Contains(r.Message, "missing") && strings.Contains(r.Message, "hugetlb (") {
+		t.Errorf("with hugetlb: %+v", r)
+	}
+	noMemory := filepath.Join(t.TempDir(), "mountinfo")
+	data, err := os.ReadFile(fixtures + "mountinfo-v1-hugetlb")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var kept []string
+	for _, l := range strings.Split(string(data), "\n") {
+		if !strings.HasSuffix(l, ",memory") {
+			kept = append(kept, l)
+		}
+	}
+	if err := os.WriteFile(noMemory, []byte(strings.Join(kept, "\n")), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	r = cgroupResult(cgroupctrl.Options{MountInfo: noMemory}, cfg)
+	if r.Level != Fail || !strings.Contains(r.Message, "memory") || r.Hint == "" {
+		t.Errorf("without memory: %+v", r)
 	}
 }

@@ -2,6 +2,8 @@ package nri
 
 import (
 	"errors"
+	"os"
+	"path/filepath"
 	"slices"
 	"testing"
 	"time"
@@ -11,9 +13,11 @@ import (
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	runtime "k8s.io/cri-api/pkg/apis/runtime/v1"
 
+	"github.com/berthcri/berth/internal/cdi"
 	"github.com/berthcri/berth/internal/container"
 	"github.com/berthcri/berth/internal/errdefs"
 	"github.com/berthcri/berth/internal/sandbox"
+	"github.com/berthcri/berth/internal/testutil/cditest"
 )
 
 func baseSpec() *specs.Spec {
@@ -39,7 +43,7 @@ func TestAdjustEditsSpec(t *testing.T) {
 	adj.SetLinuxCgroupsPath("/elsewhere")
 	adj.AddRlimit("RLIMIT_NOFILE", 100, 50)
 	adj.AddDevice(&api.LinuxDevice{Path: "/dev/fuse", Type: "c", Major: 10, Minor: 229})
-	if err := nrigen.SpecGenerator(&specEdit{spec: spec}, unsupported...).Adjust(adj); err != nil {
+	if err := nrigen.SpecGenerator(&specEdit{spec: spec}, generatorOptions(nil)...).Adjust(adj); err != nil {
 		t.Fatal(err)
 	}
 	if !slices.Contains(spec.Process.Env, "KEEP=2") || !slices.Contains(spec.Process.Env, "NEW=x") || slices.Contains(spec.Process.Env, "KEEP=1") {
@@ -69,12 +73,12 @@ func TestAdjustEditsSpec(t *testing.T) {
 	}
 }
 
-// TestAdjustRefusesWhatBerthCannotDo: CDI devices fail instead of being
-// dropped.
+// TestAdjustRefusesWhatBerthCannotDo: CDI devices without a registry
+// fail instead of being dropped.
 func TestAdjustRefusesWhatBerthCannotDo(t *testing.T) {
 	adj := &api.ContainerAdjustment{}
 	adj.AddCDIDevice(&api.CDIDevice{Name: "vendor.com/gpu=0"})
-	err := nrigen.SpecGenerator(&specEdit{spec: baseSpec()}, unsupported...).Adjust(adj)
+	err := nrigen.SpecGenerator(&specEdit{spec: baseSpec()}, generatorOptions(nil)...).Adjust(adj)
 	if !errors.Is(err, errdefs.ErrInvalidArgument) {
 		t.Fatalf("CDI adjustment: %v", err)
 	}
@@ -197,5 +201,32 @@ func TestDisabledIsNoop(t *testing.T) {
 		}
 		x.ContainerEvent(container.Event{Kind: container.EventStopped, Container: &container.Container{ID: "c"}})
 		x.Stop()
+	}
+}
+
+// An adjustment adding a CDI device gets it from berth's CDI registry.
+func TestAdjustInjectsCDIDevices(t *testing.T) {
+	dir := t.TempDir()
+	info := filepath.Join(dir, "info")
+	if err := os.WriteFile(info, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "fake.json"), []byte(cditest.FakeSpec(info, filepath.Join(dir, "hook.log"))), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	spec := baseSpec()
+	adj := &api.ContainerAdjustment{}
+	adj.AddCDIDevice(&api.CDIDevice{Name: "berth.test/fake=dev1"})
+	if err := nrigen.SpecGenerator(&specEdit{spec: spec}, generatorOptions(cdi.New([]string{dir}, nil))...).Adjust(adj); err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Contains(spec.Process.Env, "FAKE_DEVICE1=yes") || !slices.ContainsFunc(spec.Linux.Devices, func(d specs.LinuxDevice) bool { return d.Path == "/dev/berth-fake1" }) {
+		t.Fatalf("env %v devices %v", spec.Process.Env, spec.Linux.Devices)
+	}
+	adj = &api.ContainerAdjustment{}
+	adj.AddCDIDevice(&api.CDIDevice{Name: "berth.test/fake=absent"})
+	err := nrigen.SpecGenerator(&specEdit{spec: baseSpec()}, generatorOptions(cdi.New([]string{dir}, nil))...).Adjust(adj)
+	if !errors.Is(err, errdefs.ErrNotFound) {
+		t.Fatalf("unknown CDI device: %v, want NotFound", err)
 	}
 }

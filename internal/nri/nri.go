@@ -20,6 +20,7 @@ import (
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	runtime "k8s.io/cri-api/pkg/apis/runtime/v1"
 
+	"github.com/berthcri/berth/internal/cdi"
 	"github.com/berthcri/berth/internal/config"
 	"github.com/berthcri/berth/internal/container"
 	"github.com/berthcri/berth/internal/errdefs"
@@ -33,7 +34,9 @@ type Options struct {
 	Name, Version string
 	Sandboxes     *sandbox.Store
 	Containers    *container.Store
-	Logger        *slog.Logger
+	// CDI resolves CDI devices plugins add; nil refuses them.
+	CDI    *cdi.Registry
+	Logger *slog.Logger
 }
 
 // lifecycle is how far NRI plugins were told an object got; it makes
@@ -313,7 +316,7 @@ func (n *NRI) CreateContainer(ctx context.Context, sb *sandbox.Sandbox, c *conta
 		return nil, fmt.Errorf("NRI CreateContainer: %w", err)
 	}
 	if adj := rsp.GetAdjust(); adj != nil {
-		g := nrigen.SpecGenerator(&specEdit{spec: spec}, unsupported...)
+		g := nrigen.SpecGenerator(&specEdit{spec: spec}, generatorOptions(n.opts.CDI)...)
 		if err := g.Adjust(adj); err != nil {
 			n.ctrs[c.ID] = &tracked{state: created, ctr: ctr}
 			n.mu.Unlock()
@@ -334,25 +337,35 @@ func (n *NRI) CreateContainer(ctx context.Context, sb *sandbox.Sandbox, c *conta
 	return block, nil
 }
 
-// unsupported makes adjustments berth cannot honour fail the create
-// instead of being dropped silently.
-var unsupported = []nrigen.GeneratorOption{
-	nrigen.WithCDIDeviceInjector(func(_ *specs.Spec, devices []string) error {
-		return fmt.Errorf("NRI adjustment asks for CDI devices %v: berth has no CDI support: %w", devices, errdefs.ErrInvalidArgument)
-	}),
-	nrigen.WithBlockIOResolver(func(class string) (*specs.LinuxBlockIO, error) {
+// generatorOptions resolve the CDI devices an adjustment adds through reg
+// (nil: refused), and make adjustments berth cannot honour fail the
+// create instead of being dropped silently.
+func generatorOptions(reg *cdi.Registry) []nrigen.GeneratorOption {
+	return []nrigen.GeneratorOption{
+		nrigen.WithCDIDeviceInjector(func(s *specs.Spec, devices []string) error {
+			if reg == nil {
+				return fmt.Errorf("NRI adjustment asks for CDI devices %v: CDI is not configured: %w", devices, errdefs.ErrInvalidArgument)
+			}
+			return reg.Inject(s, devices)
+		}),
+		unsupportedBlockIO, unsupportedRdt,
+	}
+}
+
+var (
+	unsupportedBlockIO = nrigen.WithBlockIOResolver(func(class string) (*specs.LinuxBlockIO, error) {
 		if class == "" {
 			return nil, nil
 		}
 		return nil, fmt.Errorf("NRI adjustment asks for block I/O class %q: not supported: %w", class, errdefs.ErrInvalidArgument)
-	}),
-	nrigen.WithRdtResolver(func(class string) (*specs.LinuxIntelRdt, error) {
+	})
+	unsupportedRdt = nrigen.WithRdtResolver(func(class string) (*specs.LinuxIntelRdt, error) {
 		if class == "" {
 			return nil, nil
 		}
 		return nil, fmt.Errorf("NRI adjustment asks for RDT class %q: not supported: %w", class, errdefs.ErrInvalidArgument)
-	}),
-}
+	})
+)
 
 // UndoCreateContainer tells plugins a container they saw in
 // CreateContainer will not exist after all: stop, then remove.

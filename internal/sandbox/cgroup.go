@@ -5,12 +5,14 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
 
 	"golang.org/x/sys/unix"
 
+	"github.com/berthcri/berth/internal/cgroupctrl"
 	"github.com/berthcri/berth/internal/errdefs"
 )
 
@@ -56,32 +58,26 @@ func expandSlice(slice string) (string, error) {
 	return path, nil
 }
 
-// cgroupHierarchies lists the hierarchy mount points: the unified root on
-// cgroup v2, every v1 controller (and named) hierarchy otherwise.
-func cgroupHierarchies() []string {
-	if _, err := os.Stat(filepath.Join(cgroupRoot, "cgroup.controllers")); err == nil {
-		return []string{cgroupRoot}
+// cgroupHierarchies lists the mounted hierarchies (from mountinfo, not
+// from directory names): the unified root on cgroup v2, every v1
+// controller (and named) hierarchy otherwise.
+func cgroupHierarchies() []cgroupctrl.Hierarchy {
+	hs, err := cgroupctrl.Hierarchies("", cgroupRoot)
+	if err != nil {
+		return nil
 	}
-	entries, _ := os.ReadDir(cgroupRoot)
-	var dirs []string
-	for _, e := range entries {
-		p := filepath.Join(cgroupRoot, e.Name())
-		if fi, err := os.Stat(filepath.Join(p, "cgroup.procs")); err == nil && !fi.IsDir() {
-			dirs = append(dirs, p)
-		}
-	}
-	return dirs
+	return hs
 }
 
 // createCgroup makes the pod cgroup in every hierarchy. cpuset needs its
 // cpus and mems filled at every new level before anything can join.
 func createCgroup(path string) error {
 	for _, h := range cgroupHierarchies() {
-		if err := os.MkdirAll(filepath.Join(h, path), 0o755); err != nil {
-			return fmt.Errorf("create cgroup %s in %s: %w", path, h, err)
+		if err := os.MkdirAll(filepath.Join(h.Path, path), 0o755); err != nil {
+			return fmt.Errorf("create cgroup %s in %s: %w", path, h.Path, err)
 		}
-		if filepath.Base(h) == "cpuset" {
-			if err := fillCpuset(h, path); err != nil {
+		if slices.Contains(h.Controllers, "cpuset") {
+			if err := fillCpuset(h.Path, path); err != nil {
 				return err
 			}
 		}
@@ -117,7 +113,7 @@ func fillCpuset(root, path string) error {
 // joinCgroup moves pid into the pod cgroup in every hierarchy.
 func joinCgroup(path string, pid int) error {
 	for _, h := range cgroupHierarchies() {
-		f := filepath.Join(h, path, "cgroup.procs")
+		f := filepath.Join(h.Path, path, "cgroup.procs")
 		if err := os.WriteFile(f, []byte(strconv.Itoa(pid)), 0o644); err != nil {
 			return fmt.Errorf("join %s: %w", f, err)
 		}
@@ -134,7 +130,7 @@ func removeCgroup(path string) error {
 	}
 	var errs []error
 	for _, h := range cgroupHierarchies() {
-		top := filepath.Join(h, path)
+		top := filepath.Join(h.Path, path)
 		var dirs []string
 		_ = filepath.WalkDir(top, func(p string, e os.DirEntry, err error) error {
 			if err == nil && e.IsDir() {

@@ -129,7 +129,7 @@ func (s *Store) cleanOrphanSlices(ctx context.Context, known map[string]bool) {
 		if err == nil {
 			busy := false
 			for _, h := range cgroupHierarchies() {
-				busy = busy || cgroupHasProcesses(filepath.Join(h, path))
+				busy = busy || cgroupHasProcesses(filepath.Join(h.Path, path))
 			}
 			if busy {
 				s.log.Warn("a pod slice without a sandbox still has processes; leaving it", "pod", id, "unit", unit)

@@ -100,7 +100,7 @@ func (s *Store) CleanOrphans(ctx context.Context) {
 		parent = filepath.Dir(parent)
 		seen := map[string]bool{}
 		for _, h := range cgroupHierarchies() {
-			dirs, _ := os.ReadDir(filepath.Join(h, parent))
+			dirs, _ := os.ReadDir(filepath.Join(h.Path, parent))
 			for _, d := range dirs {
 				id, ok := strings.CutPrefix(d.Name(), "pod-")
 				if !ok || !d.IsDir() || known[id] || seen[id] {
@@ -108,7 +108,7 @@ func (s *Store) CleanOrphans(ctx context.Context) {
 				}
 				seen[id] = true
 				path := filepath.Join(parent, d.Name())
-				if cgroupHasProcesses(filepath.Join(h, path)) {
+				if cgroupHasProcesses(filepath.Join(h.Path, path)) {
 					s.log.Warn("a pod cgroup without a sandbox still has processes; leaving it", "pod", id)
 					continue
 				}

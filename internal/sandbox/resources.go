@@ -29,6 +29,9 @@ func (s *Store) UpdateResources(ctx context.Context, id string, res *specs.Linux
 		return fmt.Errorf("sandbox %s: %w", id, errdefs.ErrNotFound)
 	}
 	if res != nil {
+		if s.opts.Cgroups != nil {
+			s.opts.Cgroups.Drop(res)
+		}
 		if err := s.updatePodCgroup(ctx, r, res); err != nil {
 			return fmt.Errorf("update resources of pod %s: %w", r.sb.ID, err)
 		}

@@ -21,6 +21,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"golang.org/x/sys/unix"
 	"google.golang.org/protobuf/proto"
 	runtime "k8s.io/cri-api/pkg/apis/runtime/v1"
@@ -83,6 +84,15 @@ type Options struct {
 	// Faults, for crash-recovery tests only, kills berthd at armed points
 	// (nil in production).
 	Faults *fault.Injector
+	// Cgroups drops pod-level limits of cgroup controllers the host lacks
+	// (UpdatePodSandboxResources); nil keeps all.
+	Cgroups LimitDropper
+}
+
+// LimitDropper removes from r the limits the host's cgroups cannot take
+// (cgroupctrl).
+type LimitDropper interface {
+	Drop(r *specs.LinuxResources) []string
 }
 
 // Store holds every sandbox. The store lock guards only the maps; each

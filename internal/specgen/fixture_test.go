@@ -14,14 +14,13 @@ import (
 	"github.com/berthcri/berth/internal/errdefs"
 )
 
-// testHost is a fixed host: v1 cgroups, no LSM, swap accounting, hugetlb.
+// testHost is a fixed host: v1 cgroups, no LSM, swap accounting.
 func testHost() *Host {
 	return &Host{
 		Hostname:        "node1",
 		RlimitHard:      map[string]uint64{"RLIMIT_NOFILE": 4096},
 		AllCapabilities: knownCapabilities,
 		SwapAccounting:  true,
-		Hugetlb:         true,
 		DevPath:         "/dev",
 	}
 }

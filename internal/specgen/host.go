@@ -18,6 +18,9 @@ type Host struct {
 	Hostname string
 	// RlimitHard maps "RLIMIT_NOFILE" etc. to the daemon's hard limit.
 	RlimitHard map[string]uint64
+	// NROpen is fs.nr_open, the most RLIMIT_NOFILE can be even with
+	// CAP_SYS_RESOURCE (0: unknown).
+	NROpen uint64
 	// AllCapabilities are the capabilities berthd holds (its CapEff): the
 	// most a container can get ("ALL", privileged).
 	AllCapabilities []string
@@ -25,7 +28,6 @@ type Host struct {
 	SELinux         bool // SELinux is enabled
 	CgroupV2        bool // unified hierarchy
 	SwapAccounting  bool // memory.memsw (v1) or memory.swap.max (v2)
-	Hugetlb         bool // hugetlb controller present
 	// RecursiveReadOnly: the OCI runtime supports "rro" mounts.
 	RecursiveReadOnly bool
 	// MountInfoPath is read to check the propagation of bind-mount
@@ -59,6 +61,9 @@ func ProbeHost() (*Host, error) {
 		}
 		h.RlimitHard[name] = rl.Max
 	}
+	if b, err := os.ReadFile("/proc/sys/fs/nr_open"); err == nil {
+		h.NROpen, _ = strconv.ParseUint(strings.TrimSpace(string(b)), 10, 64)
+	}
 	status, err := os.ReadFile("/proc/self/status")
 	if err != nil {
 		return nil, fmt.Errorf("read own status: %w", err)
@@ -82,10 +87,8 @@ func ProbeHost() (*Host, error) {
 		// memory controller enabled has it, so look at the controller list.
 		b, _ := os.ReadFile("/sys/fs/cgroup/cgroup.controllers")
 		ctrls := strings.Fields(string(b))
-		h.Hugetlb = slices.Contains(ctrls, "hugetlb")
 		h.SwapAccounting = slices.Contains(ctrls, "memory") && exists("/proc/sys/vm/swappiness")
 	} else {
-		h.Hugetlb = exists("/sys/fs/cgroup/hugetlb")
 		h.SwapAccounting = exists("/sys/fs/cgroup/memory/memory.memsw.limit_in_bytes")
 	}
 	return h, nil

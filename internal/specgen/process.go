@@ -3,6 +3,7 @@ package specgen
 import (
 	"bytes"
 	"path"
+	"slices"
 	"strings"
 
 	specs "github.com/opencontainers/runtime-spec/specs-go"
@@ -26,7 +27,16 @@ func applyProcess(in *Input, s *specs.Spec) error {
 	if err != nil {
 		return err
 	}
-	rlimits, err := clampRlimits(in.Rlimits, in.Host.RlimitHard)
+	hard := in.Host.RlimitHard
+	if slices.Contains(in.Host.AllCapabilities, "CAP_SYS_RESOURCE") {
+		// The kernel lets the runtime raise hard limits, the open
+		// files' only up to fs.nr_open.
+		hard = nil
+		if in.Host.NROpen > 0 {
+			hard = map[string]uint64{"RLIMIT_NOFILE": in.Host.NROpen}
+		}
+	}
+	rlimits, err := clampRlimits(in.Rlimits, hard)
 	if err != nil {
 		return err
 	}
@@ -126,8 +136,9 @@ func workingDir(in *Input) (string, error) {
 	return path.Clean(cwd), nil
 }
 
-// clampRlimits lowers each configured rlimit to the daemon's hard limit:
-// the runtime cannot raise a hard limit without CAP_SYS_RESOURCE.
+// clampRlimits lowers each configured rlimit to the daemon's hard limit
+// (nil: no clamping): the runtime cannot raise a hard limit without
+// CAP_SYS_RESOURCE, and runc would fail the create.
 func clampRlimits(want []specs.POSIXRlimit, hard map[string]uint64) ([]specs.POSIXRlimit, error) {
 	var out []specs.POSIXRlimit
 	for _, rl := range want {

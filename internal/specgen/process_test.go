@@ -121,6 +121,36 @@ func TestClampRlimits(t *testing.T) {
 	}
 }
 
+// Build clamps the configured rlimits to berthd's hard limits only when
+// it lacks CAP_SYS_RESOURCE (the kernel refuses to raise them then);
+// with it, only open files are held to fs.nr_open.
+func TestRlimitsClampedWithoutCapSysResource(t *testing.T) {
+	want := []specs.POSIXRlimit{{Type: "RLIMIT_NOFILE", Soft: 1 << 20, Hard: 1 << 30}, {Type: "RLIMIT_CORE", Soft: 1 << 30, Hard: 1 << 30}}
+	for _, tc := range []struct {
+		name string
+		caps []string
+		want []specs.POSIXRlimit
+	}{
+		{"with CAP_SYS_RESOURCE", knownCapabilities, []specs.POSIXRlimit{{Type: "RLIMIT_NOFILE", Soft: 1 << 20, Hard: 1 << 20}, want[1]}},
+		{"without", slices.DeleteFunc(slices.Clone(knownCapabilities), func(c string) bool { return c == "CAP_SYS_RESOURCE" }),
+			[]specs.POSIXRlimit{{Type: "RLIMIT_NOFILE", Soft: 4096, Hard: 4096}, {Type: "RLIMIT_CORE", Soft: 1 << 30, Hard: 1 << 30}}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			in := testInput(t)
+			in.Host.AllCapabilities = tc.caps
+			in.Host.NROpen = 1 << 20
+			in.Rlimits = want
+			s, err := Build(in)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !slices.Equal(s.Process.Rlimits, tc.want) {
+				t.Fatalf("rlimits %+v, want %+v", s.Process.Rlimits, tc.want)
+			}
+		})
+	}
+}
+
 func TestOOMScoreAdj(t *testing.T) {
 	for _, tc := range []struct {
 		name        string

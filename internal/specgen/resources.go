@@ -44,6 +44,9 @@ func CheckResources(r *runtime.LinuxContainerResources) error {
 
 // applyResources sets CPU, cpuset, memory, hugepages and unified limits.
 // The pids limit is the pod's (kubelet sets it on the pod cgroup).
+// Hugepage limits go in as asked: where the host has no hugetlb
+// controller the container store drops them (internal/cgroupctrl), after
+// NRI plugins, which may add some too, had their say.
 func applyResources(in *Input, s *specs.Spec) error {
 	r := in.Config.GetLinux().GetResources()
 	if r == nil {
@@ -108,14 +111,6 @@ func applyResources(in *Input, s *specs.Spec) error {
 	for _, h := range r.GetHugepageLimits() {
 		if !validPageSize(h.GetPageSize()) {
 			return invalid("hugepage size %q (want e.g. 2MB, 1GB)", h.GetPageSize())
-		}
-		if !in.Host.Hugetlb {
-			// The kubelet lists every page size with limit 0; those ask
-			// for nothing.
-			if h.GetLimit() != 0 {
-				return invalid("hugepage limit for %s but the host has no hugetlb cgroup controller", h.GetPageSize())
-			}
-			continue
 		}
 		res.HugepageLimits = append(res.HugepageLimits, specs.LinuxHugepageLimit{Pagesize: h.GetPageSize(), Limit: h.GetLimit()})
 	}

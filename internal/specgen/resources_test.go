@@ -62,15 +62,6 @@ func TestResources(t *testing.T) {
 				}
 			}},
 		{name: "hugepages bad size", r: &runtime.LinuxContainerResources{HugepageLimits: []*runtime.HugepageLimit{{PageSize: "2M"}}}, err: errInvalid},
-		{name: "hugepages zero without controller skipped", host: func(h *Host) { h.Hugetlb = false },
-			r: &runtime.LinuxContainerResources{HugepageLimits: []*runtime.HugepageLimit{{PageSize: "2MB"}}},
-			check: func(t *testing.T, r *specs.LinuxResources) {
-				if len(r.HugepageLimits) != 0 {
-					t.Fatalf("hugepages = %+v", r.HugepageLimits)
-				}
-			}},
-		{name: "hugepages without controller", host: func(h *Host) { h.Hugetlb = false },
-			r: &runtime.LinuxContainerResources{HugepageLimits: []*runtime.HugepageLimit{{PageSize: "2MB", Limit: 1}}}, err: errInvalid},
 		{name: "unified on v1", r: &runtime.LinuxContainerResources{Unified: map[string]string{"memory.high": "1M"}}, err: errInvalid},
 		{name: "unified on v2", host: func(h *Host) { h.CgroupV2 = true },
 			r: &runtime.LinuxContainerResources{Unified: map[string]string{"memory.high": "1M"}},

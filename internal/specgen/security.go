@@ -246,11 +246,13 @@ func applySeccomp(in *Input, s *specs.Spec) error {
 	return invalid("unknown seccomp profile type %d", p.GetProfileType())
 }
 
-// applyLSM handles AppArmor and SELinux. berth ships no AppArmor profile
-// and does no SELinux labelling: on a host running neither, the profiles
-// a kubelet sends by default (runtime/default, unconfined) and SELinux
-// options are ignored with a debug note, as containerd does; anything that
-// would need the module is refused.
+// applyLSM handles AppArmor and SELinux. With AppArmor on, RuntimeDefault
+// is berth's own profile (loaded on first use, as containerd and CRI-O
+// load theirs) and Localhost a profile the node has loaded; privileged
+// containers get RuntimeDefault as unconfined. With AppArmor off,
+// RuntimeDefault and unconfined are ignored with a debug note (containerd)
+// and Localhost is refused. berth does no SELinux labelling: SELinux
+// options are ignored on a host without SELinux and refused on one with.
 func applyLSM(in *Input, s *specs.Spec) error {
 	sc := in.Config.GetLinux().GetSecurityContext()
 	//lint:ignore SA1019 the deprecated field is still sent by older kubelets and critest
@@ -262,19 +264,34 @@ func applyLSM(in *Input, s *specs.Spec) error {
 		switch t := aa.GetProfileType(); {
 		case t == runtime.SecurityProfile_Unconfined:
 		case t == runtime.SecurityProfile_Localhost && in.Host.AppArmor:
-			s.Process.ApparmorProfile = strings.TrimPrefix(aa.GetLocalhostRef(), "localhost/")
-			if s.Process.ApparmorProfile == "" {
+			name := strings.TrimPrefix(aa.GetLocalhostRef(), "localhost/")
+			if name == "" {
 				return invalid("apparmor localhost profile without a name")
 			}
-		case t == runtime.SecurityProfile_Localhost:
-			if !in.Host.AppArmor {
-				return invalid("apparmor profile %q requested but AppArmor is not enabled on this host", aa.GetLocalhostRef())
+			if in.AppArmor != nil {
+				loaded, err := in.AppArmor.Loaded(name)
+				if err != nil {
+					return fmt.Errorf("apparmor profile %q: %w", name, err)
+				}
+				if !loaded {
+					return invalid("apparmor profile %q is not loaded on this node", name)
+				}
 			}
+			s.Process.ApparmorProfile = name
+		case t == runtime.SecurityProfile_Localhost:
+			return invalid("apparmor profile %q requested but AppArmor is not enabled on this host", aa.GetLocalhostRef())
 		case t == runtime.SecurityProfile_RuntimeDefault && !in.Host.AppArmor:
-			in.Logger.Debug("AppArmor is not enabled on this host: ignoring the runtime/default profile")
+			in.Logger.Debug("AppArmor is not enabled on this host: the runtime/default profile means unconfined")
 		case t == runtime.SecurityProfile_RuntimeDefault && sc.GetPrivileged():
 		case t == runtime.SecurityProfile_RuntimeDefault:
-			return invalid("berth has no default AppArmor profile; use a localhost profile or unconfined")
+			if in.AppArmor == nil {
+				return invalid("no default AppArmor profile is configured; use a localhost profile or unconfined")
+			}
+			name, err := in.AppArmor.Default()
+			if err != nil {
+				return fmt.Errorf("apparmor runtime/default: %w", err)
+			}
+			s.Process.ApparmorProfile = name
 		default:
 			return invalid("unknown apparmor profile type %d", t)
 		}

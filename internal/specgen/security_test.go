@@ -11,6 +11,8 @@ import (
 
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	runtime "k8s.io/cri-api/pkg/apis/runtime/v1"
+
+	"github.com/berthcri/berth/internal/errdefs"
 )
 
 func TestCapabilities(t *testing.T) {
@@ -206,6 +208,7 @@ func TestLSM(t *testing.T) {
 		selinux    *runtime.SELinuxOption
 		aaOn, seOn bool
 		privileged bool
+		profiles   AppArmorProfiles
 		wantAA     string
 		note       string // expected in the debug log
 		err        error
@@ -217,7 +220,13 @@ func TestLSM(t *testing.T) {
 		{name: "localhost without AppArmor", apparmor: prof(runtime.SecurityProfile_Localhost, "myprof"), err: errInvalid},
 		{name: "localhost with AppArmor", aaOn: true, apparmor: prof(runtime.SecurityProfile_Localhost, "myprof"), wantAA: "myprof"},
 		{name: "legacy localhost with AppArmor", aaOn: true, legacy: "localhost/p2", wantAA: "p2"},
-		{name: "runtime/default with AppArmor refused", aaOn: true, apparmor: prof(runtime.SecurityProfile_RuntimeDefault, ""), err: errInvalid},
+		{name: "runtime/default with AppArmor but no profiles refused", aaOn: true, apparmor: prof(runtime.SecurityProfile_RuntimeDefault, ""), err: errInvalid},
+		{name: "runtime/default with AppArmor is berth's profile", aaOn: true, profiles: fakeProfiles{}, apparmor: prof(runtime.SecurityProfile_RuntimeDefault, ""), wantAA: "berth-default"},
+		{name: "legacy runtime/default with AppArmor", aaOn: true, profiles: fakeProfiles{}, legacy: "runtime/default", wantAA: "berth-default"},
+		{name: "runtime/default that fails to load", aaOn: true, profiles: fakeProfiles{err: errdefs.ErrFailedPrecondition}, apparmor: prof(runtime.SecurityProfile_RuntimeDefault, ""), err: errdefs.ErrFailedPrecondition},
+		{name: "runtime/default privileged is unconfined", aaOn: true, profiles: fakeProfiles{}, privileged: true, apparmor: prof(runtime.SecurityProfile_RuntimeDefault, "")},
+		{name: "localhost loaded", aaOn: true, profiles: fakeProfiles{}, apparmor: prof(runtime.SecurityProfile_Localhost, "myprof"), wantAA: "myprof"},
+		{name: "localhost not loaded", aaOn: true, profiles: fakeProfiles{}, apparmor: prof(runtime.SecurityProfile_Localhost, "other"), err: errInvalid},
 		{name: "runtime/default privileged with AppArmor", aaOn: true, privileged: true, apparmor: prof(runtime.SecurityProfile_RuntimeDefault, "")},
 		{name: "bad legacy", legacy: "nonsense", err: errInvalid},
 		{name: "selinux without SELinux ignored", selinux: &runtime.SELinuxOption{Level: "s0:c1,c2"}, note: "SELinux is not enabled"},
@@ -229,6 +238,7 @@ func TestLSM(t *testing.T) {
 			var logs bytes.Buffer
 			in.Logger = slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
 			in.Host.AppArmor, in.Host.SELinux = tc.aaOn, tc.seOn
+			in.AppArmor = tc.profiles
 			c := sc(&in)
 			//lint:ignore SA1019 the deprecated field is still sent by older kubelets and critest
 			c.Apparmor, c.ApparmorProfile, c.SelinuxOptions, c.Privileged = tc.apparmor, tc.legacy, tc.selinux, tc.privileged
@@ -244,6 +254,19 @@ func TestLSM(t *testing.T) {
 		})
 	}
 }
+
+// fakeProfiles is a node with "myprof" loaded whose default profile loads
+// (or fails with err).
+type fakeProfiles struct{ err error }
+
+func (f fakeProfiles) Default() (string, error) {
+	if f.err != nil {
+		return "", f.err
+	}
+	return "berth-default", nil
+}
+
+func (f fakeProfiles) Loaded(name string) (bool, error) { return name == "myprof", nil }
 
 func TestAmbientCapabilities(t *testing.T) {
 	for _, tc := range []struct {
@@ -284,8 +307,8 @@ func TestAmbientCapabilities(t *testing.T) {
 
 func TestRefuseUnsupported(t *testing.T) {
 	for name, mutate := range map[string]func(in *Input){
-		"cdi":     func(in *Input) { in.Config.CDIDevices = []*runtime.CDIDevice{{Name: "vendor.com/gpu=0"}} },
-		"windows": func(in *Input) { in.Config.Windows = &runtime.WindowsContainerConfig{} },
+		"cdi without a registry": func(in *Input) { in.Config.CDIDevices = []*runtime.CDIDevice{{Name: "vendor.com/gpu=0"}} },
+		"windows":                func(in *Input) { in.Config.Windows = &runtime.WindowsContainerConfig{} },
 	} {
 		t.Run(name, func(t *testing.T) {
 			in := testInput(t)

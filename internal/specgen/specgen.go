@@ -18,6 +18,7 @@ import (
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	runtime "k8s.io/cri-api/pkg/apis/runtime/v1"
 
+	"github.com/berthcri/berth/internal/cdi"
 	"github.com/berthcri/berth/internal/errdefs"
 	"github.com/berthcri/berth/internal/userns"
 )
@@ -53,10 +54,26 @@ type Input struct {
 	// config); each is clamped to the daemon's own hard limit. None → the
 	// container inherits the runtime's limits, as in containerd.
 	Rlimits []specs.POSIXRlimit
+	// AppArmor loads berth's RuntimeDefault profile and looks localhost
+	// profiles up (internal/apparmor); used only where AppArmor is on.
+	// nil: RuntimeDefault is refused there and localhost profiles are
+	// passed on unchecked.
+	AppArmor AppArmorProfiles
+	// CDI resolves the container's CDI devices (CDI_devices and
+	// "cdi.k8s.io/" annotations); nil refuses any.
+	CDI *cdi.Registry
 	// Host describes the machine; nil → ProbeHost() is called.
 	Host *Host
 	// Logger receives debug notes (ignored security labels); nil → discard.
 	Logger *slog.Logger
+}
+
+// AppArmorProfiles are the AppArmor profiles of the host.
+type AppArmorProfiles interface {
+	// Default loads berth's RuntimeDefault profile if needed and names it.
+	Default() (string, error)
+	// Loaded reports whether the kernel has the named profile.
+	Loaded(name string) (bool, error)
 }
 
 // Pod is the part of the sandbox a container joins.
@@ -78,7 +95,8 @@ type step struct {
 // pipeline is the order of steps. Later steps may read what earlier ones
 // wrote only where noted: seccomp reads the capabilities (the default
 // profile allows some syscalls per capability), privileged overrides the
-// security steps before it.
+// security steps before it, cdi edits what the steps before it made
+// (its device nodes take the user's uid/gid, its mounts are sorted in).
 var pipeline = []step{
 	{"unsupported", refuseUnsupported},
 	{"process", applyProcess},
@@ -88,6 +106,7 @@ var pipeline = []step{
 	{"capabilities", applyCapabilities},
 	{"paths", applyMaskedPaths},
 	{"privileged", applyPrivileged},
+	{"cdi", applyCDI},
 	{"seccomp", applySeccomp},
 	{"lsm", applyLSM},
 	{"namespaces", applyNamespaces},
@@ -147,9 +166,6 @@ func invalid(format string, args ...any) error {
 // refuseUnsupported rejects config fields berth does not implement, so
 // that they are never silently dropped.
 func refuseUnsupported(in *Input, _ *specs.Spec) error {
-	if len(in.Config.GetCDIDevices()) > 0 {
-		return invalid("CDI devices are not supported")
-	}
 	if in.Config.GetWindows() != nil {
 		return invalid("windows container config on a Linux runtime")
 	}

@@ -63,6 +63,42 @@ type Usage struct {
 	// IO is block I/O by device (v1 blkio throttle stats, v2 io.stat);
 	// empty when the cgroup did no block I/O.
 	IO []DeviceIO
+
+	// CPUPressure, MemoryPressure and IOPressure are the cgroup's pressure
+	// stall information (v2 cpu.pressure, memory.pressure, io.pressure).
+	// nil where the kernel exposes none (cgroup v1, or PSI disabled):
+	// unknown, which is not "no pressure".
+	CPUPressure, MemoryPressure, IOPressure *Pressure
+}
+
+// Pressure is one resource's PSI. Some is the time at least one task of
+// the cgroup stalled on it, Full the time all of them did (nil when the
+// kernel reports no "full" line, as for CPU before 5.13).
+type Pressure struct {
+	Some, Full *PSI
+}
+
+// PSI is one line of a *.pressure file.
+type PSI struct {
+	// TotalNanos is the cumulative stall time (the file's "total" is in
+	// microseconds).
+	TotalNanos uint64
+	// Avg10, Avg60 and Avg300 are the percentage of time stalled over the
+	// last 10, 60 and 300 seconds.
+	Avg10, Avg60, Avg300 float64
+}
+
+func pressureFromV2(p *v2stats.PSIStats) *Pressure {
+	if p == nil || (p.Some == nil && p.Full == nil) {
+		return nil
+	}
+	line := func(d *v2stats.PSIData) *PSI {
+		if d == nil {
+			return nil
+		}
+		return &PSI{TotalNanos: d.Total * 1000, Avg10: d.Avg10, Avg60: d.Avg60, Avg300: d.Avg300}
+	}
+	return &Pressure{Some: line(p.Some), Full: line(p.Full)}
 }
 
 // DeviceIO is a cgroup's block I/O on one device.
@@ -298,6 +334,7 @@ func fromV2(m *v2stats.Metrics) *Usage {
 		u.CPUUsageNanos = c.UsageUsec * 1000
 		u.CPUUserNanos, u.CPUSystemNanos = c.UserUsec*1000, c.SystemUsec*1000
 		u.CFSPeriods, u.CFSThrottledPeriods, u.CFSThrottledNanos = c.NrPeriods, c.NrThrottled, c.ThrottledUsec*1000
+		u.CPUPressure = pressureFromV2(c.PSI)
 	}
 	if mem := m.Memory; mem != nil {
 		u.MemoryUsage = mem.Usage
@@ -313,6 +350,7 @@ func fromV2(m *v2stats.Metrics) *Usage {
 		u.MemoryCache, u.MemoryMappedFile = mem.File, mem.FileMapped
 		u.MemoryKernel = mem.KernelStack + mem.Slab + mem.Sock
 		u.MemoryMaxUsage = mem.MaxUsage
+		u.MemoryPressure = pressureFromV2(mem.PSI)
 	}
 	if ev := m.MemoryEvents; ev != nil {
 		// v2 has no failcnt; "max" counts the times usage hit memory.max,
@@ -323,6 +361,7 @@ func fromV2(m *v2stats.Metrics) *Usage {
 		u.Processes, u.ThreadsMax = m.Pids.Current, m.Pids.Limit
 	}
 	if m.Io != nil {
+		u.IOPressure = pressureFromV2(m.Io.PSI)
 		for _, e := range m.Io.Usage {
 			u.IO = append(u.IO, DeviceIO{Major: e.Major, Minor: e.Minor, ReadBytes: e.Rbytes, WriteBytes: e.Wbytes, Reads: e.Rios, Writes: e.Wios})
 		}

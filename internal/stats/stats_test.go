@@ -63,6 +63,16 @@ func TestReadV2FromARealShapedFixtureTree(t *testing.T) {
 		ThreadsMax: 1024,
 		// No cgroup.procs in the fixture: nothing to count in /proc.
 		IO: []DeviceIO{{Device: blockDevice(259, 99), Major: 259, Minor: 99, ReadBytes: 1048576, WriteBytes: 4194304, Reads: 16, Writes: 64}},
+		// *.pressure totals are microseconds; PSI keeps nanoseconds.
+		CPUPressure: &Pressure{
+			Some: &PSI{TotalNanos: 4200000 * 1000, Avg10: 1.5, Avg60: 0.75, Avg300: 0.25},
+			Full: &PSI{TotalNanos: 1300000 * 1000, Avg10: 0.5, Avg60: 0.2, Avg300: 0.05},
+		},
+		MemoryPressure: &Pressure{
+			Some: &PSI{TotalNanos: 88000000 * 1000, Avg10: 12, Avg60: 6.1, Avg300: 2.02},
+			Full: &PSI{TotalNanos: 71000000 * 1000, Avg10: 10.4, Avg60: 5, Avg300: 1.6},
+		},
+		IOPressure: &Pressure{Some: &PSI{TotalNanos: 9100 * 1000}, Full: &PSI{TotalNanos: 7000 * 1000}},
 	}
 	u.Timestamp = time.Time{}
 	if !reflect.DeepEqual(*u, want) {
@@ -78,6 +88,11 @@ func TestReadV2FromARealShapedFixtureTree(t *testing.T) {
 	}
 	if pod.MemoryLimit != 0 || pod.AvailableBytes() != 0 || pod.Processes != 4 {
 		t.Fatalf("unlimited pod cgroup: %+v", pod)
+	}
+	// Its fixture has no *.pressure files (a kernel with PSI off): absent,
+	// not zero.
+	if pod.CPUPressure != nil || pod.MemoryPressure != nil || pod.IOPressure != nil {
+		t.Fatalf("pressure without *.pressure files: %+v %+v %+v", pod.CPUPressure, pod.MemoryPressure, pod.IOPressure)
 	}
 	if _, err := ReadV2("testdata/cgroupv2", "/absent"); !errors.Is(err, errdefs.ErrNotFound) {
 		t.Fatalf("missing cgroup: %v, want NotFound", err)

@@ -15,16 +15,24 @@ import (
 	"github.com/berthcri/berth/internal/netns"
 )
 
-// echoInNetns listens on 127.0.0.1:0 inside the namespace and answers each
-// connection with "pong:" + everything it read until EOF.
-func echoInNetns(t *testing.T, pin string) int32 {
+// echoInNetns listens on 127.0.0.1:port (0: any) inside the namespace pin
+// ("": the host's) and answers each connection with prefix + everything
+// it read until EOF.
+func echoInNetns(t *testing.T, pin string, port int, prefix string) int32 {
 	t.Helper()
 	var ln net.Listener
-	if err := netns.Do(pin, func() error {
+	listen := func() error {
 		var err error
-		ln, err = net.Listen("tcp", "127.0.0.1:0")
+		ln, err = net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(port)))
 		return err
-	}); err != nil {
+	}
+	var err error
+	if pin == "" {
+		err = listen()
+	} else {
+		err = netns.Do(pin, listen)
+	}
+	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { ln.Close() })
@@ -37,7 +45,7 @@ func echoInNetns(t *testing.T, pin string) int32 {
 			go func() {
 				defer c.Close()
 				b, _ := io.ReadAll(c)
-				c.Write(append([]byte("pong:"), b...))
+				c.Write(append([]byte(prefix), b...))
 			}()
 		}
 	}()
@@ -60,7 +68,10 @@ func TestPortForwardReachesALoopbackListenerInsideThePodNetns(t *testing.T) {
 		t.Skip("needs root")
 	}
 	pin := netns.NewForTest(t)
-	port := echoInNetns(t, pin)
+	// The host listens on the same address and port as the pod: the
+	// forward must reach the pod's listener, never the host's.
+	port := echoInNetns(t, "", 0, "host:")
+	echoInNetns(t, pin, int(port), "pong:")
 	for i := 0; i < 3; i++ { // several connections, one after another
 		stream := &pipeStream{Reader: strings.NewReader(fmt.Sprintf("ping%d", i)), closed: make(chan struct{})}
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -78,10 +89,16 @@ func TestPortForwardReachesALoopbackListenerInsideThePodNetns(t *testing.T) {
 			t.Fatal("stream not closed after the session")
 		}
 	}
-	// The listener lives only in the pod's namespace.
-	if c, err := net.DialTimeout("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(int(port))), 200*time.Millisecond); err == nil {
-		c.Close()
-		t.Log("host also listens on that port; namespace isolation not checked")
+	// And the host's listener is there, answering as the host.
+	c, err := net.DialTimeout("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(int(port))), 5*time.Second)
+	if err != nil {
+		t.Fatalf("host listener: %v", err)
+	}
+	defer c.Close()
+	c.Write([]byte("x"))
+	c.(*net.TCPConn).CloseWrite()
+	if b, _ := io.ReadAll(c); string(b) != "host:x" {
+		t.Fatalf("host listener answered %q", b)
 	}
 }
 

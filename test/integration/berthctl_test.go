@@ -31,7 +31,7 @@ func TestBerthctlInfoReportsTheDaemon(t *testing.T) {
 	if code != 0 {
 		t.Fatalf("berthctl info exited %d:\n%s", code, out)
 	}
-	for _, want := range []string{"runtime:    berth", "streaming:  127.0.0.1:", "cgroups:    cgroupfs driver", "pods:", "pods ready:", "images:", `"root": "` + d.Root + `"`, "handler:    runc recursive_read_only_mounts=true user_namespaces="} {
+	for _, want := range []string{"runtime:    berth", "streaming:  127.0.0.1:", "cgroups:    cgroupfs driver", "controllers: v", "pods:", "pods ready:", "images:", `"root": "` + d.Root + `"`, "handler:    runc recursive_read_only_mounts=true user_namespaces="} {
 		if !strings.Contains(out, want) {
 			t.Errorf("info lacks %q:\n%s", want, out)
 		}

@@ -15,6 +15,7 @@ import (
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	utilversion "k8s.io/apimachinery/pkg/util/version"
 	criapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/berthcri/berth/internal/config"
@@ -44,6 +45,10 @@ func TestVersionReportsBerthAndCRIv1(t *testing.T) {
 	}
 	if v.RuntimeName != "berth" || v.RuntimeApiVersion != "v1" || v.RuntimeVersion == "" {
 		t.Fatalf("unexpected version %+v", v)
+	}
+	// The kubelet parses it so; a failure shows as "berth://Unknown".
+	if _, err := utilversion.ParseSemantic(v.RuntimeVersion); err != nil {
+		t.Fatalf("runtime_version %q is not a semantic version: %v", v.RuntimeVersion, err)
 	}
 }
 

@@ -195,7 +195,7 @@ func (c *container) copyOutput(r *os.File, name string, closeAtEnd bool) {
 
 // lineSplitter turns a byte stream into CRI log records: every complete
 // line is an F record; a line longer than maxLogLine is cut into P records
-// ending with an F record; what is left at the end of the stream is F.
+// ending with an F record; what is left at the end of the stream is P.
 type lineSplitter struct {
 	buf     []byte
 	n       int
@@ -260,14 +260,16 @@ func (l *lineSplitter) compact(done int) {
 	l.n -= done
 }
 
-// Flush ends the stream: an unterminated last line becomes F, and a line
-// cut into P records at exactly the buffer size is closed with an empty F,
-// so readers never wait for the rest of a line that will not come.
+// Flush ends the stream: an unterminated last line becomes P, as in
+// containerd, because the kubelet gives an F record's content a newline
+// ("echo -n DONE" would read back as "DONE\n", in FallbackToLogsOnError
+// termination messages too); nothing is added after a line already cut
+// into P records.
 func (l *lineSplitter) Flush() {
-	if l.n > 0 || l.partial {
-		l.emit("F", l.buf[:l.n])
-		l.n, l.partial = 0, false
+	if l.n > 0 {
+		l.emit("P", l.buf[:l.n])
 	}
+	l.n, l.partial = 0, false
 }
 
 func indexNewline(b []byte) int {

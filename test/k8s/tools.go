@@ -1,0 +1,12 @@
+//go:build tools
+
+// Package k8s only pins the Kubernetes programs hack/k8s-bins.sh builds;
+// the build tag keeps this file out of every build.
+package k8s
+
+import (
+	_ "github.com/onsi/ginkgo/v2/ginkgo"
+	_ "k8s.io/kubernetes/cmd/kubelet"
+	_ "k8s.io/kubernetes/test/e2e_node"
+	_ "k8s.io/kubernetes/test/images/agnhost"
+)
