@@ -53,7 +53,8 @@ type Options struct {
 	ShimBinary string
 	// Runtimes maps runtime handler names to OCI runtimes.
 	Runtimes map[string]*oci.Runtime
-	// Images leases the layers of containers' images and image volumes.
+	// Images leases the layers of containers' images and image volumes;
+	// nil: nothing can be created.
 	Images Images
 	Logger *slog.Logger
 	// OnEvent, if set, hears every lifecycle transition (events.go).
@@ -133,9 +134,6 @@ func Open(ctx context.Context, opts Options) (*Store, error) {
 	if opts.Logger == nil {
 		opts.Logger = slog.New(slog.DiscardHandler)
 	}
-	if opts.Images == nil {
-		return nil, fmt.Errorf("container store: no image store to lease layers from: %w", errdefs.ErrInvalidArgument)
-	}
 	for _, d := range []string{opts.Dir, opts.ShimDir} {
 		if err := os.MkdirAll(d, 0o711); err != nil {
 			return nil, fmt.Errorf("create %s: %w", d, err)
@@ -152,6 +150,9 @@ func Open(ctx context.Context, opts Options) (*Store, error) {
 	if s.mounts == nil {
 		s.mounts = overlayMounter{}
 	}
+	if s.images == nil {
+		s.images = noImages{}
+	}
 	if err := s.recover(ctx); err != nil {
 		return nil, err
 	}
@@ -164,6 +165,16 @@ func (s *Store) Close() {
 	s.stop()
 	s.watchers.Wait()
 }
+
+// noImages is the image store of a Store opened without one (tests that
+// only list): nothing can be created, nothing is leased.
+type noImages struct{}
+
+func (noImages) Acquire(_ context.Context, ref, _ string) (*image.Image, []string, error) {
+	return nil, nil, fmt.Errorf("image %q: no image store: %w", ref, errdefs.ErrFailedPrecondition)
+}
+func (noImages) Release(string) error      { return nil }
+func (noImages) Owners() ([]string, error) { return nil, nil }
 
 func (s *Store) dir(id string) string { return filepath.Join(s.opts.Dir, id) }
 
