@@ -3,6 +3,7 @@ package bench
 import (
 	"context"
 	"os"
+	"strings"
 	"testing"
 	"time"
 
@@ -78,10 +79,16 @@ func BenchmarkCompare(b *testing.B) {
 		b.Fatal(err)
 	}
 	floors := NewFloors(b, eps[0].Daemon, multiImg)
+	only := os.Getenv("BENCH_WORKLOADS")
 	for _, w := range Workloads(image, multi, floors) {
-		cmp.Run(ctx, w, eps...)
+		if selected(only, w.Name) {
+			cmp.Run(ctx, w, eps...)
+		}
 	}
 	for _, ep := range eps {
+		if !selected(only, "scale") {
+			break
+		}
 		res, err := Scale(ctx, ep, image, 48, 8)
 		if err != nil {
 			cmp.skip(ep.Name, "48 pods at 8 in parallel", unsupported(err))
@@ -92,4 +99,18 @@ func BenchmarkCompare(b *testing.B) {
 	if err := cmp.Write(os.Stdout, os.Getenv("BENCH_OUT")); err != nil {
 		b.Fatal(err)
 	}
+}
+
+// selected reports whether the workload name is one of only's
+// comma-separated parts (substrings); an empty only selects all.
+func selected(only, name string) bool {
+	if only == "" {
+		return true
+	}
+	for _, part := range strings.Split(only, ",") {
+		if part = strings.TrimSpace(part); part != "" && strings.Contains(name, part) {
+			return true
+		}
+	}
+	return false
 }

@@ -11,10 +11,10 @@ import (
 	"testing"
 	"time"
 
-	specs "github.com/opencontainers/runtime-spec/specs-go"
 	criapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/berthcri/berth/internal/container"
+	"github.com/berthcri/berth/internal/image"
 	"github.com/berthcri/berth/internal/oci"
 	"github.com/berthcri/berth/internal/testutil/berthdtest"
 	"github.com/berthcri/berth/internal/testutil/bundletest"
@@ -48,6 +48,7 @@ func newContainerBench(b *testing.B) *containerBench {
 		ShimDir:    cb.shims,
 		ShimBinary: bundletest.ShimBinary(b),
 		Runtimes:   map[string]*oci.Runtime{"runc": cb.runc},
+		Images:     benchImage{lower: cb.lower},
 	})
 	if err != nil {
 		b.Fatal(err)
@@ -62,18 +63,28 @@ func (cb *containerBench) close() {
 	}
 }
 
-func (cb *containerBench) params(pod, name string, args []string) container.CreateParams {
-	return container.CreateParams{
+// benchImage leases one busybox layer to every container.
+type benchImage struct{ lower string }
+
+func (i benchImage) Acquire(context.Context, string, string) (*image.Image, []string, error) {
+	return &image.Image{ID: "sha256:bench"}, []string{i.lower}, nil
+}
+func (benchImage) Release(string) error      { return nil }
+func (benchImage) Owners() ([]string, error) { return nil, nil }
+
+// create runs the container store's create: prepare, spec, commit.
+func (cb *containerBench) create(ctx context.Context, pod, name string, args []string) (*container.Container, error) {
+	d, err := cb.store.Prepare(ctx, container.CreateRequest{
 		PodID: pod, Runtime: "runc",
 		Config:  &criapi.ContainerConfig{Metadata: &criapi.ContainerMetadata{Name: name}, Image: &criapi.ImageSpec{Image: "busybox"}},
 		LogPath: filepath.Join(cb.dir, "logs", pod, name+".log"),
-		Acquire: func(context.Context, string) (*container.AcquiredImage, error) {
-			return &container.AcquiredImage{ID: "sha256:bench", LowerDirs: []string{cb.lower}}, nil
-		},
-		BuildSpec: func(id, rootfs string, _, _ map[string]string) (*specs.Spec, error) {
-			return bundletest.Spec(rootfs, cb.cgroup, id, args), nil
-		},
+	})
+	if err != nil {
+		return nil, err
 	}
+	defer d.Discard(ctx)
+	spec := bundletest.Spec(d.Rootfs.Path, cb.cgroup, d.ID, args)
+	return d.Commit(ctx, spec, nil)
 }
 
 // BenchmarkContainerLifecycle measures the container store's create,
@@ -84,7 +95,7 @@ func BenchmarkContainerLifecycle(b *testing.B) {
 	ctx := context.Background()
 	const n = 30
 	// A container that keeps each pod's shim up, as a pod's first one would.
-	keep, err := cb.store.Create(ctx, cb.params("pod", "keep", []string{"sleep", "100000"}))
+	keep, err := cb.create(ctx, "pod", "keep", []string{"sleep", "100000"})
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -99,7 +110,7 @@ func BenchmarkContainerLifecycle(b *testing.B) {
 	runcStart := Series{Name: "runc create + runc start"}
 	for i := 0; i < n; i++ {
 		t0 := time.Now()
-		c, err := cb.store.Create(ctx, cb.params("pod", fmt.Sprintf("c%d", i), []string{"sleep", "100000"}))
+		c, err := cb.create(ctx, "pod", fmt.Sprintf("c%d", i), []string{"sleep", "100000"})
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -113,7 +124,7 @@ func BenchmarkContainerLifecycle(b *testing.B) {
 		if err := cb.store.Stop(ctx, c.ID, 0); err != nil {
 			b.Fatal(err)
 		}
-		if err := cb.store.Remove(ctx, c.ID); err != nil {
+		if _, err := cb.store.Remove(ctx, c.ID); err != nil {
 			b.Fatal(err)
 		}
 		stopRemove.Samples = append(stopRemove.Samples, time.Since(t0))
@@ -121,12 +132,12 @@ func BenchmarkContainerLifecycle(b *testing.B) {
 		// A fresh pod each time: the shim launch is part of the cost.
 		pod := fmt.Sprintf("first%d", i)
 		t0 = time.Now()
-		f, err := cb.store.Create(ctx, cb.params(pod, "c", []string{"sleep", "100000"}))
+		f, err := cb.create(ctx, pod, "c", []string{"sleep", "100000"})
 		if err != nil {
 			b.Fatal(err)
 		}
 		firstCreate.Samples = append(firstCreate.Samples, time.Since(t0))
-		if err := cb.store.Remove(ctx, f.ID); err != nil {
+		if _, err := cb.store.Remove(ctx, f.ID); err != nil {
 			b.Fatal(err)
 		}
 
@@ -191,7 +202,7 @@ func BenchmarkShimMemory(b *testing.B) {
 				if c == 0 {
 					args = []string{"sh", "-c", "while true; do echo tick; sleep 1; done"}
 				}
-				ctr, err := cb.store.Create(ctx, cb.params(fmt.Sprintf("pod%d", p), fmt.Sprintf("c%d", c), args))
+				ctr, err := cb.create(ctx, fmt.Sprintf("pod%d", p), fmt.Sprintf("c%d", c), args)
 				if err != nil {
 					b.Fatal(err)
 				}
@@ -202,7 +213,7 @@ func BenchmarkShimMemory(b *testing.B) {
 			// After the pod's containers, so that its shim (which exits with
 			// its last container) serves them all.
 			for i := 0; i < tc.churn; i++ {
-				ctr, err := cb.store.Create(ctx, cb.params(fmt.Sprintf("pod%d", p), fmt.Sprintf("r%d", i), []string{"true"}))
+				ctr, err := cb.create(ctx, fmt.Sprintf("pod%d", p), fmt.Sprintf("r%d", i), []string{"true"})
 				if err != nil {
 					b.Fatal(err)
 				}
@@ -212,7 +223,7 @@ func BenchmarkShimMemory(b *testing.B) {
 				if err := cb.store.Stop(ctx, ctr.ID, 0); err != nil {
 					b.Fatal(err)
 				}
-				if err := cb.store.Remove(ctx, ctr.ID); err != nil {
+				if _, err := cb.store.Remove(ctx, ctr.ID); err != nil {
 					b.Fatal(err)
 				}
 			}

@@ -51,10 +51,15 @@ func StartBerth(tb testing.TB) *Endpoint {
 }
 
 // StartReference connects to the reference runtime: $BENCH_REF_ENDPOINT
-// when set (e.g. unix:///run/containerd/containerd.sock), else a private
-// containerd when the binary is installed, else nil.
+// when set (e.g. unix:///run/containerd/containerd.sock), else another
+// build of berthd when $BENCH_REF_BERTHD names one (a before/after
+// comparison, sample by sample), else a private containerd when the
+// binary is installed, else nil.
 func StartReference(tb testing.TB, registryHost string) *Endpoint {
 	tb.Helper()
+	if bin := os.Getenv("BENCH_REF_BERTHD"); bin != "" {
+		return startOtherBerthd(tb, bin)
+	}
 	if ep := os.Getenv("BENCH_REF_ENDPOINT"); ep != "" {
 		rt, img := dial(tb, ep)
 		return &Endpoint{Name: "reference", Runtime: rt, Image: img, Dir: tb.TempDir(), Pids: func() []int { return nil }}
@@ -64,6 +69,20 @@ func StartReference(tb testing.TB, registryHost string) *Endpoint {
 		return nil
 	}
 	return startContainerd(tb, registryHost)
+}
+
+// startOtherBerthd runs the berthd binary bin (with the berth-shim and
+// berth-pause next to it) as the reference.
+func startOtherBerthd(tb testing.TB, bin string) *Endpoint {
+	tb.Helper()
+	d := berthdtest.Start(tb, berthdtest.Options{StartProcess: func(cmd *exec.Cmd) error {
+		cmd.Path, cmd.Args[0] = bin, bin
+		return cmd.Start()
+	}})
+	return &Endpoint{
+		Name: "reference", Runtime: d.Runtime, Image: d.Image, Dir: d.Dir, Daemon: d,
+		Pids: func() []int { return []int{d.Pid()} },
+	}
 }
 
 func dial(tb testing.TB, endpoint string) (criapi.RuntimeServiceClient, criapi.ImageServiceClient) {

@@ -31,7 +31,7 @@ func (s *Store) Attach(ctx context.Context, id string, in io.Reader, out, errOut
 	if in != nil && !c.Stdin {
 		return fmt.Errorf("container %s was not created with stdin: %w", c.ID, errdefs.ErrInvalidArgument)
 	}
-	stream, err := s.shimClient(c.PodID).Attach(ctx, c.ID, in != nil, out != nil, errOut != nil && !c.Terminal)
+	stream, err := s.shims.Pod(c.PodID).Attach(ctx, c.ID, in != nil, out != nil, errOut != nil && !c.Terminal)
 	if err != nil {
 		return fmt.Errorf("attach to %s: %w", c.ID, err)
 	}

@@ -46,12 +46,11 @@ func (s *Store) Exec(ctx context.Context, id string, o ExecOptions) (int, error)
 	if len(o.Cmd) == 0 {
 		return -1, fmt.Errorf("exec needs a command: %w", errdefs.ErrInvalidArgument)
 	}
-	e, err := s.entry(id)
+	e, err := s.lock(id)
 	if err != nil {
 		return -1, err
 	}
-	e.mu.Lock()
-	s.refresh(e)
+	s.foldExit(e)
 	rec := e.rec.clone()
 	e.unlock()
 	if rec.State != StateRunning {

@@ -9,8 +9,11 @@ import (
 	"path/filepath"
 	"time"
 
-	"github.com/berthcri/berth/internal/atomicfile"
+	specs "github.com/opencontainers/runtime-spec/specs-go"
 	runtime "k8s.io/cri-api/pkg/apis/runtime/v1"
+
+	"github.com/berthcri/berth/internal/atomicfile"
+	"github.com/berthcri/berth/internal/image"
 )
 
 // recordVersion is the version of container.json.
@@ -58,7 +61,8 @@ type User struct {
 	Username     string  `json:"username,omitempty"`
 }
 
-// Container is one container's record, kept in <root>/containers/<id>/.
+// Container is one container's record, kept in <root>/containers/<id>/
+// as container.json.
 type Container struct {
 	Version int    `json:"version"`
 	ID      string `json:"id"`
@@ -98,6 +102,61 @@ type Container struct {
 	ExitCode   int32     `json:"exit_code"`
 	Reason     string    `json:"reason,omitempty"`
 	Message    string    `json:"message,omitempty"`
+}
+
+// newRecord is the record of a container about to be created, a pure
+// function of what its create resolved: the CRI request, the image, the
+// image volumes as mounted (by the index of their CRI mount) and the final
+// spec, whose process user is the one status reports.
+func newRecord(id string, req CreateRequest, img *image.Image, vols []imageVolume, spec *specs.Spec, createdAt time.Time) *Container {
+	cfg := req.Config
+	c := &Container{
+		ID: id, PodID: req.PodID, Name: cfg.GetMetadata().GetName(), Attempt: cfg.GetMetadata().GetAttempt(),
+		Image: cfg.GetImage().GetImage(), ImageID: img.ID, ImageName: cfg.GetImage().GetImage(), ImageRef: img.ID,
+		Labels: cfg.GetLabels(), Annotations: cfg.GetAnnotations(),
+		LogPath: req.LogPath, Runtime: req.Runtime,
+		Resources: cfg.GetLinux().GetResources(),
+		Terminal:  cfg.GetTty(), Stdin: cfg.GetStdin(), StdinOnce: cfg.GetStdinOnce(),
+		State: StateCreated, CreatedAt: createdAt,
+	}
+	if len(img.RepoTags) > 0 {
+		c.ImageName = img.RepoTags[0]
+	}
+	if len(img.RepoDigests) > 0 {
+		c.ImageRef = img.RepoDigests[0]
+	}
+	// KEP-4960: the config's stop signal, else the image's.
+	if c.StopSignal = req.StopSignal; c.StopSignal == "" && img.Config != nil {
+		c.StopSignal = img.Config.Config.StopSignal
+	}
+	volAt := map[int]imageVolume{}
+	for _, v := range vols {
+		volAt[v.index] = v
+		c.VolumeOwners = append(c.VolumeOwners, v.owner)
+	}
+	for n, m := range cfg.GetMounts() {
+		if m.GetImage() != nil {
+			if v, ok := volAt[n]; ok {
+				c.Mounts = append(c.Mounts, v.mount)
+			}
+			continue
+		}
+		c.Mounts = append(c.Mounts, Mount{
+			ContainerPath: m.GetContainerPath(), HostPath: m.GetHostPath(), Readonly: m.GetReadonly(),
+			SelinuxRelabel: m.GetSelinuxRelabel(), Propagation: int32(m.GetPropagation()),
+		})
+	}
+	if spec != nil && spec.Process != nil {
+		u := spec.Process.User
+		c.User = &User{UID: int64(u.UID), GID: int64(u.GID), Username: u.Username}
+		for _, g := range u.AdditionalGids {
+			c.User.Supplemental = append(c.User.Supplemental, int64(g))
+		}
+		if c.User.Username == "" {
+			c.User.Username = cfg.GetLinux().GetSecurityContext().GetRunAsUsername()
+		}
+	}
+	return c
 }
 
 func (c *Container) clone() *Container {

@@ -13,9 +13,98 @@ import (
 	securejoin "github.com/cyphar/filepath-securejoin"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"golang.org/x/sys/unix"
+	runtime "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/berthcri/berth/internal/errdefs"
 )
+
+// Mounter builds a container's filesystem under its directory and takes it
+// apart. overlayMounter (below) is the real one; unit tests put their own
+// in Options.Mounter.
+type Mounter interface {
+	// Rootfs mounts the image's layers (topmost first) as the container's
+	// root, writable through its own upper dir, and returns its path.
+	Rootfs(dir string, layers []string, ns *UserNS) (string, error)
+	// ImageVolume mounts image volume n (the CRI mount's index) read-only
+	// and returns the host path to bind at its container path: subPath,
+	// if set, inside the image.
+	ImageVolume(dir string, n int, layers []string, subPath string, ns *UserNS) (string, error)
+	// IDMapped makes idmapped copies of the CRI mounts that carry ID
+	// mappings (a user namespace pod's volumes): container path → copy.
+	IDMapped(dir string, mounts []*runtime.Mount, ns *UserNS) (map[string]string, error)
+	// Unmount takes apart whatever the others left under dir, also after
+	// a crash; nothing mounted is fine. Its error must stop a caller about
+	// to remove dir: an idmapped copy still attached leads into a host
+	// path.
+	Unmount(dir string) error
+}
+
+// Rootfs is a container's filesystem as mounted under its directory: the
+// root, its image volumes and idmapped copies of CRI mounts. Undo takes
+// all of it apart, whatever part of it was mounted.
+type Rootfs struct {
+	Path string
+	// Volumes maps each image volume's container path to the host path
+	// to bind there.
+	Volumes map[string]string
+	// IDMapped maps each CRI mount with ID mappings to its idmapped copy.
+	IDMapped map[string]string
+
+	dir     string
+	mounter Mounter
+}
+
+// Undo unmounts everything the container's filesystem is made of.
+func (r *Rootfs) Undo() error { return r.mounter.Unmount(r.dir) }
+
+// overlayMounter is overlayfs over the image's unpacked layers; in a pod
+// with its own user namespace the layers are idmapped first (userns.go).
+type overlayMounter struct{}
+
+func (overlayMounter) Rootfs(dir string, layers []string, ns *UserNS) (string, error) {
+	if ns == nil {
+		return mountRootfs(dir, layers)
+	}
+	var rootfs string
+	err := withUserNSFD(ns, func(fd int) (err error) {
+		rootfs, err = mountRootfsIDMapped(dir, layers, fd, ns.Mapping)
+		return err
+	})
+	return rootfs, err
+}
+
+// ImageVolume: in a pod with its own user namespace the volume's layers are
+// idmapped as the rootfs's are, so files host root owns in the image show
+// as the container root's.
+func (overlayMounter) ImageVolume(dir string, n int, layers []string, subPath string, ns *UserNS) (string, error) {
+	if ns == nil {
+		return mountImageVolume(dir, n, layers, subPath)
+	}
+	var src string
+	err := withUserNSFD(ns, func(fd int) error {
+		return withIDMappedLayers(volumeIDMapDir(dir, n), layers, fd, func(mapped []string) (err error) {
+			src, err = mountImageVolume(dir, n, mapped, subPath)
+			return err
+		})
+	})
+	return src, err
+}
+
+func (overlayMounter) IDMapped(dir string, mounts []*runtime.Mount, ns *UserNS) (map[string]string, error) {
+	if ns == nil {
+		return nil, nil
+	}
+	var out map[string]string
+	err := withUserNSFD(ns, func(fd int) (err error) {
+		out, err = mountIDMapped(dir, mounts, fd, ns.Mapping)
+		return err
+	})
+	return out, err
+}
+
+func (overlayMounter) Unmount(dir string) error {
+	return errors.Join(unmountImageVolumes(dir), unmountIDMounts(dir), unmountRootfs(dir))
+}
 
 // mountRootfs mounts overlayfs over the image's layer dirs (topmost first)
 // with the container's own upper and work dirs below dir.

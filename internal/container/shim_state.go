@@ -17,7 +17,7 @@ func (s *Store) ShimState(ctx context.Context, id string) (*shim.State, error) {
 		return nil, err
 	}
 	r := e.snap.Load()
-	st, err := s.shimClient(r.PodID).State(ctx, r.ID)
+	st, err := s.shims.Pod(r.PodID).State(ctx, r.ID)
 	if err != nil {
 		return nil, fmt.Errorf("shim state of %s: %w", r.ID, err)
 	}

@@ -7,24 +7,65 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
 
+	ocispecv1 "github.com/opencontainers/image-spec/specs-go/v1"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	runtime "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/berthcri/berth/internal/container"
 	"github.com/berthcri/berth/internal/errdefs"
+	"github.com/berthcri/berth/internal/image"
 	"github.com/berthcri/berth/internal/oci"
 	"github.com/berthcri/berth/internal/testutil/berthdtest"
 	"github.com/berthcri/berth/internal/testutil/bundletest"
 )
 
-// layers records Release calls, standing in for image.Store's pins.
-type layers struct{ released []string }
+// layers stands in for image.Store's leases: it records Release calls.
+type layers struct {
+	lower    string
+	mu       sync.Mutex
+	held     map[string]bool
+	released []string
+}
 
-func (l *layers) Release(owner string) error { l.released = append(l.released, owner); return nil }
+func (l *layers) Acquire(_ context.Context, ref, owner string) (*image.Image, []string, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.held == nil {
+		l.held = map[string]bool{}
+	}
+	l.held[owner] = true
+	img := &image.Image{ID: "sha256:test", RepoTags: []string{"busybox:latest"}, Config: &ocispecv1.Image{}}
+	if ref == usr1Image {
+		img.Config.Config.StopSignal = "SIGUSR1"
+	}
+	return img, []string{l.lower}, nil
+}
+
+func (l *layers) Release(owner string) error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	delete(l.held, owner)
+	l.released = append(l.released, owner)
+	return nil
+}
+
+func (l *layers) Owners() ([]string, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	var out []string
+	for o := range l.held {
+		out = append(out, o)
+	}
+	return out, nil
+}
+
+// usr1Image is an image whose config says SIGUSR1 stops it.
+const usr1Image = "busybox-usr1"
 
 type fixture struct {
 	t      *testing.T
@@ -48,7 +89,8 @@ func newFixture(t *testing.T) *fixture {
 	if err != nil {
 		t.Fatal(err)
 	}
-	f := &fixture{t: t, dir: dir, lower: filepath.Join(dir, "layer"), cgroup: "berthctrtest-" + filepath.Base(dir), layers: &layers{}, exits: make(chan *container.Container, 100)}
+	f := &fixture{t: t, dir: dir, lower: filepath.Join(dir, "layer"), cgroup: "berthctrtest-" + filepath.Base(dir), exits: make(chan *container.Container, 100)}
+	f.layers = &layers{lower: f.lower}
 	t.Cleanup(func() {
 		if err := berthdtest.CleanupNode(dir, f.cgroup); err != nil {
 			t.Errorf("cleanup: %v", err)
@@ -63,7 +105,7 @@ func newFixture(t *testing.T) *fixture {
 			"runc":  oci.New("runc", filepath.Join(dir, "state", "runtime", "runc"), nil),
 			"other": oci.New("runc", filepath.Join(dir, "state", "runtime", "other"), nil),
 		},
-		Layers: f.layers,
+		Images: f.layers,
 		OnEvent: func(ev container.Event) {
 			if ev.Kind == container.EventStopped {
 				select {
@@ -86,7 +128,14 @@ func (f *fixture) open() {
 	f.store = s
 }
 
-func (f *fixture) params(pod, name string, args []string, edit func(*runtime.ContainerConfig, *specs.Spec)) container.CreateParams {
+// createParams is one create as a test makes it: the request, and how the
+// spec is built once the rootfs is mounted.
+type createParams struct {
+	container.CreateRequest
+	BuildSpec func(id, rootfs string) (*specs.Spec, error)
+}
+
+func (f *fixture) params(pod, name string, args []string, edit func(*runtime.ContainerConfig, *specs.Spec)) createParams {
 	cfg := &runtime.ContainerConfig{
 		Metadata: &runtime.ContainerMetadata{Name: name},
 		Image:    &runtime.ImageSpec{Image: "busybox"},
@@ -95,13 +144,12 @@ func (f *fixture) params(pod, name string, args []string, edit func(*runtime.Con
 	if edit != nil {
 		edit(cfg, nil)
 	}
-	return container.CreateParams{
-		PodID: pod, Runtime: "runc", Config: cfg,
-		LogPath: filepath.Join(f.dir, "logs", pod, name+".log"),
-		Acquire: func(ctx context.Context, id string) (*container.AcquiredImage, error) {
-			return &container.AcquiredImage{ID: "sha256:test", Name: "busybox:latest", LowerDirs: []string{f.lower}}, nil
+	return createParams{
+		CreateRequest: container.CreateRequest{
+			PodID: pod, Runtime: "runc", Config: cfg,
+			LogPath: filepath.Join(f.dir, "logs", pod, name+".log"),
 		},
-		BuildSpec: func(id, rootfs string, _, _ map[string]string) (*specs.Spec, error) {
+		BuildSpec: func(id, rootfs string) (*specs.Spec, error) {
 			s := bundletest.Spec(rootfs, f.cgroup, id, args)
 			if edit != nil {
 				edit(nil, s)
@@ -111,9 +159,23 @@ func (f *fixture) params(pod, name string, args []string, edit func(*runtime.Con
 	}
 }
 
+// tryCreate runs the create pipeline: prepare, spec, commit.
+func (f *fixture) tryCreate(ctx context.Context, p createParams) (*container.Container, error) {
+	d, err := f.store.Prepare(ctx, p.CreateRequest)
+	if err != nil {
+		return nil, err
+	}
+	defer d.Discard(ctx)
+	spec, err := p.BuildSpec(d.ID, d.Rootfs.Path)
+	if err != nil {
+		return nil, err
+	}
+	return d.Commit(ctx, spec, d.Record(spec).Resources)
+}
+
 func (f *fixture) create(pod, name string, args []string, edit func(*runtime.ContainerConfig, *specs.Spec)) *container.Container {
 	f.t.Helper()
-	c, err := f.store.Create(context.Background(), f.params(pod, name, args, edit))
+	c, err := f.tryCreate(context.Background(), f.params(pod, name, args, edit))
 	if err != nil {
 		f.t.Fatalf("create %s: %v", name, err)
 	}
@@ -197,7 +259,7 @@ func TestLifecycleExitCodesAndReasons(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, c := range []*container.Container{ok, bad} {
-		if err := f.store.Remove(ctx, c.ID); err != nil {
+		if _, err := f.store.Remove(ctx, c.ID); err != nil {
 			t.Fatal(err)
 		}
 		if _, err := os.Stat(filepath.Join(f.opts.Dir, c.ID)); !os.IsNotExist(err) {
@@ -219,7 +281,7 @@ func TestLifecycleExitCodesAndReasons(t *testing.T) {
 	if err := f.store.Stop(ctx, "nope", time.Second); err != nil {
 		t.Fatal(err)
 	}
-	if err := f.store.Remove(ctx, "nope"); err != nil {
+	if _, err := f.store.Remove(ctx, "nope"); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := f.store.Get("nope"); !errdefs.IsNotFound(err) {
@@ -248,30 +310,30 @@ func TestNameReservationAndFailedCreateUndoes(t *testing.T) {
 	f := newFixture(t)
 	ctx := context.Background()
 	c := f.create("pod1", "web", []string{"sleep", "100"}, nil)
-	if _, err := f.store.Create(ctx, f.params("pod1", "web", []string{"true"}, nil)); !errors.Is(err, errdefs.ErrAlreadyExists) {
+	if _, err := f.tryCreate(ctx, f.params("pod1", "web", []string{"true"}, nil)); !errors.Is(err, errdefs.ErrAlreadyExists) {
 		t.Fatalf("same name: %v", err)
 	}
 	// Another pod or attempt is fine.
 	other := f.create("pod2", "web", []string{"true"}, nil)
 	// A spec the runtime refuses: everything is undone and the name is free.
 	p := f.params("pod1", "broken", []string{"/no/such/binary"}, nil)
-	if _, err := f.store.Create(ctx, p); err == nil || !strings.Contains(err.Error(), "no such file") {
+	if _, err := f.tryCreate(ctx, p); err == nil || !strings.Contains(err.Error(), "no such file") {
 		t.Fatalf("create broken: %v", err)
 	}
 	p = f.params("pod1", "broken", nil, nil)
-	p.BuildSpec = func(string, string, map[string]string, map[string]string) (*specs.Spec, error) {
+	p.BuildSpec = func(string, string) (*specs.Spec, error) {
 		return nil, errors.New("bad config: " + errdefs.ErrInvalidArgument.Error())
 	}
-	if _, err := f.store.Create(ctx, p); err == nil {
+	if _, err := f.tryCreate(ctx, p); err == nil {
 		t.Fatal("create with failing spec succeeded")
 	}
 	// A pod whose first create fails keeps no shim.
-	if _, err := f.store.Create(ctx, f.params("pod3", "first", []string{"/no/such/binary"}, nil)); err == nil {
+	if _, err := f.tryCreate(ctx, f.params("pod3", "first", []string{"/no/such/binary"}, nil)); err == nil {
 		t.Fatal("create with a missing binary succeeded")
 	}
 	waitGone(t, filepath.Join(f.opts.ShimDir, "pod3"))
 	p.Runtime = "nope"
-	if _, err := f.store.Create(ctx, p); !errors.Is(err, errdefs.ErrInvalidArgument) {
+	if _, err := f.tryCreate(ctx, p); !errors.Is(err, errdefs.ErrInvalidArgument) {
 		t.Fatalf("unknown handler: %v", err)
 	}
 	entries, _ := os.ReadDir(f.opts.Dir)
@@ -287,7 +349,7 @@ func TestNameReservationAndFailedCreateUndoes(t *testing.T) {
 	}
 	// Remove of a created (never started) container forces it.
 	for _, x := range []*container.Container{c, other} {
-		if err := f.store.Remove(ctx, x.ID); err != nil {
+		if _, err := f.store.Remove(ctx, x.ID); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -302,13 +364,8 @@ func TestStopGracePeriodThenKill(t *testing.T) {
 	stubborn := f.create("pod1", "stubborn", []string{"sh", "-c", "trap '' TERM; while true; do sleep 0.1; done"}, nil)
 	// Exits on its stop signal (SIGUSR1 here, as an image's StopSignal).
 	polite := f.params("pod1", "polite", []string{"sh", "-c", "trap 'exit 0' USR1; while true; do sleep 0.1; done"}, nil)
-	acq := polite.Acquire
-	polite.Acquire = func(ctx context.Context, id string) (*container.AcquiredImage, error) {
-		img, err := acq(ctx, id)
-		img.StopSignal = "SIGUSR1"
-		return img, err
-	}
-	pc, err := f.store.Create(ctx, polite)
+	polite.Config.Image.Image = usr1Image
+	pc, err := f.tryCreate(ctx, polite)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -340,7 +397,7 @@ func TestStopGracePeriodThenKill(t *testing.T) {
 	if _, err := f.store.Start(ctx, r.ID); err != nil {
 		t.Fatal(err)
 	}
-	if err := f.store.Remove(ctx, r.ID); err != nil {
+	if _, err := f.store.Remove(ctx, r.ID); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := f.store.Get(r.ID); !errdefs.IsNotFound(err) {
@@ -404,7 +461,7 @@ func TestRecoveryAfterRestart(t *testing.T) {
 	if got.State != container.StateCreated {
 		t.Fatalf("created after restart: %+v", got)
 	}
-	if _, err := f.store.Create(ctx, f.params("pod1", "long", []string{"true"}, nil)); !errors.Is(err, errdefs.ErrAlreadyExists) {
+	if _, err := f.tryCreate(ctx, f.params("pod1", "long", []string{"true"}, nil)); !errors.Is(err, errdefs.ErrAlreadyExists) {
 		t.Fatalf("names not recovered: %v", err)
 	}
 	// A container created before the restart starts after it.
@@ -417,7 +474,7 @@ func TestRecoveryAfterRestart(t *testing.T) {
 	if err := f.store.Stop(ctx, long.ID, time.Second); err != nil {
 		t.Fatal(err)
 	}
-	if err := f.store.RemovePod(ctx, "pod1"); err != nil {
+	if _, err := f.store.RemovePod(ctx, "pod1"); err != nil {
 		t.Fatal(err)
 	}
 	if n := len(f.store.List()); n != 0 {
@@ -473,7 +530,7 @@ func TestShimKilledMarksContainersLost(t *testing.T) {
 		t.Fatalf("after shim kill: %+v", got)
 	}
 	// Remove still cleans up: the runtime kills and forgets the orphan.
-	if err := f.store.Remove(ctx, c.ID); err != nil {
+	if _, err := f.store.Remove(ctx, c.ID); err != nil {
 		t.Fatal(err)
 	}
 	if out, err := exec.Command("runc", "--root", f.opts.Runtimes["runc"].Root, "state", c.ID).CombinedOutput(); err == nil {

@@ -20,6 +20,17 @@ type UserNS struct {
 	Mapping userns.Mapping
 }
 
+// withUserNSFD calls f with an open descriptor of the pod's user
+// namespace, which idmapped mounts are mapped through.
+func withUserNSFD(ns *UserNS, f func(fd int) error) error {
+	nsFile, err := os.Open(ns.Path)
+	if err != nil {
+		return fmt.Errorf("open the pod's user namespace: %w", err)
+	}
+	defer nsFile.Close()
+	return f(int(nsFile.Fd()))
+}
+
 // layersIDMapDir holds idmapped copies of the image layers only while the
 // overlay is mounted over them: overlayfs keeps private clones of its
 // layers, so the copies are detached right after.

@@ -8,19 +8,19 @@ import (
 	"strconv"
 	"strings"
 
-	ocispecv1 "github.com/opencontainers/image-spec/specs-go/v1"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	runtime "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/berthcri/berth/internal/container"
 	"github.com/berthcri/berth/internal/errdefs"
-	"github.com/berthcri/berth/internal/nri"
 	"github.com/berthcri/berth/internal/sandbox"
 	"github.com/berthcri/berth/internal/specgen"
 )
 
-// CreateContainer creates a container in a ready pod: it pins and mounts
-// the image, builds the OCI spec and has the pod's shim create it.
+// CreateContainer creates a container in a ready pod: the container store
+// prepares it (name, the pod's shim, image lease, mounts), specgen builds
+// its spec, NRI plugins adjust it, and the store commits it (bundle,
+// runtime create, record).
 func (s *Service) CreateContainer(ctx context.Context, req *runtime.CreateContainerRequest) (*runtime.CreateContainerResponse, error) {
 	cfg := req.GetConfig()
 	switch {
@@ -58,105 +58,79 @@ func (s *Service) CreateContainer(ctx context.Context, req *runtime.CreateContai
 		handler = s.cfg.DefaultRuntimeHandler
 	}
 
-	var (
-		imgConfig *ocispecv1.Image
-		podUserNS *container.UserNS
-		// Set once NRI plugins saw the container (CreateContainer hook).
-		block   *nri.SyncBlock
-		nriCtr  *container.Container
-		nriSpec *specs.Spec
-	)
+	var podUserNS *container.UserNS
 	if sb.UserNS != nil {
 		podUserNS = &container.UserNS{Path: sb.UserNSPath, Mapping: *sb.UserNS}
 	}
-	c, err := s.containers.Create(ctx, container.CreateParams{
-		UserNS:  podUserNS,
-		PodID:   sb.ID,
-		Runtime: handler,
-		Config:  cfg,
-		LogPath: logPath,
-		Acquire: func(ctx context.Context, id string) (*container.AcquiredImage, error) {
-			img, lower, err := s.images.Acquire(ctx, cfg.GetImage().GetImage(), id)
-			if err != nil {
-				return nil, fmt.Errorf("image %q: %w", cfg.GetImage().GetImage(), err)
-			}
-			imgConfig = img.Config
-			a := &container.AcquiredImage{ID: img.ID, Name: cfg.GetImage().GetImage(), Ref: img.ID, LowerDirs: lower}
-			if len(img.RepoTags) > 0 {
-				a.Name = img.RepoTags[0]
-			}
-			if len(img.RepoDigests) > 0 {
-				a.Ref = img.RepoDigests[0]
-			}
-			// KEP-4960: the config's stop signal, else the image's.
-			if a.StopSignal = stopSignal; a.StopSignal == "" && img.Config != nil {
-				a.StopSignal = img.Config.Config.StopSignal
-			}
-			return a, nil
-		},
-		AcquireVolume: func(ctx context.Context, ref, owner string) (*container.AcquiredImage, error) {
-			img, lower, err := s.images.Acquire(ctx, ref, owner)
-			if err != nil {
-				return nil, fmt.Errorf("image %q: %w", ref, err)
-			}
-			return &container.AcquiredImage{ID: img.ID, Name: ref, Ref: img.ID, LowerDirs: lower}, nil
-		},
-		BuildSpec: func(id, rootfs string, volumes, idmapped map[string]string) (*specs.Spec, error) {
-			in := specgen.Input{
-				ContainerID:    id,
-				Config:         cfg,
-				SandboxConfig:  sbCfg,
-				Image:          imgConfig,
-				RootfsPath:     rootfs,
-				ImageVolumes:   volumes,
-				IDMappedMounts: idmapped,
-				Pod: specgen.Pod{
-					ID: sb.ID, NetNSPath: sb.NetNSPath, IPCNSPath: sb.IPCNSPath, UTSNSPath: sb.UTSNSPath,
-					PIDNSPath: sb.PIDNSPath, CgroupParent: containerCgroupParent(sb),
-					HostnamePath: sb.HostnamePath, HostsPath: sb.HostsPath, ResolvConfPath: sb.ResolvConfPath, ShmPath: sb.ShmPath,
-					UserNSPath: sb.UserNSPath, UserNS: sb.UserNS,
-				},
-				CgroupDriver:     CgroupDriver(s.cfg.CgroupDriver),
-				OOMScoreAdjFloor: ownOOMScoreAdj(),
-				Rlimits:          s.rlimits,
-				CDI:              s.cdi,
-				AppArmor:         s.apparmor,
-				Logger:           s.log.With("pod", sb.ID, "container", id),
-			}
-			if s.host != nil {
-				h := *s.host
-				h.RecursiveReadOnly = s.handlerFeatures[handler].RecursiveReadOnly
-				in.Host = &h
-			}
-			if cfg.GetLinux().GetSecurityContext().GetNamespaceOptions().GetPid() == runtime.NamespaceMode_TARGET {
-				target, err := s.containers.Get(cfg.GetLinux().GetSecurityContext().GetNamespaceOptions().GetTargetId())
-				if err != nil {
-					return nil, fmt.Errorf("pid namespace target: %w", err)
-				}
-				if target.State != container.StateRunning || target.Pid == 0 {
-					return nil, fmt.Errorf("pid namespace target %s is not running: %w", target.ID, errdefs.ErrFailedPrecondition)
-				}
-				in.TargetPIDNSPath = "/proc/" + strconv.Itoa(target.Pid) + "/ns/pid"
-			}
-			return specgen.Build(in)
-		},
-		// NRI plugins see (and may adjust) the finished spec before the
-		// runtime creates the container and before it is visible.
-		Adjust: func(ctx context.Context, c *container.Container, spec *specs.Spec) error {
-			b, err := s.nri.CreateContainer(ctx, sb, c, spec)
-			block, nriCtr, nriSpec = b, c, spec
-			return err
-		},
+	// Name, shim, image and mounts; undone on any failure below.
+	draft, err := s.containers.Prepare(ctx, container.CreateRequest{
+		PodID: sb.ID, Runtime: handler, Config: cfg, LogPath: logPath, UserNS: podUserNS,
+		StopSignal: stopSignal,
 	})
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	defer draft.Discard(ctx)
+	spec, err := s.containerSpec(sb, sbCfg, handler, cfg, draft)
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	// NRI plugins see (and may adjust) the finished spec before the
+	// runtime creates the container and before it is visible.
+	pending := draft.Record(spec)
+	block, err := s.nri.CreateContainer(ctx, sb, pending, spec)
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	c, err := draft.Commit(ctx, spec, pending.Resources)
 	block.Unblock()
 	if err != nil {
-		if block != nil {
-			s.nri.UndoCreateContainer(context.WithoutCancel(ctx), sb, nriCtr, nriSpec)
-		}
+		s.nri.UndoCreateContainer(context.WithoutCancel(ctx), sb, pending, spec)
 		return nil, toStatus(err)
 	}
 	s.nri.PostCreateContainer(ctx, c)
 	return &runtime.CreateContainerResponse{ContainerId: c.ID}, nil
+}
+
+// containerSpec builds the OCI spec of a prepared container.
+func (s *Service) containerSpec(sb *sandbox.Sandbox, sbCfg *runtime.PodSandboxConfig, handler string, cfg *runtime.ContainerConfig, draft *container.Draft) (*specs.Spec, error) {
+	in := specgen.Input{
+		ContainerID:    draft.ID,
+		Config:         cfg,
+		SandboxConfig:  sbCfg,
+		Image:          draft.Image.Config,
+		RootfsPath:     draft.Rootfs.Path,
+		ImageVolumes:   draft.Rootfs.Volumes,
+		IDMappedMounts: draft.Rootfs.IDMapped,
+		Pod: specgen.Pod{
+			ID: sb.ID, NetNSPath: sb.NetNSPath, IPCNSPath: sb.IPCNSPath, UTSNSPath: sb.UTSNSPath,
+			PIDNSPath: sb.PIDNSPath, CgroupParent: containerCgroupParent(sb),
+			HostnamePath: sb.HostnamePath, HostsPath: sb.HostsPath, ResolvConfPath: sb.ResolvConfPath, ShmPath: sb.ShmPath,
+			UserNSPath: sb.UserNSPath, UserNS: sb.UserNS,
+		},
+		CgroupDriver:     CgroupDriver(s.cfg.CgroupDriver),
+		OOMScoreAdjFloor: ownOOMScoreAdj(),
+		Rlimits:          s.rlimits,
+		CDI:              s.cdi,
+		AppArmor:         s.apparmor,
+		Logger:           s.log.With("pod", sb.ID, "container", draft.ID),
+	}
+	if s.host != nil {
+		h := *s.host
+		h.RecursiveReadOnly = s.handlerFeatures[handler].RecursiveReadOnly
+		in.Host = &h
+	}
+	if cfg.GetLinux().GetSecurityContext().GetNamespaceOptions().GetPid() == runtime.NamespaceMode_TARGET {
+		target, err := s.containers.Get(cfg.GetLinux().GetSecurityContext().GetNamespaceOptions().GetTargetId())
+		if err != nil {
+			return nil, fmt.Errorf("pid namespace target: %w", err)
+		}
+		if target.State != container.StateRunning || target.Pid == 0 {
+			return nil, fmt.Errorf("pid namespace target %s is not running: %w", target.ID, errdefs.ErrFailedPrecondition)
+		}
+		in.TargetPIDNSPath = "/proc/" + strconv.Itoa(target.Pid) + "/ns/pid"
+	}
+	return specgen.Build(in)
 }
 
 // containerLogPath joins the pod's log directory and the container's

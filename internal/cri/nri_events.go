@@ -15,10 +15,8 @@ func (s *Service) nriStopPod(ctx context.Context, sb *sandbox.Sandbox) {
 	if !s.nri.Enabled() {
 		return
 	}
-	for _, c := range s.containers.List() {
-		if c.PodID == sb.ID {
-			logNRI(s.log, s.nri.StopContainer(ctx, c), sb.ID, c.ID)
-		}
+	for _, c := range s.containers.ListPod(sb.ID) {
+		logNRI(s.log, s.nri.StopContainer(ctx, c), sb.ID, c.ID)
 	}
 	if cur, err := s.sandboxes.Get(sb.ID); err == nil {
 		sb = cur

@@ -153,7 +153,7 @@ func New(ctx context.Context, cfg *config.Config, version string, log *slog.Logg
 		ShimDir:    filepath.Join(cfg.State, "shims"),
 		ShimBinary: container.ShimBinary(),
 		Runtimes:   runtimes,
-		Layers:     images,
+		Images:     images,
 		Logger:     log.With("component", "container"),
 		OnEvent:    func(ev container.Event) { publisher.ContainerEvent(ev); nriRelay.Load().ContainerEvent(ev) },
 		Faults:     faults,
@@ -162,7 +162,6 @@ func New(ctx context.Context, cfg *config.Config, version string, log *slog.Logg
 	if err != nil {
 		return nil, fmt.Errorf("open container store: %w", err)
 	}
-	publisher.Seed(containers.List())
 	devices := cdi.New(cfg.CDISpecDirs, log.With("component", "cdi"))
 	if d.nri, err = nri.New(nri.Options{
 		Config: cfg.NRI, Name: "berth", Version: version,

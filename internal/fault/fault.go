@@ -1,14 +1,17 @@
-// Package fault is berthd's crash-injection hook for recovery tests. An
+// Package fault is berthd's fault-injection hook for recovery tests. An
 // Injector names the points at which berthd exits abruptly, as a crash
-// (or kill -9) there would. berthd builds one from BERTHD_TEST_FAULTS only
-// when that variable is set; otherwise the stores hold a nil *Injector and
-// every Hit is a nil test.
+// (or kill -9) there would, and the failure points at which an operation
+// fails as a broken disk would make it. berthd builds one from
+// BERTHD_TEST_FAULTS only when that variable is set; otherwise the stores
+// hold a nil *Injector and every Hit or Fail is a nil test.
 package fault
 
 import (
+	"errors"
 	"fmt"
 	"log/slog"
 	"os"
+	"slices"
 	"sort"
 	"strings"
 )
@@ -41,6 +44,9 @@ const (
 	// ContainerAfterOverlayMount: dir and overlay mount, layers leased, no
 	// record, nothing in the shim.
 	ContainerAfterOverlayMount Point = "after-overlay-mount"
+	// ContainerAfterImageVolumeMount: the container's image volumes are
+	// mounted and their images leased (<id>.vol<n>) too; no record.
+	ContainerAfterImageVolumeMount Point = "after-image-volume-mount"
 	// ContainerAfterShimStart: the pod's shim runs (launched for this
 	// create if it is the pod's first container) but holds no container.
 	ContainerAfterShimStart Point = "after-shim-start"
@@ -65,13 +71,27 @@ const (
 	ImageMidRemove Point = "mid-image-remove"
 )
 
-// Points lists every point, in the order above.
+// Points lists every crash point, in the order above.
 var Points = []Point{
 	SandboxAfterNetnsCreate, SandboxAfterCNIAdd, SandboxAfterCheckpointWrite, SandboxMidStop, SandboxMidRemove,
-	ContainerAfterOverlayMount, ContainerAfterShimStart, ContainerAfterRuncCreate, ContainerAfterRecordWrite,
+	ContainerAfterOverlayMount, ContainerAfterImageVolumeMount, ContainerAfterShimStart, ContainerAfterRuncCreate, ContainerAfterRecordWrite,
 	ContainerBeforeRuncStart, ContainerAfterRuncStart, ContainerMidRemove,
 	ImageAfterBlobWrite, ImageMidUnpack, ImageMidRemove,
 }
+
+// Failure points: armed, the operation fails there with ErrInjected and
+// berthd goes on. Each comment says what fails.
+const (
+	// ContainerFailStartRecordWrite: StartContainer's write of the
+	// "running" record, after the process started.
+	ContainerFailStartRecordWrite Point = "fail-start-record-write"
+)
+
+// FailPoints lists every failure point.
+var FailPoints = []Point{ContainerFailStartRecordWrite}
+
+// ErrInjected is what an armed failure point fails with.
+var ErrInjected = errors.New("injected test failure")
 
 // Injector kills the process at its armed points. A nil *Injector is
 // disarmed.
@@ -88,13 +108,14 @@ func New(points []Point, log *slog.Logger) (*Injector, error) {
 		log = slog.New(slog.DiscardHandler)
 	}
 	known := map[Point]bool{}
-	for _, p := range Points {
+	all := append(append([]Point(nil), Points...), FailPoints...)
+	for _, p := range all {
 		known[p] = true
 	}
 	in := &Injector{armed: map[Point]bool{}, log: log, exit: os.Exit}
 	for _, p := range points {
 		if !known[p] {
-			return nil, fmt.Errorf("unknown fault point %q (known: %s)", p, joinPoints(Points))
+			return nil, fmt.Errorf("unknown fault point %q (known: %s)", p, joinPoints(all))
 		}
 		in.armed[p] = true
 	}
@@ -128,11 +149,21 @@ func (in *Injector) Armed(p Point) bool { return in != nil && in.armed[p] }
 // Hit exits the process with ExitCode if p is armed. attrs (slog key/value
 // pairs, such as the pod ID) go into the last log line.
 func (in *Injector) Hit(p Point, attrs ...any) {
-	if !in.Armed(p) {
+	if !in.Armed(p) || slices.Contains(FailPoints, p) {
 		return
 	}
 	in.log.Warn("test fault: exiting abruptly", append([]any{"point", string(p)}, attrs...)...)
 	in.exit(ExitCode)
+}
+
+// Fail returns ErrInjected, wrapped with the point's name, if failure
+// point p is armed; nil otherwise.
+func (in *Injector) Fail(p Point) error {
+	if !in.Armed(p) || !slices.Contains(FailPoints, p) {
+		return nil
+	}
+	in.log.Warn("test fault: failing", "point", string(p))
+	return fmt.Errorf("%s: %w", p, ErrInjected)
 }
 
 func joinPoints(ps []Point) string {

@@ -1,6 +1,7 @@
 package fault
 
 import (
+	"errors"
 	"testing"
 )
 
@@ -38,5 +39,24 @@ func TestFromEnv(t *testing.T) {
 	t.Setenv(EnvVar, "after-cni-ad")
 	if _, err := FromEnv(nil); err == nil {
 		t.Fatal("unknown point accepted")
+	}
+}
+
+func TestFailPointFailsWithoutExiting(t *testing.T) {
+	var nilIn *Injector
+	if err := nilIn.Fail(ContainerFailStartRecordWrite); err != nil {
+		t.Fatalf("nil injector failed: %v", err)
+	}
+	in, err := New([]Point{ContainerFailStartRecordWrite}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	in.exit = func(c int) { t.Fatalf("a failure point exited with %d", c) }
+	if err := in.Fail(ContainerFailStartRecordWrite); !errors.Is(err, ErrInjected) {
+		t.Fatalf("armed failure point: %v, want ErrInjected", err)
+	}
+	in.Hit(ContainerFailStartRecordWrite) // never a crash point
+	if in2, _ := New([]Point{ContainerMidRemove}, nil); in2.Fail(ContainerFailStartRecordWrite) != nil {
+		t.Fatal("a disarmed failure point failed")
 	}
 }

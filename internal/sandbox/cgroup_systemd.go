@@ -34,7 +34,7 @@ func (s *Store) podCgroupName(configParent, id string) (unit, path string, err e
 
 // createPodCgroup makes the pod cgroup r names and, under systemd, records
 // the cgroup path systemd gave the slice.
-func (s *Store) createPodCgroup(ctx context.Context, r *record) error {
+func (s *Store) createPodCgroup(ctx context.Context, r *entry) error {
 	if r.sb.CgroupUnit == "" {
 		return createCgroup(r.sb.CgroupParent)
 	}
@@ -55,7 +55,7 @@ func pauseScope(id string) string { return systemd.ScopePrefix + "-pause-" + id 
 
 // joinPodCgroup moves the pod's pause holder into the pod cgroup: under
 // systemd into a scope of its own in the pod slice.
-func (s *Store) joinPodCgroup(ctx context.Context, r *record, pid int) error {
+func (s *Store) joinPodCgroup(ctx context.Context, r *entry, pid int) error {
 	if r.sb.CgroupUnit == "" {
 		return joinCgroup(r.sb.CgroupParent, pid)
 	}
@@ -87,7 +87,7 @@ func (s *Store) removePodCgroup(ctx context.Context, unit, path string) error {
 // updatePodCgroup applies pod-level limits: as slice properties under
 // systemd (writing the files behind systemd's back would be undone on its
 // next reload), straight to the cgroup files under cgroupfs.
-func (s *Store) updatePodCgroup(ctx context.Context, r *record, res *specs.LinuxResources) error {
+func (s *Store) updatePodCgroup(ctx context.Context, r *entry, res *specs.LinuxResources) error {
 	if r.sb.CgroupUnit == "" {
 		return updateCgroup(r.sb.CgroupParent, res)
 	}

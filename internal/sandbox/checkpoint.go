@@ -20,7 +20,7 @@ const checkpointVersion = "v1"
 
 const checkpointFile = "checkpoint.json"
 
-// checkpoint is the on-disk record of one sandbox: everything needed to
+// checkpoint is one sandbox on disk: everything needed to
 // list it, stop it (CNI DEL with the config ADD used) and remove it after
 // a daemon restart.
 type checkpoint struct {
@@ -54,7 +54,7 @@ type checkpoint struct {
 	Network *network.Attachment `json:"network,omitempty"`
 }
 
-func (r *record) toCheckpoint() (*checkpoint, error) {
+func (r *entry) toCheckpoint() (*checkpoint, error) {
 	cfg, err := protojson.Marshal(r.sb.Config)
 	if err != nil {
 		return nil, fmt.Errorf("encode sandbox config: %w", err)
@@ -72,7 +72,7 @@ func (r *record) toCheckpoint() (*checkpoint, error) {
 	}, nil
 }
 
-func (c *checkpoint) toRecord() (*record, error) {
+func (c *checkpoint) toEntry() (*entry, error) {
 	if c.Version != checkpointVersion {
 		return nil, fmt.Errorf("checkpoint version %q, want %q", c.Version, checkpointVersion)
 	}
@@ -84,7 +84,7 @@ func (c *checkpoint) toRecord() (*record, error) {
 	if c.State == runtime.PodSandboxState_SANDBOX_READY.String() {
 		state = runtime.PodSandboxState_SANDBOX_READY
 	}
-	r := &record{
+	r := &entry{
 		sb: Sandbox{
 			ID: c.ID, Config: cfg, RuntimeHandler: c.RuntimeHandler, State: state, CreatedAt: c.CreatedAt,
 			NetNSPath: c.NetNSPath, IPCNSPath: c.IPCNSPath, UTSNSPath: c.UTSNSPath,

@@ -13,7 +13,7 @@ import (
 func (s *Store) All() iter.Seq[*Sandbox] {
 	return func(yield func(*Sandbox) bool) {
 		type item struct {
-			r       *record
+			r       *entry
 			created time.Time
 		}
 		s.mu.Lock()

@@ -103,7 +103,7 @@ type Store struct {
 	log  *slog.Logger
 
 	mu    sync.Mutex
-	byID  map[string]*record
+	byID  map[string]*entry
 	names map[string]string // reservation key → id
 
 	// usernsOnce probes, on first need, whether user namespace pods can
@@ -112,8 +112,9 @@ type Store struct {
 	usernsErr  error
 }
 
-// record is one sandbox plus what only this package needs.
-type record struct {
+// entry is one sandbox in memory: its public view plus what only this
+// package needs (its checkpoint is what of it is on disk).
+type entry struct {
 	mu         sync.Mutex
 	sb         Sandbox
 	pausePID   int
@@ -127,8 +128,8 @@ type record struct {
 }
 
 // publish makes the current state visible to Get and List; call with mu
-// held (or before the record is shared).
-func (r *record) publish() { r.view.Store(r.snapshot()) }
+// held (or before the entry is shared).
+func (r *entry) publish() { r.view.Store(r.snapshot()) }
 
 // New loads the sandboxes checkpointed under <root>/sandboxes. A sandbox
 // whose namespace pins or pause process are gone comes back NOTREADY.
@@ -137,7 +138,7 @@ func New(opts Options) (*Store, error) {
 	if log == nil {
 		log = slog.Default()
 	}
-	s := &Store{opts: opts, log: log, byID: map[string]*record{}, names: map[string]string{}}
+	s := &Store{opts: opts, log: log, byID: map[string]*entry{}, names: map[string]string{}}
 	for _, dir := range []string{s.sandboxesDir(), s.netnsDir(), filepath.Join(opts.State, "sandboxes")} {
 		if err := os.MkdirAll(dir, 0o711); err != nil {
 			return nil, fmt.Errorf("create %s: %w", dir, err)
@@ -164,7 +165,7 @@ func New(opts Options) (*Store, error) {
 			log.Warn("skipping sandbox without a readable checkpoint", "dir", e.Name(), "err", err)
 			continue
 		}
-		r, err := c.toRecord()
+		r, err := c.toEntry()
 		if err != nil {
 			log.Warn("skipping sandbox with a bad checkpoint", "pod", e.Name(), "err", err)
 			continue
@@ -184,7 +185,7 @@ func (s *Store) sandboxesDir() string { return filepath.Join(s.opts.Root, "sandb
 func (s *Store) netnsDir() string     { return filepath.Join(s.opts.State, "netns") }
 
 // alive reports whether every namespace the sandbox owns still exists.
-func (r *record) alive() bool {
+func (r *entry) alive() bool {
 	for _, p := range []string{r.sb.NetNSPath, r.sb.IPCNSPath, r.sb.UTSNSPath, r.sb.UserNSPath} {
 		if p != "" && !pinAlive(p) {
 			return false
@@ -199,7 +200,7 @@ func (r *record) alive() bool {
 	return true
 }
 
-func (r *record) fillFromAttachment() {
+func (r *entry) fillFromAttachment() {
 	r.sb.IP, r.sb.AdditionalIPs = "", nil
 	if r.attachment != nil && len(r.attachment.IPs) > 0 {
 		r.sb.IP = r.attachment.IPs[0]
@@ -214,15 +215,15 @@ func reservationKey(md *runtime.PodSandboxMetadata) string {
 	return fmt.Sprintf("%s_%s_%s_%d", md.GetName(), md.GetNamespace(), md.GetUid(), md.GetAttempt())
 }
 
-// snapshot copies the public view under the record lock.
-func (r *record) snapshot() *Sandbox {
+// snapshot copies the public view under the entry's lock.
+func (r *entry) snapshot() *Sandbox {
 	sb := r.sb
 	sb.AdditionalIPs = append([]string(nil), r.sb.AdditionalIPs...)
 	return &sb
 }
 
 // lookup resolves a full ID or unique prefix.
-func (s *Store) lookup(id string) (*record, error) {
+func (s *Store) lookup(id string) (*entry, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return idprefix.Resolve(s.byID, "sandbox", id, nil)
@@ -254,13 +255,13 @@ func copySandbox(v *Sandbox) *Sandbox {
 // List returns every sandbox, oldest first, from the published snapshots.
 func (s *Store) List() []*Sandbox {
 	s.mu.Lock()
-	recs := make([]*record, 0, len(s.byID))
+	entries := make([]*entry, 0, len(s.byID))
 	for _, r := range s.byID {
-		recs = append(recs, r)
+		entries = append(entries, r)
 	}
 	s.mu.Unlock()
-	out := make([]*Sandbox, 0, len(recs))
-	for _, r := range recs {
+	out := make([]*Sandbox, 0, len(entries))
+	for _, r := range entries {
 		if v := r.view.Load(); v != nil {
 			out = append(out, copySandbox(v))
 		}
@@ -378,7 +379,7 @@ func (s *Store) Run(ctx context.Context, cfg *runtime.PodSandboxConfig, handler 
 	}
 	dir := filepath.Join(s.sandboxesDir(), id)
 	stateDir := filepath.Join(s.opts.State, "sandboxes", id)
-	r := &record{
+	r := &entry{
 		sb: Sandbox{
 			ID: id, Config: proto.Clone(cfg).(*runtime.PodSandboxConfig), RuntimeHandler: handler,
 			State: runtime.PodSandboxState_SANDBOX_NOTREADY, CreatedAt: time.Now(),
@@ -544,7 +545,7 @@ func contains(list []string, s string) bool {
 	return false
 }
 
-func (s *Store) netPod(r *record) network.Pod {
+func (s *Store) netPod(r *entry) network.Pod {
 	md := r.sb.Config.GetMetadata()
 	return network.Pod{
 		ID: r.sb.ID, Name: md.GetName(), Namespace: md.GetNamespace(), UID: md.GetUid(),
@@ -552,7 +553,7 @@ func (s *Store) netPod(r *record) network.Pod {
 	}
 }
 
-func (s *Store) persist(r *record) error {
+func (s *Store) persist(r *entry) error {
 	c, err := r.toCheckpoint()
 	if err != nil {
 		return err
@@ -565,7 +566,7 @@ func (s *Store) persist(r *record) error {
 // /dev/shm. Every step tolerates already-undone state. When CNI DEL fails
 // it stops there (keeping the netns so a retry can finish DEL), unless
 // force is set: a failed Run must not keep anything.
-func (s *Store) teardown(ctx context.Context, r *record, force bool) error {
+func (s *Store) teardown(ctx context.Context, r *entry, force bool) error {
 	var errs []error
 	if r.attachment != nil {
 		if err := s.opts.Network.Detach(ctx, s.netPod(r), r.attachment); err != nil {
@@ -614,7 +615,7 @@ func (s *Store) Stop(ctx context.Context, id string) error {
 	return s.stopLocked(ctx, r)
 }
 
-func (s *Store) stopLocked(ctx context.Context, r *record) error {
+func (s *Store) stopLocked(ctx context.Context, r *entry) error {
 	log := s.log.With("pod", r.sb.ID)
 	start := time.Now()
 	err := s.teardown(ctx, r, false)

@@ -74,7 +74,7 @@ func TestCheckpointRoundTrip(t *testing.T) {
 		PortMappings: []*runtime.PortMapping{{ContainerPort: 80, HostPort: 8080}},
 		Linux:        &runtime.LinuxPodSandboxConfig{Overhead: &runtime.LinuxContainerResources{MemoryLimitInBytes: 1 << 20}},
 	}
-	r := &record{
+	r := &entry{
 		sb: Sandbox{ID: "id1", Config: cfg, RuntimeHandler: "runc", State: runtime.PodSandboxState_SANDBOX_READY,
 			CreatedAt: time.Unix(100, 5).UTC(), NetNSPath: "/n", CgroupParent: "/berth/pod-id1"},
 		pausePID: 42, pauseStart: 7,
@@ -92,7 +92,7 @@ func TestCheckpointRoundTrip(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	r2, err := c2.toRecord()
+	r2, err := c2.toEntry()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -107,7 +107,7 @@ func TestCheckpointRoundTrip(t *testing.T) {
 		t.Fatalf("temp files left: %v", entries)
 	}
 	c2.Version = "v0"
-	if _, err := c2.toRecord(); err == nil {
+	if _, err := c2.toEntry(); err == nil {
 		t.Fatal("unknown checkpoint version accepted")
 	}
 }

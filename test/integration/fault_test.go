@@ -2,10 +2,12 @@ package integration
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -111,6 +113,21 @@ var faultCases = []faultCase{
 			return err
 		}},
 	{point: fault.ContainerAfterOverlayMount, prepare: (*faultEnv).targetPod, op: createTarget},
+	{point: fault.ContainerAfterImageVolumeMount,
+		prepare: func(e *faultEnv) {
+			e.targetPod()
+			e.imageUsed = e.reg.Ref(testimages.HTTPDRef)
+			pull(e.t, e.d, e.imageUsed, nil)
+		},
+		// Dies with the image volume mounted and its image leased: the
+		// restarted daemon unmounts it and releases the lease, so the
+		// image's layers go with RemoveImage in the cleanup.
+		op: func(ctx context.Context, e *faultEnv) error {
+			cfg := e.ctrConfig("target", "sleep", "3600")
+			cfg.Mounts = []*criapi.Mount{{ContainerPath: "/vol", Readonly: true, Image: &criapi.ImageSpec{Image: e.imageUsed}}}
+			_, err := e.d.Runtime.CreateContainer(ctx, &criapi.CreateContainerRequest{PodSandboxId: e.pod, Config: cfg, SandboxConfig: e.podCfg})
+			return err
+		}},
 	{point: fault.ContainerAfterShimStart, prepare: (*faultEnv).targetPod, op: createTarget},
 	{point: fault.ContainerAfterRuncCreate, prepare: (*faultEnv).targetPod, op: createTarget},
 	{point: fault.ContainerAfterRecordWrite, prepare: (*faultEnv).targetPod, op: createTarget},
@@ -348,4 +365,57 @@ func TestRecoveryCleansResourcesWithoutRecords(t *testing.T) {
 			t.Errorf("berthd did not log %q", msg)
 		}
 	}
+}
+
+// TestStartWhoseRecordFailsStopsTheContainer: StartContainer's write of
+// the running record fails (an armed failure point) after the process
+// started. The call fails, and everything then tells the same story: the
+// container is exited (StartError) in status and after a restart, its
+// process is gone, event subscribers heard it stop but never start, and
+// NRI plugins heard StartContainer and StopContainer, never
+// PostStartContainer.
+func TestStartWhoseRecordFailsStopsTheContainer(t *testing.T) {
+	t.Parallel()
+	d := berthdtest.Start(t, berthdtest.Options{Env: []string{fault.EnvVar + "=" + string(fault.ContainerFailStartRecordWrite)}})
+	p := startPlugin(t, d, "startfail", "00", nil)
+	e := newCtrEnvOn(t, d)
+	ctx := ctxT(t)
+	evCtx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	stream, err := d.Runtime.GetContainerEvents(evCtx, &criapi.GetEventsRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(200 * time.Millisecond) // subscribed before the first event
+
+	id := e.create(e.config("victim", "sleep", "1000"))
+	if _, err := d.Runtime.StartContainer(ctx, &criapi.StartContainerRequest{ContainerId: id}); err == nil {
+		t.Fatal("StartContainer succeeded though its record could not be written")
+	}
+	check := func(when string) {
+		st := e.status(id)
+		if st.State != criapi.ContainerState_CONTAINER_EXITED || st.Reason != "StartError" || st.StartedAt != 0 {
+			t.Fatalf("%s: %v reason %q started at %d, want exited, StartError, never started", when, st.State, st.Reason, st.StartedAt)
+		}
+	}
+	check("after the failed start")
+	out, err := exec.Command("runc", "--root", filepath.Join(d.State, "runtime", "runc"), "state", id).CombinedOutput()
+	var rs struct{ Status string }
+	if err != nil || json.Unmarshal(out, &rs) != nil || rs.Status != "stopped" {
+		t.Fatalf("runc state: %s, %v; want stopped", out, err)
+	}
+	evs := recvEvents(t, stream, 2)
+	if evs[0].ContainerEventType != criapi.ContainerEventType_CONTAINER_CREATED_EVENT ||
+		evs[1].ContainerEventType != criapi.ContainerEventType_CONTAINER_STOPPED_EVENT {
+		t.Fatalf("events %v, %v; want created, stopped", evs[0].ContainerEventType, evs[1].ContainerEventType)
+	}
+	waitFor(t, func() bool { return slices.Contains(p.eventsFor(e.pod, id), "StopContainer") })
+	if got := p.eventsFor(e.pod, id); !slices.Equal(got, []string{"CreateContainer", "PostCreateContainer", "StartContainer", "StopContainer"}) {
+		t.Fatalf("NRI events %v", got)
+	}
+
+	d.SetEnv()
+	d.Restart()
+	check("after a restart")
+	stopRemove(t, d, e.pod)
 }

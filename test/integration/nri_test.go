@@ -898,3 +898,113 @@ func TestNRIPreinstalledPlugin(t *testing.T) {
 		t.Fatalf("plugin saw\n%v\nwant\n%v", lines, want)
 	}
 }
+
+// TestNRIPodRemovalPartialFailure: RemovePodSandbox cannot remove one of
+// the pod's containers (something is mounted inside its directory). The
+// call fails, yet the container it did remove is reported to NRI plugins
+// (and to event subscribers) at once; the retry, once the mount is gone,
+// reports the other. Each container's RemoveContainer goes out exactly
+// once, before the pod's RemovePodSandbox.
+func TestNRIPodRemovalPartialFailure(t *testing.T) {
+	t.Parallel()
+	d := nriDaemon(t)
+	p := startPlugin(t, d, "partial", "00", nil)
+	e := newCtrEnvOn(t, d)
+	ctx := ctxT(t)
+	evCtx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	stream, err := d.Runtime.GetContainerEvents(evCtx, &criapi.GetEventsRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	deleted := make(chan string, 16)
+	go func() {
+		for {
+			ev, err := stream.Recv()
+			if err != nil {
+				return
+			}
+			if ev.ContainerEventType == criapi.ContainerEventType_CONTAINER_DELETED_EVENT {
+				deleted <- ev.ContainerId
+			}
+		}
+	}()
+	time.Sleep(200 * time.Millisecond) // subscribed before the first event
+
+	a := e.run(e.config("a", "sleep", "1000"))
+	b := e.create(e.config("b", "sleep", "1000"))
+	if _, err := d.Runtime.StopPodSandbox(ctx, &criapi.StopPodSandboxRequest{PodSandboxId: e.pod}); err != nil {
+		t.Fatal(err)
+	}
+	blocker := filepath.Join(d.Root, "containers", b, "blocker")
+	if err := os.Mkdir(blocker, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := exec.Command("mount", "-t", "tmpfs", "blocker", blocker).CombinedOutput(); err != nil {
+		t.Fatalf("mount: %v: %s", err, out)
+	}
+	unmounted := false
+	unmount := func() {
+		if !unmounted {
+			unmounted = true
+			if out, err := exec.Command("umount", blocker).CombinedOutput(); err != nil {
+				t.Errorf("umount: %v: %s", err, out)
+			}
+		}
+	}
+	t.Cleanup(unmount)
+
+	if _, err := d.Runtime.RemovePodSandbox(ctx, &criapi.RemovePodSandboxRequest{PodSandboxId: e.pod}); err == nil {
+		t.Fatal("RemovePodSandbox succeeded with a container it could not remove")
+	}
+	if got := p.eventsFor(e.pod, a); !slices.Contains(got, "RemoveContainer") {
+		t.Fatalf("the removed container's events %v: no RemoveContainer after the failed call", got)
+	}
+	if got := p.eventsFor(e.pod, b); slices.Contains(got, "RemoveContainer") {
+		t.Fatalf("the container still there was reported removed: %v", got)
+	}
+	if got := p.eventsFor(e.pod, ""); slices.Contains(got, "RemovePodSandbox") {
+		t.Fatalf("the pod was reported removed: %v", got)
+	}
+	resp, err := d.Runtime.ListContainers(ctx, &criapi.ListContainersRequest{Filter: &criapi.ContainerFilter{PodSandboxId: e.pod}})
+	if err != nil || len(resp.Containers) != 1 || resp.Containers[0].Id != b {
+		t.Fatalf("listed after the failed call: %v, %v; want b alone", resp.GetContainers(), err)
+	}
+
+	unmount()
+	if _, err := d.Runtime.RemovePodSandbox(ctx, &criapi.RemovePodSandboxRequest{PodSandboxId: e.pod}); err != nil {
+		t.Fatalf("retry: %v", err)
+	}
+	time.Sleep(300 * time.Millisecond) // a late duplicate would show now
+	var order []string
+	p.mu.Lock()
+	for _, ev := range p.events {
+		switch {
+		case ev.kind == "RemoveContainer" && (ev.ctr.GetId() == a || ev.ctr.GetId() == b):
+			order = append(order, ev.ctr.GetId())
+		case ev.kind == "RemovePodSandbox" && ev.pod.GetId() == e.pod:
+			order = append(order, "pod")
+		}
+	}
+	p.mu.Unlock()
+	if !slices.Equal(order, []string{a, b, "pod"}) {
+		t.Fatalf("removals heard by the plugin: %v, want a, b, then the pod, once each", order)
+	}
+	var gone []string
+	for len(gone) < 2 {
+		select {
+		case id := <-deleted:
+			gone = append(gone, id)
+		case <-time.After(10 * time.Second):
+			t.Fatalf("deleted events: %v", gone)
+		}
+	}
+	select {
+	case id := <-deleted:
+		t.Fatalf("a second deleted event for %s", id)
+	case <-time.After(200 * time.Millisecond):
+	}
+	if !slices.Equal(gone, []string{a, b}) {
+		t.Fatalf("deleted events %v, want a then b", gone)
+	}
+}

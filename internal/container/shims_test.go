@@ -8,11 +8,11 @@ import (
 // A pod's shim launch blocks another launch in the same pod but not in a
 // different pod, and the lock map empties once nobody holds a lock.
 func TestPodShimLockIsPerPod(t *testing.T) {
-	s := &Store{shimLocks: map[string]*podShimLock{}}
-	unlockA := s.lockPodShim("pod-a")
+	s := newBerthShims(t.TempDir(), "berth-shim", nil)
+	unlockA := s.lockPod("pod-a")
 
 	otherPod := make(chan struct{})
-	go func() { s.lockPodShim("pod-b")(); close(otherPod) }()
+	go func() { s.lockPod("pod-b")(); close(otherPod) }()
 	select {
 	case <-otherPod:
 	case <-time.After(5 * time.Second):
@@ -20,7 +20,7 @@ func TestPodShimLockIsPerPod(t *testing.T) {
 	}
 
 	samePod := make(chan struct{})
-	go func() { s.lockPodShim("pod-a")(); close(samePod) }()
+	go func() { s.lockPod("pod-a")(); close(samePod) }()
 	select {
 	case <-samePod:
 		t.Fatal("a second launch in pod-a did not wait for the first")
@@ -34,7 +34,7 @@ func TestPodShimLockIsPerPod(t *testing.T) {
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if len(s.shimLocks) != 0 {
-		t.Fatalf("%d shim locks left with no holder", len(s.shimLocks))
+	if len(s.launches) != 0 {
+		t.Fatalf("%d shim locks left with no holder", len(s.launches))
 	}
 }

@@ -1,0 +1,182 @@
+package container
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"sync"
+	"syscall"
+
+	"github.com/berthcri/berth/internal/errdefs"
+	"github.com/berthcri/berth/internal/shim"
+)
+
+// Shim is one pod's berth-shim as the store drives it; calls fail with
+// shim.ErrNoShim when none runs.
+type Shim interface {
+	Create(ctx context.Context, id string, cr *shim.CreateRequest) error
+	Start(ctx context.Context, id string) (*shim.State, error)
+	Kill(ctx context.Context, id string, sig syscall.Signal, all bool) error
+	State(ctx context.Context, id string) (*shim.State, error)
+	// Wait blocks until the container exits or ctx ends.
+	Wait(ctx context.Context, id string) (*shim.State, error)
+	// Delete removes the container from the runtime (killing it) and the
+	// shim.
+	Delete(ctx context.Context, id string) (*shim.State, error)
+	ReopenLog(ctx context.Context, id string) error
+	// List returns the IDs of the containers the shim holds.
+	List(ctx context.Context) ([]string, error)
+	// Shutdown makes a shim that holds nothing exit.
+	Shutdown(ctx context.Context) error
+	Attach(ctx context.Context, id string, stdin, stdout, stderr bool) (*shim.Stream, error)
+	// Exit is the exit the shim persisted for the container, if any; it
+	// is read from disk and works while the shim is down.
+	Exit(id string) (*shim.Exit, bool, error)
+}
+
+// Shims reaches the pods' shims. berthShims (below) runs berth-shim under
+// Options.ShimDir; unit tests put their own in Options.Shims.
+type Shims interface {
+	// Pod is the pod's shim, whether or not one runs.
+	Pod(podID string) Shim
+	// Start returns the pod's shim, launching one if none runs; two calls
+	// for one pod never launch two.
+	Start(ctx context.Context, podID string) (Shim, error)
+	// Pods lists the pods that have shim state (a running shim, or the
+	// directory a dead one left).
+	Pods() ([]string, error)
+	// Forget removes the state a dead shim left.
+	Forget(podID string) error
+}
+
+// berthShims is berth-shim: one process per pod, its socket and persisted
+// exits in <dir>/<pod-id>.
+type berthShims struct {
+	dir    string
+	binary string
+	log    *slog.Logger
+
+	mu sync.Mutex
+	// launches serialise shim launches per pod (two creates in one pod
+	// must not launch two shims). Pods never wait on each other's shim,
+	// so a hung shim stalls only its own pod.
+	launches map[string]*podLaunchLock
+}
+
+// podLaunchLock is one pod's shim-launch lock; refs counts holders and
+// waiters, so the map entry goes when nobody needs it.
+type podLaunchLock struct {
+	mu   sync.Mutex
+	refs int
+}
+
+func newBerthShims(dir, binary string, log *slog.Logger) *berthShims {
+	return &berthShims{dir: dir, binary: binary, log: log, launches: map[string]*podLaunchLock{}}
+}
+
+// berthShim is shim.Client plus the exits it persists on disk.
+type berthShim struct{ *shim.Client }
+
+func (c berthShim) Exit(id string) (*shim.Exit, bool, error) { return shim.ReadExit(c.Dir(), id) }
+
+func (b *berthShims) Pod(podID string) Shim {
+	return berthShim{shim.NewClient(filepath.Join(b.dir, podID))}
+}
+
+func (b *berthShims) Start(ctx context.Context, podID string) (Shim, error) {
+	defer b.lockPod(podID)()
+	c := shim.NewClient(filepath.Join(b.dir, podID))
+	_, err := c.List(ctx)
+	if err == nil {
+		return berthShim{c}, nil
+	}
+	if !errors.Is(err, shim.ErrNoShim) {
+		return nil, err
+	}
+	c, err = shim.Launch(ctx, b.binary, c.Dir(), podID)
+	if err != nil {
+		return nil, err
+	}
+	b.log.Info("shim started", "pod", podID)
+	return berthShim{c}, nil
+}
+
+func (b *berthShims) Pods() ([]string, error) {
+	es, err := os.ReadDir(b.dir)
+	if err != nil {
+		return nil, fmt.Errorf("list shim state: %w", err)
+	}
+	var pods []string
+	for _, e := range es {
+		if e.IsDir() {
+			pods = append(pods, e.Name())
+		}
+	}
+	return pods, nil
+}
+
+func (b *berthShims) Forget(podID string) error {
+	return os.RemoveAll(filepath.Join(b.dir, podID))
+}
+
+// lockPod takes the pod's shim-launch lock and returns its unlock.
+func (b *berthShims) lockPod(podID string) func() {
+	b.mu.Lock()
+	l := b.launches[podID]
+	if l == nil {
+		l = &podLaunchLock{}
+		b.launches[podID] = l
+	}
+	l.refs++
+	b.mu.Unlock()
+	l.mu.Lock()
+	return func() {
+		l.mu.Unlock()
+		b.mu.Lock()
+		if l.refs--; l.refs == 0 {
+			delete(b.launches, podID)
+		}
+		b.mu.Unlock()
+	}
+}
+
+// pendingShim is the pod's shim being reached (or launched) in the
+// background while a create mounts the rootfs and builds the spec:
+// launching one (fork, exec, a Go runtime's start) costs a few ms on the
+// first container of every pod.
+type pendingShim struct {
+	done chan struct{}
+	shim Shim
+	err  error
+}
+
+func reachShim(ctx context.Context, shims Shims, podID string) *pendingShim {
+	p := &pendingShim{done: make(chan struct{})}
+	go func() {
+		defer close(p.done)
+		p.shim, p.err = shims.Start(ctx, podID)
+	}()
+	return p
+}
+
+// join waits for the shim.
+func (p *pendingShim) join() (Shim, error) {
+	<-p.done
+	return p.shim, p.err
+}
+
+// abandon is the undo of a create whose container the shim does not
+// hold: a shim launched for this create alone exits (one holding other
+// containers refuses, as it should).
+func (p *pendingShim) abandon(ctx context.Context, log *slog.Logger) {
+	sh, err := p.join()
+	if err != nil {
+		return
+	}
+	if err := sh.Shutdown(ctx); err != nil && !errors.Is(err, shim.ErrNoShim) && !errors.Is(err, errdefs.ErrFailedPrecondition) {
+		log.Warn("shut the idle shim down after failed create", "err", err)
+	}
+}
