@@ -85,10 +85,14 @@ const (
 	// ContainerFailStartRecordWrite: StartContainer's write of the
 	// "running" record, after the process started.
 	ContainerFailStartRecordWrite Point = "fail-start-record-write"
+	// ImageFailLayerDigest: a pulled layer blob's digest check, after the
+	// blob streamed into ingest/ and unpacked there, as if the registry
+	// had sent other bytes.
+	ImageFailLayerDigest Point = "fail-layer-digest"
 )
 
 // FailPoints lists every failure point.
-var FailPoints = []Point{ContainerFailStartRecordWrite}
+var FailPoints = []Point{ContainerFailStartRecordWrite, ImageFailLayerDigest}
 
 // ErrInjected is what an armed failure point fails with.
 var ErrInjected = errors.New("injected test failure")

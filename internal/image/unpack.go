@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"strings"
 	"time"
+	"unsafe"
 
 	securejoin "github.com/cyphar/filepath-securejoin"
 	"github.com/klauspost/compress/gzip"
@@ -71,7 +72,7 @@ func Decompress(r io.Reader) (io.ReadCloser, error) {
 func Unpack(r io.Reader, root, layer string, opts UnpackOptions) (int64, error) {
 	cr := &countingReader{r: r}
 	tr := tar.NewReader(cr)
-	u := &unpacker{root: filepath.Clean(root), layer: layer, opts: opts}
+	u := &unpacker{root: filepath.Clean(root), layer: layer, opts: opts, dirsOK: map[string]bool{}, buf: make([]byte, 128<<10)}
 	for {
 		hdr, err := tr.Next()
 		if errors.Is(err, io.EOF) {
@@ -99,7 +100,17 @@ type unpacker struct {
 	layer string
 	opts  UnpackOptions
 	dirs  []dirTimes
+	// dirsOK holds the relative paths of directories known to be real
+	// directories inside root (made by this unpack or checked), so that
+	// the thousands of entries of one directory check it once. Anything
+	// removed during the unpack empties it.
+	dirsOK map[string]bool
+	buf    []byte
 }
+
+// removed forgets the directories known good: target was removed and may
+// have been (or held) one of them.
+func (u *unpacker) removed() { clear(u.dirsOK) }
 
 type dirTimes struct {
 	path string
@@ -128,6 +139,12 @@ func (u *unpacker) cleanName(name, what string) (string, error) {
 // With create false a missing directory is refused instead of made.
 func (u *unpacker) parentDir(entry, rel string, create bool) (string, error) {
 	dir := path.Dir(rel)
+	if dir == "." {
+		return u.root, nil
+	}
+	if u.dirsOK[dir] {
+		return filepath.Join(u.root, dir), nil
+	}
 	cur := u.root
 	if dir != "." {
 		for _, c := range strings.Split(dir, "/") {
@@ -158,6 +175,9 @@ func (u *unpacker) parentDir(entry, rel string, create bool) (string, error) {
 	}
 	if resolved != cur {
 		return "", u.refuse(entry, "path resolves outside its lexical location")
+	}
+	for d := dir; d != "." && !u.dirsOK[d]; d = path.Dir(d) {
+		u.dirsOK[d] = true
 	}
 	return cur, nil
 }
@@ -190,6 +210,7 @@ func (u *unpacker) entry(hdr *tar.Header, r io.Reader) error {
 			return u.refuse(hdr.Name, "bad whiteout")
 		}
 		target := filepath.Join(parent, victim)
+		u.removed()
 		if err := os.RemoveAll(target); err != nil {
 			return fmt.Errorf("layer %s: entry %q: %w", u.layer, hdr.Name, err)
 		}
@@ -211,25 +232,22 @@ func (u *unpacker) entry(hdr *tar.Header, r io.Reader) error {
 		return u.refuse(hdr.Name, fmt.Sprintf("file size %d exceeds the limit %d", hdr.Size, u.opts.MaxFileSize))
 	}
 
+	wrap := func(err error) error { return fmt.Errorf("layer %s: entry %q: %w", u.layer, hdr.Name, err) }
+	if hdr.Typeflag == tar.TypeReg {
+		// Most entries: created and finished through one descriptor.
+		return u.regular(hdr, target, r, wrap)
+	}
 	// A later entry replaces an earlier one, except dir over dir.
-	if fi, err := os.Lstat(target); err == nil {
-		if !(fi.IsDir() && hdr.Typeflag == tar.TypeDir) {
-			if err := os.RemoveAll(target); err != nil {
-				return fmt.Errorf("layer %s: entry %q: replace: %w", u.layer, hdr.Name, err)
-			}
-		}
+	if err := u.replace(hdr, target); err != nil {
+		return err
 	}
 
-	wrap := func(err error) error { return fmt.Errorf("layer %s: entry %q: %w", u.layer, hdr.Name, err) }
 	switch hdr.Typeflag {
 	case tar.TypeDir:
 		if err := os.Mkdir(target, 0o700); err != nil && !os.IsExist(err) {
 			return wrap(err)
 		}
-	case tar.TypeReg:
-		if err := writeFile(target, r, hdr.Size); err != nil {
-			return wrap(err)
-		}
+		u.dirsOK[rel] = true
 	case tar.TypeSymlink:
 		if err := os.Symlink(hdr.Linkname, target); err != nil {
 			return wrap(err)
@@ -267,14 +285,8 @@ func (u *unpacker) entry(hdr *tar.Header, r io.Reader) error {
 	if err := os.Lchown(target, hdr.Uid, hdr.Gid); err != nil {
 		return wrap(fmt.Errorf("chown: %w", err))
 	}
-	for k, v := range hdr.PAXRecords {
-		if !strings.HasPrefix(k, paxXattrPrefix) {
-			continue
-		}
-		attr := strings.TrimPrefix(k, paxXattrPrefix)
-		if err := unix.Lsetxattr(target, attr, []byte(v), 0); err != nil && !errors.Is(err, unix.ENOTSUP) {
-			return wrap(fmt.Errorf("set xattr %s: %w", attr, err))
-		}
+	if err := setXattrs(target, hdr); err != nil {
+		return wrap(err)
 	}
 	if hdr.Typeflag != tar.TypeSymlink {
 		// After chown, which clears setuid/setgid bits.
@@ -292,16 +304,79 @@ func (u *unpacker) entry(hdr *tar.Header, r io.Reader) error {
 	return nil
 }
 
-// writeFile copies size bytes into a new file, seeking over zero blocks so
-// that sparse files stay sparse on disk.
-func writeFile(target string, r io.Reader, size int64) error {
-	f, err := os.OpenFile(target, os.O_CREATE|os.O_EXCL|os.O_WRONLY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
+// replace removes what is at target unless hdr is a directory and target
+// one already.
+func (u *unpacker) replace(hdr *tar.Header, target string) error {
+	fi, err := os.Lstat(target)
+	if err != nil || (fi.IsDir() && hdr.Typeflag == tar.TypeDir) {
+		return nil
+	}
+	if fi.IsDir() {
+		u.removed()
+	}
+	if err := os.RemoveAll(target); err != nil {
+		return fmt.Errorf("layer %s: entry %q: replace: %w", u.layer, hdr.Name, err)
+	}
+	return nil
+}
+
+// regular writes a regular file entry and its metadata through one file
+// descriptor (no path lookups after the create).
+func (u *unpacker) regular(hdr *tar.Header, target string, r io.Reader, wrap func(error) error) error {
+	f, err := createExcl(target)
+	if errors.Is(err, os.ErrExist) {
+		if err := u.replace(hdr, target); err != nil {
+			return err
+		}
+		f, err = createExcl(target)
+	}
 	if err != nil {
-		return err
+		return wrap(err)
 	}
 	defer f.Close()
-	buf := make([]byte, 128<<10)
+	if err := u.writeData(f, r, hdr.Size); err != nil {
+		return wrap(err)
+	}
+	fd := int(f.Fd())
+	if err := unix.Fchown(fd, hdr.Uid, hdr.Gid); err != nil {
+		return wrap(fmt.Errorf("chown: %w", err))
+	}
+	if err := setXattrs(target, hdr); err != nil {
+		return wrap(err)
+	}
+	// After chown, which clears setuid/setgid bits.
+	if err := unix.Fchmod(fd, uint32(hdr.Mode&0o7777)); err != nil {
+		return wrap(fmt.Errorf("chmod: %w", err))
+	}
+	if err := futimes(fd, hdr); err != nil {
+		return wrap(err)
+	}
+	return f.Close()
+}
+
+func createExcl(target string) (*os.File, error) {
+	return os.OpenFile(target, os.O_CREATE|os.O_EXCL|os.O_WRONLY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
+}
+
+func setXattrs(target string, hdr *tar.Header) error {
+	for k, v := range hdr.PAXRecords {
+		if !strings.HasPrefix(k, paxXattrPrefix) {
+			continue
+		}
+		attr := strings.TrimPrefix(k, paxXattrPrefix)
+		if err := unix.Lsetxattr(target, attr, []byte(v), 0); err != nil && !errors.Is(err, unix.ENOTSUP) {
+			return fmt.Errorf("set xattr %s: %w", attr, err)
+		}
+	}
+	return nil
+}
+
+// writeData copies size bytes into f, seeking over whole zero buffers so
+// that sparse files stay sparse on disk.
+func (u *unpacker) writeData(f *os.File, r io.Reader, size int64) error {
+	buf := u.buf
 	var written int64
+	holeAtEnd := false
 	for written < size {
 		want := int64(len(buf))
 		if size-written < want {
@@ -310,12 +385,16 @@ func writeFile(target string, r io.Reader, size int64) error {
 		n, err := io.ReadFull(r, buf[:want])
 		if n > 0 {
 			chunk := buf[:n]
-			if isZero(chunk) {
+			// Only full buffers: a small file is never worth a hole.
+			if n == len(buf) && isZero(chunk) {
 				if _, err := f.Seek(int64(n), io.SeekCurrent); err != nil {
 					return err
 				}
+				holeAtEnd = true
 			} else if _, err := f.Write(chunk); err != nil {
 				return err
+			} else {
+				holeAtEnd = false
 			}
 			written += int64(n)
 		}
@@ -323,10 +402,23 @@ func writeFile(target string, r io.Reader, size int64) error {
 			return fmt.Errorf("read file data: %w", err)
 		}
 	}
-	if err := f.Truncate(size); err != nil {
-		return err
+	if holeAtEnd {
+		return f.Truncate(size)
 	}
-	return f.Close()
+	return nil
+}
+
+// futimes sets fd's access and modification times (utimensat(fd, NULL)).
+func futimes(fd int, hdr *tar.Header) error {
+	atime := hdr.AccessTime
+	if atime.IsZero() {
+		atime = hdr.ModTime
+	}
+	ts := [2]unix.Timespec{toTimespec(atime), toTimespec(hdr.ModTime)}
+	if _, _, e := unix.Syscall6(unix.SYS_UTIMENSAT, uintptr(fd), 0, uintptr(unsafe.Pointer(&ts[0])), 0, 0, 0); e != 0 {
+		return fmt.Errorf("set times: %w", e)
+	}
+	return nil
 }
 
 func isZero(b []byte) bool {
