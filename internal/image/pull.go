@@ -79,12 +79,7 @@ func (s *Store) Pull(ctx context.Context, ref string, auth *Auth) (*Image, error
 		if err != nil {
 			// Blobs and layers of a failed pull are garbage now (unless
 			// another image or pull uses them).
-			s.mu.Lock()
-			if gcErr := s.gc(); gcErr != nil {
-				s.log.Warn("clean up after failed pull", "image", n.String(), "error", gcErr)
-			}
-			s.mu.Unlock()
-			s.emptyTrash()
+			s.collect()
 		}
 		return img, err
 	})
@@ -553,9 +548,25 @@ func (s *Store) fetchLayer(ctx context.Context, lr layerRecord, open blobOpener)
 		if s.layerPresent(lr) {
 			return struct{}{}, nil
 		}
-		return struct{}{}, s.streamLayer(ctx, lr, open)
+		err := s.streamLayer(ctx, lr, open)
+		if err == nil && ctx.Err() != nil {
+			// Every pull that wanted the layer left (one failed) while it
+			// was being stored: nothing will record it, collect it now.
+			s.collect()
+		}
+		return struct{}{}, err
 	})
 	return err
+}
+
+// collect removes what no image, lease or running pull refers to.
+func (s *Store) collect() {
+	s.mu.Lock()
+	if err := s.gc(); err != nil {
+		s.log.Warn("collect unused image content", "error", err)
+	}
+	s.mu.Unlock()
+	s.emptyTrash()
 }
 
 // streamLayer reads lr's blob once, as it arrives: its bytes are hashed
@@ -615,18 +626,26 @@ func (s *Store) streamLayer(ctx context.Context, lr layerRecord, open blobOpener
 		if err := os.MkdirAll(filepath.Join(tmpLayer, "diff"), 0o755); err != nil {
 			return err
 		}
-		if err := s.unpackStream(r, lr, filepath.Join(tmpLayer, "diff")); err != nil {
-			return err
-		}
+		err = s.unpackStream(r, lr, filepath.Join(tmpLayer, "diff"))
 	}
-	// What the decompressor left unread (the whole blob when only the blob
-	// was missing) still counts for the blob's digest.
-	if _, err := io.Copy(io.Discard, r); err != nil {
-		return fmt.Errorf("layer %s: read: %w", lr.Digest, err)
+	if err == nil {
+		// What the decompressor left unread (the whole blob when only the
+		// blob was missing) still counts for the blob's digest.
+		if _, err = io.Copy(io.Discard, r); err != nil {
+			err = fmt.Errorf("layer %s: read: %w", lr.Digest, err)
+		}
 	}
 	n := count.Load()
 	if s.observer != nil && !haveBlob {
 		s.observer.PulledBytes(n)
+	}
+	// A blob longer than announced is the clearer error when the stream
+	// broke for it.
+	if !haveBlob && n > lr.Size {
+		return fmt.Errorf("layer %s: received more than the %d bytes the manifest says: %w", lr.Digest, lr.Size, errdefs.ErrInvalidArgument)
+	}
+	if err != nil {
+		return err
 	}
 	if !haveBlob {
 		if n != lr.Size {
