@@ -674,8 +674,16 @@ func (s *Store) streamLayer(ctx context.Context, lr layerRecord, open blobOpener
 	return nil
 }
 
+// A layer's decompressed stream is read ahead by up to 2 MiB.
+const (
+	readAheadChunk = 128 << 10
+	readAheadDepth = 16
+)
+
 // unpackStream decompresses the blob stream r into dir and checks the
-// uncompressed digest against the diff ID.
+// uncompressed digest against the diff ID. Decompression (with the
+// download and hashing before it) runs ahead of the unpack on its own
+// goroutine.
 func (s *Store) unpackStream(r io.Reader, lr layerRecord, dir string) error {
 	rc, err := Decompress(r)
 	if err != nil {
@@ -683,14 +691,16 @@ func (s *Store) unpackStream(r io.Reader, lr layerRecord, dir string) error {
 	}
 	defer rc.Close()
 	h := sha256.New()
-	tee := io.TeeReader(rc, h)
-	if _, err := Unpack(tee, dir, lr.Digest, s.unpack); err != nil {
+	ra := newReadAhead(io.TeeReader(rc, h), readAheadChunk, readAheadDepth)
+	defer ra.Close()
+	if _, err := Unpack(ra, dir, lr.Digest, s.unpack); err != nil {
 		return err
 	}
 	// Tar padding after the end marker still counts for the diff ID.
-	if _, err := io.Copy(io.Discard, tee); err != nil {
+	if _, err := io.Copy(io.Discard, ra); err != nil {
 		return fmt.Errorf("layer %s: read: %w", lr.Digest, err)
 	}
+	ra.Close() // the hash is complete once the filler returned
 	if got := "sha256:" + hex.EncodeToString(h.Sum(nil)); got != lr.DiffID {
 		return fmt.Errorf("layer %s: uncompressed digest %s, config says %s: %w", lr.Digest, got, lr.DiffID, errdefs.ErrInvalidArgument)
 	}
