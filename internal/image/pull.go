@@ -425,9 +425,11 @@ func (s *Store) commit(ctx context.Context, img v1.Image, names []string, open b
 	// One flush of the filesystem makes every blob and layer file this
 	// pull wrote durable before the record that makes them an image
 	// (decision 1510): no fsync per file or blob on the way.
+	synced := time.Now()
 	if err := s.syncStore(); err != nil {
 		return nil, err
 	}
+	s.log.Debug("image store synced", "image", rec.ID, "took", time.Since(synced))
 	return s.register(rec, names)
 }
 

@@ -11,6 +11,7 @@ import (
 	"path"
 	"path/filepath"
 	"strings"
+	"sync"
 	"time"
 	"unsafe"
 
@@ -72,7 +73,10 @@ func Decompress(r io.Reader) (io.ReadCloser, error) {
 func Unpack(r io.Reader, root, layer string, opts UnpackOptions) (int64, error) {
 	cr := &countingReader{r: r}
 	tr := tar.NewReader(cr)
-	u := &unpacker{root: filepath.Clean(root), layer: layer, opts: opts, dirsOK: map[string]bool{}, buf: make([]byte, 128<<10)}
+	u := &unpacker{root: filepath.Clean(root), layer: layer, opts: opts, dirsOK: map[string]bool{}, buf: make([]byte, 128<<10),
+		pending: map[string]bool{}}
+	// Whatever happens, no writer is left running when Unpack returns.
+	defer u.flush()
 	for {
 		hdr, err := tr.Next()
 		if errors.Is(err, io.EOF) {
@@ -84,6 +88,9 @@ func Unpack(r io.Reader, root, layer string, opts UnpackOptions) (int64, error) 
 		if err := u.entry(hdr, tr); err != nil {
 			return cr.n, err
 		}
+	}
+	if err := u.flush(); err != nil {
+		return cr.n, err
 	}
 	// Directory times last: creating entries inside them changed them.
 	for i := len(u.dirs) - 1; i >= 0; i-- {
@@ -106,6 +113,90 @@ type unpacker struct {
 	// removed during the unpack empties it.
 	dirsOK map[string]bool
 	buf    []byte
+
+	// Small regular files are written by a few writers in parallel (file
+	// creation dominates an unpack of many small files). pending holds
+	// the relative paths handed to them since the last flush: an entry
+	// touching one of them, and every removal and hard link, flushes
+	// first, so the writers only ever create new names in directories
+	// that were checked and cannot change under them.
+	pending map[string]bool
+	jobs    chan fileJob
+	bufs    chan []byte
+	writers sync.WaitGroup
+	errMu   sync.Mutex
+	err     error
+}
+
+type fileJob struct {
+	hdr    *tar.Header
+	target string
+	data   []byte // from bufs
+}
+
+// Parallel small-file writes: how many writers, and up to what size a
+// file's data is read into memory and handed to them.
+const (
+	fileWriters     = 4
+	maxParallelFile = 256 << 10
+)
+
+// dispatch hands a small regular file whose data is in data to a writer.
+func (u *unpacker) dispatch(rel string, job fileJob) {
+	if u.jobs == nil {
+		u.jobs = make(chan fileJob, fileWriters)
+		for i := 0; i < fileWriters; i++ {
+			u.writers.Add(1)
+			go u.write()
+		}
+	}
+	u.pending[rel] = true
+	u.jobs <- job
+}
+
+func (u *unpacker) write() {
+	defer u.writers.Done()
+	for job := range u.jobs {
+		err := u.writeSmall(job)
+		u.bufs <- job.data[:0]
+		if err != nil {
+			u.errMu.Lock()
+			if u.err == nil {
+				u.err = fmt.Errorf("layer %s: entry %q: %w", u.layer, job.hdr.Name, err)
+			}
+			u.errMu.Unlock()
+		}
+	}
+}
+
+func (u *unpacker) writeSmall(job fileJob) error {
+	f, err := createExcl(job.target)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	if _, err := f.Write(job.data); err != nil {
+		return err
+	}
+	return u.finishFile(f, job.target, job.hdr)
+}
+
+// writeErr is the first error of a writer, if any.
+func (u *unpacker) writeErr() error {
+	u.errMu.Lock()
+	defer u.errMu.Unlock()
+	return u.err
+}
+
+// flush waits until every file handed to the writers is written.
+func (u *unpacker) flush() error {
+	if u.jobs != nil {
+		close(u.jobs)
+		u.writers.Wait()
+		u.jobs = nil
+	}
+	clear(u.pending)
+	return u.writeErr()
 }
 
 // removed forgets the directories known good: target was removed and may
@@ -149,6 +240,13 @@ func (u *unpacker) parentDir(entry, rel string, create bool) (string, error) {
 	if dir != "." {
 		for _, c := range strings.Split(dir, "/") {
 			cur = filepath.Join(cur, c)
+			if u.pending[strings.TrimPrefix(cur, u.root+"/")] {
+				// A file being written where a directory is wanted:
+				// let it exist first, then refuse it as before.
+				if err := u.flush(); err != nil {
+					return "", err
+				}
+			}
 			fi, err := os.Lstat(cur)
 			switch {
 			case os.IsNotExist(err) && !create:
@@ -210,6 +308,11 @@ func (u *unpacker) entry(hdr *tar.Header, r io.Reader) error {
 			return u.refuse(hdr.Name, "bad whiteout")
 		}
 		target := filepath.Join(parent, victim)
+		if _, err := os.Lstat(target); err == nil || u.pending[strings.TrimPrefix(target, u.root+"/")] {
+			if err := u.flush(); err != nil {
+				return err
+			}
+		}
 		u.removed()
 		if err := os.RemoveAll(target); err != nil {
 			return fmt.Errorf("layer %s: entry %q: %w", u.layer, hdr.Name, err)
@@ -235,7 +338,13 @@ func (u *unpacker) entry(hdr *tar.Header, r io.Reader) error {
 	wrap := func(err error) error { return fmt.Errorf("layer %s: entry %q: %w", u.layer, hdr.Name, err) }
 	if hdr.Typeflag == tar.TypeReg {
 		// Most entries: created and finished through one descriptor.
-		return u.regular(hdr, target, r, wrap)
+		return u.regular(hdr, rel, target, r, wrap)
+	}
+	if u.pending[rel] || hdr.Typeflag == tar.TypeLink {
+		// Replacing a file being written, or linking to one that may be.
+		if err := u.flush(); err != nil {
+			return err
+		}
 	}
 	// A later entry replaces an earlier one, except dir over dir.
 	if err := u.replace(hdr, target); err != nil {
@@ -311,6 +420,10 @@ func (u *unpacker) replace(hdr *tar.Header, target string) error {
 	if err != nil || (fi.IsDir() && hdr.Typeflag == tar.TypeDir) {
 		return nil
 	}
+	// A directory may hold files being written.
+	if err := u.flush(); err != nil {
+		return err
+	}
 	if fi.IsDir() {
 		u.removed()
 	}
@@ -322,7 +435,32 @@ func (u *unpacker) replace(hdr *tar.Header, target string) error {
 
 // regular writes a regular file entry and its metadata through one file
 // descriptor (no path lookups after the create).
-func (u *unpacker) regular(hdr *tar.Header, target string, r io.Reader, wrap func(error) error) error {
+func (u *unpacker) regular(hdr *tar.Header, rel, target string, r io.Reader, wrap func(error) error) error {
+	if err := u.writeErr(); err != nil {
+		return err
+	}
+	if hdr.Size <= maxParallelFile && !u.pending[rel] {
+		if _, err := os.Lstat(target); errors.Is(err, os.ErrNotExist) {
+			if u.bufs == nil {
+				u.bufs = make(chan []byte, 2*fileWriters+1)
+				for i := 0; i < cap(u.bufs); i++ {
+					u.bufs <- make([]byte, 0, maxParallelFile)
+				}
+			}
+			data := (<-u.bufs)[:hdr.Size]
+			if _, err := io.ReadFull(r, data); err != nil {
+				u.bufs <- data[:0]
+				return wrap(fmt.Errorf("read file data: %w", err))
+			}
+			u.dispatch(rel, fileJob{hdr: hdr, target: target, data: data})
+			return nil
+		}
+	}
+	if u.pending[rel] {
+		if err := u.flush(); err != nil {
+			return err
+		}
+	}
 	f, err := createExcl(target)
 	if errors.Is(err, os.ErrExist) {
 		if err := u.replace(hdr, target); err != nil {
@@ -337,19 +475,28 @@ func (u *unpacker) regular(hdr *tar.Header, target string, r io.Reader, wrap fun
 	if err := u.writeData(f, r, hdr.Size); err != nil {
 		return wrap(err)
 	}
+	if err := u.finishFile(f, target, hdr); err != nil {
+		return wrap(err)
+	}
+	return nil
+}
+
+// finishFile sets a written file's owner, xattrs, mode and times, and
+// closes it.
+func (u *unpacker) finishFile(f *os.File, target string, hdr *tar.Header) error {
 	fd := int(f.Fd())
 	if err := unix.Fchown(fd, hdr.Uid, hdr.Gid); err != nil {
-		return wrap(fmt.Errorf("chown: %w", err))
+		return fmt.Errorf("chown: %w", err)
 	}
 	if err := setXattrs(target, hdr); err != nil {
-		return wrap(err)
+		return err
 	}
 	// After chown, which clears setuid/setgid bits.
 	if err := unix.Fchmod(fd, uint32(hdr.Mode&0o7777)); err != nil {
-		return wrap(fmt.Errorf("chmod: %w", err))
+		return fmt.Errorf("chmod: %w", err)
 	}
 	if err := futimes(fd, hdr); err != nil {
-		return wrap(err)
+		return err
 	}
 	return f.Close()
 }
