@@ -81,8 +81,12 @@ func (s *Server) trimNow() {
 
 // logMemStats is a debugging aid for the memory budget (decision 0303).
 func (s *Server) logMemStats() {
-	names := []string{"/gc/heap/allocs:bytes", "/memory/classes/heap/objects:bytes", "/memory/classes/heap/stacks:bytes",
-		"/memory/classes/metadata/other:bytes", "/memory/classes/total:bytes", "/gc/cycles/total:gc-cycles", "/sched/goroutines:goroutines"}
+	names := []string{"/gc/heap/allocs:bytes", "/gc/cycles/total:gc-cycles", "/sched/goroutines:goroutines"}
+	for _, d := range metrics.All() {
+		if strings.HasPrefix(d.Name, "/memory/classes/") {
+			names = append(names, d.Name)
+		}
+	}
 	samples := make([]metrics.Sample, len(names))
 	for i, n := range names {
 		samples[i].Name = n
