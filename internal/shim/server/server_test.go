@@ -271,3 +271,29 @@ func TestTrimFollowsAnonymousResidentGrowth(t *testing.T) {
 		t.Fatalf("no trim after growth: baseline %d", s.trimmedAt)
 	}
 }
+
+// lookPath finds an executable regular file in PATH, in PATH's order, and
+// skips directories and files that are not executable.
+func TestLookPath(t *testing.T) {
+	dir1, dir2 := t.TempDir(), t.TempDir()
+	if err := os.Mkdir(filepath.Join(dir1, "tool"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir2, "tool"), nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	dir3 := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir3, "tool"), nil, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("PATH", dir1+"::"+dir2+":"+dir3)
+	if p, err := lookPath("tool"); err != nil || p != filepath.Join(dir3, "tool") {
+		t.Fatalf("lookPath(tool) = %q, %v", p, err)
+	}
+	if p, err := lookPath("./relative/tool"); err != nil || p != "./relative/tool" {
+		t.Fatalf("a path is taken as it is: %q, %v", p, err)
+	}
+	if _, err := lookPath("missing"); err == nil {
+		t.Fatal("found a missing tool")
+	}
+}
