@@ -20,8 +20,8 @@ const housekeepingInterval = 5 * time.Second
 const trimDelay = 500 * time.Millisecond
 
 // trimMinGrowth is how much the shim's anonymous resident memory must have
-// grown since the last trim (or since the first check) for another to be
-// worth it. A shim's first GC cycle alone makes ~0.3 MiB of runtime
+// grown since the last trim (or since Listen, before any container) for a
+// trim to be worth it. A shim's first GC cycle alone makes ~0.3 MiB of runtime
 // metadata resident for good (span set blocks for every size class in use,
 // mark bit arenas: decision 0303), more than a pod's worth of garbage, so
 // the shim collects only once real growth piled up: a pod with a few
