@@ -68,8 +68,9 @@ func Decompress(r io.Reader) (io.ReadCloser, error) {
 // Ownership, modes, xattrs, hardlinks, symlinks and timestamps are kept.
 // Entries that would leave root (absolute names, "..", writes or hardlinks
 // through symlinks) and device nodes are refused with an error naming the
-// layer and the entry; nothing outside root is ever touched. It returns the
-// number of tar bytes read.
+// layer and the entry; nothing outside root is ever touched. Small regular
+// files are written by a few writers in parallel, ordered against every
+// later entry that could see them. It returns the number of tar bytes read.
 func Unpack(r io.Reader, root, layer string, opts UnpackOptions) (int64, error) {
 	cr := &countingReader{r: r}
 	tr := tar.NewReader(cr)
