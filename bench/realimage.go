@@ -14,6 +14,7 @@ import (
 	"runtime"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	v1 "github.com/google/go-containerregistry/pkg/v1"
@@ -233,6 +234,7 @@ func unpackFloor(ri *RealImage, bounds string) *Floor {
 		Sample: func(ctx context.Context, _ any, i int) (time.Duration, error) {
 			dir := filepath.Join(work, fmt.Sprint(i))
 			defer os.RemoveAll(dir)
+			syscall.Sync() // as before each endpoint's sample
 			start := time.Now()
 			var g errgroup.Group
 			g.SetLimit(3)
@@ -278,7 +280,7 @@ func writeLayer(blob []byte, dir string) error {
 				}
 			}
 			if err == nil {
-				_, err = io.CopyBuffer(f, tr, *buf)
+				_, err = io.CopyBuffer(struct{ io.Writer }{f}, tr, *buf) // our buffer, not ReadFrom's
 				if cerr := f.Close(); err == nil {
 					err = cerr
 				}

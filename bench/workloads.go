@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"syscall"
 	"time"
 
 	"google.golang.org/grpc/codes"
@@ -320,6 +321,9 @@ func RealPullWorkload(ri *RealImage, ref string) Workload {
 			if err := remove(ctx, ep); err != nil {
 				return nil, unsupported(err)
 			}
+			// Each sample starts with nothing dirty in the page cache:
+			// the previous endpoint's writes are not this one's to flush.
+			syscall.Sync()
 			d, err := timed(func() error {
 				_, err := ep.Image.PullImage(ctx, &criapi.PullImageRequest{Image: &criapi.ImageSpec{Image: ref}})
 				return err
