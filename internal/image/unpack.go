@@ -4,8 +4,10 @@ import (
 	"archive/tar"
 	"bufio"
 	"bytes"
+	"context"
 	"errors"
 	"fmt"
+	"hash/fnv"
 	"io"
 	"os"
 	"path"
@@ -18,6 +20,7 @@ import (
 	securejoin "github.com/cyphar/filepath-securejoin"
 	"github.com/klauspost/compress/gzip"
 	"github.com/klauspost/compress/zstd"
+	"golang.org/x/sync/semaphore"
 	"golang.org/x/sys/unix"
 
 	"github.com/berthcri/berth/internal/errdefs"
@@ -75,7 +78,7 @@ func Unpack(r io.Reader, root, layer string, opts UnpackOptions) (int64, error) 
 	cr := &countingReader{r: r}
 	tr := tar.NewReader(cr)
 	u := &unpacker{root: filepath.Clean(root), layer: layer, opts: opts, dirsOK: map[string]bool{}, buf: make([]byte, 128<<10),
-		pending: map[string]bool{}}
+		pending: map[string]bool{}, inFlight: semaphore.NewWeighted(parallelBytes)}
 	// Whatever happens, no writer is left running when Unpack returns.
 	defer u.flush()
 	for {
@@ -121,45 +124,54 @@ type unpacker struct {
 	// touching one of them, and every removal and hard link, flushes
 	// first, so the writers only ever create new names in directories
 	// that were checked and cannot change under them.
-	pending map[string]bool
-	jobs    chan fileJob
-	bufs    chan []byte
-	writers sync.WaitGroup
-	errMu   sync.Mutex
-	err     error
+	pending  map[string]bool
+	queues   []chan fileJob // one per writer
+	inFlight *semaphore.Weighted
+	writers  sync.WaitGroup
+	errMu    sync.Mutex
+	err      error
 }
 
 type fileJob struct {
 	hdr    *tar.Header
 	target string
-	data   []byte // from bufs
+	data   []byte
 }
 
-// Parallel small-file writes: how many writers, and up to what size a
-// file's data is read into memory and handed to them.
+// Parallel small-file writes: how many writers, up to what size a file's
+// data is read into memory and handed to them, and how many bytes may
+// wait for them. Creating names in one directory is serialized by the
+// kernel (the directory's lock), and a tar lists a directory's files
+// together, so each writer takes whole directories (by a hash of the
+// parent's path) and the reader runs ahead by up to parallelBytes, over
+// many directories.
 const (
 	fileWriters     = 4
 	maxParallelFile = 256 << 10
+	parallelBytes   = 8 << 20
 )
 
-// dispatch hands a small regular file whose data is in data to a writer.
+// dispatch hands a small regular file whose data is in job to a writer.
 func (u *unpacker) dispatch(rel string, job fileJob) {
-	if u.jobs == nil {
-		u.jobs = make(chan fileJob, fileWriters)
-		for i := 0; i < fileWriters; i++ {
+	if u.queues == nil {
+		u.queues = make([]chan fileJob, fileWriters)
+		for i := range u.queues {
+			u.queues[i] = make(chan fileJob, 256)
 			u.writers.Add(1)
-			go u.write()
+			go u.write(u.queues[i])
 		}
 	}
 	u.pending[rel] = true
-	u.jobs <- job
+	h := fnv.New32a()
+	h.Write([]byte(path.Dir(rel)))
+	u.queues[h.Sum32()%fileWriters] <- job
 }
 
-func (u *unpacker) write() {
+func (u *unpacker) write(jobs chan fileJob) {
 	defer u.writers.Done()
-	for job := range u.jobs {
+	for job := range jobs {
 		err := u.writeSmall(job)
-		u.bufs <- job.data[:0]
+		u.inFlight.Release(int64(len(job.data)))
 		if err != nil {
 			u.errMu.Lock()
 			if u.err == nil {
@@ -191,10 +203,12 @@ func (u *unpacker) writeErr() error {
 
 // flush waits until every file handed to the writers is written.
 func (u *unpacker) flush() error {
-	if u.jobs != nil {
-		close(u.jobs)
+	if u.queues != nil {
+		for _, q := range u.queues {
+			close(q)
+		}
 		u.writers.Wait()
-		u.jobs = nil
+		u.queues = nil
 	}
 	clear(u.pending)
 	return u.writeErr()
@@ -442,15 +456,12 @@ func (u *unpacker) regular(hdr *tar.Header, rel, target string, r io.Reader, wra
 	}
 	if hdr.Size <= maxParallelFile && !u.pending[rel] {
 		if _, err := os.Lstat(target); errors.Is(err, os.ErrNotExist) {
-			if u.bufs == nil {
-				u.bufs = make(chan []byte, 2*fileWriters+1)
-				for i := 0; i < cap(u.bufs); i++ {
-					u.bufs <- make([]byte, 0, maxParallelFile)
-				}
-			}
-			data := (<-u.bufs)[:hdr.Size]
+			// Never fails: the context is not cancelled and the weight
+			// is at most the semaphore's size.
+			_ = u.inFlight.Acquire(context.Background(), hdr.Size)
+			data := make([]byte, hdr.Size)
 			if _, err := io.ReadFull(r, data); err != nil {
-				u.bufs <- data[:0]
+				u.inFlight.Release(hdr.Size)
 				return wrap(fmt.Errorf("read file data: %w", err))
 			}
 			u.dispatch(rel, fileJob{hdr: hdr, target: target, data: data})
