@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"syscall"
@@ -61,6 +62,29 @@ func (r *ociRuntime) create(id string, o createOpts) error {
 			return fmt.Errorf("%w: %s", err, msg)
 		}
 		return err
+	}
+	return nil
+}
+
+// restore runs a detached `restore` of a checkpoint: the restored init
+// runs at once, with o's stdio standing in for the checkpointed pipes.
+func (r *ociRuntime) restore(id string, o createOpts, imagePath, criu string) error {
+	work := filepath.Join(o.bundle, "restore-work")
+	if err := os.MkdirAll(work, 0o700); err != nil {
+		return fmt.Errorf("restore %s: %w", id, err)
+	}
+	args, logPath := ocicli.RestoreArgs(r.args(), criu, o.bundle, imagePath, work, o.pidFile, id)
+	_ = os.Remove(logPath)
+	stderr, closeNull, err := ocicli.OrDevNull(o.stderr)
+	if err != nil {
+		return fmt.Errorf("restore %s: %w", id, err)
+	}
+	defer closeNull()
+	if err := r.run(id, args, o.stdin, o.stdout, stderr); err != nil {
+		if msg := lastLogError(logPath); msg != "" && !strings.Contains(err.Error(), msg) {
+			err = fmt.Errorf("%w: %s", err, msg)
+		}
+		return fmt.Errorf("%w (criu log: %s)", err, filepath.Join(work, "restore.log"))
 	}
 	return nil
 }
