@@ -11,6 +11,8 @@ import (
 	"strings"
 	"time"
 
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+
 	"github.com/berthcri/berth/internal/checkpoint"
 	"github.com/berthcri/berth/internal/errdefs"
 	"github.com/berthcri/berth/internal/oci"
@@ -65,7 +67,16 @@ func (s *Store) Checkpoint(ctx context.Context, dumps []Dump, criu string) (retE
 			return fmt.Errorf("runtime handler %q is gone from the config: %w", r.Runtime, errdefs.ErrFailedPrecondition)
 		}
 		hs[len(hs)-1].rt = rt
+		if err := s.checkpointable(r); err != nil {
+			return err
+		}
 	}
+	defer func() {
+		// A runtime killed by the deadline says "killed": say why.
+		if retErr != nil && ctx.Err() != nil && !errors.Is(retErr, ctx.Err()) {
+			retErr = fmt.Errorf("%w: %w", ctx.Err(), retErr)
+		}
+	}()
 
 	// Pause all, capture all, resume all: the resume runs whatever
 	// happened, also past ctx's deadline.
@@ -96,6 +107,29 @@ func (s *Store) Checkpoint(ctx context.Context, dumps []Dump, criu string) (retE
 		}
 	}
 	s.log.Info("containers checkpointed", "pod", hs[0].e.rec.PodID, "containers", len(hs), "took", time.Since(began))
+	return nil
+}
+
+// checkpointable refuses what berth cannot restore: a container in a
+// namespace it shares by path beyond the pod's pinned ones (the pod's
+// shared PID namespace, whose init is berth-pause, or a target
+// container's) or in a user namespace.
+func (s *Store) checkpointable(r *Container) error {
+	spec, err := readSpec(s.dir(r.ID))
+	if err != nil {
+		return err
+	}
+	if spec.Linux == nil {
+		return nil
+	}
+	for _, ns := range spec.Linux.Namespaces {
+		switch {
+		case ns.Type == specs.PIDNamespace && ns.Path != "":
+			return fmt.Errorf("container %s shares a PID namespace, which berth does not checkpoint: %w", r.ID, errdefs.ErrFailedPrecondition)
+		case ns.Type == specs.UserNamespace:
+			return fmt.Errorf("container %s runs in a user namespace, which berth does not checkpoint: %w", r.ID, errdefs.ErrFailedPrecondition)
+		}
+	}
 	return nil
 }
 
