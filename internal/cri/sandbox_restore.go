@@ -174,7 +174,8 @@ func (in *restoreInput) check(d *container.Draft, spec *specs.Spec) error {
 	case was.Cwd != is.Cwd:
 		return fmt.Errorf("container %q: working directory %q is not the checkpointed %q: %w", name, is.Cwd, was.Cwd, errdefs.ErrInvalidArgument)
 	case !slices.Equal(was.Env, is.Env):
-		return fmt.Errorf("container %q: environment differs from the checkpointed one: %w", name, errdefs.ErrInvalidArgument)
+		return fmt.Errorf("container %q: environment differs from the checkpointed one (%q, not %q): %w",
+			name, envDiff(is.Env, was.Env), envDiff(was.Env, is.Env), errdefs.ErrInvalidArgument)
 	case was.User.UID != is.User.UID || was.User.GID != is.User.GID || !slices.Equal(was.User.AdditionalGids, is.User.AdditionalGids):
 		return fmt.Errorf("container %q: user %d:%d is not the checkpointed %d:%d: %w", name, is.User.UID, is.User.GID, was.User.UID, was.User.GID, errdefs.ErrInvalidArgument)
 	}
@@ -190,5 +191,16 @@ func mountPoints(spec *specs.Spec) []string {
 		out = append(out, m.Destination)
 	}
 	slices.Sort(out)
+	return out
+}
+
+// envDiff lists the entries of a missing from b.
+func envDiff(a, b []string) []string {
+	var out []string
+	for _, v := range a {
+		if !slices.Contains(b, v) {
+			out = append(out, v)
+		}
+	}
 	return out
 }

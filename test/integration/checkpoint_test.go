@@ -157,6 +157,9 @@ func TestCheckpointRestorePod(t *testing.T) {
 	stopRemovePod(t, e.d, e.pod)
 
 	cfg := podConfig("restored")
+	// The kubelet restores a pod of the same name: the same hostname
+	// (and HOSTNAME in the environment, which must match).
+	cfg.Hostname = e.podCfg.Hostname
 	cfg.LogDirectory = e.logDir
 	cfg.Linux.CgroupParent = ""
 	resp, err := e.d.Runtime.RestorePod(deadlineCtx(t, 2*time.Minute), &criapi.RestorePodRequest{
