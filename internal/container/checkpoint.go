@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -15,6 +16,7 @@ import (
 
 	"github.com/berthcri/berth/internal/checkpoint"
 	"github.com/berthcri/berth/internal/errdefs"
+	"github.com/berthcri/berth/internal/netns"
 	"github.com/berthcri/berth/internal/oci"
 )
 
@@ -85,17 +87,28 @@ func (s *Store) Checkpoint(ctx context.Context, dumps []Dump, criu string) (retE
 		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
 		defer cancel()
 		for _, h := range paused {
-			if err := h.rt.Resume(rctx, h.e.rec.ID); err != nil {
+			// A dump killed at the deadline may leave the container
+			// thawed already (CRIU thaws once it holds the tasks).
+			if err := h.rt.Resume(rctx, h.e.rec.ID); err != nil && !strings.Contains(err.Error(), "not paused") {
 				s.log.Error("resume container after checkpoint", "pod", h.e.rec.PodID, "container", h.e.rec.ID, "err", err)
 				retErr = errors.Join(retErr, fmt.Errorf("resume container %s: %w", h.e.rec.ID, err))
 			}
 		}
 	}()
 	for _, h := range hs {
-		if err := h.rt.Pause(ctx, h.e.rec.ID); err != nil {
+		// Listed first: a pause cut short may have frozen it anyway. The
+		// pause itself is not cut short (a runtime killed mid-pause
+		// leaves a cgroup half frozen); ctx is checked between them.
+		paused = append(paused, h)
+		pctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+		err := h.rt.Pause(pctx, h.e.rec.ID)
+		cancel()
+		if err != nil {
 			return fmt.Errorf("pause container %s: %w", h.e.rec.ID, err)
 		}
-		paused = append(paused, h)
+		if err := ctx.Err(); err != nil {
+			return fmt.Errorf("checkpoint: %w", err)
+		}
 	}
 	began := time.Now()
 	for _, h := range hs {
@@ -148,6 +161,9 @@ func (s *Store) dump(ctx context.Context, r *Container, rt *oci.Runtime, dir, cr
 		_ = copyFile(filepath.Join(work, name), filepath.Join(dir, name))
 	}
 	if err != nil {
+		if ctx.Err() != nil {
+			s.unlockNetwork(r)
+		}
 		return fmt.Errorf("checkpoint container %s: %w (criu log: %s)", r.ID, err, lastLogLines(filepath.Join(work, checkpoint.DumpLog)))
 	}
 	if err := copyFile(filepath.Join(s.dir(r.ID), "config.json"), filepath.Join(dir, checkpoint.SpecDump)); err != nil {
@@ -164,6 +180,38 @@ func (s *Store) dump(ctx context.Context, r *Container, rt *oci.Runtime, dir, cr
 		return fmt.Errorf("checkpoint container %s: %w", r.ID, err)
 	}
 	return nil
+}
+
+// unlockNetwork removes the network lock CRIU puts on the container's
+// network namespace while it dumps (an iptables chain CRIU that drops
+// everything CRIU itself does not mark) and removes again at the end: a
+// CRIU killed at the deadline leaves it, and the pod would answer no
+// packet. Errors are ignored: the chain is usually not there.
+func (s *Store) unlockNetwork(r *Container) {
+	spec, err := readSpec(s.dir(r.ID))
+	if err != nil || spec.Linux == nil {
+		return
+	}
+	path := ""
+	for _, ns := range spec.Linux.Namespaces {
+		if ns.Type == specs.NetworkNamespace {
+			path = ns.Path
+		}
+	}
+	if path == "" {
+		return // the host's network: CRIU does not lock it
+	}
+	err = netns.Do(path, func() error {
+		for _, bin := range []string{"iptables", "ip6tables"} {
+			for _, args := range [][]string{{"-D", "INPUT", "-j", "CRIU"}, {"-D", "OUTPUT", "-j", "CRIU"}, {"-F", "CRIU"}, {"-X", "CRIU"}} {
+				_ = exec.Command(bin, append([]string{"-w", "-t", "filter"}, args...)...).Run()
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		s.log.Warn("remove CRIU's network lock", "pod", r.PodID, "container", r.ID, "err", err)
+	}
 }
 
 // lastLogLines is the end of a CRIU log: the errors come last.
