@@ -1,18 +1,15 @@
 package server
 
 import (
-	"bytes"
 	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
 	"strconv"
-	"strings"
 	"syscall"
 
 	"github.com/berthcri/berth/internal/errdefs"
 	"github.com/berthcri/berth/internal/oci/ocicli"
-	"github.com/berthcri/berth/internal/shim/proto"
 )
 
 // ociRuntime drives the OCI runtime CLI (runc, crun) for the shim: create,
@@ -58,10 +55,7 @@ func (r *ociRuntime) create(id string, o createOpts) error {
 	}
 	defer closeNull()
 	if err := r.run(id, args, o.stdin, o.stdout, stderr); err != nil {
-		if msg := lastLogError(logPath); msg != "" && !strings.Contains(err.Error(), msg) {
-			return fmt.Errorf("%w: %s", err, msg)
-		}
-		return err
+		return ocicli.WithLogError(err, logPath)
 	}
 	return nil
 }
@@ -81,36 +75,9 @@ func (r *ociRuntime) restore(id string, o createOpts, imagePath, criu string) er
 	}
 	defer closeNull()
 	if err := r.run(id, args, o.stdin, o.stdout, stderr); err != nil {
-		if msg := lastLogError(logPath); msg != "" && !strings.Contains(err.Error(), msg) {
-			err = fmt.Errorf("%w: %s", err, msg)
-		}
-		return fmt.Errorf("%w (criu log: %s)", err, filepath.Join(work, "restore.log"))
+		return fmt.Errorf("%w (criu log: %s)", ocicli.WithLogError(err, logPath), filepath.Join(work, "restore.log"))
 	}
 	return nil
-}
-
-// lastLogError returns the error messages a runtime wrote to its JSON log.
-func lastLogError(path string) string {
-	data, err := os.ReadFile(path)
-	if err != nil {
-		return ""
-	}
-	var msgs []string
-	for _, line := range bytes.Split(data, []byte("\n")) {
-		var level, msg string
-		err := proto.StringFields(line, func(key, value string) {
-			switch key {
-			case "level":
-				level = value
-			case "msg":
-				msg = value
-			}
-		})
-		if err == nil && (level == "error" || level == "fatal") {
-			msgs = append(msgs, msg)
-		}
-	}
-	return strings.Join(msgs, "; ")
 }
 
 // start lets a created container's init exec the process.
