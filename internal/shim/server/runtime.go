@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"syscall"
 
 	"github.com/berthcri/berth/internal/errdefs"
@@ -75,9 +76,34 @@ func (r *ociRuntime) restore(id string, o createOpts, imagePath, criu string) er
 	}
 	defer closeNull()
 	if err := r.run(id, args, o.stdin, o.stdout, stderr); err != nil {
-		return fmt.Errorf("%w (criu log: %s)", ocicli.WithLogError(err, logPath), filepath.Join(work, "restore.log"))
+		return fmt.Errorf("%w (criu log %s: %s)", ocicli.WithLogError(err, logPath), filepath.Join(work, "restore.log"), criuErrors(filepath.Join(work, "restore.log")))
 	}
 	return nil
+}
+
+// criuErrors is what a CRIU log says went wrong: its "Error" lines (the
+// last few), else its end.
+func criuErrors(path string) string {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return err.Error()
+	}
+	var errs []string
+	for _, line := range strings.Split(string(data), "\n") {
+		if strings.Contains(line, "Error") {
+			errs = append(errs, strings.TrimSpace(line))
+		}
+	}
+	if len(errs) > 4 {
+		errs = errs[len(errs)-4:]
+	}
+	if len(errs) > 0 {
+		return strings.Join(errs, "; ")
+	}
+	if len(data) > 400 {
+		data = data[len(data)-400:]
+	}
+	return string(data)
 }
 
 // start lets a created container's init exec the process.
