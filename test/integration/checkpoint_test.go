@@ -188,7 +188,13 @@ func TestCheckpointRestorePod(t *testing.T) {
 	if _, err := os.Stat(filepath.Join(out, "counter", "checkpoint", "inventory.img")); err != nil {
 		t.Fatalf("RestorePod changed the checkpoint: %v", err)
 	}
+	// A berthd restart between RestorePod and StartContainer loses
+	// nothing: the pod's shim holds the containers to restore.
+	e.d.Restart()
 	for _, name := range []string{"counter", "server"} {
+		if st := e.status(ids[name]); st.State != criapi.ContainerState_CONTAINER_CREATED {
+			t.Fatalf("restored %s is %s after a berthd restart", name, st.State)
+		}
 		e.start(ids[name])
 	}
 	// The count goes on from where it was (a restarted shell would count
