@@ -37,9 +37,6 @@ const (
 	DumpLog = "dump.log"
 	// StatsDump is CRIU's statistics of the dump.
 	StatsDump = "stats-dump"
-	// CRIConfig is berth's addition: the container's CRI config as the
-	// kubelet sent it, as protobuf JSON.
-	CRIConfig = "cri-config.json"
 )
 
 // PodDump is the file at the top of a pod checkpoint (CheckpointPod's
