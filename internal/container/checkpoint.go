@@ -41,6 +41,9 @@ func (s *Store) Checkpoint(ctx context.Context, dumps []Dump, criu string) (retE
 		rt  *oci.Runtime
 		dir string
 	}
+	if len(dumps) == 0 {
+		return fmt.Errorf("checkpoint of no container: %w", errdefs.ErrInvalidArgument)
+	}
 	// Locked in ID order: two checkpoints of one pod never deadlock.
 	dumps = slices.Clone(dumps)
 	slices.SortFunc(dumps, func(a, b Dump) int { return strings.Compare(a.ID, b.ID) })
