@@ -29,7 +29,7 @@ import (
 // a marker file; server answers each TCP connection on 8080 with a token
 // drawn once at start and held only in its shell's memory.
 const (
-	counterScript = `echo hello > /data.txt; i=0; while true; do i=$((i+1)); echo $i > /tmp/count; sleep 0.1; done`
+	counterScript = `echo hello > /data.txt; i=0; while true; do i=$((i+1)); echo $i > /tmp/count; [ $((i % 5)) = 0 ] && echo tick $i; sleep 0.1; done`
 	serverScript  = `t=$RANDOM$RANDOM; echo $t > /token; while true; do nc -l -p 8080 -e echo $t; done`
 )
 
@@ -166,7 +166,9 @@ func TestCheckpointRestorePod(t *testing.T) {
 	// The kubelet restores a pod of the same name: the same hostname
 	// (and HOSTNAME in the environment, which must match).
 	cfg.Hostname = e.podCfg.Hostname
-	cfg.LogDirectory = e.logDir
+	// Logs of their own: what the restored processes print must reach
+	// the new containers' logs through the new shim.
+	cfg.LogDirectory = filepath.Join(e.d.Dir, "restored-logs")
 	cfg.Linux.CgroupParent = ""
 	resp, err := e.d.Runtime.RestorePod(deadlineCtx(t, 2*time.Minute), &criapi.RestorePodRequest{
 		CheckpointPath: out, Config: cfg, ContainerConfigs: cfgs,
@@ -204,6 +206,22 @@ func TestCheckpointRestorePod(t *testing.T) {
 		t.Fatalf("count after restore %d, at checkpoint %d", c, atCheckpoint)
 	}
 	e.waitCount(ids["counter"], atCheckpoint+3)
+	logPath := filepath.Join(cfg.LogDirectory, "counter.log")
+	for deadline := time.Now().Add(20 * time.Second); ; {
+		var last int
+		for _, r := range readCRILogIfAny(t, logPath) {
+			if n, ok := strings.CutPrefix(r.msg, "tick "); ok {
+				last, _ = strconv.Atoi(n)
+			}
+		}
+		if last > atCheckpoint {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("restored counter logged no tick after %d (last %d)", atCheckpoint, last)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
 	if got := e.exec(ids["counter"], "cat", "/data.txt"); got != "hello" {
 		t.Fatalf("/data.txt = %q", got)
 	}
@@ -520,4 +538,13 @@ func TestCheckpointWithBrokenCRIU(t *testing.T) {
 	if es, _ := os.ReadDir(out); len(es) != 0 {
 		t.Errorf("output_path has %d entries", len(es))
 	}
+}
+
+// readCRILogIfAny is readCRILog of a log that may not exist yet.
+func readCRILogIfAny(t *testing.T, path string) []logRecord {
+	t.Helper()
+	if _, err := os.Stat(path); err != nil {
+		return nil
+	}
+	return readCRILog(t, path)
 }
