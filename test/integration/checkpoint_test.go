@@ -231,6 +231,14 @@ func TestCheckpointRestorePod(t *testing.T) {
 	if got := token(t, e.podIP(resp.PodSandboxId)); got != tok {
 		t.Fatalf("token after restore %q, want %q", got, tok)
 	}
+	// The shim reaps a restored process like any container's init (a
+	// shell as pid 1 ignores SIGTERM: it is killed after the grace).
+	if _, err := e.d.Runtime.StopContainer(ctxT(t), &criapi.StopContainerRequest{ContainerId: ids["counter"], Timeout: 1}); err != nil {
+		t.Fatalf("StopContainer: %v", err)
+	}
+	if st := e.status(ids["counter"]); st.State != criapi.ContainerState_CONTAINER_EXITED || st.ExitCode != 128+9 || st.FinishedAt == 0 {
+		t.Fatalf("stopped restored counter: %s, exit %d", st.State, st.ExitCode)
+	}
 	stopRemovePod(t, e.d, resp.PodSandboxId)
 }
 
