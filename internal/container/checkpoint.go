@@ -153,17 +153,8 @@ func (s *Store) dump(ctx context.Context, r *Container, rt *oci.Runtime, dir, cr
 		return fmt.Errorf("checkpoint container %s: %w", r.ID, err)
 	}
 	defer os.RemoveAll(work)
-	// The PIDs the processes have in their namespace: a restore into a
-	// shared one must keep them free (checkpoint.SetLastPID).
-	highest, err := checkpoint.MaxNSPID(r.Pid)
-	if err != nil {
-		return fmt.Errorf("checkpoint container %s: %w", r.ID, err)
-	}
-	if err := checkpoint.WriteJSON(dir, checkpoint.ProcessesDump, checkpoint.Processes{MaxPID: highest}); err != nil {
-		return err
-	}
 	images := filepath.Join(dir, checkpoint.ImagesDir)
-	err = rt.Checkpoint(ctx, r.ID, oci.CheckpointOpts{CRIU: criu, ImagePath: images, WorkPath: work, LeaveRunning: true})
+	err := rt.Checkpoint(ctx, r.ID, oci.CheckpointOpts{CRIU: criu, ImagePath: images, WorkPath: work, LeaveRunning: true})
 	// CRIU's log and statistics go with the checkpoint, also a failed
 	// one's log to the error.
 	for _, name := range []string{checkpoint.DumpLog, checkpoint.StatsDump} {

@@ -70,9 +70,6 @@ func (s *Service) RestorePod(ctx context.Context, req *runtime.RestorePodRequest
 			s.undoRestore(ctx, podID)
 		}
 	}()
-	if err := s.reservePIDs(ctx, podID, inputs); err != nil {
-		return nil, toStatus(err)
-	}
 	resp = &runtime.RestorePodResponse{PodSandboxId: podID}
 	for i, cfg := range req.GetContainerConfigs() {
 		in := inputs[i]
@@ -87,30 +84,6 @@ func (s *Service) RestorePod(ctx context.Context, req *runtime.RestorePodRequest
 	}
 	s.log.Info("pod restored", "pod", podID, "from", path, "containers", len(resp.RestoredContainers))
 	return resp, nil
-}
-
-// reservePIDs keeps the checkpointed PIDs free in a pod that shares one
-// PID namespace: each restored container needs its processes' old PIDs
-// there, and the ones restored (or started) first fork new processes
-// meanwhile. The namespace hands out PIDs above the highest checkpointed
-// one from now on.
-func (s *Service) reservePIDs(ctx context.Context, podID string, inputs []*restoreInput) error {
-	sb, err := s.sandboxes.Get(podID)
-	if err != nil {
-		return err
-	}
-	if sb.PIDNSPath == "" {
-		return nil // each container has a PID namespace of its own
-	}
-	highest := 0
-	for _, in := range inputs {
-		var p checkpoint.Processes
-		if err := checkpoint.ReadJSON(in.Dir, checkpoint.ProcessesDump, &p); err != nil {
-			return err
-		}
-		highest = max(highest, p.MaxPID)
-	}
-	return checkpoint.SetLastPID(ctx, sb.PIDNSPath, highest)
 }
 
 // undoRestore removes the pod a failed RestorePod made, with its
