@@ -127,9 +127,9 @@ func (s *Store) Checkpoint(ctx context.Context, dumps []Dump, criu string) (retE
 }
 
 // checkpointable refuses what berth cannot restore: a container in a
-// user namespace. (One in a PID namespace it shares by path is the
-// caller's to judge: the pod's, berth-pause's, is fine; another
-// container's is not.)
+// namespace it shares by path beyond the pod's pinned ones (the pod's
+// shared PID namespace, whose init is berth-pause, or a target
+// container's) or in a user namespace.
 func (s *Store) checkpointable(r *Container) error {
 	spec, err := readSpec(s.dir(r.ID))
 	if err != nil {
@@ -139,7 +139,10 @@ func (s *Store) checkpointable(r *Container) error {
 		return nil
 	}
 	for _, ns := range spec.Linux.Namespaces {
-		if ns.Type == specs.UserNamespace {
+		switch {
+		case ns.Type == specs.PIDNamespace && ns.Path != "":
+			return fmt.Errorf("container %s shares a PID namespace, which berth does not checkpoint: %w", r.ID, errdefs.ErrFailedPrecondition)
+		case ns.Type == specs.UserNamespace:
 			return fmt.Errorf("container %s runs in a user namespace, which berth does not checkpoint: %w", r.ID, errdefs.ErrFailedPrecondition)
 		}
 	}

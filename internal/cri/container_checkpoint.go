@@ -7,7 +7,6 @@ import (
 	"path/filepath"
 	"time"
 
-	specs "github.com/opencontainers/runtime-spec/specs-go"
 	runtime "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/berthcri/berth/internal/checkpoint"
@@ -45,9 +44,6 @@ func (s *Service) CheckpointContainer(ctx context.Context, req *runtime.Checkpoi
 	if fi, err := os.Lstat(loc); err == nil && !fi.Mode().IsRegular() {
 		return nil, invalidArgument("CheckpointContainer: location %q exists and is not a file", loc)
 	}
-	if err := s.checkpointablePID(c); err != nil {
-		return nil, toStatus(err)
-	}
 	criu, err := s.criu.Usable(ctx)
 	if err != nil {
 		return nil, toStatus(err)
@@ -82,34 +78,6 @@ func (s *Service) checkpointStaging(id string) (string, error) {
 		return "", fmt.Errorf("checkpoint staging dir: %w", err)
 	}
 	return d, nil
-}
-
-// checkpointablePID refuses a container that shares the PID namespace
-// of another container (pid TARGET, as ephemeral debug containers): its
-// restore would need that container's process first. The pod's own
-// shared namespace (berth-pause's) is fine: a restore joins the new
-// pod's.
-func (s *Service) checkpointablePID(c *container.Container) error {
-	spec, err := s.containers.Spec(c.ID)
-	if err != nil {
-		return err
-	}
-	if spec.Linux == nil {
-		return nil
-	}
-	for _, ns := range spec.Linux.Namespaces {
-		if ns.Type != specs.PIDNamespace || ns.Path == "" {
-			continue
-		}
-		sb, err := s.sandboxes.Get(c.PodID)
-		if err != nil {
-			return err
-		}
-		if ns.Path != sb.PIDNSPath {
-			return fmt.Errorf("container %s shares another container's PID namespace, which berth does not checkpoint: %w", c.ID, errdefs.ErrFailedPrecondition)
-		}
-	}
-	return nil
 }
 
 // noOptions refuses every key of a checkpoint or restore options map:

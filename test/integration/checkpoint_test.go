@@ -5,7 +5,6 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"fmt"
 	"io"
 	"net"
 	"os"
@@ -556,72 +555,4 @@ func readCRILogIfAny(t *testing.T, path string) []logRecord {
 		return nil
 	}
 	return readCRILog(t, path)
-}
-
-// TestCheckpointRestoreSharedPIDPod does the same for a pod that shares
-// one PID namespace (shareProcessNamespace), whose init is berth-pause:
-// the restored processes join the new pod's namespace, beside its new
-// berth-pause, with the PIDs they had.
-func TestCheckpointRestoreSharedPIDPod(t *testing.T) {
-	berthdtest.RequireCRIU(t)
-	e := newCtrEnv(t)
-	shared := func(name string) *criapi.PodSandboxConfig {
-		c := podConfig(name)
-		c.Hostname = "sharedpid"
-		c.LogDirectory = filepath.Join(e.d.Dir, name+"-logs")
-		c.Linux.CgroupParent = ""
-		c.Linux.SecurityContext.NamespaceOptions.Pid = criapi.NamespaceMode_POD
-		return c
-	}
-	e.podCfg = shared("sharedpid")
-	e.pod = runPod(t, e.d, e.podCfg)
-	cfgs := e.counterConfigs()
-	for _, c := range cfgs {
-		c.Linux.SecurityContext.NamespaceOptions.Pid = criapi.NamespaceMode_POD
-	}
-	counter, server := e.run(cfgs[0]), e.run(cfgs[1])
-	e.waitCount(counter, 10)
-	tok := token(t, e.podIP(e.pod))
-	out := filepath.Join(t.TempDir(), "ckpt")
-	if err := os.Mkdir(out, 0o700); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := e.d.Runtime.CheckpointPod(deadlineCtx(t, 2*time.Minute), &criapi.CheckpointPodRequest{
-		PodSandboxId: e.pod, OutputPath: out, ContainerIds: []string{counter, server},
-	}); err != nil {
-		t.Fatalf("CheckpointPod: %v", err)
-	}
-	at := e.count(counter)
-	stopRemovePod(t, e.d, e.pod)
-
-	resp, err := e.d.Runtime.RestorePod(deadlineCtx(t, 2*time.Minute), &criapi.RestorePodRequest{
-		CheckpointPath: out, Config: shared("sharedpid-restored"), ContainerConfigs: cfgs,
-	})
-	if err != nil {
-		t.Fatalf("RestorePod: %v", err)
-	}
-	ids := map[string]string{}
-	for _, rc := range resp.RestoredContainers {
-		ids[rc.Name] = rc.ContainerId
-		e.start(rc.ContainerId)
-	}
-	if c := e.count(ids["counter"]); c < at-1 {
-		t.Fatalf("count after restore %d, at checkpoint %d", c, at)
-	}
-	if got := token(t, e.podIP(resp.PodSandboxId)); got != tok {
-		t.Fatalf("token after restore %q, want %q", got, tok)
-	}
-	// Both in one PID namespace, which is not the host's.
-	nsOf := func(id string) string {
-		l, err := os.Readlink(fmt.Sprintf("/proc/%d/ns/pid", containerPid(t, e.d, id)))
-		if err != nil {
-			t.Fatal(err)
-		}
-		return l
-	}
-	self, _ := os.Readlink("/proc/self/ns/pid")
-	if a, b := nsOf(ids["counter"]), nsOf(ids["server"]); a != b || a == self {
-		t.Fatalf("restored containers in PID namespaces %s and %s (host %s)", a, b, self)
-	}
-	stopRemovePod(t, e.d, resp.PodSandboxId)
 }
