@@ -556,3 +556,33 @@ func readCRILogIfAny(t *testing.T, path string) []logRecord {
 	}
 	return readCRILog(t, path)
 }
+
+// TestCheckpointRefusesSharedPIDPod: a pod sharing one PID namespace
+// (berth-pause its init) cannot be restored, so it is not checkpointed:
+// FailedPrecondition saying why, nothing written, the pod running.
+func TestCheckpointRefusesSharedPIDPod(t *testing.T) {
+	berthdtest.RequireCRIU(t)
+	e := newCtrEnv(t)
+	e.podCfg = podConfig("sharedpid")
+	e.podCfg.LogDirectory = e.logDir
+	e.podCfg.Linux.CgroupParent = ""
+	e.podCfg.Linux.SecurityContext.NamespaceOptions.Pid = criapi.NamespaceMode_POD
+	e.pod = runPod(t, e.d, e.podCfg)
+	cfg := e.counterConfigs()[0]
+	cfg.Linux.SecurityContext.NamespaceOptions.Pid = criapi.NamespaceMode_POD
+	counter := e.run(cfg)
+	e.waitCount(counter, 3)
+	out := t.TempDir()
+	_, err := e.d.Runtime.CheckpointPod(deadlineCtx(t, time.Minute), &criapi.CheckpointPodRequest{PodSandboxId: e.pod, OutputPath: out, ContainerIds: []string{counter}})
+	wantCode(t, err, codes.FailedPrecondition)
+	if !strings.Contains(err.Error(), "PID namespace") {
+		t.Errorf("%v does not say why", err)
+	}
+	_, err = e.d.Runtime.CheckpointContainer(ctxT(t), &criapi.CheckpointContainerRequest{ContainerId: counter, Location: filepath.Join(out, "c.tar")})
+	wantCode(t, err, codes.FailedPrecondition)
+	if es, _ := os.ReadDir(out); len(es) != 0 {
+		t.Errorf("output_path has %d entries", len(es))
+	}
+	n := e.count(counter)
+	e.waitCount(counter, n+2)
+}
