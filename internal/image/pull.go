@@ -75,12 +75,7 @@ func (s *Store) Pull(ctx context.Context, ref string, auth *Auth) (*Image, error
 		if err != nil {
 			// Blobs and layers of a failed pull are garbage now (unless
 			// another image or pull uses them).
-			s.mu.Lock()
-			if gcErr := s.gc(); gcErr != nil {
-				s.log.Warn("clean up after failed pull", "image", n.String(), "error", gcErr)
-			}
-			s.mu.Unlock()
-			s.emptyTrash()
+			s.WaitGC()
 		}
 		return img, err
 	})

@@ -87,6 +87,13 @@ type Store struct {
 	mu     sync.Mutex
 	images map[string]*imageMeta // by ID
 	inUse  map[string]int        // digests and chain IDs a pull, import or export is using (markInUse)
+	leases map[string]*lease     // by owner; each also on disk (lease.go)
+
+	// gc schedules collection passes (gc.go).
+	gcMu sync.Mutex
+	gc   gcState
+	// gcListed, tests only, runs in each pass between listing and deciding.
+	gcListed func()
 
 	// usage caches the last walk of the store; gen counts changes to it.
 	usageMu    sync.Mutex
@@ -124,13 +131,6 @@ type layerMeta struct {
 	ChainID   string `json:"chainID"`
 }
 
-type lease struct {
-	Version  int      `json:"version"`
-	Owner    string   `json:"owner"`
-	Image    string   `json:"image"`
-	ChainIDs []string `json:"chainIDs"`
-}
-
 // Open loads the store, throwing away what interrupted pulls left behind:
 // the ingest dir, half-unpacked layers, and blobs and layers no image or
 // lease refers to.
@@ -146,6 +146,7 @@ func Open(opts Options) (*Store, error) {
 		log:      log,
 		images:   map[string]*imageMeta{},
 		inUse:    map[string]int{},
+		leases:   map[string]*lease{},
 		observer: opts.Observer,
 		faults:   opts.Faults,
 	}
@@ -184,11 +185,13 @@ func Open(opts Options) (*Store, error) {
 		}
 		s.images[meta.ID] = meta
 	}
-	if err := s.gc(); err != nil {
+	if err := s.loadLeases(); err != nil {
+		return nil, err
+	}
+	if err := s.collectAtStart(); err != nil {
 		// Keeping garbage is safe; refusing to start is not useful.
 		log.Warn("image store cleanup at start failed", "error", err)
 	}
-	s.emptyTrash()
 	return s, nil
 }
 
@@ -359,7 +362,16 @@ func (s *Store) ConfigJSON(id string) ([]byte, error) {
 // frees the layers no other image or container uses. A missing image is not
 // an error (RemoveImage is idempotent).
 func (s *Store) Remove(ref string) error {
-	defer s.emptyTrash()
+	if err := s.removeMeta(ref); err != nil {
+		return err
+	}
+	// As containerd's synchronous delete: the space is free when
+	// RemoveImage returns (the kubelet's image GC frees disk this way).
+	s.WaitGC()
+	return nil
+}
+
+func (s *Store) removeMeta(ref string) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	meta, err := s.lookup(ref)
@@ -375,173 +387,9 @@ func (s *Store) Remove(ref string) error {
 	}
 	delete(s.images, meta.ID)
 	s.log.Info("image removed", "image", meta.ID, "tags", meta.RepoTags)
-	s.faults.Hit(fault.ImageMidRemove, "image", meta.ID)
-	return s.gc()
-}
-
-func validOwner(owner string) error {
-	if owner == "" || strings.ContainsAny(owner, "/\x00") || owner == "." || owner == ".." {
-		return fmt.Errorf("lease owner %q: %w", owner, errdefs.ErrInvalidArgument)
-	}
-	return nil
-}
-
-// Acquire pins the image's layers for owner (a container ID), persisted on
-// disk so that removing the image never frees layers in use, even across
-// restarts. lowerDirs are the unpacked layer dirs, topmost first.
-func (s *Store) Acquire(ctx context.Context, ref, owner string) (*Image, []string, error) {
-	if err := validOwner(owner); err != nil {
-		return nil, nil, err
-	}
-	if err := ctx.Err(); err != nil {
-		return nil, nil, err
-	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	meta, err := s.lookup(ref)
-	if err != nil {
-		return nil, nil, err
-	}
-	img := s.toImage(meta)
-	l := lease{Version: metaVersion, Owner: owner, Image: img.ID, ChainIDs: img.ChainIDs}
-	data, err := json.Marshal(l)
-	if err != nil {
-		return nil, nil, err
-	}
-	if err := atomicfile.Write(s.path("leases", owner+".json"), data, 0o600); err != nil {
-		return nil, nil, fmt.Errorf("acquire image %s for %s: %w", img.ID, owner, err)
-	}
-	lower := make([]string, 0, len(img.ChainIDs))
-	for i := len(img.ChainIDs) - 1; i >= 0; i-- {
-		lower = append(lower, s.LayerDiffDir(img.ChainIDs[i]))
-	}
-	return img, lower, nil
-}
-
-// Release drops owner's lease and frees layers nothing uses any more. It is
-// idempotent.
-func (s *Store) Release(owner string) error {
-	if err := validOwner(owner); err != nil {
-		return err
-	}
-	defer s.emptyTrash()
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if err := os.Remove(s.path("leases", owner+".json")); err != nil {
-		if os.IsNotExist(err) {
-			return nil
-		}
-		return fmt.Errorf("release image lease of %s: %w", owner, err)
-	}
-	return s.gc()
-}
-
-// Owners lists the owners holding leases, so that a restarted daemon can
-// release the leases of containers that no longer exist.
-func (s *Store) Owners() ([]string, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	es, err := os.ReadDir(s.path("leases"))
-	if err != nil {
-		return nil, fmt.Errorf("read image leases: %w", err)
-	}
-	var out []string
-	for _, e := range es {
-		if owner, ok := strings.CutSuffix(e.Name(), ".json"); ok {
-			out = append(out, owner)
-		}
-	}
-	return out, nil
-}
-
-// gc removes blobs and layers that no image, lease or running pull refers
-// to. Caller holds s.mu (or is Open). Unused layers are only renamed into
-// trash/ here, which is quick; the caller deletes them with emptyTrash after
-// releasing s.mu, so that pulls, lookups and container creates never wait
-// behind the deletion of a large layer tree.
-func (s *Store) gc() error {
 	s.gen++
-	keepBlobs := map[string]bool{}
-	keepLayers := map[string]bool{}
-	for k := range s.inUse {
-		keepBlobs[strings.TrimPrefix(k, "sha256:")] = true
-		keepLayers[strings.TrimPrefix(k, "sha256:")] = true
-	}
-	for _, meta := range s.images {
-		keepBlobs[strings.TrimPrefix(meta.ManifestDigest, "sha256:")] = true
-		keepBlobs[strings.TrimPrefix(meta.ConfigDigest, "sha256:")] = true
-		for _, l := range meta.Layers {
-			keepBlobs[strings.TrimPrefix(l.Digest, "sha256:")] = true
-			keepLayers[strings.TrimPrefix(l.ChainID, "sha256:")] = true
-		}
-	}
-	leases, err := os.ReadDir(s.path("leases"))
-	if err != nil {
-		return fmt.Errorf("read image leases: %w", err)
-	}
-	for _, e := range leases {
-		p := s.path("leases", e.Name())
-		if !strings.HasSuffix(e.Name(), ".json") {
-			os.Remove(p)
-			continue
-		}
-		data, err := os.ReadFile(p)
-		if err != nil {
-			return fmt.Errorf("read image lease %s: %w", p, err)
-		}
-		var l lease
-		if err := json.Unmarshal(data, &l); err != nil {
-			// Keep everything rather than free layers a container may use.
-			return fmt.Errorf("image lease %s is unreadable, not collecting: %w", p, err)
-		}
-		for _, c := range l.ChainIDs {
-			keepLayers[strings.TrimPrefix(c, "sha256:")] = true
-		}
-	}
-	var errs []error
-	blobs, err := os.ReadDir(s.path("blobs", "sha256"))
-	if err != nil {
-		return fmt.Errorf("read image blobs: %w", err)
-	}
-	for _, e := range blobs {
-		if !keepBlobs[e.Name()] {
-			if err := os.Remove(s.path("blobs", "sha256", e.Name())); err != nil && !os.IsNotExist(err) {
-				errs = append(errs, err)
-			}
-		}
-	}
-	layers, err := os.ReadDir(s.path("layers"))
-	if err != nil {
-		return fmt.Errorf("read image layers: %w", err)
-	}
-	for _, e := range layers {
-		if !keepLayers[e.Name()] {
-			s.log.Debug("freeing layer", "chainID", e.Name())
-			trashed := s.path("trash", fmt.Sprintf("%s.%d", e.Name(), s.gen))
-			if err := os.Rename(s.path("layers", e.Name()), trashed); err != nil && !os.IsNotExist(err) {
-				errs = append(errs, err)
-			}
-		}
-	}
-	if err := errors.Join(errs...); err != nil {
-		return fmt.Errorf("collect unused image content: %w", err)
-	}
+	s.faults.Hit(fault.ImageMidRemove, "image", meta.ID)
 	return nil
-}
-
-// emptyTrash deletes the layer trees gc moved to trash/. It runs without
-// s.mu; what it leaves (a crash midway) Open deletes.
-func (s *Store) emptyTrash() {
-	es, err := os.ReadDir(s.path("trash"))
-	if err != nil {
-		s.log.Warn("read image trash", "error", err)
-		return
-	}
-	for _, e := range es {
-		if err := os.RemoveAll(s.path("trash", e.Name())); err != nil {
-			s.log.Warn("delete unused layer", "path", e.Name(), "error", err)
-		}
-	}
 }
 
 // Usage is what the store occupies on disk.

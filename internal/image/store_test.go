@@ -113,6 +113,8 @@ func TestAcquireKeepsLayersUntilReleaseAcrossReopen(t *testing.T) {
 	if err := s.Release("ctr1"); err != nil {
 		t.Fatalf("second release: %v", err)
 	}
+	// Release frees in the background; WaitGC waits for that pass.
+	s.WaitGC()
 	for _, l := range lower {
 		if _, err := os.Stat(l); !os.IsNotExist(err) {
 			t.Fatalf("layer %s not freed after release: %v", l, err)
