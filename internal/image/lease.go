@@ -73,7 +73,8 @@ func (s *Store) loadLeases() error {
 // <id>.vol<n>). The lease is on disk when Acquire returns, so removing the
 // image never frees layers in use, even across restarts. lowerDirs are the
 // unpacked layer dirs, topmost first. Acquiring again for the same owner
-// replaces its lease.
+// replaces its lease. Calls for one owner must not overlap (the container
+// store serialises each container's create and removal).
 func (s *Store) Acquire(ctx context.Context, ref, owner string) (*Image, []string, error) {
 	if err := validOwner(owner); err != nil {
 		return nil, nil, err
