@@ -207,3 +207,50 @@ func TestRequestsDuringAPassGetTheNextPass(t *testing.T) {
 		t.Fatalf("%d passes for one running and four queued requests, want 2", passes)
 	}
 }
+
+// TestLeasesDoNotWaitForCollection: while a pass is stopped (after its
+// listing, before it decides), creates and removals (Acquire, Release)
+// go on; before decision 1500 each Release collected inline under the
+// lock every Acquire takes.
+func TestLeasesDoNotWaitForCollection(t *testing.T) {
+	s, img, ref := pulledStore(t, Options{})
+	ctx := context.Background()
+	listed := make(chan struct{})
+	resume := make(chan struct{})
+	s.gcListed = func() {
+		s.gcListed = nil
+		close(listed)
+		<-resume
+	}
+	pass := s.requestGC()
+	<-listed
+	done := make(chan error, 1)
+	go func() {
+		for i := 0; i < 20; i++ {
+			owner := "c" + string(rune('a'+i))
+			if _, _, err := s.Acquire(ctx, ref, owner); err != nil {
+				done <- err
+				return
+			}
+			if err := s.Release(owner); err != nil {
+				done <- err
+				return
+			}
+		}
+		done <- nil
+	}()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("Acquire/Release waited for a collection pass")
+	}
+	close(resume)
+	<-pass
+	s.WaitGC()
+	if n := layersPresent(t, s, img); n != len(img.ChainIDs) {
+		t.Fatalf("the image's own layers went: %d of %d left", n, len(img.ChainIDs))
+	}
+}
