@@ -138,8 +138,8 @@ func TestCollectionKeepsWhatAPullMarked(t *testing.T) {
 		close(listed)
 		<-resume
 	}
-	if err := s.removeMeta(ref); err != nil {
-		t.Fatal(err)
+	if removed, err := s.removeMeta(ref); err != nil || !removed {
+		t.Fatal(removed, err)
 	}
 	pass := s.requestGC()
 	<-listed
@@ -170,8 +170,8 @@ func TestRequestsDuringAPassGetTheNextPass(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if err := s.removeMeta(ref); err != nil {
-		t.Fatal(err)
+	if removed, err := s.removeMeta(ref); err != nil || !removed {
+		t.Fatal(removed, err)
 	}
 	passes := 0
 	listed := make(chan struct{}, 10)

@@ -244,7 +244,7 @@ func (s *Store) loadMeta(p string) (*imageMeta, error) {
 	return &meta, nil
 }
 
-// writeMeta persists rec. Caller holds s.mu.
+// writeMeta persists meta. Caller holds s.mu.
 func (s *Store) writeMeta(meta *imageMeta) error {
 	s.gen++
 	meta.Version = metaVersion
@@ -362,7 +362,8 @@ func (s *Store) ConfigJSON(id string) ([]byte, error) {
 // frees the layers no other image or container uses. A missing image is not
 // an error (RemoveImage is idempotent).
 func (s *Store) Remove(ref string) error {
-	if err := s.removeMeta(ref); err != nil {
+	removed, err := s.removeMeta(ref)
+	if err != nil || !removed {
 		return err
 	}
 	// As containerd's synchronous delete: the space is free when
@@ -371,25 +372,27 @@ func (s *Store) Remove(ref string) error {
 	return nil
 }
 
-func (s *Store) removeMeta(ref string) error {
+// removeMeta forgets the image ref names; removed is false when there was
+// none.
+func (s *Store) removeMeta(ref string) (removed bool, _ error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	meta, err := s.lookup(ref)
 	if errdefs.IsNotFound(err) {
-		return nil
+		return false, nil
 	}
 	if err != nil {
-		return err
+		return false, err
 	}
 	p := s.path("records", strings.TrimPrefix(meta.ID, "sha256:")+".json")
 	if err := os.Remove(p); err != nil && !os.IsNotExist(err) {
-		return fmt.Errorf("remove image metadata %s: %w", meta.ID, err)
+		return false, fmt.Errorf("remove image metadata %s: %w", meta.ID, err)
 	}
 	delete(s.images, meta.ID)
 	s.log.Info("image removed", "image", meta.ID, "tags", meta.RepoTags)
 	s.gen++
 	s.faults.Hit(fault.ImageMidRemove, "image", meta.ID)
-	return nil
+	return true, nil
 }
 
 // Usage is what the store occupies on disk.
