@@ -288,7 +288,13 @@ func (k *kubelet) Stop() {
 // then every process in its pods' cgroups, then those cgroups.
 func (k *kubelet) cleanup() {
 	if k.t.Failed() {
-		k.t.Logf("kubelet log (last 300 lines of %s):\n%s", k.LogFile, k.logTail(300))
+		if dir := os.Getenv("BERTH_KUBELET_LOG_DIR"); dir != "" {
+			keep := filepath.Join(dir, k.NodeName+".log")
+			if err := os.WriteFile(keep, []byte(k.log()), 0o644); err == nil {
+				k.t.Logf("kubelet log kept in %s", keep)
+			}
+		}
+		k.t.Logf("kubelet log (last 400 lines of %s):\n%s", k.LogFile, k.logTail(400))
 	}
 	k.Stop()
 	for attempt := 0; attempt < 50; attempt++ {
@@ -323,6 +329,12 @@ func (k *kubelet) cleanup() {
 			k.t.Errorf("remove the kubelet's cgroup %s: %v", d, err)
 		}
 	}
+}
+
+// log is the kubelet's log so far.
+func (k *kubelet) log() string {
+	data, _ := os.ReadFile(k.LogFile)
+	return string(data)
 }
 
 // logTail is the end of the kubelet's log.
