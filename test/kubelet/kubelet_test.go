@@ -12,6 +12,7 @@ import (
 	"net/http"
 	"net/url"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -60,18 +61,31 @@ func agnhostImg(t *testing.T, bins string) v1.Image {
 	return testimages.Must(t, img, err)
 }
 
+// envOptions adjust newEnv.
+type envOptions struct {
+	Berthd  berthdtest.Options
+	Kubelet kubeletOptions
+	// Agnhost pushes the agnhost image too (50 MB: only when needed).
+	Agnhost bool
+	// KubeletInDaemonNS runs the kubelet in berthd's mount namespace
+	// (with Berthd.StartProcess putting berthd in one of its own).
+	KubeletInDaemonNS bool
+}
+
 // newEnv starts the registry, a berthd mirroring registryHost to it and
 // a kubelet on that berthd whose cgroup driver is the one berthd reports.
-func newEnv(t *testing.T, bins string, opts berthdtest.Options, kopts kubeletOptions) *env {
+func newEnv(t *testing.T, bins string, opts envOptions) *env {
 	t.Helper()
 	reg := testimages.StartRegistry(t)
 	bb, err := testimages.Busybox()
 	reg.Push(t, "busybox:1.36", testimages.Must(t, bb, err))
 	httpd, err := testimages.HTTPD()
 	reg.Push(t, "busybox-httpd:1.0", testimages.Must(t, httpd, err))
-	reg.Push(t, "agnhost:2.56", agnhostImg(t, bins))
+	if opts.Agnhost {
+		reg.Push(t, "agnhost:2.56", agnhostImg(t, bins))
+	}
 
-	d := berthdtest.Start(t, opts)
+	d := berthdtest.Start(t, opts.Berthd)
 	hosts := filepath.Join(d.Config.RegistryConfigDir, registryHost)
 	if err := os.MkdirAll(hosts, 0o755); err != nil {
 		t.Fatal(err)
@@ -88,12 +102,24 @@ func newEnv(t *testing.T, bins string, opts berthdtest.Options, kopts kubeletOpt
 	if err != nil {
 		t.Fatalf("RuntimeConfig: %v", err)
 	}
+	kopts := opts.Kubelet
 	kopts.CgroupDriver = "cgroupfs"
 	if rc.GetLinux().GetCgroupDriver() == criapi.CgroupDriver_SYSTEMD {
 		kopts.CgroupDriver = "systemd"
 	}
 	kopts.Dir = filepath.Join(d.Dir, "kubelet")
 	kopts.Socket = d.Socket
+	if opts.KubeletInDaemonNS {
+		pid := d.Pid()
+		kopts.CgroupFS = fmt.Sprintf("/proc/%d/root/sys/fs/cgroup", pid)
+		kopts.MountInfo = fmt.Sprintf("/proc/%d/mountinfo", pid)
+		kopts.StartProcess = func(cmd *exec.Cmd) error {
+			// nsenter execs the kubelet: the pid stays the kubelet's.
+			cmd.Args = append([]string{"nsenter", fmt.Sprintf("--mount=/proc/%d/ns/mnt", pid), "--", cmd.Path}, cmd.Args[1:]...)
+			cmd.Path = "/usr/bin/nsenter"
+			return cmd.Start()
+		}
+	}
 	k := startKubelet(t, bins, kopts)
 	return &env{t: t, d: d, k: k, reg: reg}
 }
@@ -291,9 +317,10 @@ spec:
 // SIGKILL and restarts it under the running pods, then removes the
 // manifests and checks that nothing is left.
 func TestKubeletStaticPodsOnBerth(t *testing.T) {
+	t.Parallel()
 	berthdtest.RequireRoot(t)
 	bins := k8sBins(t, "kubelet", "agnhost")
-	e := newEnv(t, bins, berthdtest.Options{}, kubeletOptions{})
+	e := newEnv(t, bins, envOptions{Agnhost: true})
 	k := e.k
 	scope := e.leakScope()
 	before := leakcheck.Take(t, scope)
