@@ -27,6 +27,7 @@ import (
 	"time"
 
 	"github.com/gorilla/websocket"
+	"golang.org/x/sys/unix"
 	corev1 "k8s.io/api/core/v1"
 
 	"github.com/berthcri/berth/internal/cgroupctrl"
@@ -102,9 +103,21 @@ type kubeletOptions struct {
 	// kubelet lives in another mount namespace); MountInfo lists them
 	// ("" → /proc/self/mountinfo).
 	CgroupFS, MountInfo string
-	// StartProcess starts the prepared command (default cmd.Start).
-	StartProcess func(cmd *exec.Cmd) error
+	// JoinMountNS, when set (/proc/PID/ns/mnt), runs the kubelet in that
+	// mount namespace; else it gets one of its own sharing Dir with the
+	// node (see startKubelet).
+	JoinMountNS string
 }
+
+// privateDevicePlugins runs (by sh, in the kubelet's mount namespace)
+// before the kubelet: its device manager serves and clears the fixed
+// /var/lib/kubelet/device-plugins, which other kubelets on this node use;
+// it gets a tmpfs of its own there.
+const privateDevicePlugins = `set -e
+d=/var/lib/kubelet/device-plugins
+mkdir -p "$d"
+mount -t tmpfs -o mode=750 berth-kubelet-test "$d"
+exec "$@"`
 
 // kubelet is one standalone kubelet process (no API server: static pods
 // from Manifests), with everything it writes private to this test.
@@ -203,22 +216,36 @@ containerLogMaxSize: 1Mi
 		t.Fatal(err)
 	}
 	defer logFile.Close()
-	k.cmd = exec.Command(filepath.Join(bin, "kubelet"),
-		"--config="+configPath,
-		"--container-runtime-endpoint=unix://"+opts.Socket,
-		"--root-dir="+k.RootDir,
-		"--cert-dir="+k.CertDir,
-		"--hostname-override="+k.NodeName,
+	argv := []string{filepath.Join(bin, "kubelet"),
+		"--config=" + configPath,
+		"--container-runtime-endpoint=unix://" + opts.Socket,
+		"--root-dir=" + k.RootDir,
+		"--cert-dir=" + k.CertDir,
+		"--hostname-override=" + k.NodeName,
 		"--fail-swap-on=false",
 		"--v=2",
-	)
+	}
+	var prefix []string
+	if opts.JoinMountNS != "" {
+		prefix = []string{"nsenter", "--mount=" + opts.JoinMountNS, "--"}
+	} else {
+		// A mount namespace of its own, but for Dir: a shared mount there
+		// makes the kubelet's volume mounts (below its root dir) reach
+		// the node's namespace, where berthd and runc must see them.
+		if err := unix.Mount(opts.Dir, opts.Dir, "", unix.MS_BIND, ""); err != nil {
+			t.Fatalf("bind %s: %v", opts.Dir, err)
+		}
+		if err := unix.Mount("", opts.Dir, "", unix.MS_SHARED, ""); err != nil {
+			t.Fatalf("make %s shared: %v", opts.Dir, err)
+		}
+		prefix = []string{"unshare", "--mount", "--propagation", "unchanged", "--"}
+	}
+	// sh and the tools exec: the pid stays the kubelet's.
+	argv = append(append(prefix, "/bin/sh", "-c", privateDevicePlugins, "kubelet"), argv...)
+	k.cmd = exec.Command(argv[0], argv[1:]...)
 	k.cmd.Stdout, k.cmd.Stderr = logFile, logFile
 	k.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	start := k.cmd.Start
-	if opts.StartProcess != nil {
-		start = func() error { return opts.StartProcess(k.cmd) }
-	}
-	if err := start(); err != nil {
+	if err := k.cmd.Start(); err != nil {
 		t.Fatalf("start kubelet: %v", err)
 	}
 	k.done = make(chan struct{})

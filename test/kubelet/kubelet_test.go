@@ -12,7 +12,6 @@ import (
 	"net/http"
 	"net/url"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -113,12 +112,7 @@ func newEnv(t *testing.T, bins string, opts envOptions) *env {
 		pid := d.Pid()
 		kopts.CgroupFS = fmt.Sprintf("/proc/%d/root/sys/fs/cgroup", pid)
 		kopts.MountInfo = fmt.Sprintf("/proc/%d/mountinfo", pid)
-		kopts.StartProcess = func(cmd *exec.Cmd) error {
-			// nsenter execs the kubelet: the pid stays the kubelet's.
-			cmd.Args = append([]string{"nsenter", fmt.Sprintf("--mount=/proc/%d/ns/mnt", pid), "--", cmd.Path}, cmd.Args[1:]...)
-			cmd.Path = "/usr/bin/nsenter"
-			return cmd.Start()
-		}
+		kopts.JoinMountNS = fmt.Sprintf("/proc/%d/ns/mnt", pid)
 	}
 	k := startKubelet(t, bins, kopts)
 	return &env{t: t, d: d, k: k, reg: reg}
