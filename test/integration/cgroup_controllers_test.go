@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -16,19 +17,24 @@ import (
 )
 
 // hugePageSizes lists the node's hugepage sizes as the CRI spells them
-// ("2MB"), as the kubelet finds them (/sys/kernel/mm/hugepages).
+// ("2MB"), as the kubelet finds them (/sys/kernel/mm/hugepages), smallest
+// first.
 func hugePageSizes(t *testing.T) []string {
 	t.Helper()
 	entries, err := os.ReadDir("/sys/kernel/mm/hugepages")
 	if err != nil {
 		t.Skipf("no hugepages on this kernel: %v", err)
 	}
-	var sizes []string
+	var kbs []int
 	for _, e := range entries {
 		kb, err := strconv.Atoi(strings.TrimSuffix(strings.TrimPrefix(e.Name(), "hugepages-"), "kB"))
-		if err != nil {
-			continue
+		if err == nil {
+			kbs = append(kbs, kb)
 		}
+	}
+	slices.Sort(kbs)
+	var sizes []string
+	for _, kb := range kbs {
 		switch {
 		case kb >= 1<<20:
 			sizes = append(sizes, fmt.Sprintf("%dGB", kb>>20))
@@ -46,7 +52,8 @@ func hugePageSizes(t *testing.T) []string {
 
 // kubeletHugepages is what the kubelet puts in every container: a limit
 // for each of the node's page sizes, 0 unless the pod asks for hugepages
-// (here: 4 MiB of the first size).
+// (here: 4 MiB of the smallest size; the kernel rounds a limit down to
+// whole pages, so 4 MiB of 1 GiB pages would read back 0).
 func kubeletHugepages(sizes []string) *criapi.LinuxContainerResources {
 	r := &criapi.LinuxContainerResources{CpuShares: 2, MemoryLimitInBytes: 64 << 20}
 	for i, s := range sizes {
