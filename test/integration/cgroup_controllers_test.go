@@ -157,17 +157,8 @@ func TestHugepageLimitLandsWithTheHugetlbHierarchyMounted(t *testing.T) {
 	// The hierarchy outlives the mount (the kernel keeps it while it has
 	// cgroups): remove the daemon's parent from it before berthd goes.
 	t.Cleanup(func() {
-		var dirs []string
-		_ = filepath.WalkDir(filepath.Join(hugetlb, d.Config.CgroupParent), func(p string, e os.DirEntry, err error) error {
-			if err == nil && e.IsDir() {
-				dirs = append(dirs, p)
-			}
-			return nil
-		})
-		for i := len(dirs) - 1; i >= 0; i-- {
-			if err := os.Remove(dirs[i]); err != nil {
-				t.Errorf("remove test cgroup from the hugetlb hierarchy: %v", err)
-			}
+		if err := berthdtest.RemoveCgroupTree(filepath.Join(hugetlb, d.Config.CgroupParent)); err != nil {
+			t.Errorf("remove test cgroups from the hugetlb hierarchy: %v", err)
 		}
 	})
 	if strings.Contains(d.Logs(), "hugepage limits") {

@@ -19,7 +19,6 @@ import (
 	"path/filepath"
 	"runtime"
 	"sort"
-	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -277,14 +276,14 @@ func (k *kubelet) makeCgroupRoot() {
 	}
 }
 
-// cgroupDirs lists the directories below the kubelet's cgroup root in
-// every hierarchy, deepest first.
-func (k *kubelet) cgroupDirs(includeRoot bool) []string {
+// cgroupDirs lists the cgroups below the kubelet's cgroup root in every
+// hierarchy, deepest first.
+func (k *kubelet) cgroupDirs() []string {
 	var dirs []string
 	roots, _ := filepath.Glob(filepath.Join(k.opts.CgroupFS, "*", k.CgroupRoot))
 	for _, r := range roots {
 		_ = filepath.WalkDir(r, func(p string, e fs.DirEntry, err error) error {
-			if err == nil && e.IsDir() && (includeRoot || p != r) {
+			if err == nil && e.IsDir() && p != r {
 				dirs = append(dirs, p)
 			}
 			return nil
@@ -324,37 +323,14 @@ func (k *kubelet) cleanup() {
 		k.t.Logf("kubelet log (last 400 lines of %s):\n%s", k.LogFile, k.logTail(400))
 	}
 	k.Stop()
-	for attempt := 0; attempt < 50; attempt++ {
-		killed := 0
-		for _, d := range k.cgroupDirs(true) {
-			data, _ := os.ReadFile(filepath.Join(d, "cgroup.procs"))
-			for _, f := range strings.Fields(string(data)) {
-				if pid, err := strconv.Atoi(f); err == nil {
-					_ = syscall.Kill(pid, syscall.SIGKILL)
-					killed++
-				}
-			}
+	roots, _ := filepath.Glob(filepath.Join(k.opts.CgroupFS, "*", k.CgroupRoot))
+	for _, r := range roots {
+		if err := berthdtest.RemoveCgroupTree(r); err != nil {
+			k.t.Errorf("remove the kubelet's cgroups: %v", err)
 		}
-		if killed == 0 {
-			break
-		}
-		time.Sleep(100 * time.Millisecond)
 	}
 	if err := berthdtest.UnmountBelow(k.opts.Dir); err != nil {
 		k.t.Errorf("unmount below the kubelet's dir: %v", err)
-	}
-	for _, d := range k.cgroupDirs(true) {
-		var err error
-		for range 20 {
-			if err = syscall.Rmdir(d); err == nil || errors.Is(err, syscall.ENOENT) {
-				err = nil
-				break
-			}
-			time.Sleep(50 * time.Millisecond)
-		}
-		if err != nil {
-			k.t.Errorf("remove the kubelet's cgroup %s: %v", d, err)
-		}
 	}
 }
 

@@ -1,14 +1,10 @@
 package kubelet
 
 import (
-	"errors"
-	"io/fs"
 	"os"
 	"path/filepath"
-	"sort"
 	"strconv"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -133,7 +129,11 @@ func TestKubeletHugePages(t *testing.T) {
 		}
 		// The hierarchy outlives the namespace while it has cgroups: the
 		// kubelet's go with it (its cleanup), berthd's own parent here.
-		t.Cleanup(func() { removeCgroupTree(t, filepath.Join(hugetlb, e.d.Config.CgroupParent)) })
+		t.Cleanup(func() {
+			if err := berthdtest.RemoveCgroupTree(filepath.Join(hugetlb, e.d.Config.CgroupParent)); err != nil {
+				t.Errorf("remove berthd's cgroups from the hugetlb hierarchy: %v", err)
+			}
+		})
 		if strings.Contains(e.d.Logs(), "hugepage limits") {
 			t.Fatalf("berthd reports hugetlb missing with it mounted:\n%s", e.d.Logs())
 		}
@@ -193,28 +193,11 @@ func deleteHugePod(t *testing.T, e *env, p *corev1.Pod, podCg string) {
 				return false
 			}
 		}
-		for _, d := range e.k.cgroupDirs(false) {
+		for _, d := range e.k.cgroupDirs() {
 			if strings.Contains(d, "pod"+string(p.UID)) {
 				return false
 			}
 		}
 		return true
 	})
-}
-
-// removeCgroupTree removes dir and the cgroups below it, deepest first.
-func removeCgroupTree(t *testing.T, dir string) {
-	var dirs []string
-	_ = filepath.WalkDir(dir, func(p string, e fs.DirEntry, err error) error {
-		if err == nil && e.IsDir() {
-			dirs = append(dirs, p)
-		}
-		return nil
-	})
-	sort.Slice(dirs, func(i, j int) bool { return len(dirs[i]) > len(dirs[j]) })
-	for _, d := range dirs {
-		if err := syscall.Rmdir(d); err != nil && !errors.Is(err, syscall.ENOENT) {
-			t.Errorf("remove cgroup %s: %v", d, err)
-		}
-	}
 }

@@ -1,7 +1,15 @@
 package berthdtest
 
 import (
+	"errors"
+	"fmt"
+	"io/fs"
 	"os/exec"
+	"path/filepath"
+	"sort"
+	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // privateCgroupRoot is run by sh inside berthd's own mount namespace
@@ -53,4 +61,50 @@ func StartWithPrivateHugetlb(scratch string) func(cmd *exec.Cmd) error {
 		cmd.Path, cmd.Args = "/usr/bin/unshare", append([]string{"unshare"}, args...)
 		return cmd.Start()
 	}
+}
+
+// RemoveCgroupTree kills the processes in the cgroup dir and below it,
+// then removes those cgroups, deepest first. For hierarchies the node's
+// cleanup cannot see (one mounted in a private namespace, reached through
+// /proc/PID/root), which must be emptied before that namespace goes.
+func RemoveCgroupTree(dir string) error {
+	list := func() []string {
+		var dirs []string
+		_ = filepath.WalkDir(dir, func(p string, e fs.DirEntry, err error) error {
+			if err == nil && e.IsDir() {
+				dirs = append(dirs, p)
+			}
+			return nil
+		})
+		sort.Slice(dirs, func(i, j int) bool { return len(dirs[i]) > len(dirs[j]) })
+		return dirs
+	}
+	for attempt := 0; attempt < 50; attempt++ {
+		pids := 0
+		for _, d := range list() {
+			for _, pid := range readPids(filepath.Join(d, "cgroup.procs")) {
+				_ = unix.Kill(pid, unix.SIGKILL)
+				pids++
+			}
+		}
+		if pids == 0 {
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	var errs []error
+	for _, d := range list() {
+		var err error
+		for range 20 {
+			if err = unix.Rmdir(d); err == nil || errors.Is(err, unix.ENOENT) {
+				err = nil
+				break
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+		if err != nil {
+			errs = append(errs, fmt.Errorf("remove cgroup %s: %w", d, err))
+		}
+	}
+	return errors.Join(errs...)
 }
