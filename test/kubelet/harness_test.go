@@ -111,10 +111,13 @@ type kubeletOptions struct {
 // privateDevicePlugins runs (by sh, in the kubelet's mount namespace)
 // before the kubelet: its device manager serves and clears the fixed
 // /var/lib/kubelet/device-plugins, which other kubelets on this node use;
-// it gets a tmpfs of its own there.
+// it gets a tmpfs of its own there. The mount holding that path is made
+// private first: where it is shared (a systemd host's /, another
+// kubelet's root dir) the tmpfs would reach the node's namespace.
 const privateDevicePlugins = `set -e
 d=/var/lib/kubelet/device-plugins
 mkdir -p "$d"
+mount --make-private "$(findmnt -n -o TARGET --target "$d")"
 mount -t tmpfs -o mode=750 berth-kubelet-test "$d"
 exec "$@"`
 
