@@ -389,22 +389,22 @@ func (k *kubelet) waitHealthy() {
 
 // Apply writes a static pod manifest (atomically: the kubelet ignores
 // dot files, so it never reads half of one).
-func (k *kubelet) Apply(name, manifest string) {
-	k.t.Helper()
+func (k *kubelet) Apply(t *testing.T, name, manifest string) {
+	t.Helper()
 	tmp := filepath.Join(k.Manifests, "."+name+".tmp")
 	if err := os.WriteFile(tmp, []byte(manifest), 0o644); err != nil {
-		k.t.Fatal(err)
+		t.Fatal(err)
 	}
 	if err := os.Rename(tmp, filepath.Join(k.Manifests, name+".yaml")); err != nil {
-		k.t.Fatal(err)
+		t.Fatal(err)
 	}
 }
 
 // Delete removes a static pod manifest: the kubelet tears the pod down.
-func (k *kubelet) Delete(name string) {
-	k.t.Helper()
+func (k *kubelet) Delete(t *testing.T, name string) {
+	t.Helper()
 	if err := os.Remove(filepath.Join(k.Manifests, name+".yaml")); err != nil {
-		k.t.Fatal(err)
+		t.Fatal(err)
 	}
 }
 
@@ -434,11 +434,11 @@ func (k *kubelet) pods() ([]corev1.Pod, error) {
 }
 
 // Pod is the kubelet's view of static pod name, nil if it has none.
-func (k *kubelet) Pod(name string) *corev1.Pod {
-	k.t.Helper()
+func (k *kubelet) Pod(t *testing.T, name string) *corev1.Pod {
+	t.Helper()
 	pods, err := k.pods()
 	if err != nil {
-		k.t.Fatalf("kubelet /pods: %v", err)
+		t.Fatalf("kubelet /pods: %v", err)
 	}
 	for i := range pods {
 		if pods[i].Name == k.PodName(name) {
@@ -449,8 +449,8 @@ func (k *kubelet) Pod(name string) *corev1.Pod {
 }
 
 // WaitPod polls the kubelet until cond holds for static pod name.
-func (k *kubelet) WaitPod(name, what string, timeout time.Duration, cond func(p *corev1.Pod) bool) *corev1.Pod {
-	k.t.Helper()
+func (k *kubelet) WaitPod(t *testing.T, name, what string, timeout time.Duration, cond func(p *corev1.Pod) bool) *corev1.Pod {
+	t.Helper()
 	deadline := time.Now().Add(timeout)
 	var last *corev1.Pod
 	for {
@@ -467,23 +467,23 @@ func (k *kubelet) WaitPod(name, what string, timeout time.Duration, cond func(p 
 			}
 		}
 		if k.exited() {
-			k.t.Fatalf("kubelet exited while waiting for pod %s: %s", name, what)
+			t.Fatalf("kubelet exited while waiting for pod %s: %s", name, what)
 		}
 		if time.Now().After(deadline) {
 			st, _ := json.MarshalIndent(last, "", "  ")
-			k.t.Fatalf("pod %s: not %s after %s (last /pods error: %v); pod:\n%s", name, what, timeout, err, st)
+			t.Fatalf("pod %s: not %s after %s (last /pods error: %v); pod:\n%s", name, what, timeout, err, st)
 		}
 		time.Sleep(300 * time.Millisecond)
 	}
 }
 
 // WaitGone polls until the kubelet no longer lists static pod name.
-func (k *kubelet) WaitGone(name string, timeout time.Duration) {
-	k.t.Helper()
+func (k *kubelet) WaitGone(t *testing.T, name string, timeout time.Duration) {
+	t.Helper()
 	deadline := time.Now().Add(timeout)
-	for k.Pod(name) != nil {
+	for k.Pod(t, name) != nil {
 		if time.Now().After(deadline) {
-			k.t.Fatalf("pod %s still listed %s after its manifest went", name, timeout)
+			t.Fatalf("pod %s still listed %s after its manifest went", name, timeout)
 		}
 		time.Sleep(300 * time.Millisecond)
 	}
@@ -515,11 +515,11 @@ func (k *kubelet) Run(pod, ctr string, cmd ...string) (string, error) {
 }
 
 // MustRun is Run that fails the test on an error.
-func (k *kubelet) MustRun(pod, ctr string, cmd ...string) string {
-	k.t.Helper()
+func (k *kubelet) MustRun(t *testing.T, pod, ctr string, cmd ...string) string {
+	t.Helper()
 	out, err := k.Run(pod, ctr, cmd...)
 	if err != nil {
-		k.t.Fatalf("run %v in %s/%s: %v", cmd, pod, ctr, err)
+		t.Fatalf("run %v in %s/%s: %v", cmd, pod, ctr, err)
 	}
 	return out
 }

@@ -93,7 +93,7 @@ func TestKubeletHugePages(t *testing.T) {
 		}
 		e := newEnv(t, bins, envOptions{})
 		p := runHugePod(t, e)
-		mounts := e.k.MustRun("huge", "huge", "cat", "/proc/mounts")
+		mounts := e.k.MustRun(t, "huge", "huge", "cat", "/proc/mounts")
 		if !strings.Contains(mounts, " /hugepages hugetlbfs ") {
 			t.Fatalf("no hugetlbfs on /hugepages:\n%s", mounts)
 		}
@@ -139,7 +139,7 @@ func TestKubeletHugePages(t *testing.T) {
 		}
 
 		p := runHugePod(t, e)
-		if got := strings.TrimSpace(e.k.MustRun("huge", "huge", "cat", "/sys/fs/cgroup/hugetlb/"+hugeLimitFile)); got != strconv.Itoa(4<<20) {
+		if got := strings.TrimSpace(e.k.MustRun(t, "huge", "huge", "cat", "/sys/fs/cgroup/hugetlb/"+hugeLimitFile)); got != strconv.Itoa(4<<20) {
 			t.Fatalf("container's %s = %q, want %d", hugeLimitFile, got, 4<<20)
 		}
 		// Every other page size the node has is limited to 0.
@@ -149,7 +149,7 @@ func TestKubeletHugePages(t *testing.T) {
 			if name == hugeLimitFile || strings.Contains(name, ".rsvd.") {
 				continue
 			}
-			if got := strings.TrimSpace(e.k.MustRun("huge", "huge", "cat", "/sys/fs/cgroup/hugetlb/"+name)); got != "0" {
+			if got := strings.TrimSpace(e.k.MustRun(t, "huge", "huge", "cat", "/sys/fs/cgroup/hugetlb/"+name)); got != "0" {
 				t.Errorf("container's %s = %q, want 0", name, got)
 			}
 		}
@@ -167,8 +167,8 @@ func TestKubeletHugePages(t *testing.T) {
 // runHugePod starts hugePod and waits for it to run.
 func runHugePod(t *testing.T, e *env) *corev1.Pod {
 	t.Helper()
-	e.k.Apply("huge", render(hugePod, map[string]string{"BUSYBOX": busyboxImage}))
-	p := e.k.WaitPod("huge", "running", 3*time.Minute, func(p *corev1.Pod) bool {
+	e.k.Apply(t, "huge", render(hugePod, map[string]string{"BUSYBOX": busyboxImage}))
+	p := e.k.WaitPod(t, "huge", "running", 3*time.Minute, func(p *corev1.Pod) bool {
 		s := ctrStatus(p, "huge")
 		return p.Status.Phase == corev1.PodFailed || (s != nil && s.State.Running != nil)
 	})
@@ -185,8 +185,8 @@ func runHugePod(t *testing.T, e *env) *corev1.Pod {
 // its sandbox and the kubelet removed the pod's cgroup (podCg, if set).
 func deleteHugePod(t *testing.T, e *env, p *corev1.Pod, podCg string) {
 	t.Helper()
-	e.k.Delete("huge")
-	e.k.WaitGone("huge", time.Minute)
+	e.k.Delete(t, "huge")
+	e.k.WaitGone(t, "huge", time.Minute)
 	waitFor(t, "the pod's cgroups to go", 90*time.Second, func() bool {
 		if podCg != "" {
 			if _, err := os.Stat(podCg); err == nil {

@@ -333,12 +333,12 @@ func TestKubeletStaticPodsOnBerth(t *testing.T) {
 	}
 	pods := map[string]string{"probes": probesPod, "lifecycle": lifecyclePod, "exits": exitsPod, "crash": crashPod}
 	for name, m := range pods {
-		k.Apply(name, render(m, vars))
+		k.Apply(t, name, render(m, vars))
 	}
 
 	const podTimeout = 3 * time.Minute
-	probes := k.WaitPod("probes", "Ready", podTimeout, podReady)
-	lifecycle := k.WaitPod("lifecycle", "Ready", podTimeout, podReady)
+	probes := k.WaitPod(t, "probes", "Ready", podTimeout, podReady)
+	lifecycle := k.WaitPod(t, "lifecycle", "Ready", podTimeout, podReady)
 
 	t.Run("probes", func(t *testing.T) {
 		for _, c := range []string{"web", "tcp", "grpc"} {
@@ -356,12 +356,12 @@ func TestKubeletStaticPodsOnBerth(t *testing.T) {
 			resp.Body.Close()
 		}
 		toggle("make-not-serving")
-		k.WaitPod("probes", "unready after the gRPC server stops serving", time.Minute, func(p *corev1.Pod) bool {
+		k.WaitPod(t, "probes", "unready after the gRPC server stops serving", time.Minute, func(p *corev1.Pod) bool {
 			s := ctrStatus(p, "grpc")
 			return s != nil && !s.Ready && !podReady(p)
 		})
 		toggle("make-serving")
-		probes = k.WaitPod("probes", "Ready again", time.Minute, podReady)
+		probes = k.WaitPod(t, "probes", "Ready again", time.Minute, podReady)
 		if s := ctrStatus(probes, "grpc"); s.RestartCount != 0 {
 			t.Fatalf("grpc container restarted %d times", s.RestartCount)
 		}
@@ -388,20 +388,20 @@ func TestKubeletStaticPodsOnBerth(t *testing.T) {
 			t.Fatalf("sidecar container: %+v", s)
 		}
 		for file, want := range map[string]string{"/work/init": "init-ran", "/work/sidecar": "sidecar-up"} {
-			if got := strings.TrimSpace(k.MustRun("lifecycle", "main", "cat", file)); got != want {
+			if got := strings.TrimSpace(k.MustRun(t, "lifecycle", "main", "cat", file)); got != want {
 				t.Fatalf("%s = %q, want %q", file, got, want)
 			}
 		}
 	})
 
 	t.Run("postStart", func(t *testing.T) {
-		if got := strings.TrimSpace(k.MustRun("lifecycle", "main", "cat", "/work/poststart")); got != "poststart" {
+		if got := strings.TrimSpace(k.MustRun(t, "lifecycle", "main", "cat", "/work/poststart")); got != "poststart" {
 			t.Fatalf("postStart hook wrote %q", got)
 		}
 	})
 
 	t.Run("downwardAPIEnv", func(t *testing.T) {
-		out := k.MustRun("lifecycle", "main", "env")
+		out := k.MustRun(t, "lifecycle", "main", "env")
 		for _, want := range []string{
 			"POD_NAME=" + k.PodName("lifecycle"), "POD_NAMESPACE=default", "NODE_NAME=" + k.NodeName,
 			"POD_IP=" + lifecycle.Status.PodIP, "MEM_LIMIT=67108864", "CPU_REQUEST_MILLI=100",
@@ -413,7 +413,7 @@ func TestKubeletStaticPodsOnBerth(t *testing.T) {
 	})
 
 	t.Run("volumes", func(t *testing.T) {
-		mounts := k.MustRun("lifecycle", "main", "cat", "/proc/mounts")
+		mounts := k.MustRun(t, "lifecycle", "main", "cat", "/proc/mounts")
 		fsType := map[string]string{}
 		for _, l := range strings.Split(mounts, "\n") {
 			if f := strings.Fields(l); len(f) >= 3 {
@@ -423,7 +423,7 @@ func TestKubeletStaticPodsOnBerth(t *testing.T) {
 		if fsType["/mem"] != "tmpfs" || fsType["/work"] == "" || fsType["/work"] == "tmpfs" || fsType["/host"] == "" {
 			t.Fatalf("emptyDir Memory on /mem, disk on /work, hostPath on /host: %v", fsType)
 		}
-		k.MustRun("lifecycle", "main", "touch", "/host/from-container")
+		k.MustRun(t, "lifecycle", "main", "touch", "/host/from-container")
 		if _, err := os.Stat(filepath.Join(hostDir, "from-container")); err != nil {
 			t.Fatalf("hostPath write not seen on the host: %v", err)
 		}
@@ -436,13 +436,13 @@ func TestKubeletStaticPodsOnBerth(t *testing.T) {
 			"/sys/fs/cgroup/cpu/cpu.cfs_period_us":        "100000",
 			"/sys/fs/cgroup/cpu/cpu.shares":               "102",
 		} {
-			if got := strings.TrimSpace(k.MustRun("lifecycle", "main", "cat", file)); got != want {
+			if got := strings.TrimSpace(k.MustRun(t, "lifecycle", "main", "cat", file)); got != want {
 				t.Errorf("%s = %q, want %s", file, got, want)
 			}
 		}
 		// The container's cgroup is the kubelet's: below its cgroup root,
 		// in the burstable QoS class, in the pod's cgroup.
-		cg := k.MustRun("lifecycle", "main", "cat", "/proc/self/cgroup")
+		cg := k.MustRun(t, "lifecycle", "main", "cat", "/proc/self/cgroup")
 		want := fmt.Sprintf(":memory:%s/kubepods/burstable/pod%s/", k.CgroupRoot, lifecycle.UID)
 		if !strings.Contains(cg, want) {
 			t.Errorf("container cgroups lack %s:\n%s", want, cg)
@@ -479,7 +479,7 @@ func TestKubeletStaticPodsOnBerth(t *testing.T) {
 	})
 
 	t.Run("terminationMessages", func(t *testing.T) {
-		p := k.WaitPod("exits", "done", podTimeout, func(p *corev1.Pod) bool {
+		p := k.WaitPod(t, "exits", "done", podTimeout, func(p *corev1.Pod) bool {
 			return terminated(p, "msgfile") != nil && terminated(p, "fallback") != nil && terminated(p, "oom") != nil
 		})
 		if s := terminated(p, "msgfile"); s.ExitCode != 0 || s.Message != "bye-from-file" {
@@ -496,14 +496,14 @@ func TestKubeletStaticPodsOnBerth(t *testing.T) {
 	})
 
 	t.Run("oomKilled", func(t *testing.T) {
-		p := k.WaitPod("exits", "done", podTimeout, func(p *corev1.Pod) bool { return terminated(p, "oom") != nil })
+		p := k.WaitPod(t, "exits", "done", podTimeout, func(p *corev1.Pod) bool { return terminated(p, "oom") != nil })
 		if s := terminated(p, "oom"); s.Reason != "OOMKilled" || s.ExitCode != 137 {
 			t.Fatalf("oom: reason %q exit %d, want OOMKilled 137", s.Reason, s.ExitCode)
 		}
 	})
 
 	t.Run("crashLoop", func(t *testing.T) {
-		p := k.WaitPod("crash", "crash-looping", podTimeout, func(p *corev1.Pod) bool {
+		p := k.WaitPod(t, "crash", "crash-looping", podTimeout, func(p *corev1.Pod) bool {
 			s := ctrStatus(p, "crash")
 			return s != nil && s.RestartCount >= 2 && s.State.Waiting != nil && s.State.Waiting.Reason == "CrashLoopBackOff"
 		})
@@ -539,9 +539,9 @@ func TestKubeletStaticPodsOnBerth(t *testing.T) {
 		}
 		running := map[string]map[string]ctr{}
 		for _, name := range []string{"probes", "lifecycle"} {
-			running[name] = snapshot(k.WaitPod(name, "Ready", time.Minute, podReady))
+			running[name] = snapshot(k.WaitPod(t, name, "Ready", time.Minute, podReady))
 		}
-		exitsBefore := k.Pod("exits").Status.ContainerStatuses
+		exitsBefore := k.Pod(t, "exits").Status.ContainerStatuses
 		logBefore, err := k.Logs("lifecycle", "main", nil)
 		if err != nil {
 			t.Fatal(err)
@@ -567,12 +567,12 @@ func TestKubeletStaticPodsOnBerth(t *testing.T) {
 			return err == nil && strings.TrimSpace(out) == "poststart"
 		})
 		for name, want := range running {
-			p := k.WaitPod(name, "Ready after berthd's restart", 2*time.Minute, podReady)
+			p := k.WaitPod(t, name, "Ready after berthd's restart", 2*time.Minute, podReady)
 			if got := snapshot(p); fmt.Sprint(got) != fmt.Sprint(want) {
 				t.Errorf("pod %s containers changed across berthd's restart:\n got %v\nwant %v", name, got, want)
 			}
 		}
-		if got := k.Pod("exits").Status.ContainerStatuses; fmt.Sprint(statusSummary(got)) != fmt.Sprint(statusSummary(exitsBefore)) {
+		if got := k.Pod(t, "exits").Status.ContainerStatuses; fmt.Sprint(statusSummary(got)) != fmt.Sprint(statusSummary(exitsBefore)) {
 			t.Errorf("terminated containers changed across the restart:\n got %v\nwant %v", statusSummary(got), statusSummary(exitsBefore))
 		}
 		// The containers kept running and logging through the restart.
@@ -587,10 +587,10 @@ func TestKubeletStaticPodsOnBerth(t *testing.T) {
 
 	t.Run("teardown", func(t *testing.T) {
 		for name := range pods {
-			k.Delete(name)
+			k.Delete(t, name)
 		}
 		for name := range pods {
-			k.WaitGone(name, 2*time.Minute)
+			k.WaitGone(t, name, 2*time.Minute)
 		}
 		// A static pod leaves /pods as soon as its manifest goes; the
 		// kubelet then runs the preStop hook and stops the containers.
