@@ -20,7 +20,6 @@ import (
 	"runtime"
 	"sort"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -135,7 +134,7 @@ type kubelet struct {
 	client *http.Client
 	cmd    *exec.Cmd
 	done   chan struct{}
-	stop   sync.Once
+	argv   []string // the whole command line, namespace tools first
 }
 
 // startKubelet writes the kubelet's config and starts it; it is stopped,
@@ -213,11 +212,6 @@ containerLogMaxSize: 1Mi
 	if err := os.WriteFile(configPath, []byte(config), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	logFile, err := os.Create(k.LogFile)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer logFile.Close()
 	argv := []string{filepath.Join(bin, "kubelet"),
 		"--config=" + configPath,
 		"--container-runtime-endpoint=unix://" + opts.Socket,
@@ -243,20 +237,43 @@ containerLogMaxSize: 1Mi
 		prefix = []string{"unshare", "--mount", "--propagation", "unchanged", "--"}
 	}
 	// sh and the tools exec: the pid stays the kubelet's.
-	argv = append(append(prefix, "/bin/sh", "-c", privateDevicePlugins, "kubelet"), argv...)
-	k.cmd = exec.Command(argv[0], argv[1:]...)
+	k.argv = append(append(prefix, "/bin/sh", "-c", privateDevicePlugins, "kubelet"), argv...)
+	k.start(t)
+	return k
+}
+
+// start runs the kubelet process (again, after Stop) and waits until it
+// serves; its log goes on in LogFile.
+func (k *kubelet) start(t *testing.T) {
+	t.Helper()
+	logFile, err := os.OpenFile(k.LogFile, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer logFile.Close()
+	fmt.Fprintf(logFile, "=== kubelet starting at %s\n", time.Now().Format(time.RFC3339Nano))
+	k.cmd = exec.Command(k.argv[0], k.argv[1:]...)
 	k.cmd.Stdout, k.cmd.Stderr = logFile, logFile
 	k.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	if err := k.cmd.Start(); err != nil {
 		t.Fatalf("start kubelet: %v", err)
 	}
-	k.done = make(chan struct{})
+	done := make(chan struct{})
+	k.done = done
+	cmd := k.cmd
 	go func() {
-		_ = k.cmd.Wait()
-		close(k.done)
+		_ = cmd.Wait()
+		close(done)
 	}()
-	k.waitHealthy()
-	return k
+	k.waitHealthy(t)
+}
+
+// Restart stops the kubelet and starts it again on the same dirs and
+// ports, as an upgrade or a crash would.
+func (k *kubelet) Restart(t *testing.T) {
+	t.Helper()
+	k.Stop()
+	k.start(t)
 }
 
 // makeCgroupRoot creates the kubelet's cgroupRoot in every hierarchy
@@ -299,18 +316,16 @@ func (k *kubelet) cgroupDirs() []string {
 // Stop ends the kubelet (SIGTERM, then SIGKILL after 20 s). Its pods keep
 // running, as they do when a kubelet restarts.
 func (k *kubelet) Stop() {
-	k.stop.Do(func() {
-		if k.cmd == nil || k.cmd.Process == nil {
-			return
-		}
-		_ = k.cmd.Process.Signal(syscall.SIGTERM)
-		select {
-		case <-k.done:
-		case <-time.After(20 * time.Second):
-			_ = k.cmd.Process.Kill()
-			<-k.done
-		}
-	})
+	if k.cmd == nil || k.cmd.Process == nil || k.exited() {
+		return
+	}
+	_ = k.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-k.done:
+	case <-time.After(20 * time.Second):
+		_ = k.cmd.Process.Kill()
+		<-k.done
+	}
 }
 
 // cleanup is the backstop when a test failed half-way: the kubelet goes,
@@ -362,8 +377,8 @@ func (k *kubelet) exited() bool {
 	}
 }
 
-func (k *kubelet) waitHealthy() {
-	k.t.Helper()
+func (k *kubelet) waitHealthy(t *testing.T) {
+	t.Helper()
 	deadline := time.Now().Add(90 * time.Second)
 	for {
 		resp, err := http.Get(fmt.Sprintf("http://127.0.0.1:%d/healthz", k.HealthzPort))
@@ -378,10 +393,10 @@ func (k *kubelet) waitHealthy() {
 			err = fmt.Errorf("healthz %d: %s", resp.StatusCode, body)
 		}
 		if k.exited() {
-			k.t.Fatalf("kubelet exited (%v); log:\n%s", k.cmd.ProcessState, k.logTail(200))
+			t.Fatalf("kubelet exited (%v); log:\n%s", k.cmd.ProcessState, k.logTail(200))
 		}
 		if time.Now().After(deadline) {
-			k.t.Fatalf("kubelet not healthy after 90s: %v; log:\n%s", err, k.logTail(200))
+			t.Fatalf("kubelet not healthy after 90s: %v; log:\n%s", err, k.logTail(200))
 		}
 		time.Sleep(250 * time.Millisecond)
 	}

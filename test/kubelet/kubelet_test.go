@@ -129,7 +129,7 @@ func (e *env) leakScope() leakcheck.Scope {
 
 // leaks lists what the node holds now that it did not at before, but
 // for the QoS cgroups the kubelet keeps while it runs (it makes some of
-// them only with the first pod).
+// them only with the first pod) and the kubelet process.
 func (e *env) leaks(before leakcheck.Snapshot) []string {
 	var out []string
 	for _, l := range leakcheck.Diff(before, leakcheck.Take(e.t, e.leakScope())) {
@@ -137,7 +137,10 @@ func (e *env) leaks(before leakcheck.Snapshot) []string {
 		for _, c := range []string{"/kubepods", "/kubepods/besteffort", "/kubepods/burstable"} {
 			qos = qos || strings.HasSuffix(l, e.k.CgroupRoot+c)
 		}
-		if !strings.HasPrefix(l, "cgroup: ") || !qos {
+		// The kubelet itself names the daemon's dir (its own lives there)
+		// and has a new pid after a restart.
+		self := e.k.cmd != nil && strings.HasPrefix(l, fmt.Sprintf("process: %d ", e.k.cmd.Process.Pid))
+		if (!strings.HasPrefix(l, "cgroup: ") || !qos) && !self {
 			out = append(out, l)
 		}
 	}
@@ -524,22 +527,9 @@ func TestKubeletStaticPodsOnBerth(t *testing.T) {
 	}
 
 	t.Run("berthdKilledAndRestarted", func(t *testing.T) {
-		type ctr struct {
-			id       string
-			restarts int32
-		}
-		snapshot := func(p *corev1.Pod) map[string]ctr {
-			m := map[string]ctr{}
-			for _, list := range [][]corev1.ContainerStatus{p.Status.ContainerStatuses, p.Status.InitContainerStatuses} {
-				for _, s := range list {
-					m[s.Name] = ctr{s.ContainerID, s.RestartCount}
-				}
-			}
-			return m
-		}
-		running := map[string]map[string]ctr{}
+		running := map[string]map[string]ctrInstance{}
 		for _, name := range []string{"probes", "lifecycle"} {
-			running[name] = snapshot(k.WaitPod(t, name, "Ready", time.Minute, podReady))
+			running[name] = instances(k.WaitPod(t, name, "Ready", time.Minute, podReady))
 		}
 		exitsBefore := k.Pod(t, "exits").Status.ContainerStatuses
 		logBefore, err := k.Logs("lifecycle", "main", nil)
@@ -568,7 +558,7 @@ func TestKubeletStaticPodsOnBerth(t *testing.T) {
 		})
 		for name, want := range running {
 			p := k.WaitPod(t, name, "Ready after berthd's restart", 2*time.Minute, podReady)
-			if got := snapshot(p); fmt.Sprint(got) != fmt.Sprint(want) {
+			if got := instances(p); fmt.Sprint(got) != fmt.Sprint(want) {
 				t.Errorf("pod %s containers changed across berthd's restart:\n got %v\nwant %v", name, got, want)
 			}
 		}
@@ -580,6 +570,31 @@ func TestKubeletStaticPodsOnBerth(t *testing.T) {
 			logs, err := k.Logs("lifecycle", "main", nil)
 			return err == nil && strings.HasPrefix(logs, logBefore) && strings.Count(logs, "\n") > strings.Count(logBefore, "\n")+3
 		})
+	})
+	if t.Failed() {
+		return
+	}
+
+	t.Run("kubeletRestarted", func(t *testing.T) {
+		// A kubelet restarting (an upgrade, a crash) finds its pods in
+		// berth and adopts them: nothing is created or restarted again.
+		running := map[string]map[string]ctrInstance{}
+		for _, name := range []string{"probes", "lifecycle"} {
+			running[name] = instances(k.WaitPod(t, name, "Ready", time.Minute, podReady))
+		}
+		exitsBefore := statusSummary(k.Pod(t, "exits").Status.ContainerStatuses)
+		k.Restart(t)
+		for name, want := range running {
+			p := k.WaitPod(t, name, "Ready after the kubelet's restart", 2*time.Minute, podReady)
+			if got := instances(p); fmt.Sprint(got) != fmt.Sprint(want) {
+				t.Errorf("pod %s containers changed across the kubelet's restart:\n got %v\nwant %v", name, got, want)
+			}
+		}
+		// Terminated containers as the new kubelet reads them from berth.
+		p := k.WaitPod(t, "exits", "reported", time.Minute, func(p *corev1.Pod) bool { return len(p.Status.ContainerStatuses) == 3 })
+		if got := statusSummary(p.Status.ContainerStatuses); fmt.Sprint(got) != fmt.Sprint(exitsBefore) {
+			t.Errorf("terminated containers as the restarted kubelet sees them:\n got %v\nwant %v", got, exitsBefore)
+		}
 	})
 	if t.Failed() {
 		return
@@ -627,6 +642,24 @@ func TestKubeletStaticPodsOnBerth(t *testing.T) {
 			t.Errorf("container log links left: %v", links)
 		}
 	})
+}
+
+// ctrInstance is one run of a container: the same ID and restart count
+// mean nothing restarted or re-created it.
+type ctrInstance struct {
+	id       string
+	restarts int32
+}
+
+// instances maps a pod's containers (init ones too) to their instance.
+func instances(p *corev1.Pod) map[string]ctrInstance {
+	m := map[string]ctrInstance{}
+	for _, list := range [][]corev1.ContainerStatus{p.Status.ContainerStatuses, p.Status.InitContainerStatuses} {
+		for _, s := range list {
+			m[s.Name] = ctrInstance{s.ContainerID, s.RestartCount}
+		}
+	}
+	return m
 }
 
 type exitSummary struct {
