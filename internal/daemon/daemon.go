@@ -53,6 +53,7 @@ type Daemon struct {
 	metrics  *metrics.Server // nil when --metrics-address is empty
 	nri      *nri.NRI
 	systemd  *systemd.Units // nil unless cgroup_driver is systemd
+	images   *image.Store
 }
 
 // New takes the root lock, prepares directories and the socket, and builds
@@ -97,6 +98,7 @@ func New(ctx context.Context, cfg *config.Config, version string, log *slog.Logg
 	if err != nil {
 		return nil, fmt.Errorf("open image store: %w", err)
 	}
+	d.images = images
 
 	if cfg.MetricsAddress != "" {
 		if d.metrics, err = m.Listen(cfg.MetricsAddress); err != nil {
@@ -277,6 +279,10 @@ func (d *Daemon) close() {
 	}
 	if d.systemd != nil {
 		d.systemd.Close()
+	}
+	if d.images != nil {
+		// A collection pass must not outlive the root lock.
+		d.images.Close()
 	}
 	if d.lock != nil {
 		d.lock.Close()
