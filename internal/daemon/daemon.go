@@ -289,6 +289,12 @@ func (d *Daemon) close() {
 	}
 }
 
+// lockWait is how long lockRoot waits for a held lock. A berthd killed
+// while forking leaves children that hold the lock's file (close-on-exec
+// closes it only when they exec) for a moment after its death: a restart
+// right then (systemd, a test) must wait for them, not fail.
+const lockWait = 2 * time.Second
+
 // lockRoot takes an exclusive flock on <root>/berthd.lock so that two
 // daemons never share one root. The kernel drops the lock when we die.
 func lockRoot(root string) (*os.File, error) {
@@ -297,7 +303,15 @@ func lockRoot(root string) (*os.File, error) {
 	if err != nil {
 		return nil, fmt.Errorf("open lock %s: %w", path, err)
 	}
-	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
+	deadline := time.Now().Add(lockWait)
+	for {
+		err = unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB)
+		if !errors.Is(err, unix.EWOULDBLOCK) || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if err != nil {
 		f.Close()
 		if errors.Is(err, unix.EWOULDBLOCK) {
 			holder, _ := os.ReadFile(path)
