@@ -4,7 +4,9 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"path/filepath"
 	"strconv"
+	"strings"
 	"syscall"
 
 	"github.com/berthcri/berth/internal/errdefs"
@@ -57,6 +59,51 @@ func (r *ociRuntime) create(id string, o createOpts) error {
 		return ocicli.WithLogError(err, logPath)
 	}
 	return nil
+}
+
+// restore runs a detached `restore` of a checkpoint: the restored init
+// runs at once, with o's stdio standing in for the checkpointed pipes.
+func (r *ociRuntime) restore(id string, o createOpts, imagePath, criu string) error {
+	work := filepath.Join(o.bundle, "restore-work")
+	if err := os.MkdirAll(work, 0o700); err != nil {
+		return fmt.Errorf("restore %s: %w", id, err)
+	}
+	args, logPath := ocicli.RestoreArgs(r.args(), criu, o.bundle, imagePath, work, o.pidFile, id)
+	_ = os.Remove(logPath)
+	stderr, closeNull, err := ocicli.OrDevNull(o.stderr)
+	if err != nil {
+		return fmt.Errorf("restore %s: %w", id, err)
+	}
+	defer closeNull()
+	if err := r.run(id, args, o.stdin, o.stdout, stderr); err != nil {
+		return fmt.Errorf("%w (criu log %s: %s)", ocicli.WithLogError(err, logPath), filepath.Join(work, "restore.log"), criuErrors(filepath.Join(work, "restore.log")))
+	}
+	return nil
+}
+
+// criuErrors is what a CRIU log says went wrong: its "Error" lines (the
+// last few), else its end.
+func criuErrors(path string) string {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return err.Error()
+	}
+	var errs []string
+	for _, line := range strings.Split(string(data), "\n") {
+		if strings.Contains(line, "Error") {
+			errs = append(errs, strings.TrimSpace(line))
+		}
+	}
+	if len(errs) > 4 {
+		errs = errs[len(errs)-4:]
+	}
+	if len(errs) > 0 {
+		return strings.Join(errs, "; ")
+	}
+	if len(data) > 400 {
+		data = data[len(data)-400:]
+	}
+	return string(data)
 }
 
 // start lets a created container's init exec the process.
