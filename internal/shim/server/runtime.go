@@ -29,10 +29,15 @@ func (r *ociRuntime) args(sub ...string) []string {
 }
 
 func (r *ociRuntime) run(id string, args []string, stdin, stdout, stderr *os.File) error {
+	return r.runWith(id, args, nil, stdin, stdout, stderr)
+}
+
+// runWith is run with process attributes for the runtime's process.
+func (r *ociRuntime) runWith(id string, args []string, sys *syscall.SysProcAttr, stdin, stdout, stderr *os.File) error {
 	if err := os.MkdirAll(r.root, 0o700); err != nil {
 		return fmt.Errorf("create runtime root %s: %w", r.root, err)
 	}
-	errOut, err := r.reaper.run(args, stdin, stdout, stderr)
+	errOut, err := r.reaper.run(args, sys, stdin, stdout, stderr)
 	if err != nil {
 		return ocicli.Error(args, id, errOut, err)
 	}
@@ -75,7 +80,13 @@ func (r *ociRuntime) restore(id string, o createOpts, imagePath, criu string) er
 		return fmt.Errorf("restore %s: %w", id, err)
 	}
 	defer closeNull()
-	if err := r.run(id, args, o.stdin, o.stdout, stderr); err != nil {
+	// CRIU mounts a "cgroup yard" of every controller (hugetlb too, which
+	// this node may not mount) under the work path while it restores. In
+	// the node's mount namespace other runtimes' runc and kubelets would
+	// see those mounts and create cgroups in them: so runc and CRIU run in
+	// a private copy of it (Go makes / rprivate in the child).
+	private := &syscall.SysProcAttr{Unshareflags: syscall.CLONE_NEWNS}
+	if err := r.runWith(id, args, private, o.stdin, o.stdout, stderr); err != nil {
 		return fmt.Errorf("%w (criu log %s: %s)", ocicli.WithLogError(err, logPath), filepath.Join(work, "restore.log"), criuErrors(filepath.Join(work, "restore.log")))
 	}
 	return nil
