@@ -61,7 +61,7 @@ func (a *Auth) key() string {
 // Pull fetches ref (normalized: busybox → docker.io/library/busybox:latest)
 // for linux/GOARCH through the configured mirrors, then the upstream, and
 // stores it. Concurrent pulls of one reference share one download. Nothing
-// is visible until the image record is written last.
+// is visible until the image's metadata is written last.
 func (s *Store) Pull(ctx context.Context, ref string, auth *Auth) (*Image, error) {
 	n, err := ParseReference(ref)
 	if err != nil {
@@ -79,7 +79,7 @@ func (s *Store) Pull(ctx context.Context, ref string, auth *Auth) (*Image, error
 		if err != nil {
 			// Blobs and layers of a failed pull are garbage now (unless
 			// another image or pull uses them).
-			s.collect()
+			s.WaitGC()
 		}
 		return img, err
 	})
@@ -257,7 +257,7 @@ func (s *Store) pullFrom(ctx context.Context, ep endpoint, n Named, names []stri
 		return nil, classify(err)
 	}
 	names = append(slices.Clone(names), n.Repo()+"@"+desc.Digest.String())
-	open := func(ctx context.Context, lr layerRecord) (io.ReadCloser, error) {
+	open := func(ctx context.Context, lr layerMeta) (io.ReadCloser, error) {
 		return rc.openBlob(ctx, lr.Digest)
 	}
 	return s.commit(ctx, img, names, open, w)
@@ -311,9 +311,9 @@ func classify(err error) error {
 const layerParallelism = 3
 
 // blobOpener starts reading a layer's compressed blob.
-type blobOpener func(ctx context.Context, lr layerRecord) (io.ReadCloser, error)
+type blobOpener func(ctx context.Context, lr layerMeta) (io.ReadCloser, error)
 
-// commit stores img's blobs and layers and then its record under names
+// commit stores img's blobs and layers and then its metadata under names
 // (repo:tag and repo@digest strings). Used by pulls and imports: open
 // fetches a layer blob (nil: img's own layers). w, if set, hears about
 // progress.
@@ -348,7 +348,7 @@ func (s *Store) commit(ctx context.Context, img v1.Image, names []string, open b
 	if len(layers) != len(cfg.RootFS.DiffIDs) {
 		return nil, fmt.Errorf("image has %d layers but its config %d diff IDs: %w", len(layers), len(cfg.RootFS.DiffIDs), errdefs.ErrInvalidArgument)
 	}
-	rec := &record{ID: cdigest.String(), ManifestDigest: mdigest.String(), ConfigDigest: cdigest.String(), config: &cfg}
+	rec := &imageMeta{ID: cdigest.String(), ManifestDigest: mdigest.String(), ConfigDigest: cdigest.String(), config: &cfg}
 	rec.Size = uint64(len(cfgRaw))
 	keys := []string{mdigest.String(), cdigest.String()}
 	var chain string
@@ -376,14 +376,14 @@ func (s *Store) commit(ctx context.Context, img v1.Image, names []string, open b
 			sum := sha256.Sum256([]byte(chain + " " + diffID))
 			chain = "sha256:" + hex.EncodeToString(sum[:])
 		}
-		rec.Layers = append(rec.Layers, layerRecord{Digest: d.String(), MediaType: string(mt), Size: size, DiffID: diffID, ChainID: chain})
+		rec.Layers = append(rec.Layers, layerMeta{Digest: d.String(), MediaType: string(mt), Size: size, DiffID: diffID, ChainID: chain})
 		rec.Size += uint64(size)
 		keys = append(keys, d.String(), chain)
 	}
 
 	// Keep GC (a concurrent RemoveImage) off what this pull is writing.
-	s.hold(keys, 1)
-	defer s.hold(keys, -1)
+	s.markInUse(keys, 1)
+	defer s.markInUse(keys, -1)
 
 	if err := s.writeBlob(mdigest.String(), manifest); err != nil {
 		return nil, err
@@ -403,7 +403,7 @@ func (s *Store) commit(ctx context.Context, img v1.Image, names []string, open b
 	}
 	w.waitFor(chains)
 	if open == nil {
-		open = func(ctx context.Context, lr layerRecord) (io.ReadCloser, error) {
+		open = func(ctx context.Context, lr layerMeta) (io.ReadCloser, error) {
 			for _, l := range layers {
 				if d, err := l.Digest(); err == nil && d.String() == lr.Digest {
 					return l.Compressed()
@@ -433,19 +433,21 @@ func (s *Store) commit(ctx context.Context, img v1.Image, names []string, open b
 	return s.register(rec, names)
 }
 
-func (s *Store) hold(keys []string, delta int) {
+// markInUse adds delta to the use count of digests and chain IDs that a
+// pull, import or export is working on; GC keeps whatever has a count.
+func (s *Store) markInUse(keys []string, delta int) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for _, k := range keys {
-		s.inflight[k] += delta
-		if s.inflight[k] <= 0 {
-			delete(s.inflight, k)
+		s.inUse[k] += delta
+		if s.inUse[k] <= 0 {
+			delete(s.inUse, k)
 		}
 	}
 }
 
 // register writes rec with names added, moving tags other images held.
-func (s *Store) register(rec *record, names []string) (*Image, error) {
+func (s *Store) register(rec *imageMeta, names []string) (*Image, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if old, ok := s.images[rec.ID]; ok {
@@ -466,8 +468,8 @@ func (s *Store) register(rec *record, names []string) (*Image, error) {
 			}
 		}
 	}
-	if err := s.writeRecord(rec); err != nil {
-		return nil, fmt.Errorf("write image record %s: %w", rec.ID, err)
+	if err := s.writeMeta(rec); err != nil {
+		return nil, fmt.Errorf("write image metadata %s: %w", rec.ID, err)
 	}
 	s.images[rec.ID] = rec
 	for id, other := range s.images {
@@ -477,7 +479,7 @@ func (s *Store) register(rec *record, names []string) (*Image, error) {
 		kept := slices.DeleteFunc(slices.Clone(other.RepoTags), func(t string) bool { return slices.Contains(tags, t) })
 		if len(kept) != len(other.RepoTags) {
 			other.RepoTags = kept
-			if err := s.writeRecord(other); err != nil {
+			if err := s.writeMeta(other); err != nil {
 				return nil, fmt.Errorf("untag image %s: %w", other.ID, err)
 			}
 		}
@@ -522,7 +524,7 @@ func (s *Store) syncStore() error {
 
 // ensureLayer makes layer lr present, its blob in blobs/ and its unpacked
 // dir in layers/, once per chain ID however many pulls need it at once.
-func (s *Store) ensureLayer(ctx context.Context, lr layerRecord, open blobOpener) error {
+func (s *Store) ensureLayer(ctx context.Context, lr layerMeta, open blobOpener) error {
 	for attempt := 0; ; attempt++ {
 		err := s.fetchLayer(ctx, lr, open)
 		// A shared stream started by a pull whose callers all left is
@@ -534,7 +536,7 @@ func (s *Store) ensureLayer(ctx context.Context, lr layerRecord, open blobOpener
 	}
 }
 
-func (s *Store) layerPresent(lr layerRecord) bool {
+func (s *Store) layerPresent(lr layerMeta) bool {
 	if _, err := os.Stat(s.LayerDiffDir(lr.ChainID)); err != nil {
 		return false
 	}
@@ -542,7 +544,7 @@ func (s *Store) layerPresent(lr layerRecord) bool {
 	return err == nil
 }
 
-func (s *Store) fetchLayer(ctx context.Context, lr layerRecord, open blobOpener) error {
+func (s *Store) fetchLayer(ctx context.Context, lr layerMeta, open blobOpener) error {
 	if s.layerPresent(lr) {
 		return nil
 	}
@@ -553,22 +555,12 @@ func (s *Store) fetchLayer(ctx context.Context, lr layerRecord, open blobOpener)
 		err := s.streamLayer(ctx, lr, open)
 		if err == nil && ctx.Err() != nil {
 			// Every pull that wanted the layer left (one failed) while it
-			// was being stored: nothing will record it, collect it now.
-			s.collect()
+			// was being stored: nothing will record it, collect it.
+			s.requestGC()
 		}
 		return struct{}{}, err
 	})
 	return err
-}
-
-// collect removes what no image, lease or running pull refers to.
-func (s *Store) collect() {
-	s.mu.Lock()
-	if err := s.gc(); err != nil {
-		s.log.Warn("collect unused image content", "error", err)
-	}
-	s.mu.Unlock()
-	s.emptyTrash()
 }
 
 // streamLayer reads lr's blob once, as it arrives: its bytes are hashed
@@ -579,7 +571,7 @@ func (s *Store) collect() {
 // mismatch included, removes what the stream wrote. A blob already stored
 // is unpacked from disk; a layer already unpacked only has its blob
 // fetched.
-func (s *Store) streamLayer(ctx context.Context, lr layerRecord, open blobOpener) error {
+func (s *Store) streamLayer(ctx context.Context, lr layerMeta, open blobOpener) error {
 	_, err := os.Stat(s.blobPath(lr.Digest))
 	haveBlob := err == nil
 	_, err = os.Stat(s.LayerDiffDir(lr.ChainID))
@@ -686,7 +678,7 @@ const (
 // uncompressed digest against the diff ID. Decompression (with the
 // download and hashing before it) runs ahead of the unpack on its own
 // goroutine.
-func (s *Store) unpackStream(r io.Reader, lr layerRecord, dir string) error {
+func (s *Store) unpackStream(r io.Reader, lr layerMeta, dir string) error {
 	rc, err := Decompress(r)
 	if err != nil {
 		return fmt.Errorf("layer %s: %w", lr.Digest, err)
