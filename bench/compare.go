@@ -90,8 +90,12 @@ func (c *Comparison) Run(ctx context.Context, w Workload, eps ...*Endpoint) {
 		floorSamples = &FloorSeries{Name: floor.Name}
 		c.Floors[w.Name+": "+floor.Bounds] = floorSamples
 	}
+	warm := warmup
+	if w.Warmup > 0 {
+		warm = w.Warmup
+	}
 	failed := map[*Endpoint]bool{}
-	for i := 0; i < warmup+w.Samples; i++ {
+	for i := 0; i < warm+w.Samples; i++ {
 		for _, ep := range live {
 			if failed[ep] {
 				continue
@@ -102,7 +106,7 @@ func (c *Comparison) Run(ctx context.Context, w Workload, eps ...*Endpoint) {
 				failed[ep] = true
 				continue
 			}
-			if i < warmup {
+			if i < warm {
 				continue
 			}
 			keys := make([]string, 0, len(ds))
@@ -123,7 +127,7 @@ func (c *Comparison) Run(ctx context.Context, w Workload, eps ...*Endpoint) {
 			failed[nil] = true // an endpoint-less key: the floor
 			continue
 		}
-		if i >= warmup {
+		if i >= warm {
 			floorSamples.Samples = append(floorSamples.Samples, d)
 		}
 	}

@@ -94,6 +94,8 @@ func New(ctx context.Context, cfg *config.Config, version string, log *slog.Logg
 		Logger:            log.With("component", "image"),
 		Observer:          m,
 		Faults:            faults,
+
+		PullProgressTimeout: time.Duration(cfg.ImagePullProgressTimeout),
 	})
 	if err != nil {
 		return nil, fmt.Errorf("open image store: %w", err)
