@@ -96,3 +96,44 @@ func TestReadyNamesTheMissingPlugin(t *testing.T) {
 		t.Fatalf("Ready with plugins installed: %v", err)
 	}
 }
+
+func TestPrepareRunsPortmapOnlyForHostPortsOnTheEmbeddedNetwork(t *testing.T) {
+	n, confDir := newTestNetwork(t, nil)
+	types := func(hostPorts bool) []string {
+		t.Helper()
+		att, err := n.Prepare(hostPorts)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var list struct {
+			Name    string `json:"name"`
+			Plugins []struct {
+				Type string `json:"type"`
+			} `json:"plugins"`
+		}
+		if err := json.Unmarshal(att.ConfList, &list); err != nil {
+			t.Fatal(err)
+		}
+		var out []string
+		for _, p := range list.Plugins {
+			out = append(out, p.Type)
+		}
+		return append([]string{list.Name}, out...)
+	}
+	if got := strings.Join(types(false), ","); got != "berth,bridge" {
+		t.Errorf("embedded network, no host ports: %s, want berth,bridge", got)
+	}
+	if got := strings.Join(types(true), ","); got != "berth,bridge,portmap" {
+		t.Errorf("embedded network, host ports: %s, want berth,bridge,portmap", got)
+	}
+	// An operator's config runs whole, host ports or not.
+	if err := os.MkdirAll(confDir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(confDir, "10-op.conflist"), []byte(`{"cniVersion":"1.0.0","name":"op","plugins":[{"type":"bridge"},{"type":"portmap","capabilities":{"portMappings":true}}]}`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if got := strings.Join(types(false), ","); got != "op,bridge,portmap" {
+		t.Errorf("operator network, no host ports: %s, want op,bridge,portmap", got)
+	}
+}
