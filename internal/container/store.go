@@ -23,6 +23,7 @@ import (
 
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
+	"github.com/berthcri/berth/internal/atomicfile"
 	"github.com/berthcri/berth/internal/errdefs"
 	"github.com/berthcri/berth/internal/fault"
 	"github.com/berthcri/berth/internal/idprefix"
@@ -69,6 +70,10 @@ type Options struct {
 	// (unit tests); nil means those.
 	Shims   Shims
 	Mounter Mounter
+	// Deferred writes what CreateContainer and StartContainer record (the
+	// bundle's config.json, the record), fsynced off the RPC's path
+	// (decision 1600); nil writes them durably before going on.
+	Deferred *atomicfile.Deferred
 }
 
 // LimitDropper removes from r the limits the host's cgroups cannot take

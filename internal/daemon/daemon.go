@@ -22,6 +22,7 @@ import (
 
 	"github.com/berthcri/berth/internal/admin"
 	"github.com/berthcri/berth/internal/apparmor"
+	"github.com/berthcri/berth/internal/atomicfile"
 	"github.com/berthcri/berth/internal/cdi"
 	"github.com/berthcri/berth/internal/config"
 	"github.com/berthcri/berth/internal/container"
@@ -53,6 +54,9 @@ type Daemon struct {
 	metrics  *metrics.Server // nil when --metrics-address is empty
 	nri      *nri.NRI
 	systemd  *systemd.Units // nil unless cgroup_driver is systemd
+	// deferred fsyncs the pod start path's records after the replies
+	// (decision 1600); close waits for it.
+	deferred *atomicfile.Deferred
 }
 
 // New takes the root lock, prepares directories and the socket, and builds
@@ -86,6 +90,9 @@ func New(ctx context.Context, cfg *config.Config, version string, log *slog.Logg
 		return nil, err
 	}
 	m := metrics.New()
+	d.deferred = atomicfile.NewDeferred(func(path string, err error) {
+		log.Warn("background fsync failed; the file may not survive a power loss", "path", path, "err", err)
+	})
 	images, err := image.Open(image.Options{
 		Root:              filepath.Join(cfg.Root, "images"),
 		RegistryConfigDir: cfg.RegistryConfigDir,
@@ -130,8 +137,9 @@ func New(ctx context.Context, cfg *config.Config, version string, log *slog.Logg
 		CgroupParent: cfg.CgroupParent, CgroupDriver: cri.CgroupDriver(cfg.CgroupDriver), Systemd: d.systemd,
 		RuntimeHandlers: handlers, DefaultRuntimeHandler: cfg.DefaultRuntimeHandler,
 		Network: netw, Logger: log,
-		Faults:  faults,
-		Cgroups: ctrls,
+		Faults:   faults,
+		Cgroups:  ctrls,
+		Deferred: d.deferred,
 	})
 	if err != nil {
 		return nil, err
@@ -158,6 +166,7 @@ func New(ctx context.Context, cfg *config.Config, version string, log *slog.Logg
 		OnEvent:    func(ev container.Event) { publisher.ContainerEvent(ev); nriRelay.Load().ContainerEvent(ev) },
 		Faults:     faults,
 		Cgroups:    ctrls,
+		Deferred:   d.deferred,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("open container store: %w", err)
@@ -278,6 +287,8 @@ func (d *Daemon) close() {
 	if d.systemd != nil {
 		d.systemd.Close()
 	}
+	// Before the lock goes: the next daemon finds every record durable.
+	d.deferred.Flush()
 	if d.lock != nil {
 		d.lock.Close()
 	}
