@@ -118,6 +118,11 @@ func New(ctx context.Context, cfg *config.Config, version string, log *slog.Logg
 		Bridge:      cfg.DefaultNetwork.Bridge, Subnet: cfg.DefaultNetwork.Subnet,
 		Logger: log,
 	})
+	if _, file, err := netw.Config(); err == nil && file == "" {
+		// Before serving: the embedded network's first pod should not
+		// wait for it, and it fails over to per-pod masquerade by itself.
+		_ = netw.EnsureMasquerade()
+	}
 	if cri.CgroupDriver(cfg.CgroupDriver) == "systemd" {
 		// Refused here, once, rather than on every RunPodSandbox.
 		if d.systemd, err = systemd.Dial(ctx, log.With("component", "systemd")); err != nil {
