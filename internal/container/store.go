@@ -95,6 +95,10 @@ type Store struct {
 	pods  map[string]map[string]*entry // pod ID → its containers by ID
 	names map[string]string            // pod/name/attempt → ID
 
+	// warming holds the pods whose shim WarmShim is launching; the channel
+	// closes when the launch is over (shims.go).
+	warming map[string]chan struct{}
+
 	// events orders what OnEvent hears (events.go).
 	events sync.Mutex
 
@@ -147,6 +151,7 @@ func Open(ctx context.Context, opts Options) (*Store, error) {
 	s := &Store{
 		opts: opts, log: opts.Logger, shims: opts.Shims, mounts: opts.Mounter, images: opts.Images,
 		ctrs: map[string]*entry{}, pods: map[string]map[string]*entry{}, names: map[string]string{},
+		warming: map[string]chan struct{}{},
 	}
 	s.watching, s.stop = context.WithCancel(context.WithoutCancel(ctx))
 	if s.shims == nil {

@@ -137,6 +137,9 @@ func New(ctx context.Context, cfg *config.Config, version string, log *slog.Logg
 	for name := range cfg.RuntimeHandlers {
 		handlers = append(handlers, name)
 	}
+	// Set once the container store exists (it needs the sandboxes'
+	// recovery first); no pod runs before.
+	var ctrStore atomic.Pointer[container.Store]
 	sandboxes, err := sandbox.New(sandbox.Options{
 		Root: cfg.Root, State: cfg.State,
 		CgroupParent: cfg.CgroupParent, CgroupDriver: cri.CgroupDriver(cfg.CgroupDriver), Systemd: d.systemd,
@@ -145,6 +148,18 @@ func New(ctx context.Context, cfg *config.Config, version string, log *slog.Logg
 		Faults:   faults,
 		Cgroups:  ctrls,
 		Deferred: d.deferred,
+		Warm: func(ctx context.Context, podID string) func(context.Context) {
+			c := ctrStore.Load()
+			if c == nil {
+				return nil
+			}
+			c.WarmShim(ctx, podID)
+			return func(ctx context.Context) {
+				if err := c.ShutdownIdleShim(ctx, podID); err != nil {
+					log.Warn("stop the shim of a pod that failed to start", "pod", podID, "err", err)
+				}
+			}
+		},
 	})
 	if err != nil {
 		return nil, err
@@ -176,6 +191,7 @@ func New(ctx context.Context, cfg *config.Config, version string, log *slog.Logg
 	if err != nil {
 		return nil, fmt.Errorf("open container store: %w", err)
 	}
+	ctrStore.Store(containers)
 	devices := cdi.New(cfg.CDISpecDirs, log.With("component", "cdi"))
 	if d.nri, err = nri.New(nri.Options{
 		Config: cfg.NRI, Name: "berth", Version: version,

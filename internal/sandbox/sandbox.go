@@ -91,6 +91,12 @@ type Options struct {
 	// Deferred writes RunPodSandbox's checkpoints, fsynced off the RPC's
 	// path (decision 1600); nil writes them durably before going on.
 	Deferred *atomicfile.Deferred
+	// Warm, if set, is called by Run once the pod's ID and first
+	// checkpoint exist, before its namespaces and network are made: the
+	// caller starts, in the background, what the pod's first container
+	// will need (its shim). The undo it returns (may be nil) runs if Run
+	// fails.
+	Warm func(ctx context.Context, podID string) (undo func(context.Context))
 }
 
 // LimitDropper removes from r the limits the host's cgroups cannot take
@@ -450,6 +456,15 @@ func (s *Store) Run(ctx context.Context, cfg *runtime.PodSandboxConfig, handler 
 	// sandbox that can be listed, stopped and removed.
 	if err := s.persistSoon(r); err != nil {
 		return nil, err
+	}
+	if s.opts.Warm != nil {
+		if undo := s.opts.Warm(ctx, id); undo != nil {
+			defer func() {
+				if retErr != nil {
+					undo(context.WithoutCancel(ctx))
+				}
+			}()
+		}
 	}
 
 	req := nsRequest{netPin: r.sb.NetNSPath, ipcPin: r.sb.IPCNSPath, utsPin: r.sb.UTSNSPath, hostname: hostname, sysctls: sysctls}
