@@ -14,21 +14,6 @@ import (
 	"github.com/berthcri/berth/internal/shim/proto"
 )
 
-func TestLastLogErrorReadsRuntimeJSONLog(t *testing.T) {
-	path := filepath.Join(t.TempDir(), "runtime.log")
-	log := `{"level":"info","msg":"starting","time":"2026-11-22T06:45:00Z"}
-{"level":"error","msg":"exec: \"nope\": executable file not found in $PATH","time":"2026-11-22T06:45:01Z"}
-not json
-{"level":"fatal","msg":"boom"}
-`
-	if err := os.WriteFile(path, []byte(log), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	if got, want := lastLogError(path), `exec: "nope": executable file not found in $PATH; boom`; got != want {
-		t.Fatalf("got %q, want %q", got, want)
-	}
-}
-
 // The exit file is what berthd reads after a restart (decision 0301).
 func TestWriteExitIsReadBack(t *testing.T) {
 	dir := t.TempDir()
