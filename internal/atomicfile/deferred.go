@@ -18,7 +18,8 @@ import (
 // Use it only for files whose recovery accepts that (docs/reliability.md
 // says which).
 //
-// A nil *Deferred writes synchronously, as Write.
+// Make one with NewDeferred; a nil *Deferred writes synchronously, as
+// Write.
 type Deferred struct {
 	// OnError hears of a background fsync that failed (the disk is in
 	// trouble); nil ignores them. It runs on the flushing goroutine.
