@@ -186,15 +186,17 @@ func (p *pendingShim) abandon(ctx context.Context, log *slog.Logger) {
 // mostly waits on the plugins' processes, so the launch (fork, exec, a Go
 // runtime's start: several ms on a busy node) is off the create's path.
 // The create finds it through Shims.Start's per-pod lock, launched or
-// still launching. A pod removed without ever getting a container has
-// its idle shim stopped by ShutdownIdleShim; berthd restarted meanwhile
-// stops it at start (reapOrphans).
-func (s *Store) WarmShim(ctx context.Context, podID string) {
+// still launching. wait blocks until the launch is over (RunPodSandbox
+// returns only then, so what it made is all there when it answers). A
+// pod removed without ever getting a container has its idle shim stopped
+// by ShutdownIdleShim; berthd restarted meanwhile stops it at start
+// (reapOrphans).
+func (s *Store) WarmShim(ctx context.Context, podID string) (wait func()) {
 	done := make(chan struct{})
 	s.mu.Lock()
-	if _, ok := s.warming[podID]; ok {
+	if other, ok := s.warming[podID]; ok {
 		s.mu.Unlock()
-		return
+		return func() { <-other }
 	}
 	s.warming[podID] = done
 	s.mu.Unlock()
@@ -210,6 +212,7 @@ func (s *Store) WarmShim(ctx context.Context, podID string) {
 			s.log.Warn("launch the pod's shim ahead of its first container", "pod", podID, "err", err)
 		}
 	}()
+	return func() { <-done }
 }
 
 // ShutdownIdleShim stops the pod's shim if it holds no container (one a

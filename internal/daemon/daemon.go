@@ -148,13 +148,13 @@ func New(ctx context.Context, cfg *config.Config, version string, log *slog.Logg
 		Faults:   faults,
 		Cgroups:  ctrls,
 		Deferred: d.deferred,
-		Warm: func(ctx context.Context, podID string) func(context.Context) {
+		Warm: func(ctx context.Context, podID string) (func(), func(context.Context)) {
 			c := ctrStore.Load()
 			if c == nil {
-				return nil
+				return nil, nil
 			}
-			c.WarmShim(ctx, podID)
-			return func(ctx context.Context) {
+			wait := c.WarmShim(ctx, podID)
+			return wait, func(ctx context.Context) {
 				if err := c.ShutdownIdleShim(ctx, podID); err != nil {
 					log.Warn("stop the shim of a pod that failed to start", "pod", podID, "err", err)
 				}

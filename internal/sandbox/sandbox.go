@@ -94,9 +94,11 @@ type Options struct {
 	// Warm, if set, is called by Run once the pod's ID and first
 	// checkpoint exist, before its namespaces and network are made: the
 	// caller starts, in the background, what the pod's first container
-	// will need (its shim). The undo it returns (may be nil) runs if Run
-	// fails.
-	Warm func(ctx context.Context, podID string) (undo func(context.Context))
+	// will need (its shim). Run calls the wait it returns before it
+	// returns, so that work is done when RunPodSandbox answers (it has
+	// had the CNI ADD to run in); undo runs instead if Run fails. Either
+	// may be nil.
+	Warm func(ctx context.Context, podID string) (wait func(), undo func(context.Context))
 }
 
 // LimitDropper removes from r the limits the host's cgroups cannot take
@@ -458,13 +460,15 @@ func (s *Store) Run(ctx context.Context, cfg *runtime.PodSandboxConfig, handler 
 		return nil, err
 	}
 	if s.opts.Warm != nil {
-		if undo := s.opts.Warm(ctx, id); undo != nil {
-			defer func() {
-				if retErr != nil {
-					undo(context.WithoutCancel(ctx))
-				}
-			}()
-		}
+		wait, undo := s.opts.Warm(ctx, id)
+		defer func() {
+			switch {
+			case retErr != nil && undo != nil:
+				undo(context.WithoutCancel(ctx))
+			case retErr == nil && wait != nil:
+				wait()
+			}
+		}()
 	}
 
 	req := nsRequest{netPin: r.sb.NetNSPath, ipcPin: r.sb.IPCNSPath, utsPin: r.sb.UTSNSPath, hostname: hostname, sysctls: sysctls}
