@@ -3,6 +3,7 @@
 #   make test    install what tests need, lint, run the whole suite
 #   make bench   benchmarks: tables on stdout, JSON under bench/out
 #   make conformance  critest against a private berthd (not part of make test)
+#   make test-kubelet the kubelet test alone (part of make test), verbose
 #   make k8s-bins     build the kubelet, e2e_node.test, agnhost, ginkgo, critest
 #                     and crictl from test/k8s into a cache; prints the directory
 GO        ?= go
@@ -17,7 +18,7 @@ TESTFLAGS ?=
 # How long make test fuzzes each target (their corpora also run as tests).
 FUZZTIME  ?= 10s
 
-.PHONY: all build run test fuzz lint deps test-deps bench clean k8s-bins conformance
+.PHONY: all build run test fuzz lint deps test-deps bench clean k8s-bins conformance test-kubelet
 
 all: build
 
@@ -48,6 +49,11 @@ test: test-deps lint build
 	BERTHD_BIN=$(BIN)/berthd BERTH_BIN_DIR=$(BIN) $(GO) test -count=1 -timeout 60m $(TESTFLAGS) ./...
 	cd bench && $(GO) test -count=1 $(TESTFLAGS) ./...
 	$(MAKE) fuzz
+
+# The kubelet test alone (docs/kubelet.md): a real kubelet, built by
+# hack/k8s-bins.sh, runs static pods on a private berthd.
+test-kubelet: test-deps build
+	BERTHD_BIN=$(BIN)/berthd BERTH_BIN_DIR=$(BIN) $(GO) test -count=1 -timeout 30m -v $(TESTFLAGS) ./test/kubelet/
 
 # Bounded fuzzing of the CRI→OCI translation, the CRI log writer and the
 # shim protocol's decoder (both sides use it); a crash found here lands in

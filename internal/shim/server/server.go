@@ -16,8 +16,8 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"runtime/metrics"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/berthcri/berth/internal/errdefs"
@@ -38,11 +38,15 @@ type Server struct {
 
 	ln   *os.File
 	done chan struct{} // closed once the last response before exiting is out
+	// answering counts requests being handled and answered: the shim
+	// exits only once each is out, so parallel deletes of a pod's last
+	// containers all get their reply, not only the one that emptied it.
+	answering atomic.Int32
 
 	trim      *time.Timer // returns freed heap to the kernel once things settle
 	trimMu    sync.Mutex
-	trimmedAt uint64            // bytes allocated (ever) at the last trim
-	allocs    [1]metrics.Sample // reused: reading it allocates nothing
+	trimmedAt uint64 // anonymous resident bytes after the last trim (0: no baseline yet)
+	statm     statm  // reused: reading it allocates nothing
 }
 
 // NewServer prepares a shim serving the pod whose state dir is dir.
@@ -61,6 +65,10 @@ func (s *Server) Listen() error {
 		return fmt.Errorf("listen on %s: %w", proto.SocketPath(s.dir), err)
 	}
 	s.ln = ln
+	// The trim's baseline is the shim before any container (trimNow).
+	s.trimMu.Lock()
+	s.trimmedAt, _ = s.statm.anonResident()
+	s.trimMu.Unlock()
 	return nil
 }
 
@@ -84,6 +92,18 @@ func (s *Server) Serve() {
 	}
 	// exitIfEmpty closed the listener; the last response is on its way.
 	<-s.done
+	s.waitAnswers(5 * time.Second)
+}
+
+// waitAnswers waits, at most max, for the responses still being written:
+// a client that stopped reading must not keep the shim alive.
+func (s *Server) waitAnswers(max time.Duration) {
+	for deadline := time.Now().Add(max); s.answering.Load() > 0; time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			s.logf("exiting with responses unsent after %v", max)
+			return
+		}
+	}
 }
 
 // exitIfEmpty shuts the shim down when it holds no containers: it removes

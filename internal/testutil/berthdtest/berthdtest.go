@@ -143,9 +143,6 @@ func (d *Daemon) Start() {
 			d.t.Fatalf("berthd already running")
 		}
 	}
-	if d.cmd != nil {
-		waitRootUnlocked(d.Root)
-	}
 	args := append([]string{"--config", d.ConfigPath}, d.opts.Args...)
 	cmd := exec.Command(Binary(d.t), args...)
 	cmd.Env = append(os.Environ(), d.opts.Env...)
@@ -378,24 +375,4 @@ func (b *lockedBuffer) String() string {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	return strings.Clone(b.buf.String())
-}
-
-// waitRootUnlocked waits (up to 10 s) until no process holds the root's
-// lock. A berthd that died abruptly (a fault point) may have been
-// launching a child: between its fork and exec the child shares the dead
-// daemon's lock file description, so the lock outlives the daemon by as
-// long as the child takes to exec, which on a loaded node is not always
-// short. A restart then waits for it instead of failing.
-func waitRootUnlocked(root string) {
-	f, err := os.Open(filepath.Join(root, "berthd.lock"))
-	if err != nil {
-		return
-	}
-	defer f.Close()
-	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
-		if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err == nil {
-			_ = syscall.Flock(int(f.Fd()), syscall.LOCK_UN)
-			return
-		}
-	}
 }
