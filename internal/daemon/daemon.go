@@ -120,11 +120,6 @@ func New(ctx context.Context, cfg *config.Config, version string, log *slog.Logg
 		Bridge:      cfg.DefaultNetwork.Bridge, Subnet: cfg.DefaultNetwork.Subnet,
 		Logger: log,
 	})
-	if _, file, err := netw.Config(); err == nil && file == "" {
-		// Before serving: the embedded network's first pod should not
-		// wait for it, and it fails over to per-pod masquerade by itself.
-		_ = netw.EnsureMasquerade()
-	}
 	if cri.CgroupDriver(cfg.CgroupDriver) == "systemd" {
 		// Refused here, once, rather than on every RunPodSandbox.
 		if d.systemd, err = systemd.Dial(ctx, log.With("component", "systemd")); err != nil {
@@ -247,6 +242,13 @@ func New(ctx context.Context, cfg *config.Config, version string, log *slog.Logg
 	admin.New(images, log.With("component", "admin")).Register(d.grpc)
 	if err := d.nri.Start(); err != nil {
 		return nil, err
+	}
+	if _, file, err := netw.Config(); err == nil && file == "" {
+		// Last, so that a daemon that refuses to start leaves no node
+		// state; before serving, so that the embedded network's first pod
+		// does not wait for it. It falls back to per-pod masquerade by
+		// itself.
+		_ = netw.EnsureMasquerade()
 	}
 	return d, nil
 }
