@@ -15,6 +15,11 @@ STATICCHECK_VERSION := v0.8.2
 ARGS      ?=
 # go test flags for make test, e.g. TESTFLAGS="-run TestImage -v".
 TESTFLAGS ?=
+# The criu the checkpoint/restore tests and benchmarks run: the one CI
+# copies beside the checkout (../shared/tools/criu; Debian's criu fails on
+# these machines' kernels), put first on PATH when present.
+CRIU_DIR  ?= $(abspath $(CURDIR)/../shared/tools/criu)
+TEST_PATH := $(if $(wildcard $(CRIU_DIR)/criu),$(CRIU_DIR):)$(PATH)
 # How long make test fuzzes each target (their corpora also run as tests).
 FUZZTIME  ?= 10s
 
@@ -46,7 +51,7 @@ lint:
 	  if [ -n "$$unformatted" ]; then echo "gofmt needed:"; echo "$$unformatted"; exit 1; fi
 
 test: test-deps lint build
-	BERTHD_BIN=$(BIN)/berthd BERTH_BIN_DIR=$(BIN) $(GO) test -count=1 -timeout 60m $(TESTFLAGS) ./...
+	PATH="$(TEST_PATH)" BERTHD_BIN=$(BIN)/berthd BERTH_BIN_DIR=$(BIN) $(GO) test -count=1 -timeout 60m $(TESTFLAGS) ./...
 	cd bench && $(GO) test -count=1 $(TESTFLAGS) ./...
 	$(MAKE) fuzz
 
@@ -67,7 +72,7 @@ fuzz:
 bench: build
 	hack/install-deps.sh bench
 	mkdir -p bench/out
-	cd bench && BERTHD_BIN=$(BIN)/berthd BERTH_BIN_DIR=$(BIN) BENCH_OUT=$(CURDIR)/bench/out \
+	cd bench && PATH="$(TEST_PATH)" BERTHD_BIN=$(BIN)/berthd BERTH_BIN_DIR=$(BIN) BENCH_OUT=$(CURDIR)/bench/out \
 	  $(GO) test -count=1 -timeout 60m -run '^$$' -bench . -benchtime 1x ./...
 
 # Kubernetes programs from the Go module proxy (test/k8s has its own go.mod),
