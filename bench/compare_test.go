@@ -79,7 +79,7 @@ func BenchmarkCompare(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	floors := NewFloors(b, eps[0].Daemon, multiImg)
+	floors := NewFloors(b, eps[0].Daemon, image, multiImg)
 	only := os.Getenv("BENCH_WORKLOADS")
 	for _, w := range Workloads(image, multi, floors) {
 		if selected(only, w.Name) {

@@ -301,7 +301,7 @@ func Workloads(image, multiLayerImage string, floors *Floors) []Workload {
 			},
 		},
 		{
-			Name: "pod start end to end", Samples: 30,
+			Name: "pod start end to end", Samples: 30, Floor: floors.PodStart,
 			Sample: func(ctx context.Context, ep *Endpoint, _ any, i int) (map[string]time.Duration, error) {
 				var podID string
 				d, err := timed(func() error {
