@@ -3,6 +3,8 @@
 #   make test    install what tests need, lint, run the whole suite
 #   make bench   benchmarks: tables on stdout, JSON under bench/out
 #   make conformance  critest against a private berthd (not part of make test)
+#   make e2e-node     the Kubernetes node e2e suite against a private berthd
+#                     (not part of make test; docs/conformance.md)
 #   make k8s-bins     build the kubelet, e2e_node.test, agnhost, ginkgo, critest
 #                     and crictl from test/k8s into a cache; prints the directory
 GO        ?= go
@@ -17,7 +19,7 @@ TESTFLAGS ?=
 # How long make test fuzzes each target (their corpora also run as tests).
 FUZZTIME  ?= 10s
 
-.PHONY: all build run test fuzz lint deps test-deps bench clean k8s-bins conformance
+.PHONY: all build run test fuzz lint deps test-deps bench clean k8s-bins conformance e2e-node
 
 all: build
 
@@ -74,6 +76,12 @@ k8s-bins:
 conformance:
 	hack/install-deps.sh conformance
 	hack/conformance.sh
+
+# The Kubernetes node e2e suite ([NodeConformance]: a parallel pass, then
+# the [Serial] specs) against a private berthd, with the kubelet the suite
+# runs itself; reports under out/e2e-node/<time>/ (docs/conformance.md).
+e2e-node:
+	hack/e2e-node.sh
 
 clean:
 	rm -rf $(BIN) bench/out out

@@ -1,0 +1,256 @@
+#!/usr/bin/env bash
+# make e2e-node: the Kubernetes node e2e suite (e2e_node.test of the
+# k8s.io/kubernetes release pinned in test/k8s, built by hack/k8s-bins.sh)
+# against a private berthd. The suite starts etcd and an API server in its
+# own process and runs the kubelet (also from hack/k8s-bins.sh) itself;
+# this script gives it:
+#
+#   - a private berthd (scratch dir under /tmp, bridge ben<n>, subnet
+#     10.237.<n>.0/24) whose registry mirrors for registry.k8s.io, gcr.io,
+#     k8s.gcr.io, docker.io and quay.io point at test/e2enode/registry, a
+#     loopback registry of stand-ins for the images the suite pulls;
+#   - a base kubelet config: cgroupfs, cgroupsPerQOS under a private
+#     cgroup root (berth-e2e-node-<n>), the upstream test defaults;
+#   - a mount namespace of its own (unshare), where /var/lib/kubelet (the
+#     kubelet root the suite hard-codes) is a scratch directory and
+#     /usr/bin/systemd-run is hidden: the suite runs the kubelet through
+#     systemd-run whenever it finds it, which fails without systemd as PID 1.
+#
+# Two passes with ginkgo's CLI: [NodeConformance] without
+# [Serial]|[Slow]|[Flaky] on ${E2E_NODE_PROCS:-6} processes, then the
+# [Serial] [NodeConformance] specs on one. Reports (ginkgo JSON and JUnit),
+# the suite's and the kubelet's logs, berthd's log and config, and
+# summary.txt go to ${E2E_NODE_OUT:-out/e2e-node/<UTC time>}.
+#
+#   make e2e-node
+#   E2E_NODE_FOCUS='Container Runtime' make e2e-node   # narrow both passes
+#   E2E_NODE_PASSES=parallel make e2e-node              # parallel|serial|both
+#   E2E_NODE_ARGS='--ginkgo.v' ...                      # extra suite flags
+set -euo pipefail
+
+repo=$(cd "$(dirname "$(readlink -f "$0")")/.." && pwd)
+cd "$repo"
+[ "$(id -u)" = 0 ] || { echo "e2e-node: run as root (berthd and the kubelet need it)" >&2; exit 1; }
+
+# Everything below runs in a mount namespace of its own: mounts the kubelet
+# and berthd make stay in it and go away with it.
+if [ -z "${BERTH_E2E_NODE_INNER:-}" ]; then
+	hack/install-deps.sh e2e-node
+	bins=$(hack/k8s-bins.sh e2e_node.test ginkgo agnhost kubelet crictl)
+	make build >&2
+	# The kubelet root the suite hard-codes must exist to be mounted over.
+	mkdir -p /var/lib/kubelet
+	export BERTH_E2E_NODE_INNER=1 BERTH_E2E_NODE_BINS=$bins
+	exec unshare --mount --propagation slave -- "$0" "$@"
+fi
+bins=$BERTH_E2E_NODE_BINS
+
+out=${E2E_NODE_OUT:-$repo/out/e2e-node/$(date -u +%Y%m%dT%H%M%SZ)}
+mkdir -p "$out"
+out=$(cd "$out" && pwd)
+work=$(mktemp -d /tmp/berth-e2e-node.XXXXXX)
+chmod 755 "$work"
+echo "e2e-node: results in $out, scratch in $work" >&2
+
+# The ports the suite hard-codes (API server, kubelet) must be free.
+for p in 6443 10248 10250 10255; do
+	if ss -Hltn "( sport = :$p )" | grep -q .; then
+		echo "e2e-node: port $p is in use (another API server or kubelet?); the node e2e suite needs it" >&2
+		exit 1
+	fi
+done
+
+# A network slot no other run holds: bridge ben<n>, 10.237.<n>.0/24.
+mkdir -p /run/berth-e2e-node
+slot=
+for n in $(seq 1 50); do
+	exec 8>"/run/berth-e2e-node/$n.lock"
+	if flock -n 8 && ! ip link show "ben$n" >/dev/null 2>&1 && ! ip route | grep -q "^10\.237\.$n\."; then
+		slot=$n
+		break
+	fi
+	exec 8>&-
+done
+[ -n "$slot" ] || { echo "e2e-node: no free network slot" >&2; exit 1; }
+bridge=ben$slot
+subnet=10.237.$slot.0/24
+croot=berth-e2e-node-$slot
+
+berthd_pid=
+registry_pid=
+cleanup() {
+	set +e
+	if [ -n "$berthd_pid" ] && kill -0 "$berthd_pid" 2>/dev/null; then
+		"$bins/crictl" --runtime-endpoint "unix://$work/berth.sock" --timeout 60s rmp -a -f >"$out/cleanup.log" 2>&1
+		kill -TERM "$berthd_pid"
+		wait "$berthd_pid"
+	fi
+	[ -n "$registry_pid" ] && kill "$registry_pid" 2>/dev/null && wait "$registry_pid" 2>/dev/null
+	# Whatever is left: processes in the private cgroup root or naming the
+	# scratch dir, the cgroups, the bridge. Mounts die with the namespace.
+	for pid in $(find /sys/fs/cgroup/*/"$croot" -name cgroup.procs -exec cat {} + 2>/dev/null) \
+		$(grep -l -s -- "$work" /proc/[0-9]*/cmdline | cut -d/ -f3); do
+		[ "$pid" != $$ ] && kill -9 "$pid" 2>/dev/null && echo "e2e-node: killed leftover process $pid" >&2
+	done
+	sleep 1
+	for h in /sys/fs/cgroup/*/ /sys/fs/cgroup/; do
+		[ -d "$h$croot" ] && find "$h$croot" -depth -type d -exec rmdir {} + 2>/dev/null
+	done
+	ip link del "$bridge" 2>/dev/null
+	if iptables-save -t nat 2>/dev/null | grep -q "10\.237\.$slot\."; then
+		echo "e2e-node: iptables nat rules about $subnet are left:" >&2
+		iptables-save -t nat | grep "10\.237\.$slot\." >&2
+	fi
+	awk -v w="$work" '$5 == w || index($5, w "/") == 1 {print $5}' /proc/self/mountinfo | sort -r | while read -r m; do
+		umount -l "$m"
+	done
+	rm -rf "$work"
+}
+trap cleanup EXIT
+
+# The namespace: a scratch kubelet root, no systemd-run.
+mkdir -p "$work/kubelet-root"
+mount --bind "$work/kubelet-root" /var/lib/kubelet
+mount --make-rshared /var/lib/kubelet
+if [ -e /usr/bin/systemd-run ]; then
+	: >"$work/no-systemd-run"
+	chmod 644 "$work/no-systemd-run"
+	mount --bind "$work/no-systemd-run" /usr/bin/systemd-run
+fi
+if command -v systemd-run >/dev/null 2>&1 && [ -x "$(command -v systemd-run)" ]; then
+	echo "e2e-node: systemd-run is still on PATH ($(command -v systemd-run)); the suite would run the kubelet through it" >&2
+	exit 1
+fi
+
+# The private cgroup root the kubelet puts kubepods under (it must exist
+# in every v1 hierarchy the kubelet uses).
+for h in /sys/fs/cgroup/*/; do
+	[ -f "${h}cgroup.procs" ] || continue
+	mkdir -p "$h$croot"
+	if [ -f "${h}cpuset.cpus" ]; then
+		cat "${h}cpuset.cpus" >"$h$croot/cpuset.cpus"
+		cat "${h}cpuset.mems" >"$h$croot/cpuset.mems"
+	fi
+done
+
+# The stand-in images.
+kmod=$(cd test/k8s && go list -m -f '{{.Dir}}' k8s.io/kubernetes)
+CGO_ENABLED=0 go build -o "$work/imagetools" ./test/e2enode/imagetools
+go build -o "$work/registry" ./test/e2enode/registry
+"$work/registry" -addr 127.0.0.1:0 -agnhost "$bins/agnhost" -imagetools "$work/imagetools" \
+	-porter-dir "$kmod/test/images/agnhost/porter" >"$out/registry.log" 2>&1 &
+registry_pid=$!
+for _ in $(seq 1 600); do
+	grep -q '^READY' "$out/registry.log" && break
+	kill -0 "$registry_pid" 2>/dev/null || break
+	sleep 0.1
+done
+grep -q '^READY' "$out/registry.log" || { echo "e2e-node: the stand-in registry did not start:" >&2; tail "$out/registry.log" >&2; exit 1; }
+regaddr=$(awk '$1 == "listening" {print $2; exit}' "$out/registry.log")
+
+for host in registry.k8s.io gcr.io k8s.gcr.io docker.io quay.io; do
+	mkdir -p "$work/certs.d/$host"
+	server=https://$host
+	[ "$host" = docker.io ] && server=https://registry-1.docker.io
+	cat >"$work/certs.d/$host/hosts.toml" <<EOF
+server = "$server"
+
+[host."http://$regaddr"]
+  capabilities = ["pull", "resolve"]
+EOF
+done
+
+cat >"$work/berth.toml" <<EOF
+listen = "unix://$work/berth.sock"
+root = "$work/root"
+state = "$work/state"
+cni_conf_dir = "$work/net.d"
+registry_config_dir = "$work/certs.d"
+cgroup_parent = "$croot/berth"
+
+[default_network]
+  bridge = "$bridge"
+  subnet = "$subnet"
+EOF
+cp "$work/berth.toml" "$out/berth.toml"
+
+bin/berthd --config "$work/berth.toml" >"$out/berthd.log" 2>&1 &
+berthd_pid=$!
+for _ in $(seq 1 300); do
+	bin/berthctl --address "unix://$work/berth.sock" info >/dev/null 2>&1 && break
+	kill -0 "$berthd_pid" 2>/dev/null || { echo "e2e-node: berthd exited:" >&2; tail -20 "$out/berthd.log" >&2; exit 1; }
+	sleep 0.1
+done
+bin/berthd version >"$out/berthd-version.txt" 2>&1 || true
+
+# The base kubelet config: upstream's test defaults
+# (test/e2e_node/jenkins/default-kubelet-config.yaml) with the cgroup root
+# private to this run.
+cat >"$work/kubelet-config.yaml" <<EOF
+apiVersion: kubelet.config.k8s.io/v1beta1
+kind: KubeletConfiguration
+cgroupDriver: cgroupfs
+cgroupRoot: /$croot
+cgroupsPerQOS: true
+podCIDR: "10.100.0.0/24"
+volumeStatsAggPeriod: 10s
+fileCheckFrequency: 10s
+evictionPressureTransitionPeriod: 30s
+evictionHard:
+  memory.available: 250Mi
+  nodefs.available: 10%
+  nodefs.inodesFree: 5%
+evictionMinimumReclaim:
+  nodefs.available: 5%
+  nodefs.inodesFree: 5%
+serializeImagePulls: false
+EOF
+cp "$work/kubelet-config.yaml" "$out/"
+
+# The suite writes its kubeconfig, kubelet config and token file to its
+# working directory.
+mkdir -p "$work/run"
+suite_flags=(
+	--container-runtime-endpoint "unix://$work/berth.sock"
+	--image-service-endpoint "unix://$work/berth.sock"
+	--k8s-bin-dir "$bins"
+	--kubelet-config-file "$work/kubelet-config.yaml"
+	# The suite's defaults put the kubelet in /kubelet and every other
+	# process of the machine in /system; nothing here is to be moved.
+	--kubelet-flags "--kubelet-cgroups= --system-cgroups= --runtime-cgroups="
+	--prepull-images=false
+	--system-spec-name=
+	--node-name "$(hostname)"
+	${E2E_NODE_ARGS:-}
+)
+# The framework's tags ([NodeConformance], [Serial], ...) are ginkgo labels
+# too; E2E_NODE_FOCUS narrows by spec text.
+focus=()
+[ -n "${E2E_NODE_FOCUS:-}" ] && focus=(--focus="$E2E_NODE_FOCUS")
+
+status=0
+run_pass() { # name, ginkgo flags...
+	local name=$1
+	shift
+	mkdir -p "$out/$name"
+	echo "e2e-node: pass $name ($(date -u +%T))" >&2
+	(cd "$work/run" && "$bins/ginkgo" --timeout=3h --output-dir="$out/$name" --json-report=report.json \
+		--junit-report=junit.xml --silence-skips "$@" "$bins/e2e_node.test" -- \
+		--report-dir "$out/$name" "${suite_flags[@]}") >"$out/$name/ginkgo.log" 2>&1 || status=1
+	echo "e2e-node: pass $name done ($(date -u +%T)): $(grep -E '^(Ran|SUCCESS|FAIL)' "$out/$name/ginkgo.log" | tr '\n' ' ')" >&2
+}
+passes=${E2E_NODE_PASSES:-both}
+if [ "$passes" = both ] || [ "$passes" = parallel ]; then
+	run_pass parallel --procs="${E2E_NODE_PROCS:-6}" --label-filter='NodeConformance && !Serial && !Slow && !Flaky' "${focus[@]}"
+fi
+if [ "$passes" = both ] || [ "$passes" = serial ]; then
+	run_pass serial --label-filter='NodeConformance && Serial && !Slow && !Flaky' "${focus[@]}"
+fi
+
+reports=()
+for r in "$out"/parallel/report.json "$out"/serial/report.json; do [ -f "$r" ] && reports+=("$r"); done
+if [ ${#reports[@]} -gt 0 ]; then
+	go run ./test/e2enode/summary "${reports[@]}" | tee "$out/summary.txt"
+fi
+echo "e2e-node: reports, logs and summary in $out" >&2
+exit $status
