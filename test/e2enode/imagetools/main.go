@@ -8,6 +8,10 @@
 //	nnp      the nonewprivs image's program: prints "Effective uid: N"
 //	pause    the pause image's program: sleeps until SIGINT or SIGTERM,
 //	         reaping children as PID 1 does
+//	curl     the subset of curl the e2e framework's network checks use
+//	         (curl.go)
+//	nc       netcat's client mode with -u (UDP), which busybox's nc lacks;
+//	         other uses go to busybox nc (nc.go)
 //
 // It is a test fixture of make e2e-node (hack/e2e-node.sh), not part of
 // berth.
@@ -38,8 +42,12 @@ func main() {
 		fmt.Printf("Effective uid: %d\n", os.Geteuid())
 	case "pause":
 		pause()
+	case "curl":
+		os.Exit(curl(args, os.Stdout, os.Stderr))
+	case "nc":
+		err = nc(args)
 	default:
-		err = fmt.Errorf("unknown program %q (want nmeter, nnp or pause)", name)
+		err = fmt.Errorf("unknown program %q (want nmeter, nnp, pause, curl or nc)", name)
 	}
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "%s: %v\n", name, err)

@@ -1,6 +1,11 @@
 package main
 
 import (
+	"bytes"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"strings"
 	"testing"
 	"time"
 )
@@ -17,5 +22,32 @@ func TestExpand(t *testing.T) {
 		if got := expand(format, now); got != want {
 			t.Errorf("expand(%q) = %q, want %q", format, got, want)
 		}
+	}
+}
+
+func TestCurl(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/missing" {
+			http.NotFound(w, r)
+			return
+		}
+		fmt.Fprint(w, "host-a")
+	}))
+	defer srv.Close()
+	var out, errOut bytes.Buffer
+	if code := curl([]string{"-g", "-q", "-s", "--max-time", "15", "--connect-timeout", "1", srv.URL + "/hostName"}, &out, &errOut); code != 0 || out.String() != "host-a" {
+		t.Fatalf("curl = %d, %q (%s)", code, out.String(), errOut.String())
+	}
+	out.Reset()
+	if code := curl([]string{"-o", "/dev/null", "-i", "-q", "-s", "-w", "%{http_code}", srv.URL + "/missing"}, &out, &errOut); code != 0 || out.String() != "404" {
+		t.Fatalf("curl -w = %d, %q", code, out.String())
+	}
+	out.Reset()
+	if code := curl([]string{"-i", srv.URL}, &out, &errOut); code != 0 || !strings.HasPrefix(out.String(), "HTTP/1.1 200 OK\r\n") {
+		t.Fatalf("curl -i = %d, %q", code, out.String())
+	}
+	srv.Close()
+	if code := curl([]string{"-s", "--connect-timeout", "1", srv.URL}, &out, &errOut); code != 7 {
+		t.Fatalf("curl to a closed port = %d, want 7", code)
 	}
 }

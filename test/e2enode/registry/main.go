@@ -145,7 +145,7 @@ func images(src sources) (map[string]v1.Image, error) {
 	// agnhost as upstream's Dockerfile builds it: /agnhost and the
 	// agnhost-2 link (entrypoint-tester), porter's certificate and key in
 	// / (HTTPS lifecycle hooks), /uploads (netexec), the user and group
-	// defined in the image (supplemental groups specs).
+	// defined in the image (supplemental groups specs), curl and nc.
 	ag, err := os.ReadFile(src.agnhost)
 	if err != nil {
 		return nil, err
@@ -171,6 +171,10 @@ func images(src sources) (map[string]v1.Image, error) {
 		{Name: "uploads", Dir: true},
 		{Name: "home/user-defined-in-image", Dir: true, UID: 1000, GID: 1000},
 		{Name: "bin/nmeter", Mode: 0o755, Data: tools},
+		// curl and netcat (with -u) as upstream's image has them: the
+		// framework's node-to-pod checks run them in a host-network pod.
+		{Name: "usr/bin/curl", Symlink: "/bin/nmeter"},
+		{Name: "usr/bin/nc", Symlink: "/bin/nmeter"},
 	})
 	if err != nil {
 		return nil, err
