@@ -32,18 +32,82 @@ repo=$(cd "$(dirname "$(readlink -f "$0")")/.." && pwd)
 cd "$repo"
 [ "$(id -u)" = 0 ] || { echo "e2e-node: run as root (berthd and the kubelet need it)" >&2; exit 1; }
 
-# Everything below runs in a mount namespace of its own: mounts the kubelet
-# and berthd make stay in it and go away with it.
+# cgroup hierarchies: "mountpoint fstype superopts" of each cgroup mount.
+cgroup_mounts() {
+	awk '{for (i = 7; $i != "-"; i++) {}; if ($(i+1) == "cgroup" || $(i+1) == "cgroup2") print $5, $(i+1), $(i+3)}' /proc/self/mountinfo
+}
+
+# Outside: build what is needed, pick a slot, make the run's cgroup (a
+# child of this process's cgroup in every hierarchy), then run the rest in
+# new mount and cgroup namespaces rooted at that cgroup, and clean up.
 if [ -z "${BERTH_E2E_NODE_INNER:-}" ]; then
 	hack/install-deps.sh e2e-node
 	bins=$(hack/k8s-bins.sh e2e_node.test ginkgo agnhost kubelet crictl)
 	make build >&2
 	# The kubelet root the suite hard-codes must exist to be mounted over.
 	mkdir -p /var/lib/kubelet
-	export BERTH_E2E_NODE_INNER=1 BERTH_E2E_NODE_BINS=$bins
-	exec unshare --mount --propagation slave -- "$0" "$@"
+
+	# A slot no other run holds: bridge ben<n>, 10.237.<n>.0/24, cgroup
+	# berth-e2e-node-<n>. The lock (fd 8) is inherited by the run.
+	mkdir -p /run/berth-e2e-node
+	slot=
+	for n in $(seq 1 50); do
+		exec 8>"/run/berth-e2e-node/$n.lock"
+		if flock -n 8 && ! ip link show "ben$n" >/dev/null 2>&1 && ! ip route | grep -q "^10\.237\.$n\."; then
+			slot=$n
+			break
+		fi
+		exec 8>&-
+	done
+	[ -n "$slot" ] || { echo "e2e-node: no free network slot" >&2; exit 1; }
+
+	# The run's cgroup: the cgroup namespace's root, so the kubelet's "/"
+	# (kubepods, /kubelet, /system) is this directory and nothing else on
+	# the machine. Under this process's own cgroup in each hierarchy.
+	cgname=berth-e2e-node-$slot
+	cgdirs=()
+	while read -r mnt fstype opts; do
+		if [ "$fstype" = cgroup2 ]; then
+			own=$(awk -F: '$1 == "0" {print $3}' /proc/self/cgroup)
+		else
+			own=
+			for o in ${opts//,/ }; do
+				[ "$o" = rw ] && continue
+				own=$(awk -F: -v c="$o" '{n = split($2, a, ","); for (i = 1; i <= n; i++) if (a[i] == c) print $3}' /proc/self/cgroup)
+				[ -n "$own" ] && break
+			done
+		fi
+		[ -n "$own" ] || continue
+		dir=$mnt${own%/}/$cgname
+		mkdir -p "$dir"
+		if [ -f "$dir/cpuset.cpus" ]; then
+			cat "$(dirname "$dir")/cpuset.cpus" >"$dir/cpuset.cpus"
+			cat "$(dirname "$dir")/cpuset.mems" >"$dir/cpuset.mems"
+		fi
+		cgdirs+=("$dir")
+	done < <(cgroup_mounts)
+	status=0
+	BERTH_E2E_NODE_INNER=1 BERTH_E2E_NODE_BINS=$bins BERTH_E2E_NODE_SLOT=$slot \
+		bash -c 'for d in "${@:2}"; do echo $$ >"$d/cgroup.procs"; done
+			exec unshare --cgroup --mount --propagation slave -- "$1"' \
+		sh "$0" "${cgdirs[@]}" || status=$?
+	# Whatever the run left in its cgroup, then the cgroup.
+	for d in "${cgdirs[@]}"; do
+		for pid in $(find "$d" -name cgroup.procs -exec cat {} + 2>/dev/null); do
+			kill -9 "$pid" 2>/dev/null && echo "e2e-node: killed leftover process $pid" >&2
+		done
+	done
+	sleep 1
+	for d in "${cgdirs[@]}"; do
+		find "$d" -depth -type d -exec rmdir {} + 2>/dev/null
+		[ -d "$d" ] && echo "e2e-node: cgroup $d is left" >&2
+	done
+	exit $status
 fi
 bins=$BERTH_E2E_NODE_BINS
+slot=$BERTH_E2E_NODE_SLOT
+bridge=ben$slot
+subnet=10.237.$slot.0/24
 
 out=${E2E_NODE_OUT:-$repo/out/e2e-node/$(date -u +%Y%m%dT%H%M%SZ)}
 mkdir -p "$out"
@@ -60,22 +124,6 @@ for p in 6443 10248 10250 10255; do
 	fi
 done
 
-# A network slot no other run holds: bridge ben<n>, 10.237.<n>.0/24.
-mkdir -p /run/berth-e2e-node
-slot=
-for n in $(seq 1 50); do
-	exec 8>"/run/berth-e2e-node/$n.lock"
-	if flock -n 8 && ! ip link show "ben$n" >/dev/null 2>&1 && ! ip route | grep -q "^10\.237\.$n\."; then
-		slot=$n
-		break
-	fi
-	exec 8>&-
-done
-[ -n "$slot" ] || { echo "e2e-node: no free network slot" >&2; exit 1; }
-bridge=ben$slot
-subnet=10.237.$slot.0/24
-croot=berth-e2e-node-$slot
-
 berthd_pid=
 registry_pid=
 cleanup() {
@@ -86,15 +134,10 @@ cleanup() {
 		wait "$berthd_pid"
 	fi
 	[ -n "$registry_pid" ] && kill "$registry_pid" 2>/dev/null && wait "$registry_pid" 2>/dev/null
-	# Whatever is left: processes in the private cgroup root or naming the
-	# scratch dir, the cgroups, the bridge. Mounts die with the namespace.
-	for pid in $(find /sys/fs/cgroup/*/"$croot" -name cgroup.procs -exec cat {} + 2>/dev/null) \
-		$(grep -l -s -- "$work" /proc/[0-9]*/cmdline | cut -d/ -f3); do
+	# Processes naming the scratch dir; the cgroups go when the run's
+	# cgroup goes (outside), mounts with the namespace.
+	for pid in $(grep -l -s -- "$work" /proc/[0-9]*/cmdline | cut -d/ -f3); do
 		[ "$pid" != $$ ] && kill -9 "$pid" 2>/dev/null && echo "e2e-node: killed leftover process $pid" >&2
-	done
-	sleep 1
-	for h in /sys/fs/cgroup/*/ /sys/fs/cgroup/; do
-		[ -d "$h$croot" ] && find "$h$croot" -depth -type d -exec rmdir {} + 2>/dev/null
 	done
 	ip link del "$bridge" 2>/dev/null
 	if iptables-save -t nat 2>/dev/null | grep -q "10\.237\.$slot\."; then
@@ -108,7 +151,15 @@ cleanup() {
 }
 trap cleanup EXIT
 
-# The namespace: a scratch kubelet root, no systemd-run.
+# The namespaces: cgroup hierarchies mounted afresh show the run's cgroup
+# as their root; a scratch kubelet root; no systemd-run.
+while read -r mnt fstype opts; do
+	if [ "$fstype" = cgroup2 ]; then
+		mount -t cgroup2 cgroup2 "$mnt"
+	else
+		mount -t cgroup -o "${opts#rw,}" cgroup "$mnt"
+	fi
+done < <(cgroup_mounts)
 mkdir -p "$work/kubelet-root"
 mount --bind "$work/kubelet-root" /var/lib/kubelet
 mount --make-rshared /var/lib/kubelet
@@ -121,17 +172,6 @@ if command -v systemd-run >/dev/null 2>&1 && [ -x "$(command -v systemd-run)" ];
 	echo "e2e-node: systemd-run is still on PATH ($(command -v systemd-run)); the suite would run the kubelet through it" >&2
 	exit 1
 fi
-
-# The private cgroup root the kubelet puts kubepods under (it must exist
-# in every v1 hierarchy the kubelet uses).
-for h in /sys/fs/cgroup/*/; do
-	[ -f "${h}cgroup.procs" ] || continue
-	mkdir -p "$h$croot"
-	if [ -f "${h}cpuset.cpus" ]; then
-		cat "${h}cpuset.cpus" >"$h$croot/cpuset.cpus"
-		cat "${h}cpuset.mems" >"$h$croot/cpuset.mems"
-	fi
-done
 
 # The stand-in images.
 kmod=$(cd test/k8s && go list -m -f '{{.Dir}}' k8s.io/kubernetes)
@@ -166,7 +206,7 @@ root = "$work/root"
 state = "$work/state"
 cni_conf_dir = "$work/net.d"
 registry_config_dir = "$work/certs.d"
-cgroup_parent = "$croot/berth"
+cgroup_parent = "berth"
 
 [default_network]
   bridge = "$bridge"
@@ -176,6 +216,17 @@ cp "$work/berth.toml" "$out/berth.toml"
 
 bin/berthd --config "$work/berth.toml" >"$out/berthd.log" 2>&1 &
 berthd_pid=$!
+# The runtime's cgroup, which the kubelet reports as the "runtime" system
+# container.
+for h in /sys/fs/cgroup/*/; do
+	[ -f "${h}cgroup.procs" ] || continue
+	mkdir -p "${h}berthd"
+	if [ -f "${h}cpuset.cpus" ]; then
+		cat "${h}cpuset.cpus" >"${h}berthd/cpuset.cpus"
+		cat "${h}cpuset.mems" >"${h}berthd/cpuset.mems"
+	fi
+	echo "$berthd_pid" >"${h}berthd/cgroup.procs"
+done
 for _ in $(seq 1 300); do
 	bin/berthctl --address "unix://$work/berth.sock" info >/dev/null 2>&1 && break
 	kill -0 "$berthd_pid" 2>/dev/null || { echo "e2e-node: berthd exited:" >&2; tail -20 "$out/berthd.log" >&2; exit 1; }
@@ -190,7 +241,7 @@ cat >"$work/kubelet-config.yaml" <<EOF
 apiVersion: kubelet.config.k8s.io/v1beta1
 kind: KubeletConfiguration
 cgroupDriver: cgroupfs
-cgroupRoot: /$croot
+cgroupRoot: /
 cgroupsPerQOS: true
 podCIDR: "10.100.0.0/24"
 volumeStatsAggPeriod: 10s
@@ -215,9 +266,10 @@ suite_flags=(
 	--image-service-endpoint "unix://$work/berth.sock"
 	--k8s-bin-dir "$bins"
 	--kubelet-config-file "$work/kubelet-config.yaml"
-	# The suite's defaults put the kubelet in /kubelet and every other
-	# process of the machine in /system; nothing here is to be moved.
-	--kubelet-flags "--kubelet-cgroups= --system-cgroups= --runtime-cgroups="
+	# The suite's defaults put the kubelet in /kubelet and the other
+	# processes of (the cgroup namespace's) root cgroup in /system; the
+	# runtime is berthd.
+	--kubelet-flags "--runtime-cgroups=/berthd"
 	--prepull-images=false
 	--system-spec-name=
 	--node-name "$(hostname)"
