@@ -153,7 +153,10 @@ trap cleanup EXIT
 
 # The namespaces: cgroup hierarchies mounted afresh show the run's cgroup
 # as their root; a scratch kubelet root; no systemd-run.
+# (The kernel refuses a superblock on top of itself: unmount first; the
+# propagation is slave, so the host keeps its mounts.)
 while read -r mnt fstype opts; do
+	umount "$mnt"
 	if [ "$fstype" = cgroup2 ]; then
 		mount -t cgroup2 cgroup2 "$mnt"
 	else
