@@ -12,6 +12,8 @@
 //	         (curl.go)
 //	nc       netcat's client mode with -u (UDP), which busybox's nc lacks;
 //	         other uses go to busybox nc (nc.go)
+//	sh       busybox's ash, but a plain `sh -c 'CMD ARGS'` runs CMD with
+//	         the environment names ash drops (shenv.go)
 //
 // It is a test fixture of make e2e-node (hack/e2e-node.sh), not part of
 // berth.
@@ -46,8 +48,10 @@ func main() {
 		os.Exit(curl(args, os.Stdout, os.Stderr))
 	case "nc":
 		err = nc(args)
+	case "sh":
+		err = sh(args)
 	default:
-		err = fmt.Errorf("unknown program %q (want nmeter, nnp, pause, curl or nc)", name)
+		err = fmt.Errorf("unknown program %q (want nmeter, nnp, pause, curl, nc or sh)", name)
 	}
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "%s: %v\n", name, err)

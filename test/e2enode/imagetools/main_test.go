@@ -51,3 +51,22 @@ func TestCurl(t *testing.T) {
 		t.Fatalf("curl to a closed port = %d, want 7", code)
 	}
 }
+
+func TestSimpleCommand(t *testing.T) {
+	for script, want := range map[string]string{
+		"env":                     "env",
+		"sleep 10":                "sleep,10",
+		"/agnhost serve-hostname": "/agnhost,serve-hostname",
+		"echo $HOME":              "",
+		"A=1 env":                 "",
+		"env; env":                "",
+		"cat /x > /y":             "",
+		"echo 'a b'":              "",
+		"":                        "",
+	} {
+		words, ok := simpleCommand(script)
+		if got := strings.Join(words, ","); ok != (want != "") || got != want {
+			t.Errorf("simpleCommand(%q) = %q, %v; want %q", script, got, ok, want)
+		}
+	}
+}

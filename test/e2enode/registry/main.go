@@ -103,11 +103,11 @@ nogroup:x:65534:
 // images maps repository:tag (as under registry.k8s.io, gcr.io or
 // docker.io) to its stand-in.
 func images(src sources) (map[string]v1.Image, error) {
-	base, err := baseLayer(passwd, group)
+	tools, err := os.ReadFile(src.tools)
 	if err != nil {
 		return nil, err
 	}
-	tools, err := os.ReadFile(src.tools)
+	base, err := baseLayer(passwd, group, tools)
 	if err != nil {
 		return nil, err
 	}
@@ -125,20 +125,12 @@ func images(src sources) (map[string]v1.Image, error) {
 		}
 	}
 
-	// busybox: every applet in /bin, bash as /bin/sh (busybox's ash drops
-	// environment names like "data-1" that the ConfigMap and Secret specs
-	// pass through `sh -c env`; upstream's busybox keeps them), nmeter.
-	bbExtra, err := testimages.Layer([]testimages.File{
-		{Name: "bin/nmeter", Mode: 0o755, Data: tools},
-	})
-	if err != nil {
-		return nil, err
-	}
+	// busybox: the base as it is.
 	sh := v1.Config{Cmd: []string{"sh"}}
 	if err := add("e2e-test-images/busybox:1.37.0-1", "e2e-test-images/busybox:1.36.1-1",
 		"e2e-test-images/busybox:1.36.1-2", "e2e-test-images/busybox:1.29-4", "e2e-test-images/busybox:1.29-2",
 		"e2e-test-images/busybox:1.29", "library/busybox:latest", "library/busybox:1.28", "library/busybox:1.29",
-		"library/busybox:1.36", "library/busybox:1.37")(image(sh, base, bbExtra)); err != nil {
+		"library/busybox:1.36", "library/busybox:1.37")(image(sh, base)); err != nil {
 		return nil, err
 	}
 
@@ -159,7 +151,7 @@ func images(src sources) (map[string]v1.Image, error) {
 		return nil, err
 	}
 	agBase, err := baseLayer(passwd+"user-defined-in-image:x:1000:1000::/home/user-defined-in-image:/bin/sh\n",
-		group+"user-defined-in-image:x:1000:\ngroup-defined-in-image:x:50000:user-defined-in-image\n")
+		group+"user-defined-in-image:x:1000:\ngroup-defined-in-image:x:50000:user-defined-in-image\n", tools)
 	if err != nil {
 		return nil, err
 	}
@@ -170,11 +162,10 @@ func images(src sources) (map[string]v1.Image, error) {
 		{Name: "localhost.key", Mode: 0o600, Data: key},
 		{Name: "uploads", Dir: true},
 		{Name: "home/user-defined-in-image", Dir: true, UID: 1000, GID: 1000},
-		{Name: "bin/nmeter", Mode: 0o755, Data: tools},
 		// curl and netcat (with -u) as upstream's image has them: the
 		// framework's node-to-pod checks run them in a host-network pod.
-		{Name: "usr/bin/curl", Symlink: "/bin/nmeter"},
-		{Name: "usr/bin/nc", Symlink: "/bin/nmeter"},
+		{Name: "usr/bin/curl", Symlink: "/bin/imagetools"},
+		{Name: "usr/bin/nc", Symlink: "/bin/imagetools"},
 	})
 	if err != nil {
 		return nil, err
@@ -234,20 +225,23 @@ func images(src sources) (map[string]v1.Image, error) {
 }
 
 // baseLayer is a busybox root filesystem: every applet of the host's
-// busybox-static linked in /bin, bash with its libraries as /bin/bash and
-// /bin/sh, /etc/passwd and /etc/group as given.
-func baseLayer(passwd, group string) (v1.Layer, error) {
+// busybox-static linked in /bin, except sh, which is imagetools (busybox's
+// ash, but `sh -c env` keeps the environment names ash drops:
+// imagetools/shenv.go), nmeter (imagetools), /etc/passwd and /etc/group
+// as given.
+func baseLayer(passwd, group string, tools []byte) (v1.Layer, error) {
 	bb, err := os.ReadFile(testimages.BusyboxPath)
 	if err != nil {
 		return nil, fmt.Errorf("read busybox (install busybox-static): %w", err)
 	}
 	files := []testimages.File{}
-	for _, d := range []string{"bin", "dev", "etc", "home", "proc", "root", "sys", "usr", "usr/bin", "usr/sbin", "usr/local", "usr/local/bin", "var", "var/run", "run", "lib", "lib64"} {
+	for _, d := range []string{"bin", "dev", "etc", "home", "proc", "root", "sys", "usr", "usr/bin", "usr/sbin", "usr/local", "usr/local/bin", "var", "var/run", "run"} {
 		files = append(files, testimages.File{Name: d, Dir: true})
 	}
 	files = append(files,
 		testimages.File{Name: "tmp", Dir: true, Mode: 0o1777},
 		testimages.File{Name: "bin/busybox", Mode: 0o755, Data: bb},
+		testimages.File{Name: "bin/imagetools", Mode: 0o755, Data: tools},
 		testimages.File{Name: "etc/passwd", Data: []byte(passwd)},
 		testimages.File{Name: "etc/group", Data: []byte(group)},
 		testimages.File{Name: "etc/hostname", Data: []byte("localhost\n")},
@@ -262,57 +256,10 @@ func baseLayer(passwd, group string) (v1.Layer, error) {
 		}
 		files = append(files, testimages.File{Name: "bin/" + a, Symlink: "busybox"})
 	}
-	bash, err := hostProgram("/bin/bash", "bin/bash")
-	if err != nil {
-		return nil, err
+	for _, a := range []string{"sh", "nmeter"} {
+		files = append(files, testimages.File{Name: "bin/" + a, Symlink: "imagetools"})
 	}
-	files = append(files, bash...)
-	files = append(files, testimages.File{Name: "bin/sh", Symlink: "bash"})
 	return testimages.Layer(files)
-}
-
-// hostProgram is a dynamically linked host program at dest with the
-// shared libraries ldd names, each at its host path.
-func hostProgram(src, dest string) ([]testimages.File, error) {
-	data, err := os.ReadFile(src)
-	if err != nil {
-		return nil, err
-	}
-	files := []testimages.File{{Name: dest, Mode: 0o755, Data: data}}
-	out, err := exec.Command("ldd", src).Output()
-	if err != nil {
-		return nil, fmt.Errorf("ldd %s: %w", src, err)
-	}
-	dirs := map[string]bool{}
-	for _, line := range strings.Split(string(out), "\n") {
-		var lib string
-		if f := strings.Fields(line); len(f) >= 3 && f[1] == "=>" {
-			lib = f[2]
-		} else if len(f) >= 1 && strings.HasPrefix(f[0], "/") {
-			lib = f[0]
-		}
-		if lib == "" {
-			continue
-		}
-		real, err := filepath.EvalSymlinks(lib)
-		if err != nil {
-			return nil, err
-		}
-		b, err := os.ReadFile(real)
-		if err != nil {
-			return nil, err
-		}
-		// /lib may be a link to usr/lib on the host: store under the path
-		// as named, creating its directories.
-		rel := strings.TrimPrefix(lib, "/")
-		for d := filepath.Dir(rel); d != "." && !dirs[d]; d = filepath.Dir(d) {
-			dirs[d] = true
-			files = append([]testimages.File{{Name: d, Dir: true}}, files...)
-		}
-		files = append(files, testimages.File{Name: rel, Mode: 0o755, Data: b})
-	}
-	sort.SliceStable(files, func(i, j int) bool { return files[i].Dir && !files[j].Dir })
-	return files, nil
 }
 
 // image stacks layers with cfg into an OCI image for this machine.
