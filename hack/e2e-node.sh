@@ -9,12 +9,16 @@
 #     10.237.<n>.0/24) whose registry mirrors for registry.k8s.io, gcr.io,
 #     k8s.gcr.io, docker.io and quay.io point at test/e2enode/registry, a
 #     loopback registry of stand-ins for the images the suite pulls;
-#   - a base kubelet config: cgroupfs, cgroupsPerQOS under a private
-#     cgroup root (berth-e2e-node-<n>), the upstream test defaults;
+#   - a base kubelet config: upstream's test defaults (cgroupfs,
+#     cgroupsPerQOS, cgroup root /);
 #   - a mount namespace of its own (unshare), where /var/lib/kubelet (the
 #     kubelet root the suite hard-codes) is a scratch directory and
 #     /usr/bin/systemd-run is hidden: the suite runs the kubelet through
-#     systemd-run whenever it finds it, which fails without systemd as PID 1.
+#     systemd-run whenever it finds it, which fails without systemd as PID 1;
+#     /usr/bin/systemctl is a stand-in that stops and restarts the suite's
+#     kubelet (hack/e2e-node-systemctl.sh), as the [Serial] specs ask;
+#   - a cgroup namespace rooted at a cgroup of the run's own, so that the
+#     kubelet's cgroup root "/" (kubepods, /kubelet, /system) is private.
 #
 # Two passes with ginkgo's CLI: [NodeConformance] without
 # [Serial]|[Slow]|[Flaky] on ${E2E_NODE_PROCS:-6} processes, then the
@@ -171,6 +175,13 @@ if [ -e /usr/bin/systemd-run ]; then
 	chmod 644 "$work/no-systemd-run"
 	mount --bind "$work/no-systemd-run" /usr/bin/systemd-run
 fi
+# The [Serial] specs stop and restart the kubelet with systemctl: a
+# stand-in acts on the suite's kubelet (hack/e2e-node-systemctl.sh).
+if [ -e /usr/bin/systemctl ]; then
+	{ echo '#!/usr/bin/env bash'; echo "work=$work"; cat hack/e2e-node-systemctl.sh; } >"$work/systemctl"
+	chmod 755 "$work/systemctl"
+	mount --bind "$work/systemctl" /usr/bin/systemctl
+fi
 if command -v systemd-run >/dev/null 2>&1 && [ -x "$(command -v systemd-run)" ]; then
 	echo "e2e-node: systemd-run is still on PATH ($(command -v systemd-run)); the suite would run the kubelet through it" >&2
 	exit 1
@@ -289,10 +300,10 @@ run_pass() { # name, ginkgo flags...
 	shift
 	mkdir -p "$out/$name"
 	echo "e2e-node: pass $name ($(date -u +%T))" >&2
-	(cd "$work/run" && "$bins/ginkgo" --timeout=3h --output-dir="$out/$name" --json-report=report.json \
+	(cd "$work/run" && "$bins/ginkgo" --no-color --timeout=3h --output-dir="$out/$name" --json-report=report.json \
 		--junit-report=junit.xml --silence-skips "$@" "$bins/e2e_node.test" -- \
 		--report-dir "$out/$name" "${suite_flags[@]}") >"$out/$name/ginkgo.log" 2>&1 || status=1
-	echo "e2e-node: pass $name done ($(date -u +%T)): $(grep -E '^(Ran|SUCCESS|FAIL)' "$out/$name/ginkgo.log" | tr '\n' ' ')" >&2
+	echo "e2e-node: pass $name done ($(date -u +%T)): $(grep -aE '^(Ran |SUCCESS|FAIL)' "$out/$name/ginkgo.log" | tr '\n' ' ')" >&2
 }
 passes=${E2E_NODE_PASSES:-both}
 if [ "$passes" = both ] || [ "$passes" = parallel ]; then
