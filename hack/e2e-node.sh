@@ -272,9 +272,11 @@ serializeImagePulls: false
 EOF
 cp "$work/kubelet-config.yaml" "$out/"
 
-# The suite writes its kubeconfig, kubelet config and token file to its
-# working directory.
+# The suite writes its kubeconfig, kubelet config, token file and static
+# pod directories beside its binary: run a link (or copy) of it in the
+# scratch dir, not the shared cache.
 mkdir -p "$work/run"
+ln "$bins/e2e_node.test" "$work/run/e2e_node.test" 2>/dev/null || cp "$bins/e2e_node.test" "$work/run/e2e_node.test"
 suite_flags=(
 	--container-runtime-endpoint "unix://$work/berth.sock"
 	--image-service-endpoint "unix://$work/berth.sock"
@@ -301,7 +303,7 @@ run_pass() { # name, ginkgo flags...
 	mkdir -p "$out/$name"
 	echo "e2e-node: pass $name ($(date -u +%T))" >&2
 	(cd "$work/run" && "$bins/ginkgo" --no-color --timeout=3h --output-dir="$out/$name" --json-report=report.json \
-		--junit-report=junit.xml --silence-skips "$@" "$bins/e2e_node.test" -- \
+		--junit-report=junit.xml --silence-skips "$@" "$work/run/e2e_node.test" -- \
 		--report-dir "$out/$name" "${suite_flags[@]}") >"$out/$name/ginkgo.log" 2>&1 || status=1
 	echo "e2e-node: pass $name done ($(date -u +%T)): $(grep -aE '^(Ran |SUCCESS|FAIL)' "$out/$name/ginkgo.log" | tr '\n' ' ')" >&2
 }
