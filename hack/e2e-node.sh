@@ -195,7 +195,7 @@ go build -o "$work/registry" ./test/e2enode/registry
 	-porter-dir "$kmod/test/images/agnhost/porter" >"$out/registry.log" 2>&1 &
 registry_pid=$!
 for _ in $(seq 1 600); do
-	grep -q '^READY' "$out/registry.log" && break
+	grep -qs '^READY' "$out/registry.log" && break
 	kill -0 "$registry_pid" 2>/dev/null || break
 	sleep 0.1
 done

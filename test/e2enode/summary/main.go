@@ -95,7 +95,7 @@ func run(w io.Writer, markdown bool, paths []string) error {
 				}
 				counts[s.State]++
 				total[s.State]++
-				all = append(all, fmt.Sprintf("| %s | %s | %s |", cell(s.name()), s.State, cell(s.why())))
+				all = append(all, fmt.Sprintf("| %s | %s | %s |", s.State, cell(s.name()), cell(s.why())))
 				if s.State != "passed" {
 					notPassed = append(notPassed, fmt.Sprintf("%-8s %s\n         %s", s.State, s.name(), s.why()))
 				}
@@ -106,8 +106,8 @@ func run(w io.Writer, markdown bool, paths []string) error {
 		}
 	}
 	if markdown {
-		sort.Strings(all)
-		fmt.Fprintln(w, "| Spec | Result | Why (first line) |")
+		sort.Slice(all, func(i, j int) bool { return specOf(all[i]) < specOf(all[j]) })
+		fmt.Fprintln(w, "| result | spec | note |")
 		fmt.Fprintln(w, "|---|---|---|")
 		for _, l := range all {
 			fmt.Fprintln(w, l)
@@ -120,6 +120,15 @@ func run(w io.Writer, markdown bool, paths []string) error {
 		fmt.Fprintln(w, l)
 	}
 	return nil
+}
+
+// specOf is the spec column of a markdown row, to sort rows by spec.
+func specOf(row string) string {
+	parts := strings.SplitN(row, " | ", 3)
+	if len(parts) < 2 {
+		return row
+	}
+	return parts[1]
 }
 
 func line(c map[string]int) string {
