@@ -107,7 +107,7 @@ func images(src sources) (map[string]v1.Image, error) {
 	if err != nil {
 		return nil, err
 	}
-	base, err := baseLayer(passwd, group, tools)
+	base, err := baseLayer(passwd, group, tools, false)
 	if err != nil {
 		return nil, err
 	}
@@ -137,7 +137,8 @@ func images(src sources) (map[string]v1.Image, error) {
 	// agnhost as upstream's Dockerfile builds it: /agnhost and the
 	// agnhost-2 link (entrypoint-tester), porter's certificate and key in
 	// / (HTTPS lifecycle hooks), /uploads (netexec), the user and group
-	// defined in the image (supplemental groups specs), curl and nc.
+	// defined in the image (supplemental groups specs), curl and nc, bash
+	// (as /bin/sh: see baseLayer).
 	ag, err := os.ReadFile(src.agnhost)
 	if err != nil {
 		return nil, err
@@ -151,7 +152,7 @@ func images(src sources) (map[string]v1.Image, error) {
 		return nil, err
 	}
 	agBase, err := baseLayer(passwd+"user-defined-in-image:x:1000:1000::/home/user-defined-in-image:/bin/sh\n",
-		group+"user-defined-in-image:x:1000:\ngroup-defined-in-image:x:50000:user-defined-in-image\n", tools)
+		group+"user-defined-in-image:x:1000:\ngroup-defined-in-image:x:50000:user-defined-in-image\n", tools, true)
 	if err != nil {
 		return nil, err
 	}
@@ -225,11 +226,14 @@ func images(src sources) (map[string]v1.Image, error) {
 }
 
 // baseLayer is a busybox root filesystem: every applet of the host's
-// busybox-static linked in /bin, except sh, which is imagetools (busybox's
-// ash, but `sh -c env` keeps the environment names ash drops:
-// imagetools/shenv.go), nmeter (imagetools), /etc/passwd and /etc/group
-// as given.
-func baseLayer(passwd, group string, tools []byte) (v1.Layer, error) {
+// busybox-static linked in /bin, except sh, nmeter (imagetools),
+// /etc/passwd and /etc/group as given. sh is imagetools (busybox's ash,
+// but `sh -c env` keeps the environment names ash drops:
+// imagetools/shenv.go), or with bash set, the host's bash and the
+// libraries it loads: this busybox's ash runs its own applets before
+// programs on PATH (nc, which agnhost's netcat stand-in must replace),
+// where upstream's agnhost image (Alpine) finds them on PATH.
+func baseLayer(passwd, group string, tools []byte, bash bool) (v1.Layer, error) {
 	bb, err := os.ReadFile(testimages.BusyboxPath)
 	if err != nil {
 		return nil, fmt.Errorf("read busybox (install busybox-static): %w", err)
@@ -256,10 +260,62 @@ func baseLayer(passwd, group string, tools []byte) (v1.Layer, error) {
 		}
 		files = append(files, testimages.File{Name: "bin/" + a, Symlink: "busybox"})
 	}
-	for _, a := range []string{"sh", "nmeter"} {
-		files = append(files, testimages.File{Name: "bin/" + a, Symlink: "imagetools"})
+	files = append(files, testimages.File{Name: "bin/nmeter", Symlink: "imagetools"})
+	if !bash {
+		files = append(files, testimages.File{Name: "bin/sh", Symlink: "imagetools"})
+		return testimages.Layer(files)
 	}
+	b, err := hostProgram("/bin/bash", "bin/bash")
+	if err != nil {
+		return nil, err
+	}
+	files = append(files, b...)
+	files = append(files, testimages.File{Name: "bin/sh", Symlink: "bash"})
 	return testimages.Layer(files)
+}
+
+// hostProgram is a dynamically linked host program at dest with the
+// shared libraries ldd names, each at its host path.
+func hostProgram(src, dest string) ([]testimages.File, error) {
+	data, err := os.ReadFile(src)
+	if err != nil {
+		return nil, err
+	}
+	files := []testimages.File{{Name: dest, Mode: 0o755, Data: data}}
+	out, err := exec.Command("ldd", src).Output()
+	if err != nil {
+		return nil, fmt.Errorf("ldd %s: %w", src, err)
+	}
+	dirs := map[string]bool{}
+	for _, line := range strings.Split(string(out), "\n") {
+		var lib string
+		if f := strings.Fields(line); len(f) >= 3 && f[1] == "=>" {
+			lib = f[2]
+		} else if len(f) >= 1 && strings.HasPrefix(f[0], "/") {
+			lib = f[0]
+		}
+		if lib == "" {
+			continue
+		}
+		real, err := filepath.EvalSymlinks(lib)
+		if err != nil {
+			return nil, err
+		}
+		b, err := os.ReadFile(real)
+		if err != nil {
+			return nil, err
+		}
+		// /lib may be a link to usr/lib on the host: store under the path
+		// as named, creating its directories.
+		rel := strings.TrimPrefix(lib, "/")
+		for d := filepath.Dir(rel); d != "." && !dirs[d]; d = filepath.Dir(d) {
+			dirs[d] = true
+			files = append([]testimages.File{{Name: d, Dir: true}}, files...)
+		}
+		files = append(files, testimages.File{Name: rel, Mode: 0o755, Data: b})
+	}
+	sort.SliceStable(files, func(i, j int) bool { return files[i].Dir && !files[j].Dir })
+	return files, nil
 }
 
 // image stacks layers with cfg into an OCI image for this machine.

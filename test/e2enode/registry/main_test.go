@@ -36,7 +36,7 @@ func TestImages(t *testing.T) {
 	for ref, want := range map[string][]string{
 		"e2e-test-images/busybox:1.37.0-1": {"bin/sh", "bin/imagetools", "bin/nmeter", "bin/env", "bin/nc"},
 		"e2e-test-images/busybox:1.36.1-1": {"bin/nmeter"},
-		"e2e-test-images/agnhost:2.56":     {"agnhost", "agnhost-2", "localhost.crt", "localhost.key", "uploads", "usr/bin/curl", "usr/bin/nc"},
+		"e2e-test-images/agnhost:2.56":     {"agnhost", "agnhost-2", "localhost.crt", "localhost.key", "uploads", "usr/bin/curl", "usr/bin/nc", "bin/bash", "lib64/ld-linux-x86-64.so.2"},
 		"e2e-test-images/nonewprivs:1.3":   {"usr/local/bin/nnp"},
 		"e2e-test-images/nonroot:1.4":      {"bin/sh"},
 		"e2e-test-images/nginx:1.14-4":     {"usr/share/nginx/html/index.html"},
