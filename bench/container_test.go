@@ -173,26 +173,33 @@ func BenchmarkContainerLifecycle(b *testing.B) {
 
 // BenchmarkShimMemory reports berth-shim's PSS per pod (smaps_rollup, so
 // pages shared between shims count once in total) for pods of 1 and 3
-// containers, alone and with 8 such pods at once: Pss_Anon is what each pod
-// really costs (heap, stacks, runtime data), Pss_File its share of the
-// binary's pages, which divides across shims. The last case has run 20
+// containers, alone and with 8 and 48 such pods at once: Pss_Anon is what
+// each pod really costs (heap, stacks, runtime data), Pss_File its share of
+// the binary's pages, which divides across shims. The last case has run 20
 // short-lived containers through its shim first, so the shim has
 // collected garbage at least once (a GC makes runtime metadata resident
-// for good: decision 0303).
+// for good: decision 0303). A second table splits each shim's memory by
+// mapping (/proc/PID/smaps), which is where decisions 0303 and 1700 read
+// what a Go shim is made of. BENCH_WORKLOADS selects it as "shim memory".
 func BenchmarkShimMemory(b *testing.B) {
+	if !selected(os.Getenv("BENCH_WORKLOADS"), "shim memory") {
+		b.Skip("not selected by BENCH_WORKLOADS")
+	}
 	type row struct {
-		Case      string  `json:"case"`
-		Pods      int     `json:"pods"`
-		Churned   int     `json:"churned_containers,omitempty"`
-		PerPod    int     `json:"containers_per_pod"`
-		PssKiB    float64 `json:"pss_kib_per_pod"`
-		AnonKiB   float64 `json:"pss_anon_kib_per_pod"`
-		FileKiB   float64 `json:"pss_file_kib_per_pod"`
-		RssKiB    float64 `json:"rss_kib_per_pod"`
-		PerCtrKiB float64 `json:"pss_kib_per_container"`
+		Case      string             `json:"case"`
+		Pods      int                `json:"pods"`
+		Churned   int                `json:"churned_containers,omitempty"`
+		PerPod    int                `json:"containers_per_pod"`
+		PssKiB    float64            `json:"pss_kib_per_pod"`
+		AnonKiB   float64            `json:"pss_anon_kib_per_pod"`
+		FileKiB   float64            `json:"pss_file_kib_per_pod"`
+		RssKiB    float64            `json:"rss_kib_per_pod"`
+		PerCtrKiB float64            `json:"pss_kib_per_container"`
+		Threads   float64            `json:"threads_per_shim"`
+		Mappings  map[string]float64 `json:"pss_kib_per_pod_by_mapping"`
 	}
 	var rows []row
-	for _, tc := range []struct{ pods, perPod, churn int }{{1, 1, 0}, {1, 3, 0}, {8, 1, 0}, {8, 3, 0}, {1, 1, 20}} {
+	for _, tc := range []struct{ pods, perPod, churn int }{{1, 1, 0}, {1, 3, 0}, {8, 1, 0}, {8, 3, 0}, {48, 1, 0}, {48, 3, 0}, {1, 1, 20}} {
 		cb := newContainerBench(b)
 		ctx := context.Background()
 		for p := 0; p < tc.pods; p++ {
@@ -229,10 +236,13 @@ func BenchmarkShimMemory(b *testing.B) {
 			}
 		}
 		time.Sleep(3 * time.Second) // let the shims settle and trim
-		var pss, anon, file, rss float64
+		var pss, anon, file, rss, threads float64
+		mappings := map[string]float64{}
 		shims := 0
 		for p := 0; p < tc.pods; p++ {
-			for _, pid := range berthdtest.PidsMentioning(filepath.Join(cb.shims, fmt.Sprintf("pod%d", p))) {
+			// The shim's argv holds its dir as one argument, NUL-ended in
+			// cmdline: pod4 must not match pod40's shim.
+			for _, pid := range berthdtest.PidsMentioning(filepath.Join(cb.shims, fmt.Sprintf("pod%d", p)) + "\x00") {
 				if comm, _ := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/comm"); strings.TrimSpace(string(comm)) != "berth-shim" {
 					continue
 				}
@@ -241,6 +251,12 @@ func BenchmarkShimMemory(b *testing.B) {
 				anon += m["Pss_Anon"]
 				file += m["Pss_File"]
 				rss += m["Rss"]
+				for k, v := range smapsByMapping(b, pid) {
+					mappings[k] += v
+				}
+				if task, err := os.ReadDir("/proc/" + strconv.Itoa(pid) + "/task"); err == nil {
+					threads += float64(len(task))
+				}
 				shims++
 			}
 		}
@@ -252,17 +268,33 @@ func BenchmarkShimMemory(b *testing.B) {
 		if tc.churn > 0 {
 			name += fmt.Sprintf(", after %d restarts", tc.churn)
 		}
+		for k := range mappings {
+			mappings[k] /= n
+		}
 		rows = append(rows, row{
 			Case: name, Pods: tc.pods, PerPod: tc.perPod, Churned: tc.churn,
 			PssKiB: pss / n, AnonKiB: anon / n, FileKiB: file / n, RssKiB: rss / n, PerCtrKiB: pss / n / float64(tc.perPod),
+			Threads: threads / n, Mappings: mappings,
 		})
 		// Shims of one case must not share pages with the next case's.
 		cb.close()
 	}
 	var sb strings.Builder
-	sb.WriteString("\n### shim_memory (berth-shim, per pod)\n\n| case | PSS KiB | Pss_Anon KiB | Pss_File KiB | RSS KiB | PSS KiB per container |\n|---|---:|---:|---:|---:|---:|\n")
+	sb.WriteString("\n### shim_memory (berth-shim, per pod)\n\n| case | PSS KiB | Pss_Anon KiB | Pss_File KiB | RSS KiB | PSS KiB per container | threads |\n|---|---:|---:|---:|---:|---:|---:|\n")
 	for _, r := range rows {
-		fmt.Fprintf(&sb, "| %s | %.0f | %.0f | %.0f | %.0f | %.0f |\n", r.Case, r.PssKiB, r.AnonKiB, r.FileKiB, r.RssKiB, r.PerCtrKiB)
+		fmt.Fprintf(&sb, "| %s | %.0f | %.0f | %.0f | %.0f | %.0f | %.1f |\n", r.Case, r.PssKiB, r.AnonKiB, r.FileKiB, r.RssKiB, r.PerCtrKiB, r.Threads)
+	}
+	sb.WriteString("\nPSS KiB per pod by mapping (/proc/PID/smaps):\n\n| case |")
+	for _, k := range smapsClasses {
+		sb.WriteString(" " + k + " |")
+	}
+	sb.WriteString("\n|---|" + strings.Repeat("---:|", len(smapsClasses)) + "\n")
+	for _, r := range rows {
+		sb.WriteString("| " + r.Case + " |")
+		for _, k := range smapsClasses {
+			fmt.Fprintf(&sb, " %.0f |", r.Mappings[k])
+		}
+		sb.WriteString("\n")
 	}
 	fmt.Print(sb.String())
 	if dir := os.Getenv("BENCH_OUT"); dir != "" {
@@ -271,6 +303,68 @@ func BenchmarkShimMemory(b *testing.B) {
 			b.Fatal(err)
 		}
 	}
+}
+
+// smapsClasses are the columns of the per-mapping table, in the order a
+// static Go binary maps them.
+var smapsClasses = []string{"text+rodata", ".data", ".bss", "heap arena", "runtime metadata", "stack", "other"}
+
+// smapsByMapping sums the Pss of pid's mappings by what they hold, for a
+// static (CGO_ENABLED=0) Go binary: the binary's read-only pages (text,
+// rodata: shared between shims), its written .data (copy-on-write, so
+// private), the anonymous mapping right after it (.bss and .noptrbss), the
+// heap arena (objects and every goroutine's and thread's stack), the
+// runtime's other anonymous mappings (span and arena metadata, GC bitmaps,
+// persistentalloc chunks) and the main thread's stack.
+func smapsByMapping(b *testing.B, pid int) map[string]float64 {
+	data, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/smaps")
+	if err != nil {
+		b.Fatal(err)
+	}
+	out := map[string]float64{}
+	class, prevBinary := "", false
+	for _, line := range strings.Split(string(data), "\n") {
+		f := strings.Fields(line)
+		if len(f) == 0 {
+			continue
+		}
+		if !strings.HasSuffix(f[0], ":") { // a mapping's header: range perms offset dev inode [path]
+			lo, _, _ := strings.Cut(f[0], "-")
+			addr, _ := strconv.ParseUint(lo, 16, 64)
+			perms, path := f[1], ""
+			if len(f) >= 6 {
+				path = f[5]
+			}
+			isBinary := strings.HasSuffix(path, "/berth-shim")
+			switch {
+			case isBinary && strings.HasPrefix(perms, "rw"):
+				class = ".data"
+			case isBinary:
+				class = "text+rodata"
+			case path == "" && prevBinary:
+				class = ".bss"
+			case path == "" && addr < 0x7f0000000000:
+				// Go places its heap arenas at hinted addresses (since
+				// Go 1.26 at a random base) far below where the kernel
+				// puts unhinted mappings (0x7f...), the runtime's
+				// metadata among them.
+				class = "heap arena"
+			case path == "":
+				class = "runtime metadata"
+			case path == "[stack]":
+				class = "stack"
+			default:
+				class = "other"
+			}
+			prevBinary = isBinary
+			continue
+		}
+		if f[0] == "Pss:" && len(f) == 3 {
+			v, _ := strconv.ParseFloat(f[1], 64)
+			out[class] += v
+		}
+	}
+	return out
 }
 
 func smapsRollup(b *testing.B, pid int) map[string]float64 {

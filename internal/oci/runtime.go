@@ -14,7 +14,6 @@ import (
 	"os"
 	"os/exec"
 	"strconv"
-	"strings"
 	"syscall"
 	"time"
 
@@ -93,31 +92,9 @@ func (r *Runtime) Create(ctx context.Context, id string, o CreateOpts) error {
 	}
 	defer closeNull()
 	if err := r.run(ctx, id, args, o.Stdin, o.Stdout, stderr); err != nil {
-		if msg := lastLogError(logPath); msg != "" && !strings.Contains(err.Error(), msg) {
-			return fmt.Errorf("%w: %s", err, msg)
-		}
-		return err
+		return ocicli.WithLogError(err, logPath)
 	}
 	return nil
-}
-
-// lastLogError returns the error messages a runtime wrote to its JSON log.
-func lastLogError(path string) string {
-	data, err := os.ReadFile(path)
-	if err != nil {
-		return ""
-	}
-	var msgs []string
-	for _, line := range bytes.Split(data, []byte("\n")) {
-		var e struct {
-			Level string `json:"level"`
-			Msg   string `json:"msg"`
-		}
-		if json.Unmarshal(line, &e) == nil && (e.Level == "error" || e.Level == "fatal") {
-			msgs = append(msgs, e.Msg)
-		}
-	}
-	return strings.Join(msgs, "; ")
 }
 
 // Start lets a created container's init exec the process.

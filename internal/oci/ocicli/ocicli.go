@@ -6,6 +6,7 @@
 package ocicli
 
 import (
+	"bytes"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -13,6 +14,7 @@ import (
 	"strings"
 
 	"github.com/berthcri/berth/internal/errdefs"
+	"github.com/berthcri/berth/internal/shim/proto"
 )
 
 // Args is the command line of one runtime call: the binary, its state
@@ -102,4 +104,40 @@ func subcommand(args []string) string {
 		}
 	}
 	return "?"
+}
+
+// WithLogError adds to err, the failure of a runtime call that logged to
+// logPath (CreateArgs), the error messages the runtime wrote there, unless
+// err already says them: runc's exit status alone names no cause.
+func WithLogError(err error, logPath string) error {
+	if msg := LastLogError(logPath); msg != "" && !strings.Contains(err.Error(), msg) {
+		return fmt.Errorf("%w: %s", err, msg)
+	}
+	return err
+}
+
+// LastLogError returns the error and fatal messages a runtime wrote to its
+// JSON log, joined by "; ". It parses with the shim protocol's codec, not
+// encoding/json, which the shim does not link.
+func LastLogError(path string) string {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return ""
+	}
+	var msgs []string
+	for _, line := range bytes.Split(data, []byte("\n")) {
+		var level, msg string
+		err := proto.StringFields(line, func(key, value string) {
+			switch key {
+			case "level":
+				level = value
+			case "msg":
+				msg = value
+			}
+		})
+		if err == nil && (level == "error" || level == "fatal") {
+			msgs = append(msgs, msg)
+		}
+	}
+	return strings.Join(msgs, "; ")
 }

@@ -2,6 +2,8 @@ package ocicli
 
 import (
 	"errors"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -29,5 +31,20 @@ func TestCreateArgs(t *testing.T) {
 	want := "runc --root /r --systemd-cgroup --log /b/runtime.log --log-format json create --bundle /b --pid-file /b/pid c1"
 	if strings.Join(args, " ") != want || logPath != "/b/runtime.log" {
 		t.Fatalf("got %q %q", args, logPath)
+	}
+}
+
+func TestLastLogErrorReadsRuntimeJSONLog(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "runtime.log")
+	log := `{"level":"info","msg":"starting","time":"2026-11-22T06:45:00Z"}
+{"level":"error","msg":"exec: \"nope\": executable file not found in $PATH","time":"2026-11-22T06:45:01Z"}
+not json
+{"level":"fatal","msg":"boom"}
+`
+	if err := os.WriteFile(path, []byte(log), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if got, want := LastLogError(path), `exec: "nope": executable file not found in $PATH; boom`; got != want {
+		t.Fatalf("got %q, want %q", got, want)
 	}
 }

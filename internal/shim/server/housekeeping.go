@@ -2,16 +2,16 @@ package server
 
 import (
 	"os"
+	"runtime"
 	"runtime/debug"
-	"runtime/metrics"
-	"strconv"
-	"strings"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // housekeepingInterval is how often the shim reaps orphans (children it
 // never started, reparented to it), drops waits whose clients went away
-// and checks whether garbage (from attach streams) calls for a trim.
+// and checks whether its memory grew enough to call for a trim.
 const housekeepingInterval = 5 * time.Second
 
 // trimDelay is how long after the last request the shim gives its free
@@ -19,14 +19,18 @@ const housekeepingInterval = 5 * time.Second
 // per pod), and a burst of requests should not pay for a GC each.
 const trimDelay = 500 * time.Millisecond
 
-// trimMinGarbage is how much must have been allocated since the last trim
-// for another to be worth it. A shim's first GC cycle alone makes ~0.3 MiB
-// of runtime metadata resident for good (span set blocks for every size
-// class in use, mark bit arenas: decision 0303), more than a pod's worth of
-// garbage, so the shim collects only once real garbage piled up: a pod
-// with a few containers never pays for a GC, a pod whose containers keep
-// restarting is bounded at ~this much garbage.
-const trimMinGarbage = 256 << 10
+// trimMinGrowth is how much the shim's anonymous resident memory must have
+// grown since the last trim (or since Listen, before any container) for a
+// trim to be worth it. A shim's first GC cycle alone makes ~0.3 MiB of runtime
+// metadata resident for good (span set blocks for every size class in use,
+// mark bit arenas: decision 0303), more than a pod's worth of garbage, so
+// the shim collects only once real growth piled up: a pod with a few
+// containers never pays for a GC, a pod whose containers keep restarting is
+// bounded at ~this much garbage. Growth, not allocation, is the measure
+// (decision 1700): garbage that lands in pages already resident costs
+// nothing, and reading the kernel's counter keeps runtime/metrics (and the
+// ~30-60 KiB its tables make resident) out of the shim.
+const trimMinGrowth = 256 << 10
 
 // startHousekeeping runs housekeep every housekeepingInterval until the
 // returned stop is called. A timer, not a goroutine: nothing waits.
@@ -58,43 +62,99 @@ func (s *Server) scheduleTrim() {
 	s.trim.Reset(trimDelay)
 }
 
-// trimNow collects and returns free memory when enough garbage piled up.
-// It reads the allocation counter through runtime/metrics, never
-// runtime.ReadMemStats: that flushes every cached span into the central
-// span sets, which allocates their blocks for each size class in use
-// (~0.3 MiB that stay resident), the very cost a GC has.
+// trimNow collects and returns free memory when the shim's anonymous
+// resident memory grew by trimMinGrowth since the last trim, or since
+// Listen (which takes the baseline before any container; without it the
+// first call does). It never calls runtime.ReadMemStats: that
+// flushes every cached span into the central span sets, which allocates
+// their blocks for each size class in use (~0.3 MiB that stay resident),
+// the very cost a GC has.
 func (s *Server) trimNow() {
 	s.trimMu.Lock()
 	defer s.trimMu.Unlock()
-	allocs := s.allocs[:]
-	allocs[0].Name = "/gc/heap/allocs:bytes"
-	metrics.Read(allocs)
-	if n := allocs[0].Value.Uint64(); n-s.trimmedAt >= trimMinGarbage {
-		debug.FreeOSMemory()
-		metrics.Read(allocs)
-		s.trimmedAt = allocs[0].Value.Uint64()
+	anon, ok := s.statm.anonResident()
+	if ok {
+		switch {
+		case s.trimmedAt == 0:
+			s.trimmedAt = anon
+		case anon >= s.trimmedAt+trimMinGrowth:
+			debug.FreeOSMemory()
+			if anon, ok = s.statm.anonResident(); ok {
+				s.trimmedAt = anon
+			}
+		}
 	}
 	if os.Getenv("BERTH_SHIM_MEMSTATS") != "" {
-		s.logMemStats()
+		s.logMemStats(anon)
 	}
 }
 
-// logMemStats is a debugging aid for the memory budget (decision 0303).
-func (s *Server) logMemStats() {
-	names := []string{"/gc/heap/allocs:bytes", "/memory/classes/heap/objects:bytes", "/memory/classes/heap/stacks:bytes",
-		"/memory/classes/metadata/other:bytes", "/memory/classes/total:bytes", "/gc/cycles/total:gc-cycles", "/sched/goroutines:goroutines"}
-	samples := make([]metrics.Sample, len(names))
-	for i, n := range names {
-		samples[i].Name = n
+// statm reads the process's resident memory from /proc/self/statm. The
+// file is opened on first use and kept (re-read with pread at offset 0):
+// opening it by name each time would allocate.
+type statm struct {
+	opened bool
+	fd     int // -1: cannot be opened
+	buf    [128]byte
+}
+
+// open opens the file once; Listen's first read opens it, so that the
+// shim's fds are all open by the time it serves.
+func (m *statm) open() {
+	if m.opened {
+		return
 	}
-	metrics.Read(samples)
-	var b strings.Builder
-	b.WriteString("memstats")
-	for _, sm := range samples {
-		if sm.Value.Kind() == metrics.KindUint64 {
-			b.WriteString(" " + sm.Name + "=" + strconv.FormatUint(sm.Value.Uint64(), 10))
+	fd, err := unix.Open("/proc/self/statm", unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		fd = -1
+	}
+	m.fd, m.opened = fd, true
+}
+
+// anonResident returns the anonymous resident memory in bytes: resident
+// minus shared (file-backed and shmem) pages.
+func (m *statm) anonResident() (uint64, bool) {
+	m.open()
+	if m.fd < 0 {
+		return 0, false
+	}
+	n, err := unix.Pread(m.fd, m.buf[:], 0)
+	if err != nil || n <= 0 {
+		return 0, false
+	}
+	return parseStatm(m.buf[:n])
+}
+
+// parseStatm reads "size resident shared text lib data dt" (pages) and
+// returns (resident - shared) in bytes.
+func parseStatm(b []byte) (uint64, bool) {
+	var fields [3]uint64
+	i := 0
+	for f := range fields {
+		for i < len(b) && b[i] == ' ' {
+			i++
+		}
+		start := i
+		for i < len(b) && b[i] >= '0' && b[i] <= '9' {
+			fields[f] = fields[f]*10 + uint64(b[i]-'0')
+			i++
+		}
+		if i == start {
+			return 0, false
 		}
 	}
+	resident, shared := fields[1], fields[2]
+	if shared > resident {
+		return 0, false
+	}
+	return (resident - shared) * uint64(unix.Getpagesize()), true
+}
+
+// logMemStats is a debugging aid for the memory budget (decisions 0303,
+// 1700). It reads nothing from the runtime that would change what it
+// measures; hack/go-heap-spans.py (gdb) splits a live shim's heap by size
+// class and stack.
+func (s *Server) logMemStats(anon uint64) {
 	task, _ := os.ReadDir("/proc/self/task")
-	s.logf("%s threads=%d", b.String(), len(task))
+	s.logf("memstats anon_resident_kib=%d threads=%d goroutines=%d", anon>>10, len(task), runtime.NumGoroutine())
 }

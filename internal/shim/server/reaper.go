@@ -136,17 +136,29 @@ func (r *reaper) watch(pid int) (<-chan unix.WaitStatus, *os.File, error) {
 	return r.watchLocked(pid)
 }
 
-// lookPath finds bin in PATH unless it names a path already.
+// lookPath finds bin in PATH unless it names a path already. It runs for
+// every runtime call, so it stats into a stack Stat_t rather than through
+// os.Stat and walks PATH without splitting it: each os.Stat result is a
+// 208-byte object, and a lookup through a long PATH made enough of them to
+// keep a span of that size class resident in every shim (decision 1700).
 func lookPath(bin string) (string, error) {
 	if strings.Contains(bin, "/") {
 		return bin, nil
 	}
-	for _, dir := range filepath.SplitList(os.Getenv("PATH")) {
+	path := os.Getenv("PATH")
+	for path != "" {
+		dir := path
+		if i := strings.IndexByte(path, ':'); i >= 0 {
+			dir, path = path[:i], path[i+1:]
+		} else {
+			path = ""
+		}
 		if dir == "" {
 			dir = "."
 		}
 		p := filepath.Join(dir, bin)
-		if st, err := os.Stat(p); err == nil && st.Mode().IsRegular() && st.Mode()&0o111 != 0 {
+		var st unix.Stat_t
+		if unix.Stat(p, &st) == nil && st.Mode&unix.S_IFMT == unix.S_IFREG && st.Mode&0o111 != 0 {
 			return p, nil
 		}
 	}

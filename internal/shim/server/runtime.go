@@ -1,17 +1,14 @@
 package server
 
 import (
-	"bytes"
 	"errors"
 	"fmt"
 	"os"
 	"strconv"
-	"strings"
 	"syscall"
 
 	"github.com/berthcri/berth/internal/errdefs"
 	"github.com/berthcri/berth/internal/oci/ocicli"
-	"github.com/berthcri/berth/internal/shim/proto"
 )
 
 // ociRuntime drives the OCI runtime CLI (runc, crun) for the shim: create,
@@ -57,36 +54,9 @@ func (r *ociRuntime) create(id string, o createOpts) error {
 	}
 	defer closeNull()
 	if err := r.run(id, args, o.stdin, o.stdout, stderr); err != nil {
-		if msg := lastLogError(logPath); msg != "" && !strings.Contains(err.Error(), msg) {
-			return fmt.Errorf("%w: %s", err, msg)
-		}
-		return err
+		return ocicli.WithLogError(err, logPath)
 	}
 	return nil
-}
-
-// lastLogError returns the error messages a runtime wrote to its JSON log.
-func lastLogError(path string) string {
-	data, err := os.ReadFile(path)
-	if err != nil {
-		return ""
-	}
-	var msgs []string
-	for _, line := range bytes.Split(data, []byte("\n")) {
-		var level, msg string
-		err := proto.StringFields(line, func(key, value string) {
-			switch key {
-			case "level":
-				level = value
-			case "msg":
-				msg = value
-			}
-		})
-		if err == nil && (level == "error" || level == "fatal") {
-			msgs = append(msgs, msg)
-		}
-	}
-	return strings.Join(msgs, "; ")
 }
 
 // start lets a created container's init exec the process.

@@ -16,7 +16,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"runtime/metrics"
 	"sync"
 	"time"
 
@@ -41,8 +40,8 @@ type Server struct {
 
 	trim      *time.Timer // returns freed heap to the kernel once things settle
 	trimMu    sync.Mutex
-	trimmedAt uint64            // bytes allocated (ever) at the last trim
-	allocs    [1]metrics.Sample // reused: reading it allocates nothing
+	trimmedAt uint64 // anonymous resident bytes after the last trim (0: no baseline yet)
+	statm     statm  // reused: reading it allocates nothing
 }
 
 // NewServer prepares a shim serving the pod whose state dir is dir.
@@ -61,6 +60,10 @@ func (s *Server) Listen() error {
 		return fmt.Errorf("listen on %s: %w", proto.SocketPath(s.dir), err)
 	}
 	s.ln = ln
+	// The trim's baseline is the shim before any container (trimNow).
+	s.trimMu.Lock()
+	s.trimmedAt, _ = s.statm.anonResident()
+	s.trimMu.Unlock()
 	return nil
 }
 
