@@ -5,6 +5,7 @@
 #   make conformance  critest against a private berthd (not part of make test)
 #   make e2e-node     the Kubernetes node e2e suite against a private berthd
 #                     (not part of make test; docs/conformance.md)
+#   make test-kubelet the kubelet test alone (part of make test), verbose
 #   make k8s-bins     build the kubelet, e2e_node.test, agnhost, ginkgo, critest
 #                     and crictl from test/k8s into a cache; prints the directory
 GO        ?= go
@@ -16,10 +17,15 @@ STATICCHECK_VERSION := v0.8.2
 ARGS      ?=
 # go test flags for make test, e.g. TESTFLAGS="-run TestImage -v".
 TESTFLAGS ?=
+# The criu the checkpoint/restore tests and benchmarks run: the one CI
+# copies beside the checkout (../shared/tools/criu; Debian's criu fails on
+# these machines' kernels), put first on PATH when present.
+CRIU_DIR  ?= $(abspath $(CURDIR)/../shared/tools/criu)
+TEST_PATH := $(if $(wildcard $(CRIU_DIR)/criu),$(CRIU_DIR):)$(PATH)
 # How long make test fuzzes each target (their corpora also run as tests).
 FUZZTIME  ?= 10s
 
-.PHONY: all build run test fuzz lint deps test-deps bench clean k8s-bins conformance e2e-node
+.PHONY: all build run test fuzz lint deps test-deps bench clean k8s-bins conformance e2e-node test-kubelet
 
 all: build
 
@@ -47,9 +53,14 @@ lint:
 	  if [ -n "$$unformatted" ]; then echo "gofmt needed:"; echo "$$unformatted"; exit 1; fi
 
 test: test-deps lint build
-	BERTHD_BIN=$(BIN)/berthd BERTH_BIN_DIR=$(BIN) $(GO) test -count=1 -timeout 60m $(TESTFLAGS) ./...
+	PATH="$(TEST_PATH)" BERTHD_BIN=$(BIN)/berthd BERTH_BIN_DIR=$(BIN) $(GO) test -count=1 -timeout 60m $(TESTFLAGS) ./...
 	cd bench && $(GO) test -count=1 $(TESTFLAGS) ./...
 	$(MAKE) fuzz
+
+# The kubelet test alone (docs/kubelet.md): a real kubelet, built by
+# hack/k8s-bins.sh, runs static pods on a private berthd.
+test-kubelet: test-deps build
+	BERTHD_BIN=$(BIN)/berthd BERTH_BIN_DIR=$(BIN) $(GO) test -count=1 -timeout 30m -v $(TESTFLAGS) ./test/kubelet/
 
 # Bounded fuzzing of the CRI→OCI translation, the CRI log writer and the
 # shim protocol's decoder (both sides use it); a crash found here lands in
@@ -63,7 +74,7 @@ fuzz:
 bench: build
 	hack/install-deps.sh bench
 	mkdir -p bench/out
-	cd bench && BERTHD_BIN=$(BIN)/berthd BERTH_BIN_DIR=$(BIN) BENCH_OUT=$(CURDIR)/bench/out \
+	cd bench && PATH="$(TEST_PATH)" BERTHD_BIN=$(BIN)/berthd BERTH_BIN_DIR=$(BIN) BENCH_OUT=$(CURDIR)/bench/out \
 	  $(GO) test -count=1 -timeout 60m -run '^$$' -bench . -benchtime 1x ./...
 
 # Kubernetes programs from the Go module proxy (test/k8s has its own go.mod),

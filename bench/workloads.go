@@ -198,6 +198,106 @@ func Workloads(image, multiLayerImage string, floors *Floors) []Workload {
 			Teardown: func(ctx context.Context, ep *Endpoint, st any) { removePod(ctx, ep, st.(*podState).id) },
 		},
 		{
+			// The kubelet creates containers while others are being
+			// removed (rollouts, jobs). Before decision 1500 every removal
+			// collected image garbage under the image store's lock, which
+			// every create also takes. removalBacklog containers stay
+			// created for the whole series, as on a busy node: each
+			// collection read all their leases.
+			Name: "container create under parallel removal", Samples: 30,
+			Setup: func(ctx context.Context, ep *Endpoint) (any, error) {
+				pc := podConfig(ep, "pr")
+				r, err := ep.Runtime.RunPodSandbox(ctx, &criapi.RunPodSandboxRequest{Config: pc})
+				if err != nil {
+					return nil, unsupported(err)
+				}
+				st := &podState{id: r.PodSandboxId, cfg: pc}
+				for c := 0; c < removalBacklog; c++ {
+					if _, err := ep.Runtime.CreateContainer(ctx, &criapi.CreateContainerRequest{
+						PodSandboxId: st.id, Config: containerConfig(image, "sleep", "3600"), SandboxConfig: pc}); err != nil {
+						return st, unsupported(err)
+					}
+				}
+				return st, nil
+			},
+			Sample: func(ctx context.Context, ep *Endpoint, st any, i int) (map[string]time.Duration, error) {
+				pod := st.(*podState)
+				create := func() (string, error) {
+					r, err := ep.Runtime.CreateContainer(ctx, &criapi.CreateContainerRequest{
+						PodSandboxId: pod.id, Config: containerConfig(image, "sleep", "3600"), SandboxConfig: pod.cfg})
+					if err != nil {
+						return "", unsupported(err)
+					}
+					return r.ContainerId, nil
+				}
+				remove := func(id string) error {
+					_, err := ep.Runtime.RemoveContainer(ctx, &criapi.RemoveContainerRequest{ContainerId: id})
+					return err
+				}
+				victims := make([]string, parallelRemovals)
+				for v := range victims {
+					id, err := create()
+					if err != nil {
+						return nil, err
+					}
+					victims[v] = id
+				}
+				// Creates follow each other for as long as the removals
+				// run; the sample is their mean latency.
+				var wg sync.WaitGroup
+				errs := make([]error, len(victims))
+				removing := make(chan struct{})
+				for v, id := range victims {
+					wg.Add(1)
+					go func() {
+						defer wg.Done()
+						errs[v] = remove(id)
+					}()
+				}
+				go func() { wg.Wait(); close(removing) }()
+				var created []string
+				var total time.Duration
+				var err error
+				for done := false; !done && err == nil; {
+					var id string
+					var d time.Duration
+					d, err = timed(func() error {
+						var err error
+						id, err = create()
+						return err
+					})
+					if err == nil {
+						created = append(created, id)
+						total += d
+					}
+					select {
+					case <-removing:
+						done = true
+					default:
+					}
+				}
+				<-removing
+				for _, id := range created {
+					if rerr := remove(id); rerr != nil && err == nil {
+						err = rerr
+					}
+				}
+				if err != nil {
+					return nil, err
+				}
+				if err := errors.Join(errs...); err != nil {
+					return nil, err
+				}
+				d := total / time.Duration(len(created))
+				return map[string]time.Duration{fmt.Sprintf("CreateContainer (mean while %d are removed in parallel)", parallelRemovals): d}, nil
+			},
+			Teardown: func(ctx context.Context, ep *Endpoint, st any) {
+				if st != nil {
+					removePod(ctx, ep, st.(*podState).id)
+				}
+			},
+		},
+		{
 			Name: "pod start end to end", Samples: 30,
 			Sample: func(ctx context.Context, ep *Endpoint, _ any, i int) (map[string]time.Duration, error) {
 				var podID string
@@ -299,6 +399,13 @@ func Workloads(image, multiLayerImage string, floors *Floors) []Workload {
 		},
 	}
 }
+
+// The parallel-removal series: containers removed while one is created,
+// and containers that stay created throughout.
+const (
+	parallelRemovals = 8
+	removalBacklog   = 100
+)
 
 type podState struct {
 	id, ctr string

@@ -2,7 +2,9 @@
 # Installs the Debian packages berth needs when they are missing.
 #   hack/install-deps.sh run    what berthd needs: runc, CNI plugins, iptables
 #   hack/install-deps.sh test   also what the tests need: busybox-static,
-#                               apparmor (apparmor_parser compiles the default profile)
+#                               apparmor (apparmor_parser compiles the default profile),
+#                               the libraries of ../shared/tools/criu when it is there
+#                               (checkpoint/restore tests; its README lists them)
 #   hack/install-deps.sh bench  also the reference runtime: containerd
 #   hack/install-deps.sh conformance  also a static C toolchain (the critest
 #                               stand-in registry's helpers)
@@ -29,6 +31,15 @@ if [ "${1:-run}" != run ] && [ ! -x /bin/busybox ]; then
 fi
 if [ "${1:-run}" = conformance ] && [ -z "$(find /usr/lib -name libc.a -print -quit 2>/dev/null)" ]; then
   missing+=(libc6-dev)
+fi
+# The criu provided beside the checkout links these (its README says so).
+criu_dir="$(cd "$(dirname "$0")/.." && pwd)/../shared/tools/criu"
+if [ "${1:-run}" = test ] || [ "${1:-run}" = bench ]; then
+  if [ -x "$criu_dir/criu" ]; then
+    for pkg in libprotobuf-c1 libnl-3-200 libnet1 libnftables1 libbsd0 libgnutls30; do
+      dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
+    done
+  fi
 fi
 if [ ! -x /usr/lib/cni/bridge ] && [ ! -x /opt/cni/bin/bridge ]; then
   missing+=("$cni_plugins")

@@ -23,6 +23,7 @@ const (
 	DefaultState             = "/run/berth"
 	DefaultConfigPath        = "/etc/berth/berth.toml"
 	DefaultRuntime           = "runc"
+	DefaultCRIU              = "criu"
 	DefaultCNIConfDir        = "/etc/cni/net.d"
 	DefaultRegistryConfigDir = "/etc/berth/certs.d"
 	DefaultStreamingAddress  = "127.0.0.1:0"
@@ -47,6 +48,9 @@ type Config struct {
 	State string `toml:"state" json:"state"`
 	// Runtime is the default OCI runtime binary (name in PATH or a path).
 	Runtime string `toml:"runtime" json:"runtime"`
+	// CRIU is the criu binary (name in PATH or a path) for checkpoint and
+	// restore (docs/checkpoint.md).
+	CRIU string `toml:"criu" json:"criu"`
 	// DefaultRuntimeHandler names the handler used when a sandbox asks for none.
 	DefaultRuntimeHandler string `toml:"default_runtime_handler" json:"default_runtime_handler"`
 	// RuntimeHandlers maps CRI runtime_handler names to OCI runtimes.
@@ -187,6 +191,7 @@ func Default() *Config {
 		Root:                  DefaultRoot,
 		State:                 DefaultState,
 		Runtime:               DefaultRuntime,
+		CRIU:                  DefaultCRIU,
 		DefaultRuntimeHandler: DefaultRuntimeHandler,
 		RuntimeHandlers:       map[string]RuntimeHandler{},
 		CNIConfDir:            DefaultCNIConfDir,

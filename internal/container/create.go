@@ -46,6 +46,10 @@ type CreateRequest struct {
 	// StopSignal is the config's stop signal by name (KEP-4960); ""
 	// means the image's.
 	StopSignal string
+	// Restore, when set, makes a container restored from a checkpoint:
+	// its rootfs gets the checkpoint's diff, and its start restores the
+	// checkpointed processes instead of starting the config's.
+	Restore *Restore
 }
 
 // Draft is a container being created: its name is reserved, its image
@@ -127,6 +131,11 @@ func (s *Store) Prepare(ctx context.Context, req CreateRequest) (_ *Draft, retEr
 	}
 	if d.Rootfs.IDMapped, err = s.mounts.IDMapped(d.dir, cfg.GetMounts(), req.UserNS); err != nil {
 		return nil, err
+	}
+	if req.Restore != nil {
+		if err := d.prepareRestore(); err != nil {
+			return nil, err
+		}
 	}
 	return d, nil
 }
@@ -259,6 +268,9 @@ func (d *Draft) runtimeCreate(ctx context.Context, sh Shim) error {
 		Bundle: d.dir, LogPath: d.req.LogPath,
 		Runtime: shim.Runtime{Binary: d.runtime.Binary, Root: d.runtime.Root, Options: d.runtime.Options},
 		Stdin:   cfg.GetStdin(), StdinOnce: cfg.GetStdinOnce(), Terminal: cfg.GetTty(),
+	}
+	if rs := d.req.Restore; rs != nil {
+		cr.Restore, cr.CRIU = restoreImages(d.dir), rs.CRIU
 	}
 	err := sh.Create(ctx, d.ID, cr)
 	if errors.Is(err, errdefs.ErrUnavailable) {

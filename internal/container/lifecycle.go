@@ -39,10 +39,14 @@ func (s *Store) Start(ctx context.Context, id string) (*Container, error) {
 	startedAt := time.Now().UTC()
 	s.opts.Faults.Hit(fault.ContainerBeforeRuncStart, "pod", r.PodID, "container", r.ID)
 	sh := s.shims.Pod(r.PodID)
-	if _, err := sh.Start(ctx, r.ID); err != nil {
+	st, err := sh.Start(ctx, r.ID)
+	if err != nil {
 		// A failed start leaves the container exited, as in containerd.
 		s.failStart(e, err.Error())
 		return nil, fmt.Errorf("start container %s: %w", r.ID, err)
+	}
+	if st != nil && st.Pid != 0 {
+		r.Pid = st.Pid // a restored container's process exists only now
 	}
 	s.opts.Faults.Hit(fault.ContainerAfterRuncStart, "pod", r.PodID, "container", r.ID)
 	r.State, r.StartedAt = StateRunning, startedAt
@@ -53,6 +57,12 @@ func (s *Store) Start(ctx context.Context, id string) (*Container, error) {
 		r.StartedAt = time.Time{}
 		s.failStart(e, "started, but the record could not say so: "+err.Error())
 		return nil, fmt.Errorf("start container %s: %w", r.ID, err)
+	}
+	if r.Restored {
+		// The processes are back: their images are not needed again.
+		if err := os.RemoveAll(restoreImages(s.dir(r.ID))); err != nil {
+			s.log.Warn("remove restored checkpoint images", "container", r.ID, "err", err)
+		}
 	}
 	s.emit(EventStarted, e)
 	s.foldExit(e) // it may be done already; else the watcher sees the exit

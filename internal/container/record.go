@@ -94,6 +94,10 @@ type Container struct {
 	Stdin     bool                             `json:"stdin,omitempty"`
 	StdinOnce bool                             `json:"stdin_once,omitempty"`
 
+	// Restored is set for a container created from a checkpoint: its
+	// start restores the checkpointed processes.
+	Restored bool `json:"restored,omitempty"`
+
 	State      State     `json:"state"`
 	Pid        int       `json:"pid,omitempty"`
 	CreatedAt  time.Time `json:"created_at"`
@@ -117,7 +121,7 @@ func newRecord(id string, req CreateRequest, img *image.Image, vols []imageVolum
 		LogPath: req.LogPath, Runtime: req.Runtime,
 		Resources: cfg.GetLinux().GetResources(),
 		Terminal:  cfg.GetTty(), Stdin: cfg.GetStdin(), StdinOnce: cfg.GetStdinOnce(),
-		State: StateCreated, CreatedAt: createdAt,
+		State: StateCreated, CreatedAt: createdAt, Restored: req.Restore != nil,
 	}
 	if len(img.RepoTags) > 0 {
 		c.ImageName = img.RepoTags[0]

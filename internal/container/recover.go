@@ -97,6 +97,9 @@ func (s *Store) rollForwardStart(ctx context.Context, e *entry) {
 	if st.Pid > 0 {
 		r.Pid = st.Pid
 	}
+	if r.Restored {
+		_ = os.RemoveAll(restoreImages(s.dir(r.ID))) // restored: not needed again
+	}
 	s.log.Warn("container was started just before berthd stopped; recording it running", "pod", r.PodID, "container", r.ID)
 	if err := saveRecord(s.dir(r.ID), r); err != nil {
 		s.log.Warn("save started record", "container", r.ID, "err", err)

@@ -16,11 +16,15 @@ func (s *Store) Spec(id string) (*specs.Spec, error) {
 	if err != nil {
 		return nil, err
 	}
-	full := e.snap.Load().ID // never waits on a busy container
-	path := filepath.Join(s.dir(full), "config.json")
+	return readSpec(s.dir(e.snap.Load().ID)) // never waits on a busy container
+}
+
+// readSpec reads the bundle's config.json in a container's directory.
+func readSpec(dir string) (*specs.Spec, error) {
+	path := filepath.Join(dir, "config.json")
 	data, err := os.ReadFile(path)
 	if err != nil {
-		return nil, fmt.Errorf("read spec of %s: %w", full, err)
+		return nil, fmt.Errorf("read spec of %s: %w", filepath.Base(dir), err)
 	}
 	var spec specs.Spec
 	if err := json.Unmarshal(data, &spec); err != nil {

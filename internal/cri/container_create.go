@@ -22,6 +22,17 @@ import (
 // its spec, NRI plugins adjust it, and the store commits it (bundle,
 // runtime create, record).
 func (s *Service) CreateContainer(ctx context.Context, req *runtime.CreateContainerRequest) (*runtime.CreateContainerResponse, error) {
+	c, err := s.createContainer(ctx, req, nil)
+	if err != nil {
+		return nil, err
+	}
+	return &runtime.CreateContainerResponse{ContainerId: c.ID}, nil
+}
+
+// createContainer is CreateContainer, also for RestorePod: with restore
+// set, the container is restored from a checkpoint at its start and its
+// spec is checked against the checkpoint's before anything runs.
+func (s *Service) createContainer(ctx context.Context, req *runtime.CreateContainerRequest, restore *restoreInput) (*container.Container, error) {
 	cfg := req.GetConfig()
 	switch {
 	case req.GetPodSandboxId() == "":
@@ -63,10 +74,14 @@ func (s *Service) CreateContainer(ctx context.Context, req *runtime.CreateContai
 		podUserNS = &container.UserNS{Path: sb.UserNSPath, Mapping: *sb.UserNS}
 	}
 	// Name, shim, image and mounts; undone on any failure below.
-	draft, err := s.containers.Prepare(ctx, container.CreateRequest{
+	creq := container.CreateRequest{
 		PodID: sb.ID, Runtime: handler, Config: cfg, LogPath: logPath, UserNS: podUserNS,
 		StopSignal: stopSignal,
-	})
+	}
+	if restore != nil {
+		creq.Restore = &restore.Restore
+	}
+	draft, err := s.containers.Prepare(ctx, creq)
 	if err != nil {
 		return nil, toStatus(err)
 	}
@@ -74,6 +89,11 @@ func (s *Service) CreateContainer(ctx context.Context, req *runtime.CreateContai
 	spec, err := s.containerSpec(sb, sbCfg, handler, cfg, draft)
 	if err != nil {
 		return nil, toStatus(err)
+	}
+	if restore != nil {
+		if err := restore.check(draft, spec); err != nil {
+			return nil, toStatus(err)
+		}
 	}
 	// NRI plugins see (and may adjust) the finished spec before the
 	// runtime creates the container and before it is visible.
@@ -89,7 +109,7 @@ func (s *Service) CreateContainer(ctx context.Context, req *runtime.CreateContai
 		return nil, toStatus(err)
 	}
 	s.nri.PostCreateContainer(ctx, c)
-	return &runtime.CreateContainerResponse{ContainerId: c.ID}, nil
+	return c, nil
 }
 
 // containerSpec builds the OCI spec of a prepared container.

@@ -18,8 +18,12 @@ func toCRIImage(img *image.Image) *runtime.Image {
 		RepoTags:    img.RepoTags,
 		RepoDigests: img.RepoDigests,
 		Size:        img.Size,
-		Spec:        &runtime.ImageSpec{Image: img.ID},
-		Pinned:      img.Pinned,
+		// No runtime_handler: the image is every handler's. The kubelet
+		// (RuntimeClassInImageCriApi) keys images by ID and this field and
+		// in-use images by their containers' image spec, which names no
+		// handler either, so the two keys agree.
+		Spec:   &runtime.ImageSpec{Image: img.ID},
+		Pinned: img.Pinned,
 	}
 	if img.Config != nil {
 		user, _, _ := strings.Cut(img.Config.Config.User, ":")

@@ -12,6 +12,9 @@ import (
 // list to the image it names (none when it names nothing).
 func (s *Service) ListImages(ctx context.Context, req *runtime.ListImagesRequest) (*runtime.ListImagesResponse, error) {
 	resp := &runtime.ListImagesResponse{Images: []*runtime.Image{}}
+	if err := s.checkImageHandler(req.GetFilter().GetImage()); err != nil {
+		return nil, err
+	}
 	if ref := req.GetFilter().GetImage().GetImage(); ref != "" {
 		img, err := s.images.Get(ref)
 		if errdefs.IsNotFound(err) {

@@ -9,11 +9,15 @@ import (
 )
 
 // PullImage pulls an image for linux/GOARCH and returns its ID (the config
-// digest). The request's deadline bounds the pull.
+// digest). The request's deadline bounds the pull. Every runtime handler
+// shares the image (checkImageHandler).
 func (s *Service) PullImage(ctx context.Context, req *runtime.PullImageRequest) (*runtime.PullImageResponse, error) {
 	ref := req.GetImage().GetImage()
 	if ref == "" {
 		return nil, invalidArgument("PullImage: image reference is required")
+	}
+	if err := s.checkImageHandler(req.GetImage()); err != nil {
+		return nil, err
 	}
 	var auth *image.Auth
 	if a := req.GetAuth(); a != nil {

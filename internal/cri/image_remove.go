@@ -14,6 +14,11 @@ func (s *Service) RemoveImage(ctx context.Context, req *runtime.RemoveImageReque
 	if ref == "" {
 		return nil, invalidArgument("RemoveImage: image reference is required")
 	}
+	// The image is every handler's (checkImageHandler): removing it for
+	// one removes it for all, as containerd does.
+	if err := s.checkImageHandler(req.GetImage()); err != nil {
+		return nil, err
+	}
 	if err := s.images.Remove(ref); err != nil {
 		return nil, toStatus(err)
 	}

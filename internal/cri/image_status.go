@@ -18,6 +18,9 @@ func (s *Service) ImageStatus(ctx context.Context, req *runtime.ImageStatusReque
 	if ref == "" {
 		return nil, invalidArgument("ImageStatus: image reference is required")
 	}
+	if err := s.checkImageHandler(req.GetImage()); err != nil {
+		return nil, err
+	}
 	img, err := s.images.Get(ref)
 	if errdefs.IsNotFound(err) {
 		return &runtime.ImageStatusResponse{}, nil

@@ -212,7 +212,7 @@ func (s *Service) containerMetrics(md *runtime.PodSandboxMetadata, c *container.
 	m.add("container_spec_cpu_period", gauge, period)
 	m.add("container_spec_cpu_shares", gauge, shares)
 
-	dev := s.images.Dir()
+	dev := s.writableLayerFs()
 	m.add("container_fs_usage_bytes", gauge, smp.WritableBytes, dev)
 	m.add("container_fs_limit_bytes", gauge, smp.Fs.LimitBytes, dev)
 	m.add("container_fs_inodes_total", gauge, smp.Fs.Inodes, dev)

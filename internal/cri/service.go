@@ -14,6 +14,7 @@ import (
 
 	"github.com/berthcri/berth/internal/cdi"
 	"github.com/berthcri/berth/internal/cgroupctrl"
+	"github.com/berthcri/berth/internal/checkpoint"
 	"github.com/berthcri/berth/internal/config"
 	"github.com/berthcri/berth/internal/container"
 	"github.com/berthcri/berth/internal/events"
@@ -47,6 +48,7 @@ type Service struct {
 	nri        *nri.NRI
 	cdi        *cdi.Registry
 	apparmor   specgen.AppArmorProfiles
+	criu       *checkpoint.CRIU
 	// host is the machine as specgen sees it, probed once at start.
 	host            *specgen.Host
 	cgroups         *cgroupctrl.Controllers
@@ -123,6 +125,11 @@ func New(opts Options) *Service {
 	}
 	if s.log == nil {
 		s.log = slog.Default()
+	}
+	if s.cfg != nil {
+		s.criu = checkpoint.NewCRIU(s.cfg.CRIU)
+	} else {
+		s.criu = checkpoint.NewCRIU("")
 	}
 	if s.cfg != nil {
 		// Validated with the config; an error cannot happen here.

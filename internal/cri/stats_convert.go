@@ -56,7 +56,7 @@ func (s *Service) containerStats(c *container.Container) (*runtime.ContainerStat
 	}
 	cs.WritableLayer = &runtime.FilesystemUsage{
 		Timestamp:  sample.WritableAt.UnixNano(),
-		FsId:       &runtime.FilesystemIdentifier{Mountpoint: s.images.Dir()},
+		FsId:       &runtime.FilesystemIdentifier{Mountpoint: s.writableLayerFs()},
 		UsedBytes:  u64(sample.WritableBytes),
 		InodesUsed: u64(sample.WritableInodes),
 	}

@@ -53,6 +53,7 @@ type Daemon struct {
 	metrics  *metrics.Server // nil when --metrics-address is empty
 	nri      *nri.NRI
 	systemd  *systemd.Units // nil unless cgroup_driver is systemd
+	images   *image.Store
 }
 
 // New takes the root lock, prepares directories and the socket, and builds
@@ -97,6 +98,7 @@ func New(ctx context.Context, cfg *config.Config, version string, log *slog.Logg
 	if err != nil {
 		return nil, fmt.Errorf("open image store: %w", err)
 	}
+	d.images = images
 
 	if cfg.MetricsAddress != "" {
 		if d.metrics, err = m.Listen(cfg.MetricsAddress); err != nil {
@@ -278,10 +280,20 @@ func (d *Daemon) close() {
 	if d.systemd != nil {
 		d.systemd.Close()
 	}
+	if d.images != nil {
+		// A collection pass must not outlive the root lock.
+		d.images.Close()
+	}
 	if d.lock != nil {
 		d.lock.Close()
 	}
 }
+
+// lockWait is how long lockRoot waits for a held lock. A berthd killed
+// while forking leaves children that hold the lock's file (close-on-exec
+// closes it only when they exec) for a moment after its death: a restart
+// right then (systemd, a test) must wait for them, not fail.
+const lockWait = 2 * time.Second
 
 // lockRoot takes an exclusive flock on <root>/berthd.lock so that two
 // daemons never share one root. The kernel drops the lock when we die.
@@ -291,7 +303,15 @@ func lockRoot(root string) (*os.File, error) {
 	if err != nil {
 		return nil, fmt.Errorf("open lock %s: %w", path, err)
 	}
-	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
+	deadline := time.Now().Add(lockWait)
+	for {
+		err = unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB)
+		if !errors.Is(err, unix.EWOULDBLOCK) || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if err != nil {
 		f.Close()
 		if errors.Is(err, unix.EWOULDBLOCK) {
 			holder, _ := os.ReadFile(path)

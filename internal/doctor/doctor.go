@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/berthcri/berth/internal/cgroupctrl"
+	"github.com/berthcri/berth/internal/checkpoint"
 	"github.com/berthcri/berth/internal/config"
 	"github.com/berthcri/berth/internal/systemd"
 )
@@ -48,6 +49,7 @@ func Run(ctx context.Context, cfg *config.Config) []Result {
 		checkCgroups(cfg),
 		checkCgroupDriver(cfg.CgroupDriver, systemd.BootedDir),
 		checkIptables(ctx),
+		checkCRIU(ctx, cfg),
 		checkNamespaces(),
 		checkSeccomp(),
 		checkPrivileges(),
@@ -268,6 +270,20 @@ func checkIptables(ctx context.Context) Result {
 		return r
 	}
 	r.Level, r.Message = OK, firstLine(string(v))
+	return r
+}
+
+// checkCRIU warns (checkpoint/restore is optional) when the configured
+// criu is missing or fails `criu check`.
+func checkCRIU(ctx context.Context, cfg *config.Config) Result {
+	r := Result{Name: "criu"}
+	path, err := checkpoint.NewCRIU(cfg.CRIU).Usable(ctx)
+	if err != nil {
+		r.Level, r.Message = Warn, err.Error()+": CheckpointContainer, CheckpointPod and RestorePod will fail"
+		r.Hint = "install a criu that passes `criu check` on this kernel, or set `criu` to one (docs/checkpoint.md)"
+		return r
+	}
+	r.Level, r.Message = OK, path+": criu check passed"
 	return r
 }
 

@@ -141,3 +141,12 @@ func TestCheckCgroupsFromMounts(t *testing.T) {
 		t.Errorf("without memory: %+v", r)
 	}
 }
+
+func TestDoctorWarnsAboutABrokenCRIU(t *testing.T) {
+	cfg := testConfig(t)
+	cfg.CRIU = filepath.Join(t.TempDir(), "no-criu")
+	r := checkCRIU(context.Background(), cfg)
+	if r.Level != Warn || !strings.Contains(r.Message, "CheckpointPod") || r.Hint == "" {
+		t.Fatalf("criu check = %+v", r)
+	}
+}

@@ -69,6 +69,9 @@ const (
 	ImageMidUnpack Point = "mid-unpack"
 	// ImageMidRemove: the image record is gone, its blobs and layers not.
 	ImageMidRemove Point = "mid-image-remove"
+	// ImageMidGC: a background collection pass removed unused blobs and
+	// renamed unused layers into trash/, not yet deleted.
+	ImageMidGC Point = "mid-image-gc"
 )
 
 // Points lists every crash point, in the order above.
@@ -76,7 +79,7 @@ var Points = []Point{
 	SandboxAfterNetnsCreate, SandboxAfterCNIAdd, SandboxAfterCheckpointWrite, SandboxMidStop, SandboxMidRemove,
 	ContainerAfterOverlayMount, ContainerAfterImageVolumeMount, ContainerAfterShimStart, ContainerAfterRuncCreate, ContainerAfterRecordWrite,
 	ContainerBeforeRuncStart, ContainerAfterRuncStart, ContainerMidRemove,
-	ImageAfterBlobWrite, ImageMidUnpack, ImageMidRemove,
+	ImageAfterBlobWrite, ImageMidUnpack, ImageMidRemove, ImageMidGC,
 }
 
 // Failure points: armed, the operation fails there with ErrInjected and
@@ -85,10 +88,13 @@ const (
 	// ContainerFailStartRecordWrite: StartContainer's write of the
 	// "running" record, after the process started.
 	ContainerFailStartRecordWrite Point = "fail-start-record-write"
+	// ImageFailLeaseWrite: the write of an image lease file (Acquire, in
+	// CreateContainer), after the lease is held in memory.
+	ImageFailLeaseWrite Point = "fail-lease-write"
 )
 
 // FailPoints lists every failure point.
-var FailPoints = []Point{ContainerFailStartRecordWrite}
+var FailPoints = []Point{ContainerFailStartRecordWrite, ImageFailLeaseWrite}
 
 // ErrInjected is what an armed failure point fails with.
 var ErrInjected = errors.New("injected test failure")

@@ -242,25 +242,25 @@ func layoutName(ann map[string]string) (Named, bool) {
 // writes and `docker load` and Import read) with its tags.
 func (s *Store) Export(ctx context.Context, ref string, w io.Writer) error {
 	s.mu.Lock()
-	rec, err := s.lookup(ref)
+	meta, err := s.lookup(ref)
 	if err != nil {
 		s.mu.Unlock()
 		return err
 	}
-	keys := []string{rec.ManifestDigest, rec.ConfigDigest}
-	for _, l := range rec.Layers {
+	keys := []string{meta.ManifestDigest, meta.ConfigDigest}
+	for _, l := range meta.Layers {
 		keys = append(keys, l.Digest)
 	}
 	for _, k := range keys {
-		s.inflight[k]++
+		s.inUse[k]++
 	}
-	tags := append([]string(nil), rec.RepoTags...)
+	tags := append([]string(nil), meta.RepoTags...)
 	s.mu.Unlock()
-	defer s.hold(keys, -1)
+	defer s.markInUse(keys, -1)
 
-	manifest, err := os.ReadFile(s.blobPath(rec.ManifestDigest))
+	manifest, err := os.ReadFile(s.blobPath(meta.ManifestDigest))
 	if err != nil {
-		return fmt.Errorf("export %s: manifest: %w", rec.ID, err)
+		return fmt.Errorf("export %s: manifest: %w", meta.ID, err)
 	}
 	var mt struct {
 		MediaType types.MediaType `json:"mediaType"`
@@ -269,27 +269,27 @@ func (s *Store) Export(ctx context.Context, ref string, w io.Writer) error {
 	if mt.MediaType == "" {
 		mt.MediaType = types.OCIManifestSchema1
 	}
-	img, err := partial.CompressedToImage(&storedImage{s: s, rec: rec, manifest: manifest, mediaType: mt.MediaType})
+	img, err := partial.CompressedToImage(&storedImage{s: s, meta: meta, manifest: manifest, mediaType: mt.MediaType})
 	if err != nil {
-		return fmt.Errorf("export %s: %w", rec.ID, err)
+		return fmt.Errorf("export %s: %w", meta.ID, err)
 	}
 	refs := map[name.Reference]v1.Image{}
 	for _, t := range tags {
 		tag, err := name.NewTag(t)
 		if err != nil {
-			return fmt.Errorf("export %s: tag %q: %w", rec.ID, t, err)
+			return fmt.Errorf("export %s: tag %q: %w", meta.ID, t, err)
 		}
 		refs[tag] = img
 	}
 	if len(refs) == 0 {
-		d, err := name.NewDigest("berth.invalid/untagged@" + rec.ManifestDigest)
+		d, err := name.NewDigest("berth.invalid/untagged@" + meta.ManifestDigest)
 		if err != nil {
 			return err
 		}
 		refs[d] = img
 	}
 	if err := tarball.MultiRefWrite(refs, &ctxWriter{ctx: ctx, w: w}); err != nil {
-		return fmt.Errorf("export %s: %w", rec.ID, err)
+		return fmt.Errorf("export %s: %w", meta.ID, err)
 	}
 	return nil
 }
@@ -297,32 +297,32 @@ func (s *Store) Export(ctx context.Context, ref string, w io.Writer) error {
 // storedImage serves a stored image to go-containerregistry's writers.
 type storedImage struct {
 	s         *Store
-	rec       *record
+	meta      *imageMeta
 	manifest  []byte
 	mediaType types.MediaType
 }
 
 func (i *storedImage) RawConfigFile() ([]byte, error) {
-	return os.ReadFile(i.s.blobPath(i.rec.ConfigDigest))
+	return os.ReadFile(i.s.blobPath(i.meta.ConfigDigest))
 }
 func (i *storedImage) MediaType() (types.MediaType, error) { return i.mediaType, nil }
 func (i *storedImage) RawManifest() ([]byte, error)        { return bytes.Clone(i.manifest), nil }
 
 func (i *storedImage) LayerByDigest(h v1.Hash) (partial.CompressedLayer, error) {
-	for _, l := range i.rec.Layers {
+	for _, l := range i.meta.Layers {
 		if l.Digest == h.String() {
 			return &storedLayer{s: i.s, l: l}, nil
 		}
 	}
-	if h.String() == i.rec.ConfigDigest {
-		return &storedLayer{s: i.s, l: layerRecord{Digest: i.rec.ConfigDigest, MediaType: string(types.OCIConfigJSON)}}, nil
+	if h.String() == i.meta.ConfigDigest {
+		return &storedLayer{s: i.s, l: layerMeta{Digest: i.meta.ConfigDigest, MediaType: string(types.OCIConfigJSON)}}, nil
 	}
-	return nil, fmt.Errorf("blob %s is not part of image %s: %w", h, i.rec.ID, errdefs.ErrNotFound)
+	return nil, fmt.Errorf("blob %s is not part of image %s: %w", h, i.meta.ID, errdefs.ErrNotFound)
 }
 
 type storedLayer struct {
 	s *Store
-	l layerRecord
+	l layerMeta
 }
 
 func (l *storedLayer) Digest() (v1.Hash, error)           { return v1.NewHash(l.l.Digest) }

@@ -60,7 +60,7 @@ func (a *Auth) key() string {
 // Pull fetches ref (normalized: busybox → docker.io/library/busybox:latest)
 // for linux/GOARCH through the configured mirrors, then the upstream, and
 // stores it. Concurrent pulls of one reference share one download. Nothing
-// is visible until the image record is written last.
+// is visible until the image's metadata is written last.
 func (s *Store) Pull(ctx context.Context, ref string, auth *Auth) (*Image, error) {
 	n, err := ParseReference(ref)
 	if err != nil {
@@ -75,12 +75,7 @@ func (s *Store) Pull(ctx context.Context, ref string, auth *Auth) (*Image, error
 		if err != nil {
 			// Blobs and layers of a failed pull are garbage now (unless
 			// another image or pull uses them).
-			s.mu.Lock()
-			if gcErr := s.gc(); gcErr != nil {
-				s.log.Warn("clean up after failed pull", "image", n.String(), "error", gcErr)
-			}
-			s.mu.Unlock()
-			s.emptyTrash()
+			s.WaitGC()
 		}
 		return img, err
 	})
@@ -263,7 +258,7 @@ func classify(err error) error {
 // layerParallelism is how many layers of one image download and unpack at once.
 const layerParallelism = 3
 
-// commit stores img's blobs and layers and then its record under names
+// commit stores img's blobs and layers and then its metadata under names
 // (repo:tag and repo@digest strings). Used by pulls and imports.
 func (s *Store) commit(ctx context.Context, img v1.Image, names []string) (*Image, error) {
 	manifest, err := img.RawManifest()
@@ -296,7 +291,7 @@ func (s *Store) commit(ctx context.Context, img v1.Image, names []string) (*Imag
 	if len(layers) != len(cfg.RootFS.DiffIDs) {
 		return nil, fmt.Errorf("image has %d layers but its config %d diff IDs: %w", len(layers), len(cfg.RootFS.DiffIDs), errdefs.ErrInvalidArgument)
 	}
-	rec := &record{ID: cdigest.String(), ManifestDigest: mdigest.String(), ConfigDigest: cdigest.String(), config: &cfg}
+	rec := &imageMeta{ID: cdigest.String(), ManifestDigest: mdigest.String(), ConfigDigest: cdigest.String(), config: &cfg}
 	rec.Size = uint64(len(cfgRaw))
 	keys := []string{mdigest.String(), cdigest.String()}
 	var chain string
@@ -324,14 +319,14 @@ func (s *Store) commit(ctx context.Context, img v1.Image, names []string) (*Imag
 			sum := sha256.Sum256([]byte(chain + " " + diffID))
 			chain = "sha256:" + hex.EncodeToString(sum[:])
 		}
-		rec.Layers = append(rec.Layers, layerRecord{Digest: d.String(), MediaType: string(mt), Size: size, DiffID: diffID, ChainID: chain})
+		rec.Layers = append(rec.Layers, layerMeta{Digest: d.String(), MediaType: string(mt), Size: size, DiffID: diffID, ChainID: chain})
 		rec.Size += uint64(size)
 		keys = append(keys, d.String(), chain)
 	}
 
 	// Keep GC (a concurrent RemoveImage) off what this pull is writing.
-	s.hold(keys, 1)
-	defer s.hold(keys, -1)
+	s.markInUse(keys, 1)
+	defer s.markInUse(keys, -1)
 
 	if err := s.writeBlob(mdigest.String(), manifest); err != nil {
 		return nil, err
@@ -364,19 +359,21 @@ func (s *Store) commit(ctx context.Context, img v1.Image, names []string) (*Imag
 	return s.register(rec, names)
 }
 
-func (s *Store) hold(keys []string, delta int) {
+// markInUse adds delta to the use count of digests and chain IDs that a
+// pull, import or export is working on; GC keeps whatever has a count.
+func (s *Store) markInUse(keys []string, delta int) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for _, k := range keys {
-		s.inflight[k] += delta
-		if s.inflight[k] <= 0 {
-			delete(s.inflight, k)
+		s.inUse[k] += delta
+		if s.inUse[k] <= 0 {
+			delete(s.inUse, k)
 		}
 	}
 }
 
 // register writes rec with names added, moving tags other images held.
-func (s *Store) register(rec *record, names []string) (*Image, error) {
+func (s *Store) register(rec *imageMeta, names []string) (*Image, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if old, ok := s.images[rec.ID]; ok {
@@ -397,8 +394,8 @@ func (s *Store) register(rec *record, names []string) (*Image, error) {
 			}
 		}
 	}
-	if err := s.writeRecord(rec); err != nil {
-		return nil, fmt.Errorf("write image record %s: %w", rec.ID, err)
+	if err := s.writeMeta(rec); err != nil {
+		return nil, fmt.Errorf("write image metadata %s: %w", rec.ID, err)
 	}
 	s.images[rec.ID] = rec
 	for id, other := range s.images {
@@ -408,7 +405,7 @@ func (s *Store) register(rec *record, names []string) (*Image, error) {
 		kept := slices.DeleteFunc(slices.Clone(other.RepoTags), func(t string) bool { return slices.Contains(tags, t) })
 		if len(kept) != len(other.RepoTags) {
 			other.RepoTags = kept
-			if err := s.writeRecord(other); err != nil {
+			if err := s.writeMeta(other); err != nil {
 				return nil, fmt.Errorf("untag image %s: %w", other.ID, err)
 			}
 		}
@@ -490,7 +487,7 @@ func (s *Store) fetchBlob(ctx context.Context, digest string, open func() (io.Re
 
 // ensureLayer unpacks a stored layer blob once per chain ID: into ingest/
 // first, verified against its diff ID, then renamed into layers/.
-func (s *Store) ensureLayer(ctx context.Context, lr layerRecord) error {
+func (s *Store) ensureLayer(ctx context.Context, lr layerMeta) error {
 	if _, err := os.Stat(s.LayerDiffDir(lr.ChainID)); err == nil {
 		return nil
 	}
@@ -524,7 +521,7 @@ func (s *Store) ensureLayer(ctx context.Context, lr layerRecord) error {
 	return err
 }
 
-func (s *Store) unpackBlob(ctx context.Context, lr layerRecord, dir string) error {
+func (s *Store) unpackBlob(ctx context.Context, lr layerMeta, dir string) error {
 	f, err := os.Open(s.blobPath(lr.Digest))
 	if err != nil {
 		return fmt.Errorf("open layer blob %s: %w", lr.Digest, err)

@@ -1,11 +1,11 @@
 // Package image is berth's image store: registry pulls, content-addressed
-// blobs, image records, layers unpacked for overlayfs, and layer leases held
+// blobs, image metadata, layers unpacked for overlayfs, and layer leases held
 // by containers.
 //
 // Layout under <root>/images/ (docs/decisions/0100-image-store-layout.md):
 //
 //	blobs/sha256/<hex>     manifests, configs, compressed layers, verified by digest
-//	records/<id-hex>.json  one image record (tags, digests, manifest, layers)
+//	records/<id-hex>.json  one image's metadata (tags, digests, manifest, layers)
 //	layers/<chain-hex>/diff one unpacked layer, an overlayfs lower dir
 //	leases/<owner>.json    layers pinned by a container
 //	ingest/                downloads and unpacks in progress (emptied on start)
@@ -37,9 +37,9 @@ import (
 	"github.com/berthcri/berth/internal/idprefix"
 )
 
-const recordVersion = 1
+const metaVersion = 1
 
-// Image is one image record.
+// Image is one stored image, as callers see it.
 type Image struct {
 	ID          string   // "sha256:<hex of config digest>"
 	RepoTags    []string // docker.io/library/busybox:latest
@@ -84,9 +84,16 @@ type Store struct {
 	observer PullObserver
 	faults   *fault.Injector
 
-	mu       sync.Mutex
-	images   map[string]*record // by ID
-	inflight map[string]int     // digests and chain IDs a running pull needs
+	mu     sync.Mutex
+	images map[string]*imageMeta // by ID
+	inUse  map[string]int        // digests and chain IDs a pull, import or export is using (markInUse)
+	leases map[string]*lease     // by owner; each also on disk (lease.go)
+
+	// gc schedules collection passes (gc.go).
+	gcMu sync.Mutex
+	gc   gcState
+	// gcListed, tests only, runs in each pass between listing and deciding.
+	gcListed func()
 
 	// usage caches the last walk of the store; gen counts changes to it.
 	usageMu    sync.Mutex
@@ -101,21 +108,22 @@ type Store struct {
 	layers flight[struct{}]
 }
 
-// record is the on-disk image record.
-type record struct {
-	Version        int           `json:"version"`
-	ID             string        `json:"id"`
-	RepoTags       []string      `json:"repoTags"`
-	RepoDigests    []string      `json:"repoDigests"`
-	ManifestDigest string        `json:"manifestDigest"`
-	ConfigDigest   string        `json:"configDigest"`
-	Layers         []layerRecord `json:"layers"`
-	Size           uint64        `json:"size"`
+// imageMeta is what the store knows about one image, kept as JSON in
+// records/<id-hex>.json (the directory keeps its first name on disk).
+type imageMeta struct {
+	Version        int         `json:"version"`
+	ID             string      `json:"id"`
+	RepoTags       []string    `json:"repoTags"`
+	RepoDigests    []string    `json:"repoDigests"`
+	ManifestDigest string      `json:"manifestDigest"`
+	ConfigDigest   string      `json:"configDigest"`
+	Layers         []layerMeta `json:"layers"`
+	Size           uint64      `json:"size"`
 
 	config *ocispecv1.Image
 }
 
-type layerRecord struct {
+type layerMeta struct {
 	Digest    string `json:"digest"`
 	MediaType string `json:"mediaType"`
 	Size      int64  `json:"size"`
@@ -123,15 +131,8 @@ type layerRecord struct {
 	ChainID   string `json:"chainID"`
 }
 
-type lease struct {
-	Version  int      `json:"version"`
-	Owner    string   `json:"owner"`
-	Image    string   `json:"image"`
-	ChainIDs []string `json:"chainIDs"`
-}
-
 // Open loads the store, throwing away what interrupted pulls left behind:
-// the ingest dir, half-unpacked layers, and blobs and layers no record or
+// the ingest dir, half-unpacked layers, and blobs and layers no image or
 // lease refers to.
 func Open(opts Options) (*Store, error) {
 	log := opts.Logger
@@ -143,8 +144,9 @@ func Open(opts Options) (*Store, error) {
 		hostsDir: opts.RegistryConfigDir,
 		unpack:   opts.Unpack,
 		log:      log,
-		images:   map[string]*record{},
-		inflight: map[string]int{},
+		images:   map[string]*imageMeta{},
+		inUse:    map[string]int{},
+		leases:   map[string]*lease{},
 		observer: opts.Observer,
 		faults:   opts.Faults,
 	}
@@ -167,7 +169,7 @@ func Open(opts Options) (*Store, error) {
 	}
 	entries, err := os.ReadDir(s.path("records"))
 	if err != nil {
-		return nil, fmt.Errorf("read image records: %w", err)
+		return nil, fmt.Errorf("read image metadata: %w", err)
 	}
 	for _, e := range entries {
 		p := s.path("records", e.Name())
@@ -175,19 +177,21 @@ func Open(opts Options) (*Store, error) {
 			os.Remove(p) // a temp file from an interrupted write
 			continue
 		}
-		rec, err := s.loadRecord(p)
+		meta, err := s.loadMeta(p)
 		if err != nil {
-			log.Warn("dropping unreadable image record", "path", p, "error", err)
+			log.Warn("dropping unreadable image metadata", "path", p, "error", err)
 			os.Remove(p)
 			continue
 		}
-		s.images[rec.ID] = rec
+		s.images[meta.ID] = meta
 	}
-	if err := s.gc(); err != nil {
+	if err := s.loadLeases(); err != nil {
+		return nil, err
+	}
+	if err := s.collectAtStart(); err != nil {
 		// Keeping garbage is safe; refusing to start is not useful.
 		log.Warn("image store cleanup at start failed", "error", err)
 	}
-	s.emptyTrash()
 	return s, nil
 }
 
@@ -211,19 +215,19 @@ func (s *Store) LayerDiffDir(chainID string) string {
 	return filepath.Join(s.layerDir(chainID), "diff")
 }
 
-func (s *Store) loadRecord(p string) (*record, error) {
+func (s *Store) loadMeta(p string) (*imageMeta, error) {
 	data, err := os.ReadFile(p)
 	if err != nil {
 		return nil, err
 	}
-	var rec record
-	if err := json.Unmarshal(data, &rec); err != nil {
+	var meta imageMeta
+	if err := json.Unmarshal(data, &meta); err != nil {
 		return nil, err
 	}
-	if rec.Version != recordVersion {
-		return nil, fmt.Errorf("record version %d, want %d", rec.Version, recordVersion)
+	if meta.Version != metaVersion {
+		return nil, fmt.Errorf("metadata version %d, want %d", meta.Version, metaVersion)
 	}
-	cfgData, err := os.ReadFile(s.blobPath(rec.ConfigDigest))
+	cfgData, err := os.ReadFile(s.blobPath(meta.ConfigDigest))
 	if err != nil {
 		return nil, fmt.Errorf("config blob: %w", err)
 	}
@@ -231,24 +235,24 @@ func (s *Store) loadRecord(p string) (*record, error) {
 	if err := json.Unmarshal(cfgData, &cfg); err != nil {
 		return nil, fmt.Errorf("config blob: %w", err)
 	}
-	rec.config = &cfg
-	for _, l := range rec.Layers {
+	meta.config = &cfg
+	for _, l := range meta.Layers {
 		if _, err := os.Stat(s.LayerDiffDir(l.ChainID)); err != nil {
 			return nil, fmt.Errorf("layer %s: %w", l.ChainID, err)
 		}
 	}
-	return &rec, nil
+	return &meta, nil
 }
 
-// writeRecord persists rec. Caller holds s.mu.
-func (s *Store) writeRecord(rec *record) error {
+// writeMeta persists meta. Caller holds s.mu.
+func (s *Store) writeMeta(meta *imageMeta) error {
 	s.gen++
-	rec.Version = recordVersion
-	data, err := json.MarshalIndent(rec, "", "  ")
+	meta.Version = metaVersion
+	data, err := json.MarshalIndent(meta, "", "  ")
 	if err != nil {
 		return err
 	}
-	return atomicfile.Write(s.path("records", strings.TrimPrefix(rec.ID, "sha256:")+".json"), data, 0o600)
+	return atomicfile.Write(s.path("records", strings.TrimPrefix(meta.ID, "sha256:")+".json"), data, 0o600)
 }
 
 func randomHex() string {
@@ -257,19 +261,19 @@ func randomHex() string {
 	return hex.EncodeToString(b)
 }
 
-func (s *Store) toImage(rec *record) *Image {
+func (s *Store) toImage(meta *imageMeta) *Image {
 	img := &Image{
-		ID:          rec.ID,
-		RepoTags:    slices.Clone(rec.RepoTags),
-		RepoDigests: slices.Clone(rec.RepoDigests),
-		Size:        rec.Size,
-		Config:      rec.config,
+		ID:          meta.ID,
+		RepoTags:    slices.Clone(meta.RepoTags),
+		RepoDigests: slices.Clone(meta.RepoDigests),
+		Size:        meta.Size,
+		Config:      meta.config,
 	}
-	for _, l := range rec.Layers {
+	for _, l := range meta.Layers {
 		img.ChainIDs = append(img.ChainIDs, l.ChainID)
 	}
 	for _, p := range s.pinned {
-		if p == rec.ID || slices.Contains(rec.RepoTags, p) || slices.Contains(rec.RepoDigests, p) {
+		if p == meta.ID || slices.Contains(meta.RepoTags, p) || slices.Contains(meta.RepoDigests, p) {
 			img.Pinned = true
 		}
 	}
@@ -282,35 +286,35 @@ func (s *Store) toImage(rec *record) *Image {
 	return img
 }
 
-// lookup finds a record by ID, unambiguous ID prefix, name:tag or
+// lookup finds an image by ID, unambiguous ID prefix, name:tag or
 // name@digest (short names normalized). Caller holds s.mu.
-func (s *Store) lookup(ref string) (*record, error) {
+func (s *Store) lookup(ref string) (*imageMeta, error) {
 	if ref == "" {
 		return nil, fmt.Errorf("empty image reference: %w", errdefs.ErrInvalidArgument)
 	}
-	if rec, ok := s.images[ref]; ok {
-		return rec, nil
+	if meta, ok := s.images[ref]; ok {
+		return meta, nil
 	}
-	if rec, ok := s.images["sha256:"+ref]; ok {
-		return rec, nil
+	if meta, ok := s.images["sha256:"+ref]; ok {
+		return meta, nil
 	}
 	n, parseErr := ParseReference(ref)
 	if parseErr == nil {
-		for _, rec := range s.images {
+		for _, meta := range s.images {
 			if n.Digest != "" {
-				if slices.Contains(rec.RepoDigests, n.Repo()+"@"+n.Digest) {
-					return rec, nil
+				if slices.Contains(meta.RepoDigests, n.Repo()+"@"+n.Digest) {
+					return meta, nil
 				}
-			} else if slices.Contains(rec.RepoTags, n.TagRef()) {
-				return rec, nil
+			} else if slices.Contains(meta.RepoTags, n.TagRef()) {
+				return meta, nil
 			}
 		}
 	}
 	prefix := strings.TrimPrefix(ref, "sha256:")
 	if hexPattern.MatchString(prefix) {
-		rec, err := idprefix.Resolve(s.images, "image", prefix, func(id string) string { return strings.TrimPrefix(id, "sha256:") })
+		meta, err := idprefix.Resolve(s.images, "image", prefix, func(id string) string { return strings.TrimPrefix(id, "sha256:") })
 		if !errors.Is(err, errdefs.ErrNotFound) {
-			return rec, err
+			return meta, err
 		}
 	}
 	if parseErr != nil && !hexPattern.MatchString(prefix) {
@@ -324,11 +328,11 @@ func (s *Store) lookup(ref string) (*record, error) {
 func (s *Store) Get(ref string) (*Image, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	rec, err := s.lookup(ref)
+	meta, err := s.lookup(ref)
 	if err != nil {
 		return nil, err
 	}
-	return s.toImage(rec), nil
+	return s.toImage(meta), nil
 }
 
 // List returns every image, ordered by ID.
@@ -336,8 +340,8 @@ func (s *Store) List() []*Image {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	out := make([]*Image, 0, len(s.images))
-	for _, rec := range s.images {
-		out = append(out, s.toImage(rec))
+	for _, meta := range s.images {
+		out = append(out, s.toImage(meta))
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].ID < out[j].ID })
 	return out
@@ -346,201 +350,49 @@ func (s *Store) List() []*Image {
 // ConfigJSON is the image's config blob as stored.
 func (s *Store) ConfigJSON(id string) ([]byte, error) {
 	s.mu.Lock()
-	rec, err := s.lookup(id)
+	meta, err := s.lookup(id)
 	s.mu.Unlock()
 	if err != nil {
 		return nil, err
 	}
-	return os.ReadFile(s.blobPath(rec.ConfigDigest))
+	return os.ReadFile(s.blobPath(meta.ConfigDigest))
 }
 
 // Remove deletes the image ref names with all its tags and digests, and
 // frees the layers no other image or container uses. A missing image is not
 // an error (RemoveImage is idempotent).
 func (s *Store) Remove(ref string) error {
-	defer s.emptyTrash()
+	removed, err := s.removeMeta(ref)
+	if err != nil || !removed {
+		return err
+	}
+	// As containerd's synchronous delete: the space is free when
+	// RemoveImage returns (the kubelet's image GC frees disk this way).
+	s.WaitGC()
+	return nil
+}
+
+// removeMeta forgets the image ref names; removed is false when there was
+// none.
+func (s *Store) removeMeta(ref string) (removed bool, _ error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	rec, err := s.lookup(ref)
+	meta, err := s.lookup(ref)
 	if errdefs.IsNotFound(err) {
-		return nil
+		return false, nil
 	}
 	if err != nil {
-		return err
+		return false, err
 	}
-	p := s.path("records", strings.TrimPrefix(rec.ID, "sha256:")+".json")
+	p := s.path("records", strings.TrimPrefix(meta.ID, "sha256:")+".json")
 	if err := os.Remove(p); err != nil && !os.IsNotExist(err) {
-		return fmt.Errorf("remove image record %s: %w", rec.ID, err)
+		return false, fmt.Errorf("remove image metadata %s: %w", meta.ID, err)
 	}
-	delete(s.images, rec.ID)
-	s.log.Info("image removed", "image", rec.ID, "tags", rec.RepoTags)
-	s.faults.Hit(fault.ImageMidRemove, "image", rec.ID)
-	return s.gc()
-}
-
-func validOwner(owner string) error {
-	if owner == "" || strings.ContainsAny(owner, "/\x00") || owner == "." || owner == ".." {
-		return fmt.Errorf("lease owner %q: %w", owner, errdefs.ErrInvalidArgument)
-	}
-	return nil
-}
-
-// Acquire pins the image's layers for owner (a container ID), persisted on
-// disk so that removing the image never frees layers in use, even across
-// restarts. lowerDirs are the unpacked layer dirs, topmost first.
-func (s *Store) Acquire(ctx context.Context, ref, owner string) (*Image, []string, error) {
-	if err := validOwner(owner); err != nil {
-		return nil, nil, err
-	}
-	if err := ctx.Err(); err != nil {
-		return nil, nil, err
-	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	rec, err := s.lookup(ref)
-	if err != nil {
-		return nil, nil, err
-	}
-	img := s.toImage(rec)
-	l := lease{Version: recordVersion, Owner: owner, Image: img.ID, ChainIDs: img.ChainIDs}
-	data, err := json.Marshal(l)
-	if err != nil {
-		return nil, nil, err
-	}
-	if err := atomicfile.Write(s.path("leases", owner+".json"), data, 0o600); err != nil {
-		return nil, nil, fmt.Errorf("acquire image %s for %s: %w", img.ID, owner, err)
-	}
-	lower := make([]string, 0, len(img.ChainIDs))
-	for i := len(img.ChainIDs) - 1; i >= 0; i-- {
-		lower = append(lower, s.LayerDiffDir(img.ChainIDs[i]))
-	}
-	return img, lower, nil
-}
-
-// Release drops owner's lease and frees layers nothing uses any more. It is
-// idempotent.
-func (s *Store) Release(owner string) error {
-	if err := validOwner(owner); err != nil {
-		return err
-	}
-	defer s.emptyTrash()
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if err := os.Remove(s.path("leases", owner+".json")); err != nil {
-		if os.IsNotExist(err) {
-			return nil
-		}
-		return fmt.Errorf("release image lease of %s: %w", owner, err)
-	}
-	return s.gc()
-}
-
-// Owners lists the owners holding leases, so that a restarted daemon can
-// release the leases of containers that no longer exist.
-func (s *Store) Owners() ([]string, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	es, err := os.ReadDir(s.path("leases"))
-	if err != nil {
-		return nil, fmt.Errorf("read image leases: %w", err)
-	}
-	var out []string
-	for _, e := range es {
-		if owner, ok := strings.CutSuffix(e.Name(), ".json"); ok {
-			out = append(out, owner)
-		}
-	}
-	return out, nil
-}
-
-// gc removes blobs and layers that no record, lease or running pull refers
-// to. Caller holds s.mu (or is Open). Unused layers are only renamed into
-// trash/ here, which is quick; the caller deletes them with emptyTrash after
-// releasing s.mu, so that pulls, lookups and container creates never wait
-// behind the deletion of a large layer tree.
-func (s *Store) gc() error {
+	delete(s.images, meta.ID)
+	s.log.Info("image removed", "image", meta.ID, "tags", meta.RepoTags)
 	s.gen++
-	keepBlobs := map[string]bool{}
-	keepLayers := map[string]bool{}
-	for k := range s.inflight {
-		keepBlobs[strings.TrimPrefix(k, "sha256:")] = true
-		keepLayers[strings.TrimPrefix(k, "sha256:")] = true
-	}
-	for _, rec := range s.images {
-		keepBlobs[strings.TrimPrefix(rec.ManifestDigest, "sha256:")] = true
-		keepBlobs[strings.TrimPrefix(rec.ConfigDigest, "sha256:")] = true
-		for _, l := range rec.Layers {
-			keepBlobs[strings.TrimPrefix(l.Digest, "sha256:")] = true
-			keepLayers[strings.TrimPrefix(l.ChainID, "sha256:")] = true
-		}
-	}
-	leases, err := os.ReadDir(s.path("leases"))
-	if err != nil {
-		return fmt.Errorf("read image leases: %w", err)
-	}
-	for _, e := range leases {
-		p := s.path("leases", e.Name())
-		if !strings.HasSuffix(e.Name(), ".json") {
-			os.Remove(p)
-			continue
-		}
-		data, err := os.ReadFile(p)
-		if err != nil {
-			return fmt.Errorf("read image lease %s: %w", p, err)
-		}
-		var l lease
-		if err := json.Unmarshal(data, &l); err != nil {
-			// Keep everything rather than free layers a container may use.
-			return fmt.Errorf("image lease %s is unreadable, not collecting: %w", p, err)
-		}
-		for _, c := range l.ChainIDs {
-			keepLayers[strings.TrimPrefix(c, "sha256:")] = true
-		}
-	}
-	var errs []error
-	blobs, err := os.ReadDir(s.path("blobs", "sha256"))
-	if err != nil {
-		return fmt.Errorf("read image blobs: %w", err)
-	}
-	for _, e := range blobs {
-		if !keepBlobs[e.Name()] {
-			if err := os.Remove(s.path("blobs", "sha256", e.Name())); err != nil && !os.IsNotExist(err) {
-				errs = append(errs, err)
-			}
-		}
-	}
-	layers, err := os.ReadDir(s.path("layers"))
-	if err != nil {
-		return fmt.Errorf("read image layers: %w", err)
-	}
-	for _, e := range layers {
-		if !keepLayers[e.Name()] {
-			s.log.Debug("freeing layer", "chainID", e.Name())
-			trashed := s.path("trash", fmt.Sprintf("%s.%d", e.Name(), s.gen))
-			if err := os.Rename(s.path("layers", e.Name()), trashed); err != nil && !os.IsNotExist(err) {
-				errs = append(errs, err)
-			}
-		}
-	}
-	if err := errors.Join(errs...); err != nil {
-		return fmt.Errorf("collect unused image content: %w", err)
-	}
-	return nil
-}
-
-// emptyTrash deletes the layer trees gc moved to trash/. It runs without
-// s.mu; what it leaves (a crash midway) Open deletes.
-func (s *Store) emptyTrash() {
-	es, err := os.ReadDir(s.path("trash"))
-	if err != nil {
-		s.log.Warn("read image trash", "error", err)
-		return
-	}
-	for _, e := range es {
-		if err := os.RemoveAll(s.path("trash", e.Name())); err != nil {
-			s.log.Warn("delete unused layer", "path", e.Name(), "error", err)
-		}
-	}
+	s.faults.Hit(fault.ImageMidRemove, "image", meta.ID)
+	return true, nil
 }
 
 // Usage is what the store occupies on disk.

@@ -113,6 +113,8 @@ func TestAcquireKeepsLayersUntilReleaseAcrossReopen(t *testing.T) {
 	if err := s.Release("ctr1"); err != nil {
 		t.Fatalf("second release: %v", err)
 	}
+	// Release frees in the background; WaitGC waits for that pass.
+	s.WaitGC()
 	for _, l := range lower {
 		if _, err := os.Stat(l); !os.IsNotExist(err) {
 			t.Fatalf("layer %s not freed after release: %v", l, err)
@@ -249,6 +251,9 @@ func TestConcurrentPullsRemovesAndLeases(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	// Releases free in the background; a Remove of an image already gone
+	// does not wait for a pass.
+	s.WaitGC()
 	for _, sub := range []string{"blobs/sha256", "layers", "leases", "records"} {
 		es, _ := os.ReadDir(filepath.Join(s.Dir(), sub))
 		if len(es) != 0 {

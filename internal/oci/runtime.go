@@ -166,6 +166,57 @@ func (r *Runtime) Update(ctx context.Context, id string, res *specs.LinuxResourc
 	return r.run(ctx, id, r.args("update", "--resources", in.Name(), id), nil, nil, nil)
 }
 
+// Pause freezes every process of the container (its freezer cgroup).
+func (r *Runtime) Pause(ctx context.Context, id string) error {
+	return r.run(ctx, id, r.args("pause", id), nil, nil, nil)
+}
+
+// Resume thaws a paused container.
+func (r *Runtime) Resume(ctx context.Context, id string) error {
+	return r.run(ctx, id, r.args("resume", id), nil, nil, nil)
+}
+
+// CheckpointOpts are the arguments of Checkpoint.
+type CheckpointOpts struct {
+	// CRIU is the criu binary ("" → the runtime's default).
+	CRIU string
+	// ImagePath receives CRIU's images; WorkPath its log (dump.log) and
+	// statistics.
+	ImagePath, WorkPath string
+	// LeaveRunning keeps the container running after the dump (else CRIU
+	// kills it).
+	LeaveRunning bool
+}
+
+// Checkpoint dumps the container's processes with CRIU. A paused
+// container stays paused (CRIU restores the freezer state it found).
+// The runtime and its criu run in a process group of their own, killed
+// whole when ctx ends, so no criu outlives a deadline.
+func (r *Runtime) Checkpoint(ctx context.Context, id string, o CheckpointOpts) error {
+	opts := append([]string(nil), r.Options...)
+	if o.CRIU != "" {
+		opts = append(opts, "--criu", o.CRIU)
+	}
+	args := ocicli.Args(r.Binary, r.Root, opts, "checkpoint", "--image-path", o.ImagePath, "--work-path", o.WorkPath)
+	if o.LeaveRunning {
+		args = append(args, "--leave-running")
+	}
+	args = append(args, id)
+	cmd := exec.CommandContext(ctx, args[0], args[1:]...)
+	var errBuf bytes.Buffer
+	cmd.Stderr = &errBuf
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
+	cmd.WaitDelay = 5 * time.Second
+	if err := cmd.Run(); err != nil {
+		if ctx.Err() != nil {
+			return fmt.Errorf("checkpoint %s: %w", id, ctx.Err())
+		}
+		return ocicli.Error(args, id, errBuf.Bytes(), err)
+	}
+	return nil
+}
+
 // ExecOpts are the arguments of Exec.
 type ExecOpts struct {
 	Detach                bool

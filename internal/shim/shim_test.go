@@ -503,3 +503,43 @@ func TestShimLogOnFullDiskIsReported(t *testing.T) {
 		t.Fatalf("the records before the disk filled are gone: %v", err)
 	}
 }
+
+// A container created to be restored from a checkpoint has no process
+// until its start; one killed or deleted before it exits without ever
+// running, and a failed restore leaves it created and deletable.
+func TestShimRestorePendingContainer(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	ctx := context.Background()
+	for _, id := range []string{"killed", "badimages"} {
+		b := f.bundle(id, []string{"sleep", "1000"}, nil)
+		cr := &shim.CreateRequest{Bundle: b, Runtime: f.rt, Restore: filepath.Join(f.dir, "no-such-images")}
+		if err := f.client.Create(ctx, id, cr); err != nil {
+			t.Fatalf("create %s: %v", id, err)
+		}
+		st, err := f.client.State(ctx, id)
+		if err != nil || st.Status != shim.StatusCreated || st.Pid != 0 {
+			t.Fatalf("state after create: %+v, %v", st, err)
+		}
+	}
+	if err := f.client.Kill(ctx, "killed", syscall.SIGTERM, false); err != nil {
+		t.Fatal(err)
+	}
+	if st := f.wait("killed"); st.Exit.Code != 128+int(syscall.SIGTERM) || st.Exit.Pid != 0 {
+		t.Fatalf("exit = %+v", st.Exit)
+	}
+	if _, err := f.client.Start(ctx, "badimages"); err == nil || !strings.Contains(err.Error(), "restore") {
+		t.Fatalf("start from missing images: %v", err)
+	}
+	if st, err := f.client.State(ctx, "badimages"); err != nil || st.Status != shim.StatusCreated || st.Pid != 0 {
+		t.Fatalf("state after failed restore: %+v, %v", st, err)
+	}
+	for _, id := range []string{"killed", "badimages"} {
+		if _, err := f.client.Delete(ctx, id); err != nil {
+			t.Fatalf("delete %s: %v", id, err)
+		}
+	}
+	if ids, err := f.client.List(ctx); err == nil && len(ids) != 0 {
+		t.Fatalf("shim still holds %v", ids)
+	}
+}

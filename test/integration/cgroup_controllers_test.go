@@ -3,8 +3,8 @@ package integration
 import (
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -17,19 +17,24 @@ import (
 )
 
 // hugePageSizes lists the node's hugepage sizes as the CRI spells them
-// ("2MB"), as the kubelet finds them (/sys/kernel/mm/hugepages).
+// ("2MB"), as the kubelet finds them (/sys/kernel/mm/hugepages), smallest
+// first.
 func hugePageSizes(t *testing.T) []string {
 	t.Helper()
 	entries, err := os.ReadDir("/sys/kernel/mm/hugepages")
 	if err != nil {
 		t.Skipf("no hugepages on this kernel: %v", err)
 	}
-	var sizes []string
+	var kbs []int
 	for _, e := range entries {
 		kb, err := strconv.Atoi(strings.TrimSuffix(strings.TrimPrefix(e.Name(), "hugepages-"), "kB"))
-		if err != nil {
-			continue
+		if err == nil {
+			kbs = append(kbs, kb)
 		}
+	}
+	slices.Sort(kbs)
+	var sizes []string
+	for _, kb := range kbs {
 		switch {
 		case kb >= 1<<20:
 			sizes = append(sizes, fmt.Sprintf("%dGB", kb>>20))
@@ -47,7 +52,8 @@ func hugePageSizes(t *testing.T) []string {
 
 // kubeletHugepages is what the kubelet puts in every container: a limit
 // for each of the node's page sizes, 0 unless the pod asks for hugepages
-// (here: 4 MiB of the first size).
+// (here: 4 MiB of the smallest size; the kernel rounds a limit down to
+// whole pages, so 4 MiB of 1 GiB pages would read back 0).
 func kubeletHugepages(sizes []string) *criapi.LinuxContainerResources {
 	r := &criapi.LinuxContainerResources{CpuShares: 2, MemoryLimitInBytes: 64 << 20}
 	for i, s := range sizes {
@@ -128,27 +134,6 @@ func TestHugepageLimitsOnAHostWithoutHugetlbHierarchy(t *testing.T) {
 	leakcheck.CheckSettled(t, scope, before, leakcheck.Take(t, scope))
 }
 
-// privateCgroupRoot is run by sh inside berthd's own mount namespace
-// (slave: nothing mounted there reaches the node): it puts a fresh tmpfs
-// on /sys/fs/cgroup holding bind mounts of the node's hierarchies plus a
-// hugetlb hierarchy, then execs berthd. runc's v1 manager only uses
-// hierarchies mounted below /sys/fs/cgroup, and a directory made on the
-// node's /sys/fs/cgroup would be seen by every other daemon there.
-const privateCgroupRoot = `set -e
-o="$0"
-mount --rbind /sys/fs/cgroup "$o"
-mount -t tmpfs -o mode=755 berth-test-cgroup /sys/fs/cgroup
-for p in "$o"/*; do
-	n=${p##*/}
-	if [ -L "$p" ]; then ln -s "$(readlink "$p")" "/sys/fs/cgroup/$n"; continue; fi
-	mkdir "/sys/fs/cgroup/$n"
-	mount --bind "$p" "/sys/fs/cgroup/$n"
-done
-mkdir -p /sys/fs/cgroup/hugetlb
-mount -t cgroup -o hugetlb berth-test-hugetlb /sys/fs/cgroup/hugetlb
-umount -l "$o"
-exec "$@"`
-
 // TestHugepageLimitLandsWithTheHugetlbHierarchyMounted gives this test's
 // berthd a hugetlb hierarchy at /sys/fs/cgroup/hugetlb in a mount
 // namespace of its own (the node and other tests' daemons keep theirs):
@@ -160,21 +145,10 @@ func TestHugepageLimitLandsWithTheHugetlbHierarchyMounted(t *testing.T) {
 	if _, err := os.Stat("/sys/fs/cgroup/cgroup.controllers"); err == nil {
 		t.Skip("cgroup v2: no v1 hugetlb hierarchy to mount")
 	}
-	if _, err := exec.LookPath("unshare"); err != nil {
-		t.Skip("unshare not found")
+	if ok, why := berthdtest.CanMountHugetlb(); !ok {
+		t.Skipf("a hugetlb hierarchy cannot be mounted here: %s", why)
 	}
-	probe := exec.Command("unshare", "--mount", "--propagation", "private", "--", "/bin/sh", "-c",
-		`mount -t tmpfs tmpfs /mnt && mkdir /mnt/h && mount -t cgroup -o hugetlb berth-test-hugetlb /mnt/h`)
-	if out, err := probe.CombinedOutput(); err != nil {
-		t.Skipf("a hugetlb hierarchy cannot be mounted here: %v: %s", err, out)
-	}
-	orig := t.TempDir()
-	d := berthdtest.Start(t, berthdtest.Options{StartProcess: func(cmd *exec.Cmd) error {
-		// unshare and sh exec, so the pid stays berthd's and signals reach it.
-		args := append([]string{"--mount", "--propagation", "slave", "--", "/bin/sh", "-c", privateCgroupRoot, orig, cmd.Path}, cmd.Args[1:]...)
-		cmd.Path, cmd.Args = "/usr/bin/unshare", append([]string{"unshare"}, args...)
-		return cmd.Start()
-	}})
+	d := berthdtest.Start(t, berthdtest.Options{StartProcess: berthdtest.StartWithPrivateHugetlb(t.TempDir())})
 	// What berthd sees, through its root in its mount namespace.
 	hugetlb := fmt.Sprintf("/proc/%d/root/sys/fs/cgroup/hugetlb", d.Pid())
 	if _, err := os.Stat(filepath.Join(hugetlb, "cgroup.procs")); err != nil {
@@ -183,17 +157,8 @@ func TestHugepageLimitLandsWithTheHugetlbHierarchyMounted(t *testing.T) {
 	// The hierarchy outlives the mount (the kernel keeps it while it has
 	// cgroups): remove the daemon's parent from it before berthd goes.
 	t.Cleanup(func() {
-		var dirs []string
-		_ = filepath.WalkDir(filepath.Join(hugetlb, d.Config.CgroupParent), func(p string, e os.DirEntry, err error) error {
-			if err == nil && e.IsDir() {
-				dirs = append(dirs, p)
-			}
-			return nil
-		})
-		for i := len(dirs) - 1; i >= 0; i-- {
-			if err := os.Remove(dirs[i]); err != nil {
-				t.Errorf("remove test cgroup from the hugetlb hierarchy: %v", err)
-			}
+		if err := berthdtest.RemoveCgroupTree(filepath.Join(hugetlb, d.Config.CgroupParent)); err != nil {
+			t.Errorf("remove test cgroups from the hugetlb hierarchy: %v", err)
 		}
 	})
 	if strings.Contains(d.Logs(), "hugepage limits") {

@@ -177,6 +177,26 @@ var faultCases = []faultCase{
 			_, err := e.d.Image.RemoveImage(ctx, &criapi.RemoveImageRequest{Image: &criapi.ImageSpec{Image: e.imageUsed}})
 			return err
 		}},
+	// A background collection pass (which RemoveImage waits for) dies
+	// with the unused layers renamed into trash/: the restarted daemon
+	// empties trash/ and keeps the layers the unrelated container uses.
+	{point: fault.ImageMidGC,
+		prepare: func(e *faultEnv) {
+			e.imageUsed = e.reg.Ref(testimages.MultiLayerRef)
+			pull(e.t, e.d, e.imageUsed, nil)
+		},
+		op: func(ctx context.Context, e *faultEnv) error {
+			_, err := e.d.Image.RemoveImage(ctx, &criapi.RemoveImageRequest{Image: &criapi.ImageSpec{Image: e.imageUsed}})
+			return err
+		},
+		afterRestart: func(e *faultEnv) {
+			if trash, _ := os.ReadDir(filepath.Join(e.d.Root, "images", "trash")); len(trash) != 0 {
+				e.t.Fatalf("trash/ not emptied at start: %d entries", len(trash))
+			}
+			if img := imageStatus(e.t, e.d, e.imageUsed); img != nil {
+				e.t.Fatalf("the removed image is back: %v", img.Id)
+			}
+		}},
 }
 
 func runTargetPod(ctx context.Context, e *faultEnv) error {
@@ -417,5 +437,34 @@ func TestStartWhoseRecordFailsStopsTheContainer(t *testing.T) {
 	d.SetEnv()
 	d.Restart()
 	check("after a restart")
+	stopRemove(t, d, e.pod)
+}
+
+// TestCreateWhoseLeaseWriteFailsLeavesNothing: CreateContainer's image
+// lease cannot be written (an armed failure point, after the lease is
+// held in memory). The create fails and undoes everything; the image is
+// not pinned by the lease that never reached the disk: removing it frees
+// its layers.
+func TestCreateWhoseLeaseWriteFailsLeavesNothing(t *testing.T) {
+	t.Parallel()
+	d := berthdtest.Start(t, berthdtest.Options{Env: []string{fault.EnvVar + "=" + string(fault.ImageFailLeaseWrite)}})
+	e := newCtrEnvOn(t, d)
+	scope := leakcheck.ForDaemon(d)
+	scope.Root = d.Root
+	before := leakcheck.Take(t, scope)
+	ctx := ctxT(t)
+	if _, err := d.Runtime.CreateContainer(ctx, &criapi.CreateContainerRequest{PodSandboxId: e.pod, Config: e.config("victim", "sleep", "100"), SandboxConfig: e.podCfg}); err == nil {
+		t.Fatal("CreateContainer succeeded though its image lease could not be written")
+	}
+	if es, _ := os.ReadDir(filepath.Join(d.Root, "images", "leases")); len(es) != 0 {
+		t.Fatalf("leases left by the failed create: %d", len(es))
+	}
+	leakcheck.CheckSettled(t, scope, before, leakcheck.Take(t, scope))
+	if _, err := d.Image.RemoveImage(ctx, &criapi.RemoveImageRequest{Image: &criapi.ImageSpec{Image: e.reg.Ref("busybox:latest")}}); err != nil {
+		t.Fatal(err)
+	}
+	if ls, _ := os.ReadDir(filepath.Join(d.Root, "images", "layers")); len(ls) != 0 {
+		t.Fatalf("%d layers pinned after the image was removed", len(ls))
+	}
 	stopRemove(t, d, e.pod)
 }

@@ -206,28 +206,8 @@ func TestSIGTERMExitsZeroAndLeavesStateUntouched(t *testing.T) {
 	d.WaitReady()
 }
 
-func TestUnbuiltRPCsReturnUnimplemented(t *testing.T) {
-	t.Parallel()
-	d := berthdtest.Start(t, berthdtest.Options{})
-	ctx := ctxT(t)
-	// Every RPC listed here is not built yet; each later capability removes
-	// its RPCs from this table as it lands.
-	calls := map[string]func() error{
-		"CheckpointContainer": func() error {
-			_, err := d.Runtime.CheckpointContainer(ctx, &criapi.CheckpointContainerRequest{})
-			return err
-		},
-	}
-	for name, call := range calls {
-		t.Run(name, func(t *testing.T) {
-			err := call()
-			wantCode(t, err, codes.Unimplemented)
-			if !strings.Contains(status.Convert(err).Message(), name) {
-				t.Fatalf("message %q does not name %s", status.Convert(err).Message(), name)
-			}
-		})
-	}
-}
+// Every RPC is built: TestEveryCRIRPCIsImplemented (rpc_probe_test.go)
+// probes all of them.
 
 func TestSIGTERMLeavesRunningContainersRunning(t *testing.T) {
 	t.Parallel()

@@ -522,6 +522,11 @@ func TestImageFsInfoReportsStoreUsage(t *testing.T) {
 		if len(resp.ImageFilesystems) != 1 {
 			t.Fatalf("image filesystems: %v", resp.ImageFilesystems)
 		}
+		// The writable layers' filesystem, apart (KEP-4191); here on the
+		// same disk, which the kubelet sees by resolving both to a device.
+		if cf := resp.ContainerFilesystems; len(cf) != 1 || cf[0].FsId.GetMountpoint() != filepath.Join(d.Root, "containers") {
+			t.Fatalf("container filesystems: %v", cf)
+		}
 		return resp.ImageFilesystems[0]
 	}
 	before := fsInfo()

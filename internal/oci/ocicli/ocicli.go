@@ -40,6 +40,22 @@ func CreateArgs(base []string, bundle, pidFile, consoleSocket, id string) (args 
 	return append(args, id), logPath
 }
 
+// RestoreArgs completes base (from Args, without a subcommand) into a
+// detached `restore` of container id from the CRIU images in imagePath
+// (KEP-2008): the restored process tree is reparented to the caller's
+// subreaper, like a created init. CRIU's own files go to workPath; the
+// runtime logs its errors as JSON to logPath, in the bundle, as create
+// does. criu, when set, is the criu binary (runc's global --criu).
+func RestoreArgs(base []string, criu, bundle, imagePath, workPath, pidFile, id string) (args []string, logPath string) {
+	logPath = filepath.Join(bundle, "runtime.log")
+	if criu != "" {
+		base = append(base, "--criu", criu)
+	}
+	args = append(base, "--log", logPath, "--log-format", "json", "restore", "--detach",
+		"--bundle", bundle, "--image-path", imagePath, "--work-path", workPath, "--pid-file", pidFile)
+	return append(args, id), logPath
+}
+
 // OrDevNull returns f, or /dev/null opened for writing when f is nil, and
 // what closes it. A created container inherits the runtime's stdio: never
 // hand it a pipe the caller waits on, or the caller would wait for the
@@ -99,7 +115,7 @@ func Message(s string) string {
 func subcommand(args []string) string {
 	for _, a := range args[1:] {
 		switch a {
-		case "create", "start", "kill", "delete", "state", "update", "exec":
+		case "create", "start", "kill", "delete", "state", "update", "exec", "checkpoint", "restore", "pause", "resume":
 			return a
 		}
 	}

@@ -81,6 +81,8 @@ func AppendRequest(b []byte, r *Request) []byte {
 		c2.boolOmit("stdin", c.Stdin)
 		c2.boolOmit("stdin_once", c.StdinOnce)
 		c2.boolOmit("terminal", c.Terminal)
+		c2.strOmit("restore", c.Restore)
+		c2.strOmit("criu", c.CRIU)
 		o.b = c2.end()
 	}
 	o.intOmit("signal", int64(r.Signal))
@@ -252,6 +254,10 @@ func (d *decoder) create(c *CreateRequest) error {
 			c.StdinOnce, err = d.bool()
 		case "terminal":
 			c.Terminal, err = d.bool()
+		case "restore":
+			c.Restore, err = d.str()
+		case "criu":
+			c.CRIU, err = d.str()
 		default:
 			err = d.skip()
 		}

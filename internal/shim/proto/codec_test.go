@@ -32,6 +32,9 @@ var wireRequests = []struct {
 			Runtime: Runtime{Binary: "runc", Root: "/run/runc", Options: []string{"--systemd-cgroup", "--debug"}}, Stdin: true, StdinOnce: true, Terminal: true}}},
 	{`{"op":"create","id":"c4","create":{"bundle":"/b","runtime":{"binary":"crun","root":"/r"}}}`,
 		Request{Op: OpCreate, ID: "c4", Create: &CreateRequest{Bundle: "/b", Runtime: Runtime{Binary: "crun", Root: "/r"}}}},
+	// Added since: a berthd of the previous version leaves them out.
+	{`{"op":"create","id":"c5","create":{"bundle":"/b","runtime":{"binary":"runc","root":"/r"},"restore":"/b/checkpoint","criu":"/usr/sbin/criu"}}`,
+		Request{Op: OpCreate, ID: "c5", Create: &CreateRequest{Bundle: "/b", Runtime: Runtime{Binary: "runc", Root: "/r"}, Restore: "/b/checkpoint", CRIU: "/usr/sbin/criu"}}},
 }
 
 var wireResponses = []struct {

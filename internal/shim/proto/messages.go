@@ -31,6 +31,14 @@ type CreateRequest struct {
 	Stdin     bool    // "stdin"
 	StdinOnce bool    // "stdin_once"
 	Terminal  bool    // "terminal"
+	// Restore is a CRIU image directory (runc checkpoint --image-path):
+	// the container is registered created with no process, and its start
+	// restores the checkpointed process tree from it (runc restore
+	// --detach) instead of starting the created init. Omitted when empty.
+	Restore string // "restore"
+	// CRIU is the criu binary a restore uses (runc --criu); empty: the
+	// runtime's default (criu in PATH). Omitted when empty.
+	CRIU string // "criu"
 }
 
 // Request is one call.

@@ -14,8 +14,8 @@ const (
 	// not see it yet (Server.get).
 	phaseCreating phase = iota
 	// phaseCreated: the runtime created it, its pid is known, its init
-	// waits for start. (A container restored at its start would be
-	// created with no process yet, pid 0.)
+	// waits for start; or it is restored at its start (restore set) and
+	// has no process yet, pid 0.
 	phaseCreated
 	// phaseRunning: started.
 	phaseRunning
@@ -53,6 +53,9 @@ type container struct {
 	stdinOnce bool
 	logf      func(format string, args ...any)
 	exited    chan struct{} // closed when phase becomes exited
+	// restore is the create request of a container restored from a
+	// checkpoint at its start (nil for others): what start launches.
+	restore *proto.CreateRequest
 
 	mu      sync.Mutex
 	phase   phase
@@ -80,6 +83,17 @@ func newContainer(id string, cr *proto.CreateRequest, rt *ociRuntime, logf func(
 		log:       logSink{path: cr.LogPath},
 		attaches:  attachSet{m: map[*attachment]struct{}{}},
 	}
+}
+
+// awaitsRestore reports whether c is a restored container whose process
+// has not been restored yet.
+func (c *container) awaitsRestore() bool {
+	if c.restore == nil {
+		return false
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.phase == phaseCreated && c.pid == 0
 }
 
 func (c *container) currentPhase() phase {

@@ -39,8 +39,11 @@ func (s *Server) serveConn(conn *os.File) {
 			}
 			continue
 		}
+		s.answering.Add(1)
 		resp, exit := s.handle(req)
-		if err := proto.WriteResponse(conn, resp); err != nil {
+		err = proto.WriteResponse(conn, resp)
+		s.answering.Add(-1)
+		if err != nil {
 			return
 		}
 		s.scheduleTrim()

@@ -15,10 +15,9 @@ import (
 )
 
 // runtimeStep runs the OCI runtime to make a container's init process:
-// `create` today (ociRuntime.create). A restore from a checkpoint is
-// another step with the same contract (a closure over the checkpoint's
-// paths calling `restore --detach`), launched at create or at start. The
-// runtime forks the init with o's stdio (or hands its pty to
+// `create` (ociRuntime.create), or at the start of a container restored
+// from a checkpoint a closure over the checkpoint's paths calling
+// `restore --detach` (restoreStep). The runtime forks the init with o's stdio (or hands its pty to
 // o.consoleSocket) and writes its pid to o.pidFile.
 type runtimeStep func(rt *ociRuntime, id string, o createOpts) error
 
@@ -28,6 +27,11 @@ func (s *Server) create(req *proto.Request) (retErr error) {
 	c, err := s.register(req)
 	if err != nil {
 		return err
+	}
+	if req.Create.Restore != "" {
+		// Nothing runs until start restores the checkpoint.
+		c.setProcess(0, phaseCreated)
+		return nil
 	}
 	defer func() {
 		if retErr != nil {
@@ -46,6 +50,12 @@ func (s *Server) register(req *proto.Request) (*container, error) {
 	}
 	rt := &ociRuntime{binary: cr.Runtime.Binary, root: cr.Runtime.Root, options: cr.Runtime.Options, reaper: s.reaper}
 	c := newContainer(req.ID, cr, rt, s.logf)
+	if cr.Restore != "" {
+		if cr.Terminal {
+			return nil, fmt.Errorf("a terminal container cannot be restored: %w", errdefs.ErrInvalidArgument)
+		}
+		c.restore = cr
+	}
 	if err := s.reserve(c); err != nil {
 		return nil, err
 	}
@@ -273,11 +283,31 @@ func (s *Server) start(c *container) error {
 	case phaseRunning:
 		return fmt.Errorf("container %s already started: %w", c.id, errdefs.ErrFailedPrecondition)
 	}
+	if c.awaitsRestore() {
+		return s.launch(c, c.restore, restoreStep(c.restore), phaseRunning)
+	}
 	if err := c.rt.start(c.id); err != nil {
 		return err
 	}
 	c.started()
 	return nil
+}
+
+// restoreStep restores the checkpoint cr names with `restore --detach`.
+func restoreStep(cr *proto.CreateRequest) runtimeStep {
+	return func(rt *ociRuntime, id string, o createOpts) error {
+		return rt.restore(id, o, cr.Restore, cr.CRIU)
+	}
+}
+
+// exitUnrestored records the exit of a restored container that never
+// ran (killed or deleted before its start): there is no process to reap.
+func (s *Server) exitUnrestored(c *container, sig syscall.Signal) {
+	e := &proto.Exit{Version: proto.ExitVersion, ID: c.id, At: time.Now().UTC()}
+	if sig != 0 {
+		e.Signal, e.Code = int(sig), 128+int(sig)
+	}
+	s.recordExit(c, e)
 }
 
 // kill signals the container's init (every process with all); an exited
@@ -288,6 +318,10 @@ func (s *Server) kill(c *container, sig syscall.Signal, all bool) error {
 	}
 	if sig == 0 {
 		sig = syscall.SIGTERM
+	}
+	if c.awaitsRestore() {
+		s.exitUnrestored(c, sig)
+		return nil
 	}
 	err := c.rt.kill(c.id, sig, all)
 	if err != nil {
@@ -309,6 +343,9 @@ func (s *Server) kill(c *container, sig syscall.Signal, all bool) error {
 // delete removes the container from the runtime (killing it), waits for
 // its exit, and forgets it with its exit file.
 func (s *Server) delete(c *container) error {
+	if c.awaitsRestore() {
+		s.exitUnrestored(c, 0)
+	}
 	if err := c.rt.delete(c.id, true); err != nil {
 		return err
 	}

@@ -165,10 +165,11 @@ func lookPath(bin string) (string, error) {
 	return "", fmt.Errorf("%s: executable not found in $PATH", bin)
 }
 
-// run starts argv with the given stdio (nil means /dev/null), waits for it
-// and returns what it wrote to stderr (when stderr is nil). It forks while
-// holding the lock, so the exit cannot be reaped before it is watched.
-func (r *reaper) run(argv []string, stdin, stdout, stderr *os.File) ([]byte, error) {
+// run starts argv with the given stdio (nil means /dev/null) and process
+// attributes (nil: none), waits for it and returns what it wrote to stderr
+// (when stderr is nil). It forks while holding the lock, so the exit
+// cannot be reaped before it is watched.
+func (r *reaper) run(argv []string, sys *syscall.SysProcAttr, stdin, stdout, stderr *os.File) ([]byte, error) {
 	bin, err := lookPath(argv[0])
 	if err != nil {
 		return nil, err
@@ -193,7 +194,7 @@ func (r *reaper) run(argv []string, stdin, stdout, stderr *os.File) ([]byte, err
 		defer errR.Close()
 		stderr = errW
 	}
-	attr := &syscall.ProcAttr{Env: os.Environ(), Files: []uintptr{fd(stdin), fd(stdout), fd(stderr)}}
+	attr := &syscall.ProcAttr{Env: os.Environ(), Files: []uintptr{fd(stdin), fd(stdout), fd(stderr)}, Sys: sys}
 	r.mu.Lock()
 	var done <-chan unix.WaitStatus
 	var pidfd *os.File

@@ -4,7 +4,9 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"path/filepath"
 	"strconv"
+	"strings"
 	"syscall"
 
 	"github.com/berthcri/berth/internal/errdefs"
@@ -27,10 +29,15 @@ func (r *ociRuntime) args(sub ...string) []string {
 }
 
 func (r *ociRuntime) run(id string, args []string, stdin, stdout, stderr *os.File) error {
+	return r.runWith(id, args, nil, stdin, stdout, stderr)
+}
+
+// runWith is run with process attributes for the runtime's process.
+func (r *ociRuntime) runWith(id string, args []string, sys *syscall.SysProcAttr, stdin, stdout, stderr *os.File) error {
 	if err := os.MkdirAll(r.root, 0o700); err != nil {
 		return fmt.Errorf("create runtime root %s: %w", r.root, err)
 	}
-	errOut, err := r.reaper.run(args, stdin, stdout, stderr)
+	errOut, err := r.reaper.run(args, sys, stdin, stdout, stderr)
 	if err != nil {
 		return ocicli.Error(args, id, errOut, err)
 	}
@@ -57,6 +64,57 @@ func (r *ociRuntime) create(id string, o createOpts) error {
 		return ocicli.WithLogError(err, logPath)
 	}
 	return nil
+}
+
+// restore runs a detached `restore` of a checkpoint: the restored init
+// runs at once, with o's stdio standing in for the checkpointed pipes.
+func (r *ociRuntime) restore(id string, o createOpts, imagePath, criu string) error {
+	work := filepath.Join(o.bundle, "restore-work")
+	if err := os.MkdirAll(work, 0o700); err != nil {
+		return fmt.Errorf("restore %s: %w", id, err)
+	}
+	args, logPath := ocicli.RestoreArgs(r.args(), criu, o.bundle, imagePath, work, o.pidFile, id)
+	_ = os.Remove(logPath)
+	stderr, closeNull, err := ocicli.OrDevNull(o.stderr)
+	if err != nil {
+		return fmt.Errorf("restore %s: %w", id, err)
+	}
+	defer closeNull()
+	// CRIU mounts a "cgroup yard" of every controller (hugetlb too, which
+	// this node may not mount) under the work path while it restores. In
+	// the node's mount namespace other runtimes' runc and kubelets would
+	// see those mounts and create cgroups in them: so runc and CRIU run in
+	// a private copy of it (Go makes / rprivate in the child).
+	private := &syscall.SysProcAttr{Unshareflags: syscall.CLONE_NEWNS}
+	if err := r.runWith(id, args, private, o.stdin, o.stdout, stderr); err != nil {
+		return fmt.Errorf("%w (criu log %s: %s)", ocicli.WithLogError(err, logPath), filepath.Join(work, "restore.log"), criuErrors(filepath.Join(work, "restore.log")))
+	}
+	return nil
+}
+
+// criuErrors is what a CRIU log says went wrong: its "Error" lines (the
+// last few), else its end.
+func criuErrors(path string) string {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return err.Error()
+	}
+	var errs []string
+	for _, line := range strings.Split(string(data), "\n") {
+		if strings.Contains(line, "Error") {
+			errs = append(errs, strings.TrimSpace(line))
+		}
+	}
+	if len(errs) > 4 {
+		errs = errs[len(errs)-4:]
+	}
+	if len(errs) > 0 {
+		return strings.Join(errs, "; ")
+	}
+	if len(data) > 400 {
+		data = data[len(data)-400:]
+	}
+	return string(data)
 }
 
 // start lets a created container's init exec the process.

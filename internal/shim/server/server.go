@@ -17,6 +17,7 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/berthcri/berth/internal/errdefs"
@@ -37,6 +38,10 @@ type Server struct {
 
 	ln   *os.File
 	done chan struct{} // closed once the last response before exiting is out
+	// answering counts requests being handled and answered: the shim
+	// exits only once each is out, so parallel deletes of a pod's last
+	// containers all get their reply, not only the one that emptied it.
+	answering atomic.Int32
 
 	trim      *time.Timer // returns freed heap to the kernel once things settle
 	trimMu    sync.Mutex
@@ -87,6 +92,18 @@ func (s *Server) Serve() {
 	}
 	// exitIfEmpty closed the listener; the last response is on its way.
 	<-s.done
+	s.waitAnswers(5 * time.Second)
+}
+
+// waitAnswers waits, at most max, for the responses still being written:
+// a client that stopped reading must not keep the shim alive.
+func (s *Server) waitAnswers(max time.Duration) {
+	for deadline := time.Now().Add(max); s.answering.Load() > 0; time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			s.logf("exiting with responses unsent after %v", max)
+			return
+		}
+	}
 }
 
 // exitIfEmpty shuts the shim down when it holds no containers: it removes

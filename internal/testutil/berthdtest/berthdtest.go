@@ -145,7 +145,7 @@ func (d *Daemon) Start() {
 	}
 	args := append([]string{"--config", d.ConfigPath}, d.opts.Args...)
 	cmd := exec.Command(Binary(d.t), args...)
-	cmd.Env = append(os.Environ(), d.opts.Env...)
+	cmd.Env = append(withCRIUPath(os.Environ()), d.opts.Env...)
 	cmd.Stdout = d.logs
 	cmd.Stderr = d.logs
 	// Own process group, so a test's ^C does not reach it first.
@@ -353,6 +353,59 @@ func BuildShim(dir string) (string, error) {
 		return "", fmt.Errorf("go build ./cmd/berth-shim: %v\n%s", err, b)
 	}
 	return out, nil
+}
+
+// CRIUDir is the directory of the criu the tests use: the one provided
+// beside the checkout (../shared/tools/criu, where CI copies the shared
+// tools; Debian's criu does not run on these machines' kernels), or ""
+// when there is none and criu comes from PATH.
+func CRIUDir() string {
+	dir := filepath.Join(moduleRoot(), "..", "shared", "tools", "criu")
+	if _, err := os.Stat(filepath.Join(dir, "criu")); err != nil {
+		return ""
+	}
+	abs, err := filepath.Abs(dir)
+	if err != nil {
+		return ""
+	}
+	return abs
+}
+
+// withCRIUPath puts CRIUDir first on env's PATH, as make test does.
+func withCRIUPath(env []string) []string {
+	dir := CRIUDir()
+	if dir == "" {
+		return env
+	}
+	out := make([]string, 0, len(env)+1)
+	found := false
+	for _, kv := range env {
+		if v, ok := strings.CutPrefix(kv, "PATH="); ok {
+			kv, found = "PATH="+dir+":"+v, true
+		}
+		out = append(out, kv)
+	}
+	if !found {
+		out = append(out, "PATH="+dir+":/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin")
+	}
+	return out
+}
+
+// RequireCRIU skips the test, saying why, unless the criu berthd will
+// run (CRIUDir's, else PATH's) passes `criu check`.
+func RequireCRIU(t testing.TB) {
+	t.Helper()
+	path := ""
+	if dir := CRIUDir(); dir != "" {
+		path = filepath.Join(dir, "criu")
+	} else if p, err := exec.LookPath("criu"); err == nil {
+		path = p
+	} else {
+		t.Skipf("checkpoint/restore needs criu: %v", err)
+	}
+	if out, err := exec.Command(path, "check").CombinedOutput(); err != nil {
+		t.Skipf("checkpoint/restore needs a working criu: %s check: %v: %s", path, err, strings.TrimSpace(string(out)))
+	}
 }
 
 func moduleRoot() string {

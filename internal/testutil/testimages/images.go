@@ -196,6 +196,10 @@ func MultiLayer() (v1.Image, error) {
 	return build([][]File{add, del, opq}, v1.Config{Cmd: []string{"sh"}, Env: []string{"PATH=/bin", "LAYERS=4"}})
 }
 
+// Build is the busybox base with extra layers on top and config cfg
+// (PATH is set when cfg has no Env), for images a test assembles itself.
+func Build(extra [][]File, cfg v1.Config) (v1.Image, error) { return build(extra, cfg) }
+
 // build stacks the base layer and extra layers with the given config.
 func build(extra [][]File, cfg v1.Config) (v1.Image, error) {
 	base, err := BaseFiles()

@@ -1,0 +1,38 @@
+package integration
+
+import (
+	"fmt"
+	"sync"
+	"testing"
+
+	criapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+)
+
+// The kubelet removes a pod's containers concurrently. The shim exits
+// once the last one is gone, and each delete must still get its reply:
+// the shim used to exit as soon as the delete that emptied it answered,
+// and the others saw EOF.
+func TestParallelRemovalOfAPodsLastContainers(t *testing.T) {
+	e := newCtrEnv(t)
+	for round := 0; round < 8; round++ {
+		var ids []string
+		for i := 0; i < 6; i++ {
+			ids = append(ids, e.create(e.config(fmt.Sprintf("r%d-%d", round, i), "sleep", "100")))
+		}
+		var wg sync.WaitGroup
+		errs := make([]error, len(ids))
+		for i, id := range ids {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				_, errs[i] = e.d.Runtime.RemoveContainer(ctxT(t), &criapi.RemoveContainerRequest{ContainerId: id})
+			}()
+		}
+		wg.Wait()
+		for i, err := range errs {
+			if err != nil {
+				t.Errorf("round %d: remove %s: %v", round, ids[i], err)
+			}
+		}
+	}
+}
