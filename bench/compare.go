@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"sort"
+	"strconv"
 	"strings"
 	"time"
 
@@ -56,6 +57,15 @@ func (c *Comparison) add(series, endpoint string, d time.Duration) {
 // warmup samples run before measuring and are discarded.
 const warmup = 3
 
+// samples is a workload's sample count, or $BENCH_SAMPLES when set: more
+// samples for a before/after on a noisy machine.
+func samples(n int) int {
+	if v, err := strconv.Atoi(os.Getenv("BENCH_SAMPLES")); err == nil && v > 0 {
+		return v
+	}
+	return n
+}
+
 // Run measures w on every endpoint, alternating endpoints sample by sample
 // so that drift of the machine hits all of them alike.
 func (c *Comparison) Run(ctx context.Context, w Workload, eps ...*Endpoint) {
@@ -90,8 +100,12 @@ func (c *Comparison) Run(ctx context.Context, w Workload, eps ...*Endpoint) {
 		floorSamples = &FloorSeries{Name: floor.Name}
 		c.Floors[w.Name+": "+floor.Bounds] = floorSamples
 	}
+	warm := warmup
+	if w.Warmup > 0 {
+		warm = w.Warmup
+	}
 	failed := map[*Endpoint]bool{}
-	for i := 0; i < warmup+w.Samples; i++ {
+	for i := 0; i < warm+samples(w.Samples); i++ {
 		for _, ep := range live {
 			if failed[ep] {
 				continue
@@ -102,7 +116,7 @@ func (c *Comparison) Run(ctx context.Context, w Workload, eps ...*Endpoint) {
 				failed[ep] = true
 				continue
 			}
-			if i < warmup {
+			if i < warm {
 				continue
 			}
 			keys := make([]string, 0, len(ds))
@@ -123,7 +137,7 @@ func (c *Comparison) Run(ctx context.Context, w Workload, eps ...*Endpoint) {
 			failed[nil] = true // an endpoint-less key: the floor
 			continue
 		}
-		if i >= warmup {
+		if i >= warm {
 			floorSamples.Samples = append(floorSamples.Samples, d)
 		}
 	}

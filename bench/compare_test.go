@@ -3,6 +3,7 @@ package bench
 import (
 	"context"
 	"os"
+	"os/exec"
 	"strings"
 	"testing"
 	"time"
@@ -78,12 +79,15 @@ func BenchmarkCompare(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	floors := NewFloors(b, eps[0].Daemon, multiImg)
+	floors := NewFloors(b, eps[0].Daemon, image, multiImg)
 	only := os.Getenv("BENCH_WORKLOADS")
 	for _, w := range Workloads(image, multi, floors) {
 		if selected(only, w.Name) {
 			cmp.Run(ctx, w, eps...)
 		}
+	}
+	for _, w := range realPullWorkloads(b, reg, only) {
+		cmp.Run(ctx, w, eps...)
 	}
 	for _, ep := range eps {
 		if !selected(only, "scale") {
@@ -99,6 +103,33 @@ func BenchmarkCompare(b *testing.B) {
 	if err := cmp.Write(os.Stdout, os.Getenv("BENCH_OUT")); err != nil {
 		b.Fatal(err)
 	}
+}
+
+// realPullWorkloads builds the real-size images from this machine's Go
+// toolchain (only when selected: building them takes seconds), pushes
+// them and returns their pull workloads.
+func realPullWorkloads(b *testing.B, reg *testimages.Registry, only string) []Workload {
+	var ws []Workload
+	if !selected(only, "image pull real size gzip") && !selected(only, "image pull real size zstd") {
+		return nil
+	}
+	out, err := exec.Command("go", "env", "GOROOT").Output()
+	if err != nil {
+		b.Logf("no real-size pull: go env GOROOT: %v", err)
+		return nil
+	}
+	gz, zst, err := BuildRealImages(strings.TrimSpace(string(out)))
+	if err != nil {
+		b.Fatalf("build real-size images: %v", err)
+	}
+	for _, ri := range []*RealImage{gz, zst} {
+		w := RealPullWorkload(ri, reg.Ref("real-"+ri.Compression+":latest"))
+		if selected(only, w.Name) {
+			reg.Push(b, "real-"+ri.Compression+":latest", ri.Image)
+			ws = append(ws, w)
+		}
+	}
+	return ws
 }
 
 // selected reports whether the workload name is one of only's

@@ -38,12 +38,16 @@ type Floor struct {
 // Floors are the floors of the standard workloads.
 type Floors struct {
 	NetnsCNI, RuncStart, RuncExec, TarExtract *Floor
+	// PodStart bounds a pod's start end to end: netns + CNI ADD, then
+	// runc create + start of the very spec berth writes.
+	PodStart *Floor
 }
 
 // NewFloors builds the floors on berth's own configuration (bridge,
-// subnet, CNI plugins) and the layers of the multi-layer image. A floor
-// that cannot run here (no bridge plugin, no tar) is nil.
-func NewFloors(tb testing.TB, d *berthdtest.Daemon, multiLayer v1.Image) *Floors {
+// subnet, CNI plugins), the spec berth writes for a container of image
+// and the layers of the multi-layer image. A floor that cannot run here
+// (no bridge plugin, no tar) is nil.
+func NewFloors(tb testing.TB, d *berthdtest.Daemon, image string, multiLayer v1.Image) *Floors {
 	tb.Helper()
 	f := &Floors{}
 	if nf, err := netnsCNIFloor(d); err != nil {
@@ -56,6 +60,11 @@ func NewFloors(tb testing.TB, d *berthdtest.Daemon, multiLayer v1.Image) *Floors
 		tb.Logf("no runc floors: %v", err)
 	} else {
 		f.RuncStart, f.RuncExec = rs, re
+	}
+	if pf, err := podStartFloor(tb, d, image); err != nil {
+		tb.Logf("no pod start floor: %v", err)
+	} else {
+		f.PodStart = pf
 	}
 	if tf, err := tarFloor(tb, multiLayer); err != nil {
 		tb.Logf("no tar floor: %v", err)
@@ -100,6 +109,114 @@ func netnsCNIFloor(d *berthdtest.Daemon) (*Floor, error) {
 			return took, nil
 		},
 	}, nil
+}
+
+// podStartFloor is what starting a kubelet-shaped pod costs any runtime:
+// `ip netns add` and the bridge plugin's ADD with berth's network config,
+// then `runc create` + `runc start` of the spec berth wrote for the same
+// container in a pod of the same shape (its rootfs, mounts and namespaces,
+// the network namespace swapped for the floor's own). Its Setup starts
+// that pod on berth once, to read the spec and keep the rootfs mounted;
+// each sample's netns, attachment and container are removed untimed.
+func podStartFloor(tb testing.TB, d *berthdtest.Daemon, image string) (*Floor, error) {
+	if os.Geteuid() != 0 {
+		return nil, errors.New("runc needs root")
+	}
+	if _, err := exec.LookPath("runc"); err != nil {
+		return nil, err
+	}
+	cniBin, err := FindCNIBin(d.Config.CNIBinDirs)
+	if err != nil {
+		return nil, err
+	}
+	ipamDir := filepath.Join(d.Root, "cni", "networks")
+	conf, err := BridgePluginConf(network.DefaultConfList(d.Config.DefaultNetwork.Bridge, d.Config.DefaultNetwork.Subnet, ipamDir))
+	if err != nil {
+		return nil, err
+	}
+	dir := tb.TempDir()
+	runc := oci.New("runc", filepath.Join(dir, "runc"), nil)
+	ep := &Endpoint{Name: "floor", Runtime: d.Runtime, Image: d.Image, Dir: dir}
+	type setup struct {
+		podID  string
+		spec   []byte
+		rootfs string
+	}
+	return &Floor{
+		Name: "netns + bridge ADD + runc create + start", Bounds: "RunPodSandbox+CreateContainer+StartContainer",
+		Setup: func(ctx context.Context) (any, error) {
+			podID, ctrID, err := podWithContainer(ctx, ep, image)
+			if err != nil {
+				return nil, err
+			}
+			ctrDir := filepath.Join(d.Root, "containers", ctrID)
+			spec, err := os.ReadFile(filepath.Join(ctrDir, "config.json"))
+			if err != nil {
+				removePod(ctx, ep, podID)
+				return nil, err
+			}
+			return &setup{podID: podID, spec: spec, rootfs: filepath.Join(ctrDir, "rootfs")}, nil
+		},
+		Sample: func(ctx context.Context, st any, i int) (time.Duration, error) {
+			su := st.(*setup)
+			ns := fmt.Sprintf("berthfloor-%d-p%d", os.Getpid(), i)
+			id := fmt.Sprintf("podfloor%d", i)
+			bundle := filepath.Join(dir, "bundles", id)
+			if err := podFloorBundle(su.spec, bundle, id, su.rootfs, "/run/netns/"+ns); err != nil {
+				return 0, err
+			}
+			defer func() {
+				_ = runc.Delete(ctx, id, true)
+				RunBridgePlugin(cniBin, "DEL", id, "/run/netns/"+ns, conf)
+				_ = exec.Command("ip", "netns", "del", ns).Run()
+				os.RemoveAll(bundle)
+			}()
+			start := time.Now()
+			if out, err := exec.CommandContext(ctx, "ip", "netns", "add", ns).CombinedOutput(); err != nil {
+				return 0, fmt.Errorf("ip netns add: %v: %s", err, out)
+			}
+			if out, err := RunBridgePlugin(cniBin, "ADD", id, "/run/netns/"+ns, conf); err != nil {
+				return 0, fmt.Errorf("bridge ADD: %v: %s", err, out)
+			}
+			if err := runc.Create(ctx, id, oci.CreateOpts{Bundle: bundle, PidFile: filepath.Join(bundle, "pid")}); err != nil {
+				return 0, err
+			}
+			if err := runc.Start(ctx, id); err != nil {
+				return 0, err
+			}
+			return time.Since(start), nil
+		},
+		Teardown: func(ctx context.Context, st any) {
+			removePod(ctx, ep, st.(*setup).podID)
+		},
+	}, nil
+}
+
+// podFloorBundle writes a bundle for id from berth's spec: its own cgroup,
+// the given rootfs and network namespace.
+func podFloorBundle(data []byte, bundle, id, rootfs, netns string) error {
+	var spec specs.Spec
+	if err := json.Unmarshal(data, &spec); err != nil {
+		return err
+	}
+	if spec.Linux == nil {
+		return errors.New("spec without a linux section")
+	}
+	for i, ns := range spec.Linux.Namespaces {
+		if ns.Type == specs.NetworkNamespace {
+			spec.Linux.Namespaces[i].Path = netns
+		}
+	}
+	spec.Linux.CgroupsPath = filepath.Join(filepath.Dir(spec.Linux.CgroupsPath), id)
+	spec.Root.Path = rootfs
+	out, err := json.Marshal(&spec)
+	if err != nil {
+		return err
+	}
+	if err := os.MkdirAll(bundle, 0o700); err != nil {
+		return err
+	}
+	return os.WriteFile(filepath.Join(bundle, "config.json"), out, 0o600)
 }
 
 // runcBundles writes busybox bundles for runc alone, in a private dir and

@@ -5,7 +5,9 @@ go 1.26.8
 require (
 	github.com/berthcri/berth v0.0.0
 	github.com/google/go-containerregistry v0.22.1
+	github.com/klauspost/compress v1.20.1
 	github.com/opencontainers/runtime-spec v1.3.0
+	golang.org/x/sync v0.23.0
 	gonum.org/v1/plot v0.16.0
 	google.golang.org/grpc v1.85.0
 	k8s.io/cri-api v0.37.2
@@ -31,7 +33,6 @@ require (
 	github.com/docker/go-units v0.5.0 // indirect
 	github.com/godbus/dbus/v5 v5.1.0 // indirect
 	github.com/golang/freetype v0.0.0-20170609003504-e2365dfdc4a0 // indirect
-	github.com/klauspost/compress v1.20.1 // indirect
 	github.com/moby/sys/mountinfo v0.7.2 // indirect
 	github.com/moby/sys/signal v0.7.1 // indirect
 	github.com/moby/sys/userns v0.1.0 // indirect
@@ -44,7 +45,6 @@ require (
 	golang.org/x/exp v0.0.0-20241108190413-2d47ceb2692f // indirect
 	golang.org/x/image v0.25.0 // indirect
 	golang.org/x/net v0.60.0 // indirect
-	golang.org/x/sync v0.23.0 // indirect
 	golang.org/x/sys v0.49.0 // indirect
 	golang.org/x/text v0.42.0 // indirect
 	google.golang.org/genproto/googleapis/rpc v0.0.0-20260817212433-ac3dfec99bb1 // indirect

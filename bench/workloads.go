@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"syscall"
 	"time"
 
 	"google.golang.org/grpc/codes"
@@ -31,6 +32,8 @@ type Workload struct {
 	Setup    func(ctx context.Context, ep *Endpoint) (any, error)
 	Sample   func(ctx context.Context, ep *Endpoint, state any, i int) (map[string]time.Duration, error)
 	Teardown func(ctx context.Context, ep *Endpoint, state any)
+	// Warmup is how many rounds run first, unrecorded; 0 means 3.
+	Warmup int
 	// Floor, when set, is measured in the same loop, after the endpoints.
 	Floor *Floor
 }
@@ -298,7 +301,7 @@ func Workloads(image, multiLayerImage string, floors *Floors) []Workload {
 			},
 		},
 		{
-			Name: "pod start end to end", Samples: 30,
+			Name: "pod start end to end", Samples: 30, Floor: floors.PodStart,
 			Sample: func(ctx context.Context, ep *Endpoint, _ any, i int) (map[string]time.Duration, error) {
 				var podID string
 				d, err := timed(func() error {
@@ -397,6 +400,40 @@ func Workloads(image, multiLayerImage string, floors *Floors) []Workload {
 				return map[string]time.Duration{"PullImage (4 layers, local registry)": d}, nil
 			},
 		},
+	}
+}
+
+// RealPullWorkload pulls ri (pushed as ref) on every endpoint, the image
+// removed before each pull (untimed), so every sample downloads, verifies
+// and unpacks all of it; its floor decompresses and writes the same layers
+// in-process. Few samples: each moves hundreds of MB.
+func RealPullWorkload(ri *RealImage, ref string) Workload {
+	series := fmt.Sprintf("PullImage real size %s (%d layers, %d MB blobs, %d MB unpacked)",
+		ri.Compression, len(ri.Layers), ri.Compressed>>20, ri.Unpacked>>20)
+	remove := func(ctx context.Context, ep *Endpoint) error {
+		_, err := ep.Image.RemoveImage(ctx, &criapi.RemoveImageRequest{Image: &criapi.ImageSpec{Image: ref}})
+		return err
+	}
+	return Workload{
+		Name: "image pull real size " + ri.Compression, Samples: 5, Warmup: 1,
+		Floor: unpackFloor(ri, series),
+		Sample: func(ctx context.Context, ep *Endpoint, _ any, i int) (map[string]time.Duration, error) {
+			if err := remove(ctx, ep); err != nil {
+				return nil, unsupported(err)
+			}
+			// Each sample starts with nothing dirty in the page cache:
+			// the previous endpoint's writes are not this one's to flush.
+			syscall.Sync()
+			d, err := timed(func() error {
+				_, err := ep.Image.PullImage(ctx, &criapi.PullImageRequest{Image: &criapi.ImageSpec{Image: ref}})
+				return err
+			})
+			if err != nil {
+				return nil, unsupported(err)
+			}
+			return map[string]time.Duration{series: d}, nil
+		},
+		Teardown: func(ctx context.Context, ep *Endpoint, _ any) { remove(ctx, ep) },
 	}
 }
 

@@ -3,8 +3,13 @@
 // never a torn one, and the new one survives a power loss once Write
 // returns.
 //
-// It imports only os and path/filepath: berth-shim links it, and the
-// shim's memory budget (docs/decisions/0303) keeps its dependencies few.
+// Deferred writes the same way but leaves the fsyncs to a goroutine of its
+// own, for the few files whose recovery does not need them before the
+// caller goes on (decision 1600).
+//
+// It imports only low-level standard packages (os, path/filepath, sync):
+// berth-shim links it, and the shim's memory budget (docs/decisions/0303)
+// keeps its dependencies few; the shim uses only Write.
 package atomicfile
 
 import (
@@ -16,6 +21,15 @@ import (
 // renames it over path and fsyncs the directory so the rename itself is
 // durable. The file gets perm (before umask). Errors name path.
 func Write(path string, data []byte, perm os.FileMode) error {
+	if err := replace(path, data, perm, true); err != nil {
+		return err
+	}
+	return SyncDir(filepath.Dir(path))
+}
+
+// replace writes data to a temp file in path's directory (fsynced when
+// sync is set) and renames it over path.
+func replace(path string, data []byte, perm os.FileMode, sync bool) error {
 	dir := filepath.Dir(path)
 	tmp, err := os.CreateTemp(dir, ".tmp-"+filepath.Base(path)+"-")
 	if err != nil {
@@ -36,9 +50,11 @@ func Write(path string, data []byte, perm os.FileMode) error {
 		tmp.Close()
 		return &os.PathError{Op: "chmod", Path: path, Err: err}
 	}
-	if err := tmp.Sync(); err != nil {
-		tmp.Close()
-		return &os.PathError{Op: "sync", Path: path, Err: err}
+	if sync {
+		if err := tmp.Sync(); err != nil {
+			tmp.Close()
+			return &os.PathError{Op: "sync", Path: path, Err: err}
+		}
 	}
 	if err := tmp.Close(); err != nil {
 		return &os.PathError{Op: "close", Path: path, Err: err}
@@ -47,7 +63,7 @@ func Write(path string, data []byte, perm os.FileMode) error {
 		return err
 	}
 	committed = true
-	return SyncDir(dir)
+	return nil
 }
 
 // SyncDir fsyncs a directory, making renames and creations in it durable.

@@ -1,6 +1,7 @@
 package atomicfile
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 	"testing"
@@ -59,5 +60,82 @@ func TestWriteFailureKeepsOldFile(t *testing.T) {
 	entries, _ := os.ReadDir(dir)
 	if len(entries) != 2 {
 		t.Errorf("temp file left behind: %v", entries)
+	}
+}
+
+func TestDeferredWriteIsVisibleAtOnceAndFlushes(t *testing.T) {
+	var failed []string
+	d := NewDeferred(func(path string, err error) { failed = append(failed, path+": "+err.Error()) })
+	dir := t.TempDir()
+	for i, content := range []string{"first", "second, longer than the first"} {
+		path := filepath.Join(dir, "record.json")
+		if err := d.Write(path, []byte(content), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		// Readable at once, before any fsync.
+		if got, err := os.ReadFile(path); err != nil || string(got) != content {
+			t.Fatalf("write %d: read back %q, %v; want %q", i, got, err, content)
+		}
+	}
+	// A file removed before its fsync ran needs none.
+	gone := filepath.Join(dir, "gone.json")
+	if err := d.Write(gone, []byte("x"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	os.Remove(gone)
+	d.Flush()
+	d.mu.Lock()
+	pending, running := len(d.pending), d.running
+	d.mu.Unlock()
+	if pending != 0 || running {
+		t.Errorf("after Flush: %d pending, running %v", pending, running)
+	}
+	if len(failed) > 0 {
+		t.Errorf("background fsyncs failed: %v", failed)
+	}
+	entries, _ := os.ReadDir(dir)
+	if len(entries) != 1 {
+		t.Errorf("dir holds %d entries, want only the record: %v", len(entries), entries)
+	}
+}
+
+func TestNilDeferredWritesSynchronously(t *testing.T) {
+	var d *Deferred
+	path := filepath.Join(t.TempDir(), "f")
+	if err := d.Write(path, []byte("x"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	d.Flush()
+	if got, err := os.ReadFile(path); err != nil || string(got) != "x" {
+		t.Fatalf("read back %q, %v", got, err)
+	}
+	if err := d.Write(filepath.Join(t.TempDir(), "missing", "f"), []byte("x"), 0o644); err == nil {
+		t.Fatal("write into a missing dir succeeded")
+	}
+}
+
+func TestDeferredFlushWaitsForConcurrentWriters(t *testing.T) {
+	d := NewDeferred(nil)
+	dir := t.TempDir()
+	done := make(chan struct{})
+	for w := 0; w < 4; w++ {
+		go func(w int) {
+			defer func() { done <- struct{}{} }()
+			for i := 0; i < 25; i++ {
+				if err := d.Write(filepath.Join(dir, fmt.Sprintf("w%d-%d", w, i)), []byte("x"), 0o600); err != nil {
+					t.Error(err)
+					return
+				}
+			}
+		}(w)
+	}
+	for w := 0; w < 4; w++ {
+		<-done
+	}
+	d.Flush()
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if len(d.pending) != 0 || d.running {
+		t.Errorf("after Flush: %d pending, running %v", len(d.pending), d.running)
 	}
 }

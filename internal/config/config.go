@@ -33,6 +33,10 @@ const (
 	DefaultRuntimeHandler    = "runc"
 )
 
+// DefaultImagePullProgressTimeout cancels a pull that received nothing for
+// this long (containerd's default is 5m; decision 1511 says why less).
+const DefaultImagePullProgressTimeout = time.Minute
+
 // DefaultCNIBinDirs are searched in order for CNI plugins: the upstream
 // location first, then where Debian's containernetworking-plugins installs.
 var DefaultCNIBinDirs = []string{"/opt/cni/bin", "/usr/lib/cni"}
@@ -79,6 +83,9 @@ type Config struct {
 	CgroupParent string `toml:"cgroup_parent" json:"cgroup_parent"`
 	// PinnedImages are never garbage collected and report pinned=true.
 	PinnedImages []string `toml:"pinned_images" json:"pinned_images"`
+	// ImagePullProgressTimeout cancels a pull that received nothing from
+	// the registry for this long; 0 turns the check off.
+	ImagePullProgressTimeout Duration `toml:"image_pull_progress_timeout" json:"image_pull_progress_timeout"`
 	// DefaultNetwork is the embedded CNI network used while CNIConfDir
 	// holds no config.
 	DefaultNetwork DefaultNetwork `toml:"default_network" json:"default_network"`
@@ -213,6 +220,8 @@ func Default() *Config {
 			PluginRegistrationTimeout: Duration(DefaultNRIPluginRegistrationTimeout),
 			PluginRequestTimeout:      Duration(DefaultNRIPluginRequestTimeout),
 		},
+
+		ImagePullProgressTimeout: Duration(DefaultImagePullProgressTimeout),
 	}
 }
 
@@ -302,6 +311,9 @@ func (c *Config) Validate() error {
 	}
 	if c.PinnedImages == nil {
 		c.PinnedImages = []string{}
+	}
+	if c.ImagePullProgressTimeout < 0 {
+		return fmt.Errorf("image_pull_progress_timeout must not be negative")
 	}
 	if c.NRI.Enable && !filepath.IsAbs(c.NRI.SocketPath) {
 		return fmt.Errorf("nri.socket_path %q must be an absolute path", c.NRI.SocketPath)

@@ -14,7 +14,6 @@ import (
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	runtime "k8s.io/cri-api/pkg/apis/runtime/v1"
 
-	"github.com/berthcri/berth/internal/atomicfile"
 	"github.com/berthcri/berth/internal/errdefs"
 	"github.com/berthcri/berth/internal/fault"
 	"github.com/berthcri/berth/internal/image"
@@ -207,7 +206,7 @@ func (d *Draft) Commit(ctx context.Context, spec *specs.Spec, resources *runtime
 		s.dropLimits(rec.ID, spec.Linux.Resources)
 	}
 	readonly := d.req.Config.GetLinux().GetSecurityContext().GetReadonlyRootfs()
-	if err := writeBundle(d.dir, d.Rootfs.Path, readonly, spec); err != nil {
+	if err := writeBundle(d.dir, d.Rootfs.Path, readonly, spec, s.opts.Deferred.Write); err != nil {
 		return nil, err
 	}
 	prepared := time.Now()
@@ -227,7 +226,7 @@ func (d *Draft) Commit(ctx context.Context, spec *specs.Spec, resources *runtime
 		rec.Pid = st.Pid
 	}
 
-	if err := saveRecord(d.dir, rec); err != nil {
+	if err := s.saveRecordSoon(d.dir, rec); err != nil {
 		return nil, err
 	}
 	s.opts.Faults.Hit(fault.ContainerAfterRecordWrite, "pod", rec.PodID, "container", rec.ID)
@@ -242,9 +241,12 @@ func (d *Draft) Commit(ctx context.Context, spec *specs.Spec, resources *runtime
 }
 
 // writeBundle points the spec at the container's rootfs and writes it as
-// the bundle's config.json. Masked paths that are symlinks in the image
-// become plain files first (replaceMaskedSymlinks).
-func writeBundle(dir, rootfs string, readonly bool, spec *specs.Spec) error {
+// the bundle's config.json with write. Masked paths that are symlinks in
+// the image become plain files first (replaceMaskedSymlinks). The runtime
+// reads the file at once; later only a running container's stats, exec
+// and NRI views read it, and none runs after a power loss, so it needs
+// no fsync before the create goes on (decision 1600).
+func writeBundle(dir, rootfs string, readonly bool, spec *specs.Spec, write func(string, []byte, os.FileMode) error) error {
 	if spec.Root == nil {
 		spec.Root = &specs.Root{}
 	}
@@ -258,7 +260,7 @@ func writeBundle(dir, rootfs string, readonly bool, spec *specs.Spec) error {
 	if err != nil {
 		return fmt.Errorf("encode spec: %w", err)
 	}
-	return atomicfile.Write(filepath.Join(dir, "config.json"), data, 0o600)
+	return write(filepath.Join(dir, "config.json"), data, 0o600)
 }
 
 // runtimeCreate has the shim create the container from the bundle.

@@ -74,7 +74,7 @@ func (s *Store) saveStarted(r *Container) error {
 	if err := s.opts.Faults.Fail(fault.ContainerFailStartRecordWrite); err != nil {
 		return err
 	}
-	return saveRecord(s.dir(r.ID), r)
+	return s.saveRecordSoon(s.dir(r.ID), r)
 }
 
 // killUnrecorded kills a container whose start could not be recorded and

@@ -193,11 +193,26 @@ func loadRecord(dir string) (*Container, error) {
 	return &c, nil
 }
 
+// saveRecord writes the record durably.
 func saveRecord(dir string, c *Container) error {
+	return writeRecord(dir, c, atomicfile.Write)
+}
+
+// saveRecordSoon writes the record at once and has it fsynced right
+// after (decision 1600): what CreateContainer and StartContainer record.
+// A restarted berthd reads the page cache; a power loss stops every
+// container, and an older, missing or empty record of a container that
+// no longer runs is recovered as such (a directory without a valid
+// record is removed, a created record whose shim is gone is exited).
+func (s *Store) saveRecordSoon(dir string, c *Container) error {
+	return writeRecord(dir, c, s.opts.Deferred.Write)
+}
+
+func writeRecord(dir string, c *Container, write func(string, []byte, os.FileMode) error) error {
 	c.Version = recordVersion
 	data, err := json.Marshal(c)
 	if err != nil {
 		return fmt.Errorf("encode container %s: %w", c.ID, err)
 	}
-	return atomicfile.Write(recordPath(dir), data, 0o600)
+	return write(recordPath(dir), data, 0o600)
 }

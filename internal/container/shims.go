@@ -180,3 +180,55 @@ func (p *pendingShim) abandon(ctx context.Context, log *slog.Logger) {
 		log.Warn("shut the idle shim down after failed create", "err", err)
 	}
 }
+
+// WarmShim launches the pod's shim in the background, ahead of its first
+// CreateContainer: RunPodSandbox calls it before the pod's CNI ADD, which
+// mostly waits on the plugins' processes, so the launch (fork, exec, a Go
+// runtime's start: several ms on a busy node) is off the create's path.
+// The create finds it through Shims.Start's per-pod lock, launched or
+// still launching. wait blocks until the launch is over (RunPodSandbox
+// returns only then, so what it made is all there when it answers). A
+// pod removed without ever getting a container has its idle shim stopped
+// by ShutdownIdleShim; berthd restarted meanwhile stops it at start
+// (reapOrphans).
+func (s *Store) WarmShim(ctx context.Context, podID string) (wait func()) {
+	done := make(chan struct{})
+	s.mu.Lock()
+	if other, ok := s.warming[podID]; ok {
+		s.mu.Unlock()
+		return func() { <-other }
+	}
+	s.warming[podID] = done
+	s.mu.Unlock()
+	go func() {
+		defer func() {
+			s.mu.Lock()
+			delete(s.warming, podID)
+			s.mu.Unlock()
+			close(done)
+		}()
+		if _, err := s.shims.Start(context.WithoutCancel(ctx), podID); err != nil {
+			// The pod's first create launches it again, and says why.
+			s.log.Warn("launch the pod's shim ahead of its first container", "pod", podID, "err", err)
+		}
+	}()
+	return func() { <-done }
+}
+
+// ShutdownIdleShim stops the pod's shim if it holds no container (one a
+// WarmShim launched for a pod that never got one), after waiting for a
+// launch in progress. A shim holding containers refuses, and none
+// running is fine.
+func (s *Store) ShutdownIdleShim(ctx context.Context, podID string) error {
+	s.mu.Lock()
+	done := s.warming[podID]
+	s.mu.Unlock()
+	if done != nil {
+		<-done
+	}
+	err := s.shims.Pod(podID).Shutdown(ctx)
+	if err == nil || errors.Is(err, shim.ErrNoShim) || errors.Is(err, errdefs.ErrFailedPrecondition) {
+		return nil
+	}
+	return fmt.Errorf("stop the idle shim of pod %s: %w", podID, err)
+}

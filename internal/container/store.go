@@ -23,6 +23,7 @@ import (
 
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
+	"github.com/berthcri/berth/internal/atomicfile"
 	"github.com/berthcri/berth/internal/errdefs"
 	"github.com/berthcri/berth/internal/fault"
 	"github.com/berthcri/berth/internal/idprefix"
@@ -69,6 +70,10 @@ type Options struct {
 	// (unit tests); nil means those.
 	Shims   Shims
 	Mounter Mounter
+	// Deferred writes what CreateContainer and StartContainer record (the
+	// bundle's config.json, the record), fsynced off the RPC's path
+	// (decision 1600); nil writes them durably before going on.
+	Deferred *atomicfile.Deferred
 }
 
 // LimitDropper removes from r the limits the host's cgroups cannot take
@@ -89,6 +94,10 @@ type Store struct {
 	ctrs  map[string]*entry
 	pods  map[string]map[string]*entry // pod ID → its containers by ID
 	names map[string]string            // pod/name/attempt → ID
+
+	// warming holds the pods whose shim WarmShim is launching; the channel
+	// closes when the launch is over (shims.go).
+	warming map[string]chan struct{}
 
 	// events orders what OnEvent hears (events.go).
 	events sync.Mutex
@@ -142,6 +151,7 @@ func Open(ctx context.Context, opts Options) (*Store, error) {
 	s := &Store{
 		opts: opts, log: opts.Logger, shims: opts.Shims, mounts: opts.Mounter, images: opts.Images,
 		ctrs: map[string]*entry{}, pods: map[string]map[string]*entry{}, names: map[string]string{},
+		warming: map[string]chan struct{}{},
 	}
 	s.watching, s.stop = context.WithCancel(context.WithoutCancel(ctx))
 	if s.shims == nil {

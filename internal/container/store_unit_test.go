@@ -12,6 +12,7 @@ import (
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	runtime "k8s.io/cri-api/pkg/apis/runtime/v1"
 
+	"github.com/berthcri/berth/internal/atomicfile"
 	"github.com/berthcri/berth/internal/container"
 	"github.com/berthcri/berth/internal/errdefs"
 	"github.com/berthcri/berth/internal/fault"
@@ -359,6 +360,68 @@ func TestUnitRecoveryUndoesACreateCutShort(t *testing.T) {
 		t.Fatalf("the cut create is listed: %v", err)
 	}
 	u.mustCreate("pod1", "cut") // its name was never taken
+}
+
+// What CreateContainer and StartContainer record is fsynced after they
+// return (decision 1600), so a power loss can leave a record older than
+// the last reply, an empty one, or none; it also stops every container.
+// A restarted berthd then lists the container with an older record as
+// exited (unknown) and undoes the creates whose record is empty or
+// missing: directory, mounts and leases.
+func TestUnitRecoveryAfterAPowerLossBeforeTheRecordsWereFlushed(t *testing.T) {
+	u := newUnitStore(t)
+	u.opts.Deferred = atomicfile.NewDeferred(func(path string, err error) { t.Errorf("fsync %s: %v", path, err) })
+	u.restart()
+	older := u.mustCreate("pod1", "older")
+	createdRecord, err := os.ReadFile(filepath.Join(u.opts.Dir, older.ID, "container.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	u.mustStart(older.ID)
+	empty := u.mustCreate("pod1", "empty")
+	missing := u.mustCreate("pod2", "missing")
+	u.opts.Deferred.Flush()
+	u.store.Close()
+	// The power goes: every container with it, and the last writes.
+	u.shims.crash("pod1")
+	u.shims.crash("pod2")
+	for path, data := range map[string][]byte{
+		filepath.Join(u.opts.Dir, older.ID, "container.json"):   createdRecord,
+		filepath.Join(u.opts.Dir, empty.ID, "container.json"):   nil,
+		filepath.Join(u.opts.Dir, empty.ID, "config.json"):      nil,
+		filepath.Join(u.opts.Dir, missing.ID, "container.json"): nil,
+	} {
+		if err := os.WriteFile(path, data, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.Remove(filepath.Join(u.opts.Dir, missing.ID, "container.json")); err != nil {
+		t.Fatal(err)
+	}
+	u.restart()
+
+	got, err := u.store.Get(older.ID)
+	if err != nil || got.State != container.StateExited || got.ExitCode != 255 || got.Reason != container.ReasonUnknown {
+		t.Fatalf("container with an older record: %+v, %v; want exited 255 Unknown", got, err)
+	}
+	for _, c := range []*container.Container{empty, missing} {
+		if _, err := u.store.Get(c.ID); !errdefs.IsNotFound(err) {
+			t.Errorf("%s is listed: %v", c.Name, err)
+		}
+		if _, err := os.Stat(filepath.Join(u.opts.Dir, c.ID)); !os.IsNotExist(err) {
+			t.Errorf("%s's dir: %v", c.Name, err)
+		}
+		for _, m := range u.mounts.left() {
+			if rel, _ := filepath.Rel(filepath.Join(u.opts.Dir, c.ID), m); filepath.IsLocal(rel) {
+				t.Errorf("mount left: %s", m)
+			}
+		}
+	}
+	if owners, _ := u.images.Owners(); !slices.Equal(owners, []string{older.ID}) {
+		t.Errorf("leases %v, want only %s's", owners, older.Name)
+	}
+	u.mustCreate("pod1", "empty") // their names are free again
+	u.mustCreate("pod2", "missing")
 }
 
 // A container whose shim died while berthd was down is exited (unknown)

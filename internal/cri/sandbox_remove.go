@@ -29,6 +29,11 @@ func (s *Service) RemovePodSandbox(ctx context.Context, req *runtime.RemovePodSa
 	if err != nil {
 		return nil, toStatus(err)
 	}
+	// A pod that never got a container still has the shim RunPodSandbox
+	// launched for it (container.Store.WarmShim).
+	if err := s.containers.ShutdownIdleShim(ctx, sb.ID); err != nil {
+		return nil, toStatus(err)
+	}
 	if err := s.sandboxes.Remove(ctx, sb.ID); err != nil {
 		return nil, toStatus(err)
 	}

@@ -20,6 +20,11 @@ func (s *Service) StopPodSandbox(ctx context.Context, req *runtime.StopPodSandbo
 		if err := s.containers.StopPod(ctx, sb.ID, 0); err != nil {
 			return nil, toStatus(err)
 		}
+		// A pod that never got a container needs its shim no more
+		// (container.Store.WarmShim); one holding containers stays.
+		if err := s.containers.ShutdownIdleShim(ctx, sb.ID); err != nil {
+			return nil, toStatus(err)
+		}
 		// NRI: each container's stop, then the pod's, while the pod is
 		// still there; the first StopPodSandbox only.
 		s.nriStopPod(ctx, sb)

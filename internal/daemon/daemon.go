@@ -22,6 +22,7 @@ import (
 
 	"github.com/berthcri/berth/internal/admin"
 	"github.com/berthcri/berth/internal/apparmor"
+	"github.com/berthcri/berth/internal/atomicfile"
 	"github.com/berthcri/berth/internal/cdi"
 	"github.com/berthcri/berth/internal/config"
 	"github.com/berthcri/berth/internal/container"
@@ -54,6 +55,9 @@ type Daemon struct {
 	nri      *nri.NRI
 	systemd  *systemd.Units // nil unless cgroup_driver is systemd
 	images   *image.Store
+	// deferred fsyncs the pod start path's records after the replies
+	// (decision 1600); close waits for it.
+	deferred *atomicfile.Deferred
 }
 
 // New takes the root lock, prepares directories and the socket, and builds
@@ -87,6 +91,9 @@ func New(ctx context.Context, cfg *config.Config, version string, log *slog.Logg
 		return nil, err
 	}
 	m := metrics.New()
+	d.deferred = atomicfile.NewDeferred(func(path string, err error) {
+		log.Warn("background fsync failed; the file may not survive a power loss", "path", path, "err", err)
+	})
 	images, err := image.Open(image.Options{
 		Root:              filepath.Join(cfg.Root, "images"),
 		RegistryConfigDir: cfg.RegistryConfigDir,
@@ -94,6 +101,8 @@ func New(ctx context.Context, cfg *config.Config, version string, log *slog.Logg
 		Logger:            log.With("component", "image"),
 		Observer:          m,
 		Faults:            faults,
+
+		PullProgressTimeout: time.Duration(cfg.ImagePullProgressTimeout),
 	})
 	if err != nil {
 		return nil, fmt.Errorf("open image store: %w", err)
@@ -127,13 +136,29 @@ func New(ctx context.Context, cfg *config.Config, version string, log *slog.Logg
 	for name := range cfg.RuntimeHandlers {
 		handlers = append(handlers, name)
 	}
+	// Set once the container store exists (it needs the sandboxes'
+	// recovery first); no pod runs before.
+	var ctrStore atomic.Pointer[container.Store]
 	sandboxes, err := sandbox.New(sandbox.Options{
 		Root: cfg.Root, State: cfg.State,
 		CgroupParent: cfg.CgroupParent, CgroupDriver: cri.CgroupDriver(cfg.CgroupDriver), Systemd: d.systemd,
 		RuntimeHandlers: handlers, DefaultRuntimeHandler: cfg.DefaultRuntimeHandler,
 		Network: netw, Logger: log,
-		Faults:  faults,
-		Cgroups: ctrls,
+		Faults:   faults,
+		Cgroups:  ctrls,
+		Deferred: d.deferred,
+		Warm: func(ctx context.Context, podID string) (func(), func(context.Context)) {
+			c := ctrStore.Load()
+			if c == nil {
+				return nil, nil
+			}
+			wait := c.WarmShim(ctx, podID)
+			return wait, func(ctx context.Context) {
+				if err := c.ShutdownIdleShim(ctx, podID); err != nil {
+					log.Warn("stop the shim of a pod that failed to start", "pod", podID, "err", err)
+				}
+			}
+		},
 	})
 	if err != nil {
 		return nil, err
@@ -160,10 +185,12 @@ func New(ctx context.Context, cfg *config.Config, version string, log *slog.Logg
 		OnEvent:    func(ev container.Event) { publisher.ContainerEvent(ev); nriRelay.Load().ContainerEvent(ev) },
 		Faults:     faults,
 		Cgroups:    ctrls,
+		Deferred:   d.deferred,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("open container store: %w", err)
 	}
+	ctrStore.Store(containers)
 	devices := cdi.New(cfg.CDISpecDirs, log.With("component", "cdi"))
 	if d.nri, err = nri.New(nri.Options{
 		Config: cfg.NRI, Name: "berth", Version: version,
@@ -217,6 +244,13 @@ func New(ctx context.Context, cfg *config.Config, version string, log *slog.Logg
 	admin.New(images, log.With("component", "admin")).Register(d.grpc)
 	if err := d.nri.Start(); err != nil {
 		return nil, err
+	}
+	if _, file, err := netw.Config(); err == nil && file == "" {
+		// Last, so that a daemon that refuses to start leaves no node
+		// state; before serving, so that the embedded network's first pod
+		// does not wait for it. It falls back to per-pod masquerade by
+		// itself.
+		_ = netw.EnsureMasquerade()
 	}
 	return d, nil
 }
@@ -284,6 +318,8 @@ func (d *Daemon) close() {
 		// A collection pass must not outlive the root lock.
 		d.images.Close()
 	}
+	// Before the lock goes: the next daemon finds every record durable.
+	d.deferred.Flush()
 	if d.lock != nil {
 		d.lock.Close()
 	}

@@ -91,10 +91,14 @@ const (
 	// ImageFailLeaseWrite: the write of an image lease file (Acquire, in
 	// CreateContainer), after the lease is held in memory.
 	ImageFailLeaseWrite Point = "fail-lease-write"
+	// ImageFailLayerDigest: a pulled layer blob's digest check, after the
+	// blob streamed into ingest/ and unpacked there, as if the registry
+	// had sent other bytes.
+	ImageFailLayerDigest Point = "fail-layer-digest"
 )
 
 // FailPoints lists every failure point.
-var FailPoints = []Point{ContainerFailStartRecordWrite, ImageFailLeaseWrite}
+var FailPoints = []Point{ContainerFailStartRecordWrite, ImageFailLeaseWrite, ImageFailLayerDigest}
 
 // ErrInjected is what an armed failure point fails with.
 var ErrInjected = errors.New("injected test failure")

@@ -159,7 +159,7 @@ func (s *Store) importDockerArchive(ctx context.Context, archive string) ([]*Ima
 			}
 			names = append(names, n.TagRef())
 		}
-		stored, err := s.commit(ctx, img, names)
+		stored, err := s.commit(ctx, img, names, nil, nil)
 		if err != nil {
 			return nil, fmt.Errorf("import docker-archive image %d: %w", i, err)
 		}
@@ -211,7 +211,7 @@ func (s *Store) importLayout(ctx context.Context, dir string) ([]*Image, error) 
 			}
 			names = append(names, n.Repo()+"@"+desc.Digest.String())
 		}
-		stored, err := s.commit(ctx, img, names)
+		stored, err := s.commit(ctx, img, names, nil, nil)
 		if err != nil {
 			return nil, fmt.Errorf("import OCI layout image %s: %w", desc.Digest, err)
 		}

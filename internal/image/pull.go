@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"hash"
 	"io"
 	"net/http"
 	"os"
@@ -24,8 +25,8 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/types"
 	ocispecv1 "github.com/opencontainers/image-spec/specs-go/v1"
 	"golang.org/x/sync/errgroup"
+	"golang.org/x/sys/unix"
 
-	"github.com/berthcri/berth/internal/atomicfile"
 	"github.com/berthcri/berth/internal/errdefs"
 	"github.com/berthcri/berth/internal/fault"
 )
@@ -68,7 +69,10 @@ func (s *Store) Pull(ctx context.Context, ref string, auth *Auth) (*Image, error
 	}
 	return s.pulls.Do(ctx, n.String()+"|"+auth.key(), func(ctx context.Context) (*Image, error) {
 		start := time.Now()
-		img, err := s.pull(ctx, n, auth)
+		ctx, w, stop := s.watch(ctx)
+		img, err := s.pull(ctx, n, auth, w)
+		stop()
+		err = w.stalledError(ctx, n.String(), err)
 		if err == nil && s.observer != nil {
 			s.observer.PullDone(time.Since(start))
 		}
@@ -81,7 +85,7 @@ func (s *Store) Pull(ctx context.Context, ref string, auth *Auth) (*Image, error
 	})
 }
 
-func (s *Store) pull(ctx context.Context, n Named, auth *Auth) (*Image, error) {
+func (s *Store) pull(ctx context.Context, n Named, auth *Auth, w *pullWatch) (*Image, error) {
 	eps, err := endpoints(s.hostsDir, n.Domain)
 	if err != nil {
 		return nil, err
@@ -118,7 +122,7 @@ func (s *Store) pull(ctx context.Context, n Named, auth *Auth) (*Image, error) {
 		if !ep.pull || (target.Digest == "" && !ep.resolve) {
 			continue
 		}
-		img, err := s.pullFrom(ctx, ep, target, names, auth)
+		img, err := s.pullFrom(ctx, ep, target, names, auth, w)
 		if err == nil {
 			s.log.Info("image pulled", "image", n.String(), "id", img.ID, "from", ep.String())
 			return img, nil
@@ -135,11 +139,23 @@ func (s *Store) pull(ctx context.Context, n Named, auth *Auth) (*Image, error) {
 	return nil, fmt.Errorf("pull %s: %w", n, errors.Join(errs...))
 }
 
-// remoteRef is n's reference at endpoint ep, with the options to reach it.
-func remoteRef(ctx context.Context, ep endpoint, n Named, auth *Auth) (name.Reference, []remote.Option, error) {
+// repoClient reaches one repository on one endpoint: the reference and
+// options for go-containerregistry (manifests, configs) and an HTTP client
+// with the endpoint's TLS, headers and registry auth for layer blobs, which
+// berth streams itself.
+type repoClient struct {
+	ref     name.Reference
+	opts    []remote.Option
+	http    *http.Client
+	blobURL string // scheme://host/v2/<repo>/blobs/
+}
+
+// remoteRef is n's repository at endpoint ep. It talks to the registry
+// once (the API ping that finds the auth scheme).
+func remoteRef(ctx context.Context, ep endpoint, n Named, auth *Auth) (*repoClient, error) {
 	tr, err := ep.transport()
 	if err != nil {
-		return nil, nil, err
+		return nil, err
 	}
 	var regOpts []name.Option
 	if ep.scheme == "http" {
@@ -147,31 +163,60 @@ func remoteRef(ctx context.Context, ep endpoint, n Named, auth *Auth) (name.Refe
 	}
 	reg, err := name.NewRegistry(ep.host, regOpts...)
 	if err != nil {
-		return nil, nil, fmt.Errorf("registry %s: %w", ep.host, errdefs.ErrInvalidArgument)
+		return nil, fmt.Errorf("registry %s: %w", ep.host, errdefs.ErrInvalidArgument)
 	}
 	repo := reg.Repo(n.Path)
 	var gref name.Reference = repo.Tag(n.Tag)
 	if n.Digest != "" {
 		gref = repo.Digest(n.Digest)
 	}
-	return gref, []remote.Option{
-		remote.WithContext(ctx),
-		remote.WithTransport(tr),
-		remote.WithAuth(auth.authenticator()),
-		remote.WithPlatform(v1.Platform{OS: "linux", Architecture: runtime.GOARCH}),
+	// Wrapped once here (retries, user agent, auth) so that manifest and
+	// blob requests share one token.
+	inner := transport.NewUserAgent(transport.NewRetry(tr), "berth")
+	authed, err := transport.NewWithContext(ctx, reg, auth.authenticator(), inner, []string{repo.Scope(transport.PullScope)})
+	if err != nil {
+		return nil, classify(err)
+	}
+	return &repoClient{
+		ref: gref,
+		opts: []remote.Option{
+			remote.WithContext(ctx),
+			remote.WithTransport(authed),
+			remote.WithPlatform(v1.Platform{OS: "linux", Architecture: runtime.GOARCH}),
+		},
+		http:    &http.Client{Transport: authed},
+		blobURL: fmt.Sprintf("%s://%s/v2/%s/blobs/", reg.Scheme(), reg.RegistryStr(), repo.RepositoryStr()),
 	}, nil
+}
+
+// openBlob starts the download of a blob; the body is read as it arrives
+// and checked by the caller. ctx bounds the whole download.
+func (c *repoClient) openBlob(ctx context.Context, digest string) (io.ReadCloser, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, c.blobURL+digest, nil)
+	if err != nil {
+		return nil, err
+	}
+	resp, err := c.http.Do(req)
+	if err != nil {
+		return nil, err
+	}
+	if err := transport.CheckError(resp, http.StatusOK); err != nil {
+		resp.Body.Close()
+		return nil, classify(err)
+	}
+	return resp.Body, nil
 }
 
 // resolve maps n's tag to the digest of what it names (manifest or index).
 func (s *Store) resolve(ctx context.Context, ep endpoint, n Named, auth *Auth) (string, error) {
-	gref, opts, err := remoteRef(ctx, ep, n, auth)
+	rc, err := remoteRef(ctx, ep, n, auth)
 	if err != nil {
 		return "", err
 	}
-	if desc, err := remote.Head(gref, opts...); err == nil {
+	if desc, err := remote.Head(rc.ref, rc.opts...); err == nil {
 		return desc.Digest.String(), nil
 	}
-	desc, err := remote.Get(gref, opts...)
+	desc, err := remote.Get(rc.ref, rc.opts...)
 	if err != nil {
 		return "", classify(err)
 	}
@@ -180,15 +225,17 @@ func (s *Store) resolve(ctx context.Context, ep endpoint, n Named, auth *Auth) (
 
 // pullFrom pulls n (by digest when it has one) from one endpoint and
 // stores it under names plus repo@digest.
-func (s *Store) pullFrom(ctx context.Context, ep endpoint, n Named, names []string, auth *Auth) (*Image, error) {
-	gref, opts, err := remoteRef(ctx, ep, n, auth)
+func (s *Store) pullFrom(ctx context.Context, ep endpoint, n Named, names []string, auth *Auth, w *pullWatch) (*Image, error) {
+	rc, err := remoteRef(ctx, ep, n, auth)
 	if err != nil {
 		return nil, err
 	}
-	desc, err := remote.Get(gref, opts...)
+	w.step()
+	desc, err := remote.Get(rc.ref, rc.opts...)
 	if err != nil {
 		return nil, classify(err)
 	}
+	w.step()
 	var img v1.Image
 	if desc.MediaType.IsIndex() {
 		idx, err := desc.ImageIndex()
@@ -210,7 +257,10 @@ func (s *Store) pullFrom(ctx context.Context, ep endpoint, n Named, names []stri
 		return nil, classify(err)
 	}
 	names = append(slices.Clone(names), n.Repo()+"@"+desc.Digest.String())
-	return s.commit(ctx, img, names)
+	open := func(ctx context.Context, lr layerMeta) (io.ReadCloser, error) {
+		return rc.openBlob(ctx, lr.Digest)
+	}
+	return s.commit(ctx, img, names, open, w)
 }
 
 // pickManifest chooses linux/GOARCH from an index, or its only image
@@ -255,12 +305,19 @@ func classify(err error) error {
 	return err
 }
 
-// layerParallelism is how many layers of one image download and unpack at once.
+// layerParallelism is how many layers of one image download and unpack at
+// once: enough to overlap one layer's network waits with another's
+// decompression on a small node, few enough not to thrash its disk.
 const layerParallelism = 3
 
+// blobOpener starts reading a layer's compressed blob.
+type blobOpener func(ctx context.Context, lr layerMeta) (io.ReadCloser, error)
+
 // commit stores img's blobs and layers and then its metadata under names
-// (repo:tag and repo@digest strings). Used by pulls and imports.
-func (s *Store) commit(ctx context.Context, img v1.Image, names []string) (*Image, error) {
+// (repo:tag and repo@digest strings). Used by pulls and imports: open
+// fetches a layer blob (nil: img's own layers). w, if set, hears about
+// progress.
+func (s *Store) commit(ctx context.Context, img v1.Image, names []string, open blobOpener, w *pullWatch) (*Image, error) {
 	manifest, err := img.RawManifest()
 	if err != nil {
 		return nil, classify(fmt.Errorf("read manifest: %w", err))
@@ -340,22 +397,39 @@ func (s *Store) commit(ctx context.Context, img v1.Image, names []string) (*Imag
 			return nil, fmt.Errorf("layer %s is non-distributable: %w", lr.Digest, errdefs.ErrFailedPrecondition)
 		}
 	}
-	// Each layer unpacks into its own dir, so layers download and unpack
-	// in parallel, a few at a time.
+	chains := make([]string, len(rec.Layers))
+	for i, lr := range rec.Layers {
+		chains[i] = lr.ChainID
+	}
+	w.waitFor(chains)
+	if open == nil {
+		open = func(ctx context.Context, lr layerMeta) (io.ReadCloser, error) {
+			for _, l := range layers {
+				if d, err := l.Digest(); err == nil && d.String() == lr.Digest {
+					return l.Compressed()
+				}
+			}
+			return nil, fmt.Errorf("layer %s: not in the image: %w", lr.Digest, errdefs.ErrNotFound)
+		}
+	}
+	// Each layer unpacks into its own dir, so layers stream in parallel, a
+	// few at a time.
 	g, gctx := errgroup.WithContext(ctx)
 	g.SetLimit(layerParallelism)
-	for i, l := range layers {
-		lr := rec.Layers[i]
-		g.Go(func() error {
-			if err := s.ensureBlob(gctx, lr.Digest, l.Compressed); err != nil {
-				return classify(err)
-			}
-			return s.ensureLayer(gctx, lr)
-		})
+	for _, lr := range rec.Layers {
+		g.Go(func() error { return s.ensureLayer(gctx, lr, open) })
 	}
 	if err := g.Wait(); err != nil {
 		return nil, err
 	}
+	// One flush of the filesystem makes every blob and layer file this
+	// pull wrote durable before the record that makes them an image
+	// (decision 1510): no fsync per file or blob on the way.
+	synced := time.Now()
+	if err := s.syncStore(); err != nil {
+		return nil, err
+	}
+	s.log.Debug("image store synced", "image", rec.ID, "took", time.Since(synced))
 	return s.register(rec, names)
 }
 
@@ -413,6 +487,8 @@ func (s *Store) register(rec *imageMeta, names []string) (*Image, error) {
 	return s.toImage(rec), nil
 }
 
+// writeBlob stores a small blob (manifest, config) after checking its
+// digest. Not synced: commit's syncStore does that before the record.
 func (s *Store) writeBlob(digest string, data []byte) error {
 	sum := sha256.Sum256(data)
 	if got := "sha256:" + hex.EncodeToString(sum[:]); got != digest {
@@ -421,19 +497,38 @@ func (s *Store) writeBlob(digest string, data []byte) error {
 	if _, err := os.Stat(s.blobPath(digest)); err == nil {
 		return nil
 	}
-	if err := atomicfile.Write(s.blobPath(digest), data, 0o600); err != nil {
+	tmp := s.path("ingest", "blob-"+strings.TrimPrefix(digest, "sha256:")+"-"+randomHex())
+	if err := os.WriteFile(tmp, data, 0o600); err != nil {
+		return fmt.Errorf("store blob %s: %w", digest, err)
+	}
+	if err := os.Rename(tmp, s.blobPath(digest)); err != nil {
+		os.Remove(tmp)
 		return fmt.Errorf("store blob %s: %w", digest, err)
 	}
 	return nil
 }
 
-// ensureBlob downloads a blob once (concurrent callers share the download)
-// into ingest/, verifies its digest and moves it into blobs/.
-func (s *Store) ensureBlob(ctx context.Context, digest string, open func() (io.ReadCloser, error)) error {
+// syncStore flushes the filesystem holding the store (syncfs(2)): the
+// blobs and layer files written since are on disk when it returns.
+func (s *Store) syncStore() error {
+	f, err := os.Open(s.dir)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	if err := unix.Syncfs(int(f.Fd())); err != nil {
+		return fmt.Errorf("sync image store: %w", err)
+	}
+	return nil
+}
+
+// ensureLayer makes layer lr present, its blob in blobs/ and its unpacked
+// dir in layers/, once per chain ID however many pulls need it at once.
+func (s *Store) ensureLayer(ctx context.Context, lr layerMeta, open blobOpener) error {
 	for attempt := 0; ; attempt++ {
-		err := s.fetchBlob(ctx, digest, open)
-		// A shared download started by a pull whose callers all left is
-		// cancelled; a caller still waiting fetches it again itself.
+		err := s.fetchLayer(ctx, lr, open)
+		// A shared stream started by a pull whose callers all left is
+		// cancelled; a caller still waiting streams it again itself.
 		if err != nil && errors.Is(err, context.Canceled) && ctx.Err() == nil && attempt == 0 {
 			continue
 		}
@@ -441,120 +536,178 @@ func (s *Store) ensureBlob(ctx context.Context, digest string, open func() (io.R
 	}
 }
 
-func (s *Store) fetchBlob(ctx context.Context, digest string, open func() (io.ReadCloser, error)) error {
-	if _, err := os.Stat(s.blobPath(digest)); err == nil {
-		return nil
+func (s *Store) layerPresent(lr layerMeta) bool {
+	if _, err := os.Stat(s.LayerDiffDir(lr.ChainID)); err != nil {
+		return false
 	}
-	_, err := s.blobs.Do(ctx, digest, func(ctx context.Context) (struct{}, error) {
-		if _, err := os.Stat(s.blobPath(digest)); err == nil {
-			return struct{}{}, nil
-		}
-		rc, err := open()
-		if err != nil {
-			return struct{}{}, fmt.Errorf("fetch blob %s: %w", digest, err)
-		}
-		defer rc.Close()
-		tmp := s.path("ingest", "blob-"+strings.TrimPrefix(digest, "sha256:")+"-"+randomHex())
-		f, err := os.OpenFile(tmp, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o600)
-		if err != nil {
-			return struct{}{}, err
-		}
-		defer os.Remove(tmp)
-		h := sha256.New()
-		n, err := copyCtx(ctx, io.MultiWriter(f, h), rc)
-		if s.observer != nil {
-			s.observer.PulledBytes(n)
-		}
-		if err == nil {
-			err = f.Sync()
-		}
-		if cerr := f.Close(); err == nil {
-			err = cerr
-		}
-		if err != nil {
-			return struct{}{}, fmt.Errorf("fetch blob %s: %w", digest, err)
-		}
-		if got := "sha256:" + hex.EncodeToString(h.Sum(nil)); got != digest {
-			return struct{}{}, fmt.Errorf("blob %s: downloaded content has digest %s: %w", digest, got, errdefs.ErrInvalidArgument)
-		}
-		if err := os.Rename(tmp, s.blobPath(digest)); err != nil {
-			return struct{}{}, fmt.Errorf("store blob %s: %w", digest, err)
-		}
-		return struct{}{}, nil
-	})
-	return err
+	_, err := os.Stat(s.blobPath(lr.Digest))
+	return err == nil
 }
 
-// ensureLayer unpacks a stored layer blob once per chain ID: into ingest/
-// first, verified against its diff ID, then renamed into layers/.
-func (s *Store) ensureLayer(ctx context.Context, lr layerMeta) error {
-	if _, err := os.Stat(s.LayerDiffDir(lr.ChainID)); err == nil {
+func (s *Store) fetchLayer(ctx context.Context, lr layerMeta, open blobOpener) error {
+	if s.layerPresent(lr) {
 		return nil
 	}
 	_, err := s.layers.Do(ctx, lr.ChainID, func(ctx context.Context) (struct{}, error) {
-		if _, err := os.Stat(s.LayerDiffDir(lr.ChainID)); err == nil {
+		if s.layerPresent(lr) {
 			return struct{}{}, nil
 		}
-		tmp := s.path("ingest", "layer-"+strings.TrimPrefix(lr.ChainID, "sha256:")+"-"+randomHex())
-		if err := os.MkdirAll(filepath.Join(tmp, "diff"), 0o755); err != nil {
-			return struct{}{}, err
+		err := s.streamLayer(ctx, lr, open)
+		if err == nil && ctx.Err() != nil {
+			// Every pull that wanted the layer left (one failed) while it
+			// was being stored: nothing will record it, collect it.
+			s.requestGC()
 		}
-		done := false
-		defer func() {
-			if !done {
-				os.RemoveAll(tmp)
-			}
-		}()
-		if err := s.unpackBlob(ctx, lr, filepath.Join(tmp, "diff")); err != nil {
-			return struct{}{}, err
-		}
-		if err := atomicfile.SyncDir(tmp); err != nil {
-			return struct{}{}, err
-		}
-		if err := os.Rename(tmp, s.layerDir(lr.ChainID)); err != nil {
-			return struct{}{}, fmt.Errorf("store layer %s: %w", lr.ChainID, err)
-		}
-		done = true
-		s.faults.Hit(fault.ImageMidUnpack, "layer", lr.ChainID)
-		return struct{}{}, nil
+		return struct{}{}, err
 	})
 	return err
 }
 
-func (s *Store) unpackBlob(ctx context.Context, lr layerMeta, dir string) error {
-	f, err := os.Open(s.blobPath(lr.Digest))
-	if err != nil {
-		return fmt.Errorf("open layer blob %s: %w", lr.Digest, err)
+// streamLayer reads lr's blob once, as it arrives: its bytes are hashed
+// and written to a blob file in ingest/ while they are decompressed,
+// hashed again and unpacked into a layer dir in ingest/. Only when both
+// digests match (blob digest and diff ID) and the blob had its announced
+// size do the two move into blobs/ and layers/; any failure, a digest
+// mismatch included, removes what the stream wrote. A blob already stored
+// is unpacked from disk; a layer already unpacked only has its blob
+// fetched.
+func (s *Store) streamLayer(ctx context.Context, lr layerMeta, open blobOpener) error {
+	_, err := os.Stat(s.blobPath(lr.Digest))
+	haveBlob := err == nil
+	_, err = os.Stat(s.LayerDiffDir(lr.ChainID))
+	unpack := err != nil
+
+	var src io.ReadCloser
+	if haveBlob {
+		src, err = os.Open(s.blobPath(lr.Digest))
+	} else {
+		src, err = open(ctx, lr)
 	}
-	defer f.Close()
-	rc, err := Decompress(&ctxReader{ctx: ctx, r: f})
+	if err != nil {
+		return fmt.Errorf("fetch layer %s: %w", lr.Digest, classify(err))
+	}
+	defer src.Close()
+
+	var tmpBlob, tmpLayer string
+	done := false
+	defer func() {
+		if done {
+			return
+		}
+		if tmpBlob != "" {
+			os.Remove(tmpBlob)
+		}
+		if tmpLayer != "" {
+			os.RemoveAll(tmpLayer)
+		}
+	}()
+	count, stopCount := s.streams.start(lr.ChainID)
+	defer stopCount()
+	var r io.Reader = &progressReader{ctx: ctx, r: src, n: count}
+	blobHash := sha256.New()
+	if !haveBlob {
+		tmpBlob = s.path("ingest", "blob-"+strings.TrimPrefix(lr.Digest, "sha256:")+"-"+randomHex())
+		f, err := os.OpenFile(tmpBlob, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o600)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		// One byte over the announced size is enough to refuse the blob.
+		r = io.TeeReader(io.LimitReader(r, lr.Size+1), &hashFile{h: blobHash, f: f})
+	}
+	if unpack {
+		tmpLayer = s.path("ingest", "layer-"+strings.TrimPrefix(lr.ChainID, "sha256:")+"-"+randomHex())
+		if err := os.MkdirAll(filepath.Join(tmpLayer, "diff"), 0o755); err != nil {
+			return err
+		}
+		err = s.unpackStream(r, lr, filepath.Join(tmpLayer, "diff"))
+	}
+	if err == nil {
+		// What the decompressor left unread (the whole blob when only the
+		// blob was missing) still counts for the blob's digest.
+		if _, err = io.Copy(io.Discard, r); err != nil {
+			err = fmt.Errorf("layer %s: read: %w", lr.Digest, err)
+		}
+	}
+	n := count.Load()
+	if s.observer != nil && !haveBlob {
+		s.observer.PulledBytes(n)
+	}
+	// A blob longer than announced is the clearer error when the stream
+	// broke for it.
+	if !haveBlob && n > lr.Size {
+		return fmt.Errorf("layer %s: received more than the %d bytes the manifest says: %w", lr.Digest, lr.Size, errdefs.ErrInvalidArgument)
+	}
+	if err != nil {
+		return err
+	}
+	if !haveBlob {
+		if n != lr.Size {
+			return fmt.Errorf("layer %s: received %d bytes, the manifest says %d: %w", lr.Digest, n, lr.Size, errdefs.ErrInvalidArgument)
+		}
+		got := "sha256:" + hex.EncodeToString(blobHash.Sum(nil))
+		if err := s.faults.Fail(fault.ImageFailLayerDigest); err != nil {
+			got = "sha256:" + strings.Repeat("0", 64) + " (" + err.Error() + ")"
+		}
+		if got != lr.Digest {
+			return fmt.Errorf("layer %s: downloaded content has digest %s: %w", lr.Digest, got, errdefs.ErrInvalidArgument)
+		}
+		if err := os.Rename(tmpBlob, s.blobPath(lr.Digest)); err != nil {
+			return fmt.Errorf("store blob %s: %w", lr.Digest, err)
+		}
+		tmpBlob = ""
+	}
+	if unpack {
+		if err := os.Rename(tmpLayer, s.layerDir(lr.ChainID)); err != nil {
+			return fmt.Errorf("store layer %s: %w", lr.ChainID, err)
+		}
+		tmpLayer = ""
+		s.faults.Hit(fault.ImageMidUnpack, "layer", lr.ChainID)
+	}
+	done = true
+	return nil
+}
+
+// A layer's decompressed stream is read ahead by up to 2 MiB.
+const (
+	readAheadChunk = 128 << 10
+	readAheadDepth = 16
+)
+
+// unpackStream decompresses the blob stream r into dir and checks the
+// uncompressed digest against the diff ID. Decompression (with the
+// download and hashing before it) runs ahead of the unpack on its own
+// goroutine.
+func (s *Store) unpackStream(r io.Reader, lr layerMeta, dir string) error {
+	rc, err := Decompress(r)
 	if err != nil {
 		return fmt.Errorf("layer %s: %w", lr.Digest, err)
 	}
 	defer rc.Close()
 	h := sha256.New()
-	tee := io.TeeReader(rc, h)
-	if _, err := Unpack(tee, dir, lr.Digest, s.unpack); err != nil {
+	ra := newReadAhead(io.TeeReader(rc, h), readAheadChunk, readAheadDepth)
+	defer ra.Close()
+	if _, err := Unpack(ra, dir, lr.Digest, s.unpack); err != nil {
 		return err
 	}
 	// Tar padding after the end marker still counts for the diff ID.
-	if _, err := io.Copy(io.Discard, tee); err != nil {
+	if _, err := io.Copy(io.Discard, ra); err != nil {
 		return fmt.Errorf("layer %s: read: %w", lr.Digest, err)
 	}
+	ra.Close() // the hash is complete once the filler returned
 	if got := "sha256:" + hex.EncodeToString(h.Sum(nil)); got != lr.DiffID {
 		return fmt.Errorf("layer %s: uncompressed digest %s, config says %s: %w", lr.Digest, got, lr.DiffID, errdefs.ErrInvalidArgument)
 	}
 	return nil
 }
 
-type ctxReader struct {
-	ctx context.Context
-	r   io.Reader
+// hashFile hashes what is written and writes it to f.
+type hashFile struct {
+	h hash.Hash
+	f *os.File
 }
 
-func (c *ctxReader) Read(p []byte) (int, error) {
-	if err := c.ctx.Err(); err != nil {
-		return 0, err
-	}
-	return c.r.Read(p)
+func (w *hashFile) Write(p []byte) (int, error) {
+	w.h.Write(p)
+	return w.f.Write(p)
 }

@@ -65,6 +65,9 @@ type Options struct {
 	// Faults, for crash-recovery tests only, kills berthd at armed points
 	// (nil in production).
 	Faults *fault.Injector
+	// PullProgressTimeout cancels a pull that received nothing from the
+	// registry for this long; 0 never does.
+	PullProgressTimeout time.Duration
 }
 
 // PullObserver is told how many bytes pulls download and how long
@@ -104,8 +107,11 @@ type Store struct {
 	gen        uint64
 
 	pulls  flight[*Image]
-	blobs  flight[struct{}]
 	layers flight[struct{}]
+	// streams counts the bytes of the layer streams running now, for the
+	// pulls' progress timeout.
+	streams         layerBytes
+	progressTimeout time.Duration
 }
 
 // imageMeta is what the store knows about one image, kept as JSON in
@@ -149,6 +155,8 @@ func Open(opts Options) (*Store, error) {
 		leases:   map[string]*lease{},
 		observer: opts.Observer,
 		faults:   opts.Faults,
+
+		progressTimeout: opts.PullProgressTimeout,
 	}
 	for _, p := range opts.PinnedImages {
 		if n, err := ParseReference(p); err == nil {

@@ -4,18 +4,23 @@ import (
 	"archive/tar"
 	"bufio"
 	"bytes"
+	"context"
 	"errors"
 	"fmt"
+	"hash/fnv"
 	"io"
 	"os"
 	"path"
 	"path/filepath"
 	"strings"
+	"sync"
 	"time"
+	"unsafe"
 
 	securejoin "github.com/cyphar/filepath-securejoin"
 	"github.com/klauspost/compress/gzip"
 	"github.com/klauspost/compress/zstd"
+	"golang.org/x/sync/semaphore"
 	"golang.org/x/sys/unix"
 
 	"github.com/berthcri/berth/internal/errdefs"
@@ -66,12 +71,16 @@ func Decompress(r io.Reader) (io.ReadCloser, error) {
 // Ownership, modes, xattrs, hardlinks, symlinks and timestamps are kept.
 // Entries that would leave root (absolute names, "..", writes or hardlinks
 // through symlinks) and device nodes are refused with an error naming the
-// layer and the entry; nothing outside root is ever touched. It returns the
-// number of tar bytes read.
+// layer and the entry; nothing outside root is ever touched. Small regular
+// files are written by a few writers in parallel, ordered against every
+// later entry that could see them. It returns the number of tar bytes read.
 func Unpack(r io.Reader, root, layer string, opts UnpackOptions) (int64, error) {
 	cr := &countingReader{r: r}
 	tr := tar.NewReader(cr)
-	u := &unpacker{root: filepath.Clean(root), layer: layer, opts: opts}
+	u := &unpacker{root: filepath.Clean(root), layer: layer, opts: opts, dirsOK: map[string]bool{}, buf: make([]byte, 128<<10),
+		pending: map[string]bool{}, inFlight: semaphore.NewWeighted(parallelBytes)}
+	// Whatever happens, no writer is left running when Unpack returns.
+	defer u.flush()
 	for {
 		hdr, err := tr.Next()
 		if errors.Is(err, io.EOF) {
@@ -83,6 +92,9 @@ func Unpack(r io.Reader, root, layer string, opts UnpackOptions) (int64, error) 
 		if err := u.entry(hdr, tr); err != nil {
 			return cr.n, err
 		}
+	}
+	if err := u.flush(); err != nil {
+		return cr.n, err
 	}
 	// Directory times last: creating entries inside them changed them.
 	for i := len(u.dirs) - 1; i >= 0; i-- {
@@ -99,7 +111,112 @@ type unpacker struct {
 	layer string
 	opts  UnpackOptions
 	dirs  []dirTimes
+	// dirsOK holds the relative paths of directories known to be real
+	// directories inside root (made by this unpack or checked), so that
+	// the thousands of entries of one directory check it once. Anything
+	// removed during the unpack empties it.
+	dirsOK map[string]bool
+	buf    []byte
+
+	// Small regular files are written by a few writers in parallel (file
+	// creation dominates an unpack of many small files). pending holds
+	// the relative paths handed to them since the last flush: an entry
+	// touching one of them, and every removal and hard link, flushes
+	// first, so the writers only ever create new names in directories
+	// that were checked and cannot change under them.
+	pending  map[string]bool
+	queues   []chan fileJob // one per writer
+	inFlight *semaphore.Weighted
+	writers  sync.WaitGroup
+	errMu    sync.Mutex
+	err      error
 }
+
+type fileJob struct {
+	hdr    *tar.Header
+	target string
+	data   []byte
+}
+
+// Parallel small-file writes: how many writers, up to what size a file's
+// data is read into memory and handed to them, and how many bytes may
+// wait for them. Creating names in one directory is serialized by the
+// kernel (the directory's lock), and a tar lists a directory's files
+// together, so each writer takes whole directories (by a hash of the
+// parent's path) and the reader runs ahead by up to parallelBytes, over
+// many directories.
+const (
+	fileWriters     = 4
+	maxParallelFile = 256 << 10
+	parallelBytes   = 8 << 20
+)
+
+// dispatch hands a small regular file whose data is in job to a writer.
+func (u *unpacker) dispatch(rel string, job fileJob) {
+	if u.queues == nil {
+		u.queues = make([]chan fileJob, fileWriters)
+		for i := range u.queues {
+			u.queues[i] = make(chan fileJob, 256)
+			u.writers.Add(1)
+			go u.write(u.queues[i])
+		}
+	}
+	u.pending[rel] = true
+	h := fnv.New32a()
+	h.Write([]byte(path.Dir(rel)))
+	u.queues[h.Sum32()%fileWriters] <- job
+}
+
+func (u *unpacker) write(jobs chan fileJob) {
+	defer u.writers.Done()
+	for job := range jobs {
+		err := u.writeSmall(job)
+		u.inFlight.Release(int64(len(job.data)))
+		if err != nil {
+			u.errMu.Lock()
+			if u.err == nil {
+				u.err = fmt.Errorf("layer %s: entry %q: %w", u.layer, job.hdr.Name, err)
+			}
+			u.errMu.Unlock()
+		}
+	}
+}
+
+func (u *unpacker) writeSmall(job fileJob) error {
+	f, err := createExcl(job.target)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	if _, err := f.Write(job.data); err != nil {
+		return err
+	}
+	return u.finishFile(f, job.target, job.hdr)
+}
+
+// writeErr is the first error of a writer, if any.
+func (u *unpacker) writeErr() error {
+	u.errMu.Lock()
+	defer u.errMu.Unlock()
+	return u.err
+}
+
+// flush waits until every file handed to the writers is written.
+func (u *unpacker) flush() error {
+	if u.queues != nil {
+		for _, q := range u.queues {
+			close(q)
+		}
+		u.writers.Wait()
+		u.queues = nil
+	}
+	clear(u.pending)
+	return u.writeErr()
+}
+
+// removed forgets the directories known good: target was removed and may
+// have been (or held) one of them.
+func (u *unpacker) removed() { clear(u.dirsOK) }
 
 type dirTimes struct {
 	path string
@@ -128,10 +245,23 @@ func (u *unpacker) cleanName(name, what string) (string, error) {
 // With create false a missing directory is refused instead of made.
 func (u *unpacker) parentDir(entry, rel string, create bool) (string, error) {
 	dir := path.Dir(rel)
+	if dir == "." {
+		return u.root, nil
+	}
+	if u.dirsOK[dir] {
+		return filepath.Join(u.root, dir), nil
+	}
 	cur := u.root
 	if dir != "." {
 		for _, c := range strings.Split(dir, "/") {
 			cur = filepath.Join(cur, c)
+			if u.pending[strings.TrimPrefix(cur, u.root+"/")] {
+				// A file being written where a directory is wanted:
+				// let it exist first, then refuse it as before.
+				if err := u.flush(); err != nil {
+					return "", err
+				}
+			}
 			fi, err := os.Lstat(cur)
 			switch {
 			case os.IsNotExist(err) && !create:
@@ -158,6 +288,9 @@ func (u *unpacker) parentDir(entry, rel string, create bool) (string, error) {
 	}
 	if resolved != cur {
 		return "", u.refuse(entry, "path resolves outside its lexical location")
+	}
+	for d := dir; d != "." && !u.dirsOK[d]; d = path.Dir(d) {
+		u.dirsOK[d] = true
 	}
 	return cur, nil
 }
@@ -190,6 +323,12 @@ func (u *unpacker) entry(hdr *tar.Header, r io.Reader) error {
 			return u.refuse(hdr.Name, "bad whiteout")
 		}
 		target := filepath.Join(parent, victim)
+		if _, err := os.Lstat(target); err == nil || u.pending[strings.TrimPrefix(target, u.root+"/")] {
+			if err := u.flush(); err != nil {
+				return err
+			}
+		}
+		u.removed()
 		if err := os.RemoveAll(target); err != nil {
 			return fmt.Errorf("layer %s: entry %q: %w", u.layer, hdr.Name, err)
 		}
@@ -211,25 +350,28 @@ func (u *unpacker) entry(hdr *tar.Header, r io.Reader) error {
 		return u.refuse(hdr.Name, fmt.Sprintf("file size %d exceeds the limit %d", hdr.Size, u.opts.MaxFileSize))
 	}
 
-	// A later entry replaces an earlier one, except dir over dir.
-	if fi, err := os.Lstat(target); err == nil {
-		if !(fi.IsDir() && hdr.Typeflag == tar.TypeDir) {
-			if err := os.RemoveAll(target); err != nil {
-				return fmt.Errorf("layer %s: entry %q: replace: %w", u.layer, hdr.Name, err)
-			}
+	wrap := func(err error) error { return fmt.Errorf("layer %s: entry %q: %w", u.layer, hdr.Name, err) }
+	if hdr.Typeflag == tar.TypeReg {
+		// Most entries: created and finished through one descriptor.
+		return u.regular(hdr, rel, target, r, wrap)
+	}
+	if u.pending[rel] || hdr.Typeflag == tar.TypeLink {
+		// Replacing a file being written, or linking to one that may be.
+		if err := u.flush(); err != nil {
+			return err
 		}
 	}
+	// A later entry replaces an earlier one, except dir over dir.
+	if err := u.replace(hdr, target); err != nil {
+		return err
+	}
 
-	wrap := func(err error) error { return fmt.Errorf("layer %s: entry %q: %w", u.layer, hdr.Name, err) }
 	switch hdr.Typeflag {
 	case tar.TypeDir:
 		if err := os.Mkdir(target, 0o700); err != nil && !os.IsExist(err) {
 			return wrap(err)
 		}
-	case tar.TypeReg:
-		if err := writeFile(target, r, hdr.Size); err != nil {
-			return wrap(err)
-		}
+		u.dirsOK[rel] = true
 	case tar.TypeSymlink:
 		if err := os.Symlink(hdr.Linkname, target); err != nil {
 			return wrap(err)
@@ -267,14 +409,8 @@ func (u *unpacker) entry(hdr *tar.Header, r io.Reader) error {
 	if err := os.Lchown(target, hdr.Uid, hdr.Gid); err != nil {
 		return wrap(fmt.Errorf("chown: %w", err))
 	}
-	for k, v := range hdr.PAXRecords {
-		if !strings.HasPrefix(k, paxXattrPrefix) {
-			continue
-		}
-		attr := strings.TrimPrefix(k, paxXattrPrefix)
-		if err := unix.Lsetxattr(target, attr, []byte(v), 0); err != nil && !errors.Is(err, unix.ENOTSUP) {
-			return wrap(fmt.Errorf("set xattr %s: %w", attr, err))
-		}
+	if err := setXattrs(target, hdr); err != nil {
+		return wrap(err)
 	}
 	if hdr.Typeflag != tar.TypeSymlink {
 		// After chown, which clears setuid/setgid bits.
@@ -292,16 +428,114 @@ func (u *unpacker) entry(hdr *tar.Header, r io.Reader) error {
 	return nil
 }
 
-// writeFile copies size bytes into a new file, seeking over zero blocks so
-// that sparse files stay sparse on disk.
-func writeFile(target string, r io.Reader, size int64) error {
-	f, err := os.OpenFile(target, os.O_CREATE|os.O_EXCL|os.O_WRONLY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
-	if err != nil {
+// replace removes what is at target unless hdr is a directory and target
+// one already.
+func (u *unpacker) replace(hdr *tar.Header, target string) error {
+	fi, err := os.Lstat(target)
+	if err != nil || (fi.IsDir() && hdr.Typeflag == tar.TypeDir) {
+		return nil
+	}
+	// A directory may hold files being written.
+	if err := u.flush(); err != nil {
 		return err
 	}
+	if fi.IsDir() {
+		u.removed()
+	}
+	if err := os.RemoveAll(target); err != nil {
+		return fmt.Errorf("layer %s: entry %q: replace: %w", u.layer, hdr.Name, err)
+	}
+	return nil
+}
+
+// regular writes a regular file entry and its metadata through one file
+// descriptor (no path lookups after the create).
+func (u *unpacker) regular(hdr *tar.Header, rel, target string, r io.Reader, wrap func(error) error) error {
+	if err := u.writeErr(); err != nil {
+		return err
+	}
+	if hdr.Size <= maxParallelFile && !u.pending[rel] {
+		if _, err := os.Lstat(target); errors.Is(err, os.ErrNotExist) {
+			// Never fails: the context is not cancelled and the weight
+			// is at most the semaphore's size.
+			_ = u.inFlight.Acquire(context.Background(), hdr.Size)
+			data := make([]byte, hdr.Size)
+			if _, err := io.ReadFull(r, data); err != nil {
+				u.inFlight.Release(hdr.Size)
+				return wrap(fmt.Errorf("read file data: %w", err))
+			}
+			u.dispatch(rel, fileJob{hdr: hdr, target: target, data: data})
+			return nil
+		}
+	}
+	if u.pending[rel] {
+		if err := u.flush(); err != nil {
+			return err
+		}
+	}
+	f, err := createExcl(target)
+	if errors.Is(err, os.ErrExist) {
+		if err := u.replace(hdr, target); err != nil {
+			return err
+		}
+		f, err = createExcl(target)
+	}
+	if err != nil {
+		return wrap(err)
+	}
 	defer f.Close()
-	buf := make([]byte, 128<<10)
+	if err := u.writeData(f, r, hdr.Size); err != nil {
+		return wrap(err)
+	}
+	if err := u.finishFile(f, target, hdr); err != nil {
+		return wrap(err)
+	}
+	return nil
+}
+
+// finishFile sets a written file's owner, xattrs, mode and times, and
+// closes it.
+func (u *unpacker) finishFile(f *os.File, target string, hdr *tar.Header) error {
+	fd := int(f.Fd())
+	if err := unix.Fchown(fd, hdr.Uid, hdr.Gid); err != nil {
+		return fmt.Errorf("chown: %w", err)
+	}
+	if err := setXattrs(target, hdr); err != nil {
+		return err
+	}
+	// After chown, which clears setuid/setgid bits.
+	if err := unix.Fchmod(fd, uint32(hdr.Mode&0o7777)); err != nil {
+		return fmt.Errorf("chmod: %w", err)
+	}
+	if err := futimes(fd, hdr); err != nil {
+		return err
+	}
+	return f.Close()
+}
+
+func createExcl(target string) (*os.File, error) {
+	return os.OpenFile(target, os.O_CREATE|os.O_EXCL|os.O_WRONLY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
+}
+
+func setXattrs(target string, hdr *tar.Header) error {
+	for k, v := range hdr.PAXRecords {
+		if !strings.HasPrefix(k, paxXattrPrefix) {
+			continue
+		}
+		attr := strings.TrimPrefix(k, paxXattrPrefix)
+		if err := unix.Lsetxattr(target, attr, []byte(v), 0); err != nil && !errors.Is(err, unix.ENOTSUP) {
+			return fmt.Errorf("set xattr %s: %w", attr, err)
+		}
+	}
+	return nil
+}
+
+// writeData copies size bytes into f, seeking over whole zero buffers so
+// that sparse files stay sparse on disk.
+func (u *unpacker) writeData(f *os.File, r io.Reader, size int64) error {
+	buf := u.buf
 	var written int64
+	holeAtEnd := false
 	for written < size {
 		want := int64(len(buf))
 		if size-written < want {
@@ -310,12 +544,16 @@ func writeFile(target string, r io.Reader, size int64) error {
 		n, err := io.ReadFull(r, buf[:want])
 		if n > 0 {
 			chunk := buf[:n]
-			if isZero(chunk) {
+			// Only full buffers: a small file is never worth a hole.
+			if n == len(buf) && isZero(chunk) {
 				if _, err := f.Seek(int64(n), io.SeekCurrent); err != nil {
 					return err
 				}
+				holeAtEnd = true
 			} else if _, err := f.Write(chunk); err != nil {
 				return err
+			} else {
+				holeAtEnd = false
 			}
 			written += int64(n)
 		}
@@ -323,10 +561,23 @@ func writeFile(target string, r io.Reader, size int64) error {
 			return fmt.Errorf("read file data: %w", err)
 		}
 	}
-	if err := f.Truncate(size); err != nil {
-		return err
+	if holeAtEnd {
+		return f.Truncate(size)
 	}
-	return f.Close()
+	return nil
+}
+
+// futimes sets fd's access and modification times (utimensat(fd, NULL)).
+func futimes(fd int, hdr *tar.Header) error {
+	atime := hdr.AccessTime
+	if atime.IsZero() {
+		atime = hdr.ModTime
+	}
+	ts := [2]unix.Timespec{toTimespec(atime), toTimespec(hdr.ModTime)}
+	if _, _, e := unix.Syscall6(unix.SYS_UTIMENSAT, uintptr(fd), 0, uintptr(unsafe.Pointer(&ts[0])), 0, 0, 0); e != 0 {
+		return fmt.Errorf("set times: %w", e)
+	}
+	return nil
 }
 
 func isZero(b []byte) bool {

@@ -249,3 +249,66 @@ func TestUnpackConvertsWhiteoutsAndKeepsMetadata(t *testing.T) {
 		t.Fatalf("implicit parent: %q %v", data, err)
 	}
 }
+
+// TestUnpackParallelWritesKeepEntryOrder: small files are written by
+// several writers at once, yet every later entry still sees the earlier
+// ones complete, exactly as a one-by-one unpack would.
+func TestUnpackParallelWritesKeepEntryOrder(t *testing.T) {
+	requireRoot(t)
+	var entries []entry
+	for i := 0; i < 300; i++ {
+		entries = append(entries, entry{name: "many/f" + strings.Repeat("x", i%7) + string(rune('a'+i%26)) + "-" + strings.Repeat("0", i/26), typ: tar.TypeReg, data: strings.Repeat("d", i)})
+	}
+	entries = append(entries,
+		entry{name: "dup", typ: tar.TypeReg, data: "first"},
+		entry{name: "dup", typ: tar.TypeReg, data: "second"},
+		entry{name: "linked", typ: tar.TypeReg, data: "complete", mode: 0o640, uid: 7},
+		entry{name: "hard", typ: tar.TypeLink, link: "linked"},
+		entry{name: "becomes-dir", typ: tar.TypeReg, data: "f"},
+		entry{name: "becomes-dir/", typ: tar.TypeDir, mode: 0o755},
+		entry{name: "becomes-dir/in", typ: tar.TypeReg, data: "in"},
+		entry{name: "becomes-link", typ: tar.TypeReg, data: "f"},
+		entry{name: "becomes-link", typ: tar.TypeSymlink, link: "dup"},
+		entry{name: "gone", typ: tar.TypeReg, data: "g"},
+		entry{name: ".wh.gone", typ: tar.TypeReg},
+	)
+	root := t.TempDir()
+	if _, err := Unpack(bytes.NewReader(tarOf(t, entries...)), root, "sha256:order", UnpackOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range entries[:300] {
+		if data, err := os.ReadFile(filepath.Join(root, e.name)); err != nil || string(data) != e.data {
+			t.Fatalf("%s: %q %v", e.name, data, err)
+		}
+	}
+	read := func(name string) string {
+		data, err := os.ReadFile(filepath.Join(root, name))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return string(data)
+	}
+	if got := read("dup"); got != "second" {
+		t.Fatalf("duplicate entry: %q, want the later one", got)
+	}
+	var st unix.Stat_t
+	if err := unix.Lstat(filepath.Join(root, "hard"), &st); err != nil || st.Nlink != 2 || st.Mode&0o7777 != 0o640 || st.Uid != 7 || read("hard") != "complete" {
+		t.Fatalf("hard link to a just-written file: nlink %d mode %o uid %d err %v", st.Nlink, st.Mode&0o7777, st.Uid, err)
+	}
+	if got := read("becomes-dir/in"); got != "in" {
+		t.Fatalf("file replaced by a directory: %q", got)
+	}
+	if l, err := os.Readlink(filepath.Join(root, "becomes-link")); err != nil || l != "dup" {
+		t.Fatalf("file replaced by a symlink: %q %v", l, err)
+	}
+	if err := unix.Lstat(filepath.Join(root, "gone"), &st); err != nil || st.Mode&unix.S_IFMT != unix.S_IFCHR {
+		t.Fatalf("whiteout over a just-written file: %v", err)
+	}
+
+	// A file where a later entry needs a directory is refused, as it
+	// would be one entry at a time.
+	bad := tarOf(t, entry{name: "f", typ: tar.TypeReg, data: "x"}, entry{name: "f/g", typ: tar.TypeReg, data: "y"})
+	if _, err := Unpack(bytes.NewReader(bad), t.TempDir(), "sha256:bad", UnpackOptions{}); !errors.Is(err, errdefs.ErrInvalidArgument) || !strings.Contains(err.Error(), "not a directory") {
+		t.Fatalf("file under a file: %v", err)
+	}
+}

@@ -19,8 +19,8 @@ func removeOrphanRules(netName, podID string) error {
 }
 
 // RemoveNATRules deletes every nat-table rule for which match is true and
-// the per-attachment CNI-* chains those rules jump to (never portmap's
-// shared CNI-HOSTPORT-* chains).
+// the per-attachment CNI-* chains and default-network BERTH-MASQ-* chains
+// those rules jump to (never portmap's shared CNI-HOSTPORT-* chains).
 func RemoveNATRules(match func(rule string) bool) error {
 	if _, err := exec.LookPath("iptables-save"); err != nil {
 		return nil
@@ -41,7 +41,7 @@ func RemoveNATRules(match func(rule string) bool) error {
 		script.WriteString("-D " + strings.TrimPrefix(line, "-A ") + "\n")
 		if i := strings.LastIndex(line, " -j "); i >= 0 {
 			target := strings.Fields(line[i+4:])
-			if len(target) > 0 && strings.HasPrefix(target[0], "CNI-") && !strings.HasPrefix(target[0], "CNI-HOSTPORT-") && !seen[target[0]] {
+			if len(target) > 0 && ownChain(target[0]) && !seen[target[0]] {
 				seen[target[0]] = true
 				chains = append(chains, target[0])
 			}
@@ -59,6 +59,13 @@ func RemoveNATRules(match func(rule string) bool) error {
 		return fmt.Errorf("iptables-restore: %v: %s", err, b)
 	}
 	return nil
+}
+
+// ownChain reports whether a chain is one of a CNI attachment's own or the
+// default network's masquerade chain: removed with the last rule jumping
+// to it.
+func ownChain(name string) bool {
+	return strings.HasPrefix(name, "CNI-") && !strings.HasPrefix(name, "CNI-HOSTPORT-") || strings.HasPrefix(name, "BERTH-MASQ-")
 }
 
 func netnsGone(path string) bool {

@@ -2,6 +2,7 @@ package network
 
 import (
 	"encoding/json"
+	"errors"
 	"os"
 	"path/filepath"
 	"strings"
@@ -36,7 +37,8 @@ func TestEmbeddedDefaultNetworkWhenConfDirEmpty(t *testing.T) {
 	if err := json.Unmarshal(list.Plugins[0].Bytes, &bridge); err != nil {
 		t.Fatal(err)
 	}
-	if bridge.Bridge != "btest0" || !bridge.IPMasq || bridge.IPAM.Ranges[0][0].Subnet != "10.99.0.0/24" || !strings.HasSuffix(bridge.IPAM.DataDir, "ipam") {
+	// Masqueraded by the node-level rule, not per pod (decision 1601).
+	if bridge.Bridge != "btest0" || bridge.IPMasq || bridge.IPAM.Ranges[0][0].Subnet != "10.99.0.0/24" || !strings.HasSuffix(bridge.IPAM.DataDir, "ipam") {
 		t.Fatalf("default bridge config does not follow the options: %+v", bridge)
 	}
 }
@@ -94,5 +96,58 @@ func TestReadyNamesTheMissingPlugin(t *testing.T) {
 	}
 	if err := n.Ready(); err != nil {
 		t.Fatalf("Ready with plugins installed: %v", err)
+	}
+}
+
+func TestPrepareTrimsTheEmbeddedNetworkPerPod(t *testing.T) {
+	n, confDir := newTestNetwork(t, nil)
+	// As if the node-level masquerade were installed (the test must not
+	// touch the host's iptables).
+	n.masqOnce.Do(func() {})
+	plugins := func(hostPorts bool) string {
+		t.Helper()
+		att, err := n.Prepare(hostPorts)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var list struct {
+			Name    string `json:"name"`
+			Plugins []struct {
+				Type   string `json:"type"`
+				IPMasq bool   `json:"ipMasq"`
+			} `json:"plugins"`
+		}
+		if err := json.Unmarshal(att.ConfList, &list); err != nil {
+			t.Fatal(err)
+		}
+		out := []string{list.Name}
+		for _, p := range list.Plugins {
+			if p.IPMasq {
+				p.Type += "(ipMasq)"
+			}
+			out = append(out, p.Type)
+		}
+		return strings.Join(out, ",")
+	}
+	if got := plugins(false); got != "berth,bridge" {
+		t.Errorf("embedded network, no host ports: %s, want berth,bridge", got)
+	}
+	if got := plugins(true); got != "berth,bridge,portmap" {
+		t.Errorf("embedded network, host ports: %s, want berth,bridge,portmap", got)
+	}
+	// Without the node-level rule the bridge plugin masquerades each pod.
+	n.masqErr = errors.New("no iptables")
+	if got := plugins(false); got != "berth,bridge(ipMasq)" {
+		t.Errorf("embedded network without node masquerade: %s, want berth,bridge(ipMasq)", got)
+	}
+	// An operator's config runs whole, host ports or not.
+	if err := os.MkdirAll(confDir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(confDir, "10-op.conflist"), []byte(`{"cniVersion":"1.0.0","name":"op","plugins":[{"type":"bridge","ipMasq":true},{"type":"portmap","capabilities":{"portMappings":true}}]}`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if got := plugins(false); got != "op,bridge(ipMasq),portmap" {
+		t.Errorf("operator network, no host ports: %s, want op,bridge(ipMasq),portmap", got)
 	}
 }

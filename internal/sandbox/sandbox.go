@@ -26,6 +26,7 @@ import (
 	"google.golang.org/protobuf/proto"
 	runtime "k8s.io/cri-api/pkg/apis/runtime/v1"
 
+	"github.com/berthcri/berth/internal/atomicfile"
 	"github.com/berthcri/berth/internal/errdefs"
 	"github.com/berthcri/berth/internal/fault"
 	"github.com/berthcri/berth/internal/idprefix"
@@ -87,6 +88,17 @@ type Options struct {
 	// Cgroups drops pod-level limits of cgroup controllers the host lacks
 	// (UpdatePodSandboxResources); nil keeps all.
 	Cgroups LimitDropper
+	// Deferred writes RunPodSandbox's checkpoints, fsynced off the RPC's
+	// path (decision 1600); nil writes them durably before going on.
+	Deferred *atomicfile.Deferred
+	// Warm, if set, is called by Run once the pod's ID and first
+	// checkpoint exist, before its namespaces and network are made: the
+	// caller starts, in the background, what the pod's first container
+	// will need (its shim). Run calls the wait it returns before it
+	// returns, so that work is done when RunPodSandbox answers (it has
+	// had the CNI ADD to run in); undo runs instead if Run fails. Either
+	// may be nil.
+	Warm func(ctx context.Context, podID string) (wait func(), undo func(context.Context))
 }
 
 // LimitDropper removes from r the limits the host's cgroups cannot take
@@ -153,10 +165,13 @@ func New(opts Options) (*Store, error) {
 			continue
 		}
 		c, err := readCheckpoint(filepath.Join(s.sandboxesDir(), e.Name()))
-		if os.IsNotExist(err) {
+		if os.IsNotExist(err) || errors.Is(err, errEmptyCheckpoint) {
 			// A Run cut off before its first checkpoint made only these
-			// two empty directories.
-			log.Info("removing sandbox directory without a checkpoint", "pod", e.Name())
+			// two empty directories. An empty checkpoint is a first
+			// write a power loss caught before its fsync: the pod's
+			// pins, veth and cgroup went with the power, its pod files
+			// go here and its IP with the orphans (CleanOrphans).
+			log.Info("removing sandbox directory without a checkpoint", "pod", e.Name(), "checkpoint", checkpointState(err))
 			os.RemoveAll(filepath.Join(s.sandboxesDir(), e.Name()))
 			os.Remove(filepath.Join(opts.State, "sandboxes", e.Name()))
 			continue
@@ -179,6 +194,14 @@ func New(opts Options) (*Store, error) {
 		s.names[reservationKey(r.sb.Config.GetMetadata())] = r.sb.ID
 	}
 	return s, nil
+}
+
+// checkpointState names why a sandbox directory has no usable checkpoint.
+func checkpointState(err error) string {
+	if errors.Is(err, errEmptyCheckpoint) {
+		return "empty"
+	}
+	return "missing"
 }
 
 func (s *Store) sandboxesDir() string { return filepath.Join(s.opts.Root, "sandboxes") }
@@ -404,7 +427,7 @@ func (s *Store) Run(ctx context.Context, cfg *runtime.PodSandboxConfig, handler 
 	if !hostNet {
 		// Chosen (and checkpointed below) up front: from here on, DEL
 		// runs in every teardown, with this config.
-		if r.attachment, err = s.opts.Network.Prepare(); err != nil {
+		if r.attachment, err = s.opts.Network.Prepare(len(ports) > 0); err != nil {
 			return nil, err
 		}
 	}
@@ -433,50 +456,21 @@ func (s *Store) Run(ctx context.Context, cfg *runtime.PodSandboxConfig, handler 
 	}
 	// Written first, NOTREADY: a daemon crash from here on still leaves a
 	// sandbox that can be listed, stopped and removed.
-	if err := s.persist(r); err != nil {
+	if err := s.persistSoon(r); err != nil {
 		return nil, err
+	}
+	if s.opts.Warm != nil {
+		wait, undo := s.opts.Warm(ctx, id)
+		defer func() {
+			switch {
+			case retErr != nil && undo != nil:
+				undo(context.WithoutCancel(ctx))
+			case retErr == nil && wait != nil:
+				wait()
+			}
+		}()
 	}
 
-	if hostNet {
-		if hostname, err = os.Hostname(); err != nil {
-			return nil, fmt.Errorf("read host name: %w", err)
-		}
-	}
-	hosts, err := hostsContent(hostNet)
-	if err != nil {
-		return nil, err
-	}
-	resolv, err := resolvConfContent(cfg.GetDnsConfig())
-	if err != nil {
-		return nil, err
-	}
-	for path, data := range map[string][]byte{r.sb.HostnamePath: []byte(hostname + "\n"), r.sb.HostsPath: hosts, r.sb.ResolvConfPath: resolv} {
-		if err := os.WriteFile(path, data, 0o644); err != nil {
-			return nil, fmt.Errorf("write %s: %w", path, err)
-		}
-		if mapping != nil {
-			// The pod's root owns its files, as in CRI-O: the container
-			// sees them as its root's, like the rest of its rootfs.
-			if err := os.Chown(path, int(mapping.UID.HostID), int(mapping.GID.HostID)); err != nil {
-				return nil, fmt.Errorf("chown %s to the pod's root: %w", path, err)
-			}
-		}
-	}
-	if r.sb.ShmPath != "" {
-		if err := os.Mkdir(r.sb.ShmPath, 0o755); err != nil {
-			return nil, fmt.Errorf("create %s: %w", r.sb.ShmPath, err)
-		}
-		shmOpts := fmt.Sprintf("mode=1777,size=%d", shmSize)
-		if mapping != nil {
-			shmOpts += fmt.Sprintf(",uid=%d,gid=%d", mapping.UID.HostID, mapping.GID.HostID)
-		}
-		if err := unix.Mount("shm", r.sb.ShmPath, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, shmOpts); err != nil {
-			return nil, fmt.Errorf("mount pod /dev/shm at %s: %w", r.sb.ShmPath, err)
-		}
-	}
-	if err := s.createPodCgroup(ctx, r); err != nil {
-		return nil, err
-	}
 	req := nsRequest{netPin: r.sb.NetNSPath, ipcPin: r.sb.IPCNSPath, utsPin: r.sb.UTSNSPath, hostname: hostname, sysctls: sysctls}
 	if podPID {
 		req.pause = &pauseRequest{binary: pauseBin, arg: stateDir}
@@ -494,22 +488,41 @@ func (s *Store) Run(ctx context.Context, cfg *runtime.PodSandboxConfig, handler 
 	if err != nil {
 		return nil, fmt.Errorf("create pod namespaces: %w", err)
 	}
-	if pid > 0 {
-		if err := s.joinPodCgroup(ctx, r, pid); err != nil {
-			return nil, err
-		}
-	}
 	s.opts.Faults.Hit(fault.SandboxAfterNetnsCreate, "pod", id)
+	// CNI ADD needs only the network namespace: it runs (mostly waiting on
+	// the plugins' processes) while the pod's files, /dev/shm and cgroup
+	// are made. On any failure below the undo waits for it first, so DEL
+	// never races ADD.
 	var cniTime time.Duration
+	cniDone := make(chan error, 1)
 	if r.attachment != nil {
-		cniStart := time.Now()
-		err := s.opts.Network.Attach(ctx, s.netPod(r), r.attachment)
-		cniTime = time.Since(cniStart)
-		if err != nil {
-			return nil, err
-		}
-		r.fillFromAttachment()
+		pod, att := s.netPod(r), r.attachment
+		go func() {
+			cniStart := time.Now()
+			err := s.opts.Network.Attach(ctx, pod, att)
+			cniTime = time.Since(cniStart)
+			cniDone <- err
+		}()
+	} else {
+		cniDone <- nil
 	}
+	cniWaited := false
+	waitCNI := func() error {
+		cniWaited = true
+		return <-cniDone
+	}
+	defer func() {
+		if !cniWaited {
+			_ = waitCNI()
+		}
+	}()
+	if err := s.makePodFilesAndCgroup(ctx, r, hostNet, hostname, mapping, pid); err != nil {
+		return nil, err
+	}
+	if err := waitCNI(); err != nil {
+		return nil, err
+	}
+	r.fillFromAttachment()
 	s.opts.Faults.Hit(fault.SandboxAfterCNIAdd, "pod", id)
 	for _, hook := range hooks {
 		if err := hook(ctx, r.snapshot()); err != nil {
@@ -517,7 +530,7 @@ func (s *Store) Run(ctx context.Context, cfg *runtime.PodSandboxConfig, handler 
 		}
 	}
 	r.sb.State = runtime.PodSandboxState_SANDBOX_READY
-	if err := s.persist(r); err != nil {
+	if err := s.persistSoon(r); err != nil {
 		return nil, err
 	}
 	s.opts.Faults.Hit(fault.SandboxAfterCheckpointWrite, "pod", id)
@@ -527,6 +540,57 @@ func (s *Store) Run(ctx context.Context, cfg *runtime.PodSandboxConfig, handler 
 	s.mu.Unlock()
 	log.Info("sandbox ready", "ip", r.sb.IP, "handler", handler, "cgroup", r.sb.CgroupParent, "unit", r.sb.CgroupUnit, "took", time.Since(start), "cni_add", cniTime)
 	return r.snapshot(), nil
+}
+
+// makePodFilesAndCgroup writes the pod's hostname, hosts and resolv.conf
+// files, mounts its /dev/shm and makes its cgroup, moving the pause
+// holder (pid, if any) into it.
+func (s *Store) makePodFilesAndCgroup(ctx context.Context, r *entry, hostNet bool, hostname string, mapping *userns.Mapping, pid int) error {
+	var err error
+	if hostNet {
+		if hostname, err = os.Hostname(); err != nil {
+			return fmt.Errorf("read host name: %w", err)
+		}
+	}
+	hosts, err := hostsContent(hostNet)
+	if err != nil {
+		return err
+	}
+	resolv, err := resolvConfContent(r.sb.Config.GetDnsConfig())
+	if err != nil {
+		return err
+	}
+	for path, data := range map[string][]byte{r.sb.HostnamePath: []byte(hostname + "\n"), r.sb.HostsPath: hosts, r.sb.ResolvConfPath: resolv} {
+		if err := os.WriteFile(path, data, 0o644); err != nil {
+			return fmt.Errorf("write %s: %w", path, err)
+		}
+		if mapping != nil {
+			// The pod's root owns its files, as in CRI-O: the container
+			// sees them as its root's, like the rest of its rootfs.
+			if err := os.Chown(path, int(mapping.UID.HostID), int(mapping.GID.HostID)); err != nil {
+				return fmt.Errorf("chown %s to the pod's root: %w", path, err)
+			}
+		}
+	}
+	if r.sb.ShmPath != "" {
+		if err := os.Mkdir(r.sb.ShmPath, 0o755); err != nil {
+			return fmt.Errorf("create %s: %w", r.sb.ShmPath, err)
+		}
+		shmOpts := fmt.Sprintf("mode=1777,size=%d", shmSize)
+		if mapping != nil {
+			shmOpts += fmt.Sprintf(",uid=%d,gid=%d", mapping.UID.HostID, mapping.GID.HostID)
+		}
+		if err := unix.Mount("shm", r.sb.ShmPath, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, shmOpts); err != nil {
+			return fmt.Errorf("mount pod /dev/shm at %s: %w", r.sb.ShmPath, err)
+		}
+	}
+	if err := s.createPodCgroup(ctx, r); err != nil {
+		return err
+	}
+	if pid > 0 {
+		return s.joinPodCgroup(ctx, r, pid)
+	}
+	return nil
 }
 
 func truncate(s string, n int) string {
@@ -553,12 +617,28 @@ func (s *Store) netPod(r *entry) network.Pod {
 	}
 }
 
+// persist writes the sandbox's checkpoint durably.
 func (s *Store) persist(r *entry) error {
+	return s.writeCheckpoint(r, atomicfile.Write)
+}
+
+// persistSoon writes the checkpoint at once and has it made durable right
+// after, off the caller's path (Options.Deferred; decision 1600): what
+// RunPodSandbox writes. Recovery needs no fsync from it: a restarted
+// berthd reads the page cache, and after a power loss, which takes every
+// pin, veth, rule and cgroup with it, an older, missing or empty
+// checkpoint leaves only files under root and IP reservations, which
+// recovery releases without it (docs/reliability.md).
+func (s *Store) persistSoon(r *entry) error {
+	return s.writeCheckpoint(r, s.opts.Deferred.Write)
+}
+
+func (s *Store) writeCheckpoint(r *entry, write func(string, []byte, os.FileMode) error) error {
 	c, err := r.toCheckpoint()
 	if err != nil {
 		return err
 	}
-	return writeCheckpoint(filepath.Join(s.sandboxesDir(), r.sb.ID), c)
+	return writeCheckpoint(filepath.Join(s.sandboxesDir(), r.sb.ID), c, write)
 }
 
 // teardown releases what a sandbox holds on the node, except its cgroup,

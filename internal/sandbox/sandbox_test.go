@@ -2,6 +2,7 @@ package sandbox
 
 import (
 	"errors"
+	"github.com/berthcri/berth/internal/atomicfile"
 	"os"
 	"testing"
 	"time"
@@ -85,7 +86,7 @@ func TestCheckpointRoundTrip(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := writeCheckpoint(dir, c); err != nil {
+	if err := writeCheckpoint(dir, c, atomicfile.Write); err != nil {
 		t.Fatal(err)
 	}
 	c2, err := readCheckpoint(dir)

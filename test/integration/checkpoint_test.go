@@ -431,15 +431,25 @@ func TestCheckpointFailuresLeaveNothing(t *testing.T) {
 		if err != nil && status.Code(err) != codes.DeadlineExceeded {
 			t.Fatalf("deadline %s: %v", dl, err)
 		}
-		// The server finishes its undo after the client gave up.
-		alive("deadline " + dl.String())
+		if err != nil {
+			// The server may have finished just in time while its reply
+			// came too late: a whole checkpoint (pod.dump written last)
+			// is a success, not a leftover.
+			time.Sleep(time.Second)
+			if _, serr := os.Stat(filepath.Join(out, "pod.dump")); serr == nil {
+				err = nil
+			}
+		}
 		if err == nil {
-			// Fast enough: that is fine too, start over empty.
+			// Fast enough: that is fine too (a quiet machine makes it in
+			// 400 ms), start over empty.
 			es, _ := os.ReadDir(out)
 			for _, e := range es {
 				os.RemoveAll(filepath.Join(out, e.Name()))
 			}
 		}
+		// The server finishes its undo after the client gave up.
+		alive("deadline " + dl.String())
 	}
 
 	// RestorePod: bad input, and a checkpoint that does not match.

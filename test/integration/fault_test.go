@@ -340,9 +340,10 @@ func kubeletCleanup(t *testing.T, e *faultEnv) {
 
 // TestRecoveryCleansResourcesWithoutRecords loses a running pod's
 // checkpoint while berthd is down (berth's own ordering never does; a
-// damaged disk can) and checks that the restarted daemon releases what the
-// pod held: namespace pins, veth, address, NAT rules, /dev/shm, state dir,
-// cgroup.
+// damaged disk can), empties another's (a power loss before the deferred
+// fsync, decision 1600) and checks that the restarted daemon releases what
+// the pods held: namespace pins, veth, address, NAT rules, /dev/shm, state
+// dir, cgroup.
 func TestRecoveryCleansResourcesWithoutRecords(t *testing.T) {
 	t.Parallel()
 	d := berthdtest.Start(t, berthdtest.Options{})
@@ -355,11 +356,17 @@ func TestRecoveryCleansResourcesWithoutRecords(t *testing.T) {
 	// The second loses its state dir too, as after a reboot (state is a
 	// tmpfs): only its address, NAT rules, CNI cache and cgroup remain.
 	rebooted := runPod(t, d, podConfig("orphan-rebooted"))
+	// The third's checkpoint is empty: what a power loss leaves of a first
+	// write whose fsync had not run (decision 1600).
+	emptied := runPod(t, d, podConfig("orphan-empty-checkpoint"))
 	d.Kill()
 	for _, p := range []string{id, rebooted} {
 		if err := os.RemoveAll(filepath.Join(d.Root, "sandboxes", p)); err != nil {
 			t.Fatal(err)
 		}
+	}
+	if err := os.WriteFile(filepath.Join(d.Root, "sandboxes", emptied, "checkpoint.json"), nil, 0o600); err != nil {
+		t.Fatal(err)
 	}
 	for _, kind := range []string{"net", "ipc", "uts"} {
 		pin := filepath.Join(d.State, "netns", rebooted+"-"+kind)
@@ -380,7 +387,7 @@ func TestRecoveryCleansResourcesWithoutRecords(t *testing.T) {
 		t.Fatalf("list after restart: %v, %v", resp.GetItems(), err)
 	}
 	leakcheck.CheckSettled(t, scope, before, leakcheck.Take(t, scope))
-	for _, msg := range []string{"removing a namespace pin without a sandbox", "removing pod state without a sandbox", "removing a pod cgroup without a sandbox", "releasing a pod address without a sandbox"} {
+	for _, msg := range []string{"removing a namespace pin without a sandbox", "removing pod state without a sandbox", "removing a pod cgroup without a sandbox", "releasing a pod address without a sandbox", "checkpoint=empty"} {
 		if !strings.Contains(d.Logs(), msg) {
 			t.Errorf("berthd did not log %q", msg)
 		}

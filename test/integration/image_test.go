@@ -387,9 +387,20 @@ func TestImagePullKilledMidwayLeavesNothingAfterRestart(t *testing.T) {
 	case <-time.After(time.Minute):
 		t.Fatal("pull never reached the last layer")
 	}
-	// Half a blob is in ingest/ and earlier layers are unpacked: crash now.
+	arrived := time.Now()
+	// Half a blob is in ingest/, streamed half into its unpacked layer
+	// there, and earlier layers are unpacked: crash now.
 	if len(dirEntries(t, d, "layers")) == 0 {
 		t.Fatal("expected earlier layers unpacked before the stalled one")
+	}
+	for half := false; !half; time.Sleep(10 * time.Millisecond) {
+		// The stream makes its ingest files once the response began.
+		for _, e := range dirEntries(t, d, "ingest") {
+			half = half || strings.HasPrefix(e, "layer-")
+		}
+		if !half && time.Since(arrived) > 10*time.Second {
+			t.Fatalf("no half-unpacked layer in ingest: %v", dirEntries(t, d, "ingest"))
+		}
 	}
 	d.Kill()
 	if err := <-pullErr; err == nil {

@@ -6,8 +6,11 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"runtime"
+	"sort"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -257,6 +260,95 @@ func TestSandboxPortMappingReachableOnHostPort(t *testing.T) {
 	stopRemove(t, d, id)
 	if err := dialHello(net.JoinHostPort(gw.String(), fmt.Sprint(hostPort))); err == nil {
 		t.Fatalf("host port still forwarded after stop")
+	}
+}
+
+// The embedded network masquerades its pods' outgoing traffic with one
+// node-level chain for its subnet (decision 1601), installed once at
+// start and kept as is across restarts; a pod's ADD adds no NAT rule of
+// its own, and the pod's first packet to an outside address is
+// masqueraded by that chain.
+func TestSandboxDefaultNetworkMasqueradesOncePerNode(t *testing.T) {
+	t.Parallel()
+	d := berthdtest.Start(t, berthdtest.Options{})
+	subnet := d.Config.DefaultNetwork.Subnet
+	chain := "BERTH-MASQ-" + d.Config.DefaultNetwork.Bridge
+	natRules := func() []string {
+		t.Helper()
+		out, err := exec.Command("iptables-save", "-t", "nat").Output()
+		if err != nil {
+			t.Fatalf("iptables-save: %v", err)
+		}
+		var rules []string
+		for _, l := range strings.Split(string(out), "\n") {
+			if strings.HasPrefix(l, "-A ") && (strings.Contains(l, chain) || strings.Contains(l, strings.TrimSuffix(subnet, "0/24"))) {
+				rules = append(rules, l)
+			}
+		}
+		sort.Strings(rules)
+		return rules
+	}
+	want := []string{
+		fmt.Sprintf(`-A %s ! -d 224.0.0.0/4 -m comment --comment "berth default network %s" -j MASQUERADE`, chain, d.Config.DefaultNetwork.Bridge),
+		fmt.Sprintf(`-A %s -d %s -m comment --comment "berth default network %s" -j ACCEPT`, chain, subnet, d.Config.DefaultNetwork.Bridge),
+		fmt.Sprintf(`-A POSTROUTING -s %s -m comment --comment "berth default network %s" -j %s`, subnet, d.Config.DefaultNetwork.Bridge, chain),
+	}
+	sort.Strings(want)
+	if got := natRules(); strings.Join(got, "\n") != strings.Join(want, "\n") {
+		t.Fatalf("nat rules after start:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+	}
+	d.Stop()
+	d.Start()
+	d.WaitReady()
+	if got := natRules(); strings.Join(got, "\n") != strings.Join(want, "\n") {
+		t.Fatalf("nat rules after a restart:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+	}
+
+	id := runPod(t, d, podConfig("masq"))
+	_, info := podStatus(t, d, id)
+	if got := natRules(); strings.Join(got, "\n") != strings.Join(want, "\n") {
+		t.Fatalf("a pod's ADD changed the nat rules:\n%s", strings.Join(got, "\n"))
+	}
+	masqueraded := func() int {
+		t.Helper()
+		out, err := exec.Command("iptables", "-t", "nat", "-L", chain, "-v", "-n", "-x").Output()
+		if err != nil {
+			t.Fatalf("list %s: %v", chain, err)
+		}
+		for _, l := range strings.Split(string(out), "\n") {
+			if f := strings.Fields(l); len(f) > 2 && f[2] == "MASQUERADE" {
+				n, _ := strconv.Atoi(f[0])
+				return n
+			}
+		}
+		t.Fatalf("no MASQUERADE rule in %s:\n%s", chain, out)
+		return 0
+	}
+	before := masqueraded()
+	// One UDP datagram to a documentation address (RFC 5737), routed out
+	// of the node: conntrack sends its first packet through nat.
+	err := inNamespace(t, info.NetNSPath, unix.CLONE_NEWNET, func() error {
+		c, err := net.Dial("udp4", "198.51.100.7:9")
+		if err != nil {
+			return err
+		}
+		defer c.Close()
+		_, err = c.Write([]byte("x"))
+		return err
+	})
+	if err != nil {
+		t.Fatalf("send from the pod: %v", err)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for masqueraded() == before {
+		if time.Now().After(deadline) {
+			t.Fatalf("the pod's packet to an outside address was not masqueraded by %s", chain)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	stopRemove(t, d, id)
+	if got := natRules(); strings.Join(got, "\n") != strings.Join(want, "\n") {
+		t.Fatalf("nat rules after the pod's DEL:\n%s", strings.Join(got, "\n"))
 	}
 }
 

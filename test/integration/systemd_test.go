@@ -417,10 +417,11 @@ func TestSystemdCgroupDriver(t *testing.T) {
 		t.Fatalf("units left after the shared-PID pod was removed: %v", left)
 	}
 
-	// berthd dies right after making the slice (checkpoint NOTREADY): the
-	// restarted daemon lists the pod, and removing it stops the slice.
+	// berthd dies after making the slice (and the CNI ADD it overlaps,
+	// decision 1602; checkpoint NOTREADY): the restarted daemon lists the
+	// pod, and removing it stops the slice.
 	d.Stop()
-	d.SetEnv(fault.EnvVar + "=" + string(fault.SandboxAfterNetnsCreate))
+	d.SetEnv(fault.EnvVar + "=" + string(fault.SandboxAfterCNIAdd))
 	d.Start()
 	d.WaitReady()
 	if _, err := d.Runtime.RunPodSandbox(ctxT(t), &criapi.RunPodSandboxRequest{Config: podConfig("systemd-crash")}); err == nil {

@@ -34,6 +34,25 @@ type Registry struct {
 	mu         sync.Mutex
 	blobFetchs map[string]int // digest → GET count
 	holds      map[string]*BlobHold
+	serveBlob  map[string]BlobServer
+}
+
+// BlobServer answers a GET of one blob in its own way: body is the blob
+// and w already carries the registry's headers (Content-Length included).
+type BlobServer func(w http.ResponseWriter, req *http.Request, body []byte)
+
+// ServeBlobWith makes fn answer every GET of the blob with this digest
+// (truncated, corrupted, trickled streams), until the test ends or
+// ServeBlobWith(t, digest, nil).
+func (r *Registry) ServeBlobWith(t testing.TB, digest string, fn BlobServer) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if fn == nil {
+		delete(r.serveBlob, digest)
+		return
+	}
+	r.serveBlob[digest] = fn
+	t.Cleanup(func() { r.ServeBlobWith(t, digest, nil) })
 }
 
 // BlobHold stalls downloads of one blob: the registry sends the first half
@@ -119,7 +138,7 @@ func (r *Registry) CACertPEM() []byte {
 // StartRegistry serves an empty registry until the test ends.
 func StartRegistry(t testing.TB, opts ...Option) *Registry {
 	t.Helper()
-	r := &Registry{blobFetchs: map[string]int{}, holds: map[string]*BlobHold{}}
+	r := &Registry{blobFetchs: map[string]int{}, holds: map[string]*BlobHold{}, serveBlob: map[string]BlobServer{}}
 	for _, o := range opts {
 		o(r)
 	}
@@ -153,9 +172,24 @@ func StartRegistry(t testing.TB, opts ...Option) *Registry {
 			r.mu.Lock()
 			r.blobFetchs[dgst]++
 			h := r.holds[dgst]
+			fn := r.serveBlob[dgst]
 			r.mu.Unlock()
 			if h != nil {
 				r.serveHeld(h, inner, w, req)
+				return
+			}
+			if fn != nil {
+				rec := httptest.NewRecorder()
+				inner.ServeHTTP(rec, req)
+				for k, v := range rec.Header() {
+					w.Header()[k] = v
+				}
+				if rec.Code != http.StatusOK {
+					w.WriteHeader(rec.Code)
+					_, _ = w.Write(rec.Body.Bytes())
+					return
+				}
+				fn(w, req, rec.Body.Bytes())
 				return
 			}
 		}
