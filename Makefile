@@ -3,6 +3,8 @@
 #   make test    install what tests need, lint, run the whole suite
 #   make bench   benchmarks: tables on stdout, JSON under bench/out
 #   make conformance  critest against a private berthd (not part of make test)
+#   make e2e-node     the Kubernetes node e2e suite against a private berthd
+#                     (not part of make test; docs/conformance.md)
 #   make test-kubelet the kubelet test alone (part of make test), verbose
 #   make k8s-bins     build the kubelet, e2e_node.test, agnhost, ginkgo, critest
 #                     and crictl from test/k8s into a cache; prints the directory
@@ -23,7 +25,7 @@ TEST_PATH := $(if $(wildcard $(CRIU_DIR)/criu),$(CRIU_DIR):)$(PATH)
 # How long make test fuzzes each target (their corpora also run as tests).
 FUZZTIME  ?= 10s
 
-.PHONY: all build run test fuzz lint deps test-deps bench clean k8s-bins conformance test-kubelet
+.PHONY: all build run test fuzz lint deps test-deps bench clean k8s-bins conformance e2e-node test-kubelet
 
 all: build
 
@@ -85,6 +87,12 @@ k8s-bins:
 conformance:
 	hack/install-deps.sh conformance
 	hack/conformance.sh
+
+# The Kubernetes node e2e suite ([NodeConformance]: a parallel pass, then
+# the [Serial] specs) against a private berthd, with the kubelet the suite
+# runs itself; reports under out/e2e-node/<time>/ (docs/conformance.md).
+e2e-node:
+	hack/e2e-node.sh
 
 clean:
 	rm -rf $(BIN) bench/out out

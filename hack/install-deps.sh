@@ -8,6 +8,7 @@
 #   hack/install-deps.sh bench  also the reference runtime: containerd
 #   hack/install-deps.sh conformance  also a static C toolchain (the critest
 #                               stand-in registry's helpers)
+#   hack/install-deps.sh e2e-node     also sudo (node e2e specs call it)
 # Nothing is installed when everything is present, so it is cheap to call.
 set -euo pipefail
 
@@ -17,6 +18,7 @@ case "${1:-run}" in
   test) want+=(busybox:busybox-static apparmor_parser:apparmor) ;;
   bench) want+=(busybox:busybox-static containerd:containerd) ;;
   conformance) want+=(busybox:busybox-static gcc:gcc) ;;
+  e2e-node) want+=(busybox:busybox-static sudo:sudo) ;;
 esac
 
 missing=()

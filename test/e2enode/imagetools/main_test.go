@@ -1,0 +1,72 @@
+package main
+
+import (
+	"bytes"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestExpand(t *testing.T) {
+	now := time.Date(2026, 11, 26, 5, 7, 9, 123456789, time.UTC)
+	for format, want := range map[string]string{
+		"%3t":     "05:07:09.123",
+		"%t":      "05:07:09",
+		"at %6t!": "at 05:07:09.123456!",
+		"100%":    "100%",
+		"%x":      "%x",
+	} {
+		if got := expand(format, now); got != want {
+			t.Errorf("expand(%q) = %q, want %q", format, got, want)
+		}
+	}
+}
+
+func TestCurl(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/missing" {
+			http.NotFound(w, r)
+			return
+		}
+		fmt.Fprint(w, "host-a")
+	}))
+	defer srv.Close()
+	var out, errOut bytes.Buffer
+	if code := curl([]string{"-g", "-q", "-s", "--max-time", "15", "--connect-timeout", "1", srv.URL + "/hostName"}, &out, &errOut); code != 0 || out.String() != "host-a" {
+		t.Fatalf("curl = %d, %q (%s)", code, out.String(), errOut.String())
+	}
+	out.Reset()
+	if code := curl([]string{"-o", "/dev/null", "-i", "-q", "-s", "-w", "%{http_code}", srv.URL + "/missing"}, &out, &errOut); code != 0 || out.String() != "404" {
+		t.Fatalf("curl -w = %d, %q", code, out.String())
+	}
+	out.Reset()
+	if code := curl([]string{"-i", srv.URL}, &out, &errOut); code != 0 || !strings.HasPrefix(out.String(), "HTTP/1.1 200 OK\r\n") {
+		t.Fatalf("curl -i = %d, %q", code, out.String())
+	}
+	srv.Close()
+	if code := curl([]string{"-s", "--connect-timeout", "1", srv.URL}, &out, &errOut); code != 7 {
+		t.Fatalf("curl to a closed port = %d, want 7", code)
+	}
+}
+
+func TestSimpleCommand(t *testing.T) {
+	for script, want := range map[string]string{
+		"env":                     "env",
+		"sleep 10":                "sleep,10",
+		"/agnhost serve-hostname": "/agnhost,serve-hostname",
+		"echo $HOME":              "",
+		"A=1 env":                 "",
+		"env; env":                "",
+		"cat /x > /y":             "",
+		"echo 'a b'":              "",
+		"":                        "",
+	} {
+		words, ok := simpleCommand(script)
+		if got := strings.Join(words, ","); ok != (want != "") || got != want {
+			t.Errorf("simpleCommand(%q) = %q, %v; want %q", script, got, ok, want)
+		}
+	}
+}

@@ -1,0 +1,342 @@
+// Command registry serves, on loopback, stand-ins for the images the
+// Kubernetes node e2e suite pulls ([NodeConformance] specs), built from the
+// host's busybox-static, bash, the real agnhost binary (hack/k8s-bins.sh)
+// and imagetools (nmeter, nnp, pause). make e2e-node (hack/e2e-node.sh)
+// points berthd's registry mirrors for registry.k8s.io, gcr.io, docker.io
+// and quay.io at it. A test fixture, not part of berth.
+//
+//	registry -addr 127.0.0.1:0 -agnhost /path/agnhost -imagetools /path/imagetools
+//
+// prints "listening HOST:PORT", one "pushed REF DIGEST" per image, then
+// READY, and serves until killed.
+package main
+
+import (
+	"flag"
+	"fmt"
+	"log"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/google/go-containerregistry/pkg/name"
+	"github.com/google/go-containerregistry/pkg/registry"
+	v1 "github.com/google/go-containerregistry/pkg/v1"
+	"github.com/google/go-containerregistry/pkg/v1/empty"
+	"github.com/google/go-containerregistry/pkg/v1/mutate"
+	"github.com/google/go-containerregistry/pkg/v1/remote"
+	"github.com/google/go-containerregistry/pkg/v1/types"
+
+	"github.com/berthcri/berth/internal/testutil/testimages"
+)
+
+func main() {
+	addr := flag.String("addr", "127.0.0.1:0", "listen address")
+	agnhost := flag.String("agnhost", "", "the agnhost binary (hack/k8s-bins.sh agnhost)")
+	tools := flag.String("imagetools", "", "the imagetools binary (test/e2enode/imagetools, static)")
+	porter := flag.String("porter-dir", "", "directory with agnhost's porter/localhost.crt and localhost.key (from the k8s.io/kubernetes module)")
+	flag.Parse()
+	if *agnhost == "" || *tools == "" || *porter == "" {
+		log.Fatal("need -agnhost, -imagetools and -porter-dir")
+	}
+	imgs, err := images(sources{agnhost: *agnhost, tools: *tools, porter: *porter})
+	if err != nil {
+		log.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", *addr)
+	if err != nil {
+		log.Fatal(err)
+	}
+	host := ln.Addr().String()
+	fmt.Println("listening", host)
+	srv := &http.Server{Handler: registry.New(registry.Logger(log.New(os.Stderr, "registry: ", log.LstdFlags))), ReadHeaderTimeout: 10 * time.Second}
+	go func() { log.Fatal(srv.Serve(ln)) }()
+
+	refs := make([]string, 0, len(imgs))
+	for r := range imgs {
+		refs = append(refs, r)
+	}
+	sort.Strings(refs)
+	for _, r := range refs {
+		ref, err := name.ParseReference(host+"/"+r, name.Insecure)
+		if err != nil {
+			log.Fatal(err)
+		}
+		if err := remote.Write(ref, imgs[r]); err != nil {
+			log.Fatalf("push %s: %v", r, err)
+		}
+		d, err := imgs[r].Digest()
+		if err != nil {
+			log.Fatal(err)
+		}
+		fmt.Println("pushed", r, d)
+	}
+	fmt.Println("READY")
+	select {}
+}
+
+type sources struct{ agnhost, tools, porter string }
+
+const path = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+const passwd = `root:x:0:0:root:/root:/bin/sh
+daemon:x:1:1:daemon:/usr/sbin:/bin/false
+bin:x:2:2:bin:/bin:/bin/false
+www-data:x:33:33:www-data:/var/www:/bin/false
+nobody:x:65534:65534:nobody:/nonexistent:/bin/false
+`
+
+const group = `root:x:0:
+daemon:x:1:
+bin:x:2:
+www-data:x:33:
+users:x:100:
+nogroup:x:65534:
+`
+
+// images maps repository:tag (as under registry.k8s.io, gcr.io or
+// docker.io) to its stand-in.
+func images(src sources) (map[string]v1.Image, error) {
+	tools, err := os.ReadFile(src.tools)
+	if err != nil {
+		return nil, err
+	}
+	base, err := baseLayer(passwd, group, tools, false)
+	if err != nil {
+		return nil, err
+	}
+	imgs := map[string]v1.Image{}
+	// add(refs...)(image(...)) stores one image under several names.
+	add := func(refs ...string) func(v1.Image, error) error {
+		return func(img v1.Image, err error) error {
+			if err != nil {
+				return fmt.Errorf("build %s: %w", refs[0], err)
+			}
+			for _, r := range refs {
+				imgs[r] = img
+			}
+			return nil
+		}
+	}
+
+	// busybox: the base as it is.
+	sh := v1.Config{Cmd: []string{"sh"}}
+	if err := add("e2e-test-images/busybox:1.37.0-1", "e2e-test-images/busybox:1.36.1-1",
+		"e2e-test-images/busybox:1.36.1-2", "e2e-test-images/busybox:1.29-4", "e2e-test-images/busybox:1.29-2",
+		"e2e-test-images/busybox:1.29", "library/busybox:latest", "library/busybox:1.28", "library/busybox:1.29",
+		"library/busybox:1.36", "library/busybox:1.37")(image(sh, base)); err != nil {
+		return nil, err
+	}
+
+	// agnhost as upstream's Dockerfile builds it: /agnhost and the
+	// agnhost-2 link (entrypoint-tester), porter's certificate and key in
+	// / (HTTPS lifecycle hooks), /uploads (netexec), the user and group
+	// defined in the image (supplemental groups specs), curl and nc, bash
+	// (as /bin/sh: see baseLayer).
+	ag, err := os.ReadFile(src.agnhost)
+	if err != nil {
+		return nil, err
+	}
+	crt, err := os.ReadFile(filepath.Join(src.porter, "localhost.crt"))
+	if err != nil {
+		return nil, err
+	}
+	key, err := os.ReadFile(filepath.Join(src.porter, "localhost.key"))
+	if err != nil {
+		return nil, err
+	}
+	agBase, err := baseLayer(passwd+"user-defined-in-image:x:1000:1000::/home/user-defined-in-image:/bin/sh\n",
+		group+"user-defined-in-image:x:1000:\ngroup-defined-in-image:x:50000:user-defined-in-image\n", tools, true)
+	if err != nil {
+		return nil, err
+	}
+	agLayer, err := testimages.Layer([]testimages.File{
+		{Name: "agnhost", Mode: 0o755, Data: ag},
+		{Name: "agnhost-2", Symlink: "agnhost"},
+		{Name: "localhost.crt", Mode: 0o644, Data: crt},
+		{Name: "localhost.key", Mode: 0o600, Data: key},
+		{Name: "uploads", Dir: true},
+		{Name: "home/user-defined-in-image", Dir: true, UID: 1000, GID: 1000},
+		// curl and netcat (with -u) as upstream's image has them: the
+		// framework's node-to-pod checks run them in a host-network pod.
+		{Name: "usr/bin/curl", Symlink: "/bin/imagetools"},
+		{Name: "usr/bin/nc", Symlink: "/bin/imagetools"},
+	})
+	if err != nil {
+		return nil, err
+	}
+	ports := map[string]struct{}{}
+	for _, p := range []string{"80", "8080", "8081", "9376", "5000"} {
+		ports[p+"/tcp"] = struct{}{}
+	}
+	if err := add("e2e-test-images/agnhost:2.56", "e2e-test-images/agnhost:2.55", "e2e-test-images/agnhost:2.53")(image(v1.Config{Entrypoint: []string{"/agnhost"}, Cmd: []string{"pause"}, ExposedPorts: ports}, agBase, agLayer)); err != nil {
+		return nil, err
+	}
+
+	// nginx and httpd: a web server on port 80 (busybox httpd), pid file
+	// where nginx keeps it.
+	www, err := testimages.Layer([]testimages.File{
+		{Name: "usr/share/nginx/html", Dir: true},
+		{Name: "usr/share/nginx/html/index.html", Data: []byte("<html><body><h1>Welcome to nginx!</h1></body></html>\n")},
+		{Name: "usr/local/apache2/htdocs", Dir: true},
+		{Name: "usr/local/apache2/htdocs/index.html", Data: []byte("<html><body><h1>It works!</h1></body></html>\n")},
+	})
+	if err != nil {
+		return nil, err
+	}
+	web := func(root string) v1.Config {
+		return v1.Config{Cmd: []string{"httpd", "-f", "-p", "80", "-h", root}, ExposedPorts: map[string]struct{}{"80/tcp": {}}}
+	}
+	if err := add("e2e-test-images/nginx:1.14-4", "e2e-test-images/nginx:1.15-4", "e2e-test-images/nginx:1.14-2", "library/nginx:latest")(image(web("/usr/share/nginx/html"), base, www)); err != nil {
+		return nil, err
+	}
+	if err := add("e2e-test-images/httpd:2.4.38-4", "e2e-test-images/httpd:2.4.39-4", "library/httpd:latest")(image(web("/usr/local/apache2/htdocs"), base, www)); err != nil {
+		return nil, err
+	}
+
+	// nonewprivs: a setuid-root program printing its effective uid.
+	nnp, err := testimages.Layer([]testimages.File{
+		{Name: "usr/local/bin/nnp", Mode: 0o4755, Data: tools},
+	})
+	if err != nil {
+		return nil, err
+	}
+	if err := add("e2e-test-images/nonewprivs:1.3")(image(v1.Config{Cmd: []string{"nnp"}}, base, nnp)); err != nil {
+		return nil, err
+	}
+	// nonroot: USER 1234.
+	if err := add("e2e-test-images/nonroot:1.4")(image(v1.Config{Cmd: []string{"sh"}, User: "1234"}, base)); err != nil {
+		return nil, err
+	}
+	// pause: sleeps until told to stop.
+	pause, err := testimages.Layer([]testimages.File{{Name: "pause", Mode: 0o755, Data: tools}})
+	if err != nil {
+		return nil, err
+	}
+	if err := add("pause:3.10.1", "pause:3.10", "pause:3.9", "pause:3.8")(image(v1.Config{Entrypoint: []string{"/pause"}}, pause)); err != nil {
+		return nil, err
+	}
+	return imgs, nil
+}
+
+// baseLayer is a busybox root filesystem: every applet of the host's
+// busybox-static linked in /bin, except sh, nmeter (imagetools),
+// /etc/passwd and /etc/group as given. sh is imagetools (busybox's ash,
+// but `sh -c env` keeps the environment names ash drops:
+// imagetools/shenv.go), or with bash set, the host's bash and the
+// libraries it loads: this busybox's ash runs its own applets before
+// programs on PATH (nc, which agnhost's netcat stand-in must replace),
+// where upstream's agnhost image (Alpine) finds them on PATH.
+func baseLayer(passwd, group string, tools []byte, bash bool) (v1.Layer, error) {
+	bb, err := os.ReadFile(testimages.BusyboxPath)
+	if err != nil {
+		return nil, fmt.Errorf("read busybox (install busybox-static): %w", err)
+	}
+	files := []testimages.File{}
+	for _, d := range []string{"bin", "dev", "etc", "home", "proc", "root", "sys", "usr", "usr/bin", "usr/sbin", "usr/local", "usr/local/bin", "var", "var/run", "run"} {
+		files = append(files, testimages.File{Name: d, Dir: true})
+	}
+	files = append(files,
+		testimages.File{Name: "tmp", Dir: true, Mode: 0o1777},
+		testimages.File{Name: "bin/busybox", Mode: 0o755, Data: bb},
+		testimages.File{Name: "bin/imagetools", Mode: 0o755, Data: tools},
+		testimages.File{Name: "etc/passwd", Data: []byte(passwd)},
+		testimages.File{Name: "etc/group", Data: []byte(group)},
+		testimages.File{Name: "etc/hostname", Data: []byte("localhost\n")},
+	)
+	out, err := exec.Command(testimages.BusyboxPath, "--list").Output()
+	if err != nil {
+		return nil, fmt.Errorf("busybox --list: %w", err)
+	}
+	for _, a := range strings.Fields(string(out)) {
+		if a == "busybox" || a == "sh" {
+			continue
+		}
+		files = append(files, testimages.File{Name: "bin/" + a, Symlink: "busybox"})
+	}
+	files = append(files, testimages.File{Name: "bin/nmeter", Symlink: "imagetools"})
+	if !bash {
+		files = append(files, testimages.File{Name: "bin/sh", Symlink: "imagetools"})
+		return testimages.Layer(files)
+	}
+	b, err := hostProgram("/bin/bash", "bin/bash")
+	if err != nil {
+		return nil, err
+	}
+	files = append(files, b...)
+	files = append(files, testimages.File{Name: "bin/sh", Symlink: "bash"})
+	return testimages.Layer(files)
+}
+
+// hostProgram is a dynamically linked host program at dest with the
+// shared libraries ldd names, each at its host path.
+func hostProgram(src, dest string) ([]testimages.File, error) {
+	data, err := os.ReadFile(src)
+	if err != nil {
+		return nil, err
+	}
+	files := []testimages.File{{Name: dest, Mode: 0o755, Data: data}}
+	out, err := exec.Command("ldd", src).Output()
+	if err != nil {
+		return nil, fmt.Errorf("ldd %s: %w", src, err)
+	}
+	dirs := map[string]bool{}
+	for _, line := range strings.Split(string(out), "\n") {
+		var lib string
+		if f := strings.Fields(line); len(f) >= 3 && f[1] == "=>" {
+			lib = f[2]
+		} else if len(f) >= 1 && strings.HasPrefix(f[0], "/") {
+			lib = f[0]
+		}
+		if lib == "" {
+			continue
+		}
+		real, err := filepath.EvalSymlinks(lib)
+		if err != nil {
+			return nil, err
+		}
+		b, err := os.ReadFile(real)
+		if err != nil {
+			return nil, err
+		}
+		// /lib may be a link to usr/lib on the host: store under the path
+		// as named, creating its directories.
+		rel := strings.TrimPrefix(lib, "/")
+		for d := filepath.Dir(rel); d != "." && !dirs[d]; d = filepath.Dir(d) {
+			dirs[d] = true
+			files = append([]testimages.File{{Name: d, Dir: true}}, files...)
+		}
+		files = append(files, testimages.File{Name: rel, Mode: 0o755, Data: b})
+	}
+	sort.SliceStable(files, func(i, j int) bool { return files[i].Dir && !files[j].Dir })
+	return files, nil
+}
+
+// image stacks layers with cfg into an OCI image for this machine.
+func image(cfg v1.Config, layers ...v1.Layer) (v1.Image, error) {
+	img := mutate.MediaType(empty.Image, types.OCIManifestSchema1)
+	img = mutate.ConfigMediaType(img, types.OCIConfigJSON)
+	img, err := mutate.AppendLayers(img, layers...)
+	if err != nil {
+		return nil, err
+	}
+	if len(cfg.Env) == 0 {
+		cfg.Env = []string{path}
+	}
+	cf, err := img.ConfigFile()
+	if err != nil {
+		return nil, err
+	}
+	cf = cf.DeepCopy()
+	cf.Architecture = runtime.GOARCH
+	cf.OS = "linux"
+	cf.Config = cfg
+	cf.Created = v1.Time{Time: time.Unix(1700000000, 0)}
+	return mutate.ConfigFile(img, cf)
+}

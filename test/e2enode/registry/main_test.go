@@ -1,0 +1,83 @@
+package main
+
+import (
+	"archive/tar"
+	"errors"
+	"io"
+	"os"
+	"testing"
+
+	v1 "github.com/google/go-containerregistry/pkg/v1"
+	"github.com/google/go-containerregistry/pkg/v1/mutate"
+
+	"github.com/berthcri/berth/internal/testutil/testimages"
+)
+
+// The stand-ins have what the specs run in them: the sh, env and nmeter
+// of imagetools in busybox, agnhost's entrypoint and files.
+func TestImages(t *testing.T) {
+	if _, err := os.Stat(testimages.BusyboxPath); err != nil {
+		t.Skip("no busybox-static")
+	}
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	for _, f := range []string{"localhost.crt", "localhost.key"} {
+		if err := os.WriteFile(dir+"/"+f, []byte(f), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	imgs, err := images(sources{agnhost: self, tools: self, porter: dir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for ref, want := range map[string][]string{
+		"e2e-test-images/busybox:1.37.0-1": {"bin/sh", "bin/imagetools", "bin/nmeter", "bin/env", "bin/nc"},
+		"e2e-test-images/busybox:1.36.1-1": {"bin/nmeter"},
+		"e2e-test-images/agnhost:2.56":     {"agnhost", "agnhost-2", "localhost.crt", "localhost.key", "uploads", "usr/bin/curl", "usr/bin/nc", "bin/bash", "lib64/ld-linux-x86-64.so.2"},
+		"e2e-test-images/nonewprivs:1.3":   {"usr/local/bin/nnp"},
+		"e2e-test-images/nonroot:1.4":      {"bin/sh"},
+		"e2e-test-images/nginx:1.14-4":     {"usr/share/nginx/html/index.html"},
+		"e2e-test-images/httpd:2.4.38-4":   {"usr/local/apache2/htdocs/index.html"},
+		"pause:3.10.1":                     {"pause"},
+	} {
+		img, ok := imgs[ref]
+		if !ok {
+			t.Errorf("no image %s", ref)
+			continue
+		}
+		files := list(t, img)
+		for _, w := range want {
+			if !files[w] {
+				t.Errorf("%s has no %s", ref, w)
+			}
+		}
+	}
+	cf, err := imgs["e2e-test-images/agnhost:2.56"].ConfigFile()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(cf.Config.Entrypoint) != 1 || cf.Config.Entrypoint[0] != "/agnhost" {
+		t.Errorf("agnhost entrypoint %q, want /agnhost", cf.Config.Entrypoint)
+	}
+}
+
+func list(t *testing.T, img v1.Image) map[string]bool {
+	t.Helper()
+	rc := mutate.Extract(img)
+	defer rc.Close()
+	tr := tar.NewReader(rc)
+	files := map[string]bool{}
+	for {
+		h, err := tr.Next()
+		if errors.Is(err, io.EOF) {
+			return files
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		files[h.Name] = true
+	}
+}
