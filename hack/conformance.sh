@@ -77,6 +77,10 @@ cleanup() {
 		[ -d "$h$parent" ] && find "$h$parent" -depth -type d -exec rmdir {} + 2>/dev/null
 	done
 	ip link del "$bridge" 2>/dev/null
+	# berthd keeps its default network's node-level masquerade chain while
+	# the node runs berth (decision 1601); this berthd is gone for good.
+	iptables -t nat -D POSTROUTING -s "$subnet" -m comment --comment "berth default network $bridge" -j "BERTH-MASQ-$bridge" 2>/dev/null
+	iptables -t nat -F "BERTH-MASQ-$bridge" 2>/dev/null && iptables -t nat -X "BERTH-MASQ-$bridge" 2>/dev/null
 	if iptables-save -t nat 2>/dev/null | grep -q "10\.236\.$slot\."; then
 		echo "conformance: iptables nat rules about $subnet are left:" >&2
 		iptables-save -t nat | grep "10\.236\.$slot\." >&2
