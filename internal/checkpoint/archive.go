@@ -276,3 +276,59 @@ func extract(root *os.Root, hdr *tar.Header, r io.Reader) error {
 	}
 	return nil
 }
+
+// IsArchive reports whether the file at path looks like a container
+// checkpoint archive: a tar whose entries include config.dump and
+// spec.dump (CRI-O's test for an image name that is a checkpoint).
+// Anything that cannot be read as such is false, not an error.
+func IsArchive(path string) bool {
+	f, err := os.Open(path)
+	if err != nil {
+		return false
+	}
+	defer f.Close()
+	tr := tar.NewReader(f)
+	var config, spec bool
+	for !(config && spec) {
+		hdr, err := tr.Next()
+		if err != nil {
+			return false
+		}
+		switch name, _ := relName(hdr.Name); name {
+		case ConfigDump:
+			config = true
+		case SpecDump:
+			spec = true
+		}
+	}
+	return true
+}
+
+// ExtractArchive unpacks a checkpoint archive (WriteArchive's output)
+// into dir, which must exist. Names are resolved inside dir only; a
+// malformed archive is InvalidArgument.
+func ExtractArchive(path, dir string) error {
+	f, err := os.Open(path)
+	if err != nil {
+		return fmt.Errorf("checkpoint archive %s: %v: %w", path, err, errdefs.ErrInvalidArgument)
+	}
+	defer f.Close()
+	root, err := os.OpenRoot(dir)
+	if err != nil {
+		return fmt.Errorf("extract checkpoint archive: %w", err)
+	}
+	defer root.Close()
+	tr := tar.NewReader(f)
+	for {
+		hdr, err := tr.Next()
+		if err == io.EOF {
+			return nil
+		}
+		if err != nil {
+			return fmt.Errorf("checkpoint archive %s: %v: %w", path, err, errdefs.ErrInvalidArgument)
+		}
+		if err := extract(root, hdr, tr); err != nil {
+			return fmt.Errorf("checkpoint archive %s: %s: %w", path, hdr.Name, err)
+		}
+	}
+}

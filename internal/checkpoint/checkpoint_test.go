@@ -208,3 +208,48 @@ func TestCRIUThatFailsItsCheckIsFailedPrecondition(t *testing.T) {
 		t.Fatalf("Usable without criu = %v", err)
 	}
 }
+
+func TestArchiveRoundTripAndIsArchive(t *testing.T) {
+	src := t.TempDir()
+	if err := WriteJSON(src, ConfigDump, ContainerConfig{ID: "x", Name: "c"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(src, SpecDump), []byte("{}"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.MkdirAll(filepath.Join(src, ImagesDir), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(src, ImagesDir, "inventory.img"), []byte("img"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	arc := filepath.Join(t.TempDir(), "c.tar")
+	if err := WriteArchive(arc, src); err != nil {
+		t.Fatal(err)
+	}
+	if !IsArchive(arc) {
+		t.Fatal("IsArchive is false for WriteArchive's output")
+	}
+	dst := t.TempDir()
+	if err := ExtractArchive(arc, dst); err != nil {
+		t.Fatal(err)
+	}
+	var cfg ContainerConfig
+	if err := ReadJSON(dst, ConfigDump, &cfg); err != nil || cfg.Name != "c" {
+		t.Fatalf("config.dump after round trip: %+v, %v", cfg, err)
+	}
+	if b, err := os.ReadFile(filepath.Join(dst, ImagesDir, "inventory.img")); err != nil || string(b) != "img" {
+		t.Fatalf("inventory.img after round trip: %q, %v", b, err)
+	}
+
+	notTar := filepath.Join(t.TempDir(), "x")
+	if err := os.WriteFile(notTar, []byte("hello"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if IsArchive(notTar) || IsArchive(filepath.Join(t.TempDir(), "missing")) {
+		t.Fatal("IsArchive is true for a file that is no archive")
+	}
+	if err := ExtractArchive(notTar, t.TempDir()); !errors.Is(err, errdefs.ErrInvalidArgument) {
+		t.Fatalf("ExtractArchive of a non-tar: %v, want InvalidArgument", err)
+	}
+}

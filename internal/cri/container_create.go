@@ -22,7 +22,11 @@ import (
 // its spec, NRI plugins adjust it, and the store commits it (bundle,
 // runtime create, record).
 func (s *Service) CreateContainer(ctx context.Context, req *runtime.CreateContainerRequest) (*runtime.CreateContainerResponse, error) {
-	c, err := s.createContainer(ctx, req, nil)
+	create := func() (*container.Container, error) { return s.createContainer(ctx, req, nil) }
+	if archive := checkpointArchivePath(req.GetConfig()); archive != "" {
+		create = func() (*container.Container, error) { return s.createFromCheckpoint(ctx, req, archive) }
+	}
+	c, err := create()
 	if err != nil {
 		return nil, err
 	}

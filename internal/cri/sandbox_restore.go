@@ -121,16 +121,9 @@ func (s *Service) restoreInputs(path string, m *checkpoint.PodManifest, cfgs []*
 			return nil, fmt.Errorf("RestorePod: container %q asks for a terminal, which a checkpoint cannot have: %w", name, errdefs.ErrInvalidArgument)
 		}
 		got[name] = true
-		in := &restoreInput{Restore: container.Restore{Dir: filepath.Join(path, name)}}
-		if err := checkpoint.ReadJSON(in.Dir, checkpoint.ConfigDump, &in.config); err != nil {
-			return nil, err
-		}
-		if err := checkpoint.ReadJSON(in.Dir, checkpoint.SpecDump, &in.spec); err != nil {
-			return nil, err
-		}
-		if in.config.OCIRuntime != "" && in.config.OCIRuntime != runtimeName {
-			return nil, fmt.Errorf("RestorePod: container %q was checkpointed by %s, the handler runs %s: %w",
-				name, in.config.OCIRuntime, runtimeName, errdefs.ErrFailedPrecondition)
+		in, err := loadRestoreInput(filepath.Join(path, name), runtimeName)
+		if err != nil {
+			return nil, fmt.Errorf("RestorePod: %w", err)
 		}
 		inputs = append(inputs, in)
 	}
@@ -145,6 +138,24 @@ func (s *Service) restoreInputs(path string, m *checkpoint.PodManifest, cfgs []*
 		return nil, fmt.Errorf("RestorePod: no container config for checkpointed containers %q: %w", missing, errdefs.ErrInvalidArgument)
 	}
 	return inputs, nil
+}
+
+// loadRestoreInput reads one container checkpoint directory (config.dump
+// and spec.dump); the handler's runtime must be the one that
+// checkpointed.
+func loadRestoreInput(dir, runtimeName string) (*restoreInput, error) {
+	in := &restoreInput{Restore: container.Restore{Dir: dir}}
+	if err := checkpoint.ReadJSON(in.Dir, checkpoint.ConfigDump, &in.config); err != nil {
+		return nil, err
+	}
+	if err := checkpoint.ReadJSON(in.Dir, checkpoint.SpecDump, &in.spec); err != nil {
+		return nil, err
+	}
+	if in.config.OCIRuntime != "" && in.config.OCIRuntime != runtimeName {
+		return nil, fmt.Errorf("container %q was checkpointed by %s, the handler runs %s: %w",
+			in.config.Name, in.config.OCIRuntime, runtimeName, errdefs.ErrFailedPrecondition)
+	}
+	return in, nil
 }
 
 // restoreInput is one container of a RestorePod: its checkpoint and what

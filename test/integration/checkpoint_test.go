@@ -556,6 +556,21 @@ func TestCheckpointWithBrokenCRIU(t *testing.T) {
 	if es, _ := os.ReadDir(out); len(es) != 0 {
 		t.Errorf("output_path has %d entries", len(es))
 	}
+
+	// A container checkpoint archive, restored through CreateContainer.
+	archive := filepath.Join(t.TempDir(), "counter.tar")
+	writeTar(t, archive, map[string]string{
+		"config.dump":              `{"id":"x","name":"counter","runtime":"runc","rootfsImageName":"busybox"}`,
+		"spec.dump":                `{"ociVersion":"1.0.2","process":{"args":["sh"],"cwd":"/","user":{"uid":0,"gid":0}}}`,
+		"checkpoint/inventory.img": "x",
+	})
+	acfg := e.config("from-archive", "sh")
+	acfg.Image.Image = archive
+	_, err = d.Runtime.CreateContainer(ctxT(t), &criapi.CreateContainerRequest{PodSandboxId: e.pod, Config: acfg, SandboxConfig: e.podCfg})
+	wantBroken("CreateContainer from a checkpoint archive", err)
+	if es, _ := os.ReadDir(filepath.Join(d.Root, "checkpoints")); len(es) != 0 {
+		t.Errorf("%d checkpoint unpack dirs left", len(es))
+	}
 }
 
 // readCRILogIfAny is readCRILog of a log that may not exist yet.
