@@ -2,12 +2,10 @@ package container
 
 import (
 	"fmt"
-	"io/fs"
-	"os"
-	"path/filepath"
-	"syscall"
 
 	"github.com/moby/sys/mountinfo"
+
+	"github.com/berthcri/berth/internal/diskusage"
 )
 
 // Dir is where containers live (<root>/containers): their records, specs
@@ -37,36 +35,9 @@ func (s *Store) DiskUsage() (DiskUsage, error) {
 			skip[m.Mountpoint] = true
 		}
 	}
-	seen := map[uint64]bool{}
-	err = filepath.WalkDir(s.opts.Dir, func(p string, d fs.DirEntry, err error) error {
-		if err != nil {
-			// Containers come and go during the walk.
-			if os.IsNotExist(err) {
-				return nil
-			}
-			return err
-		}
-		if d.IsDir() && skip[p] {
-			return filepath.SkipDir
-		}
-		fi, err := d.Info()
-		if err != nil {
-			if os.IsNotExist(err) {
-				return nil
-			}
-			return err
-		}
-		st, ok := fi.Sys().(*syscall.Stat_t)
-		if !ok || seen[st.Ino] {
-			return nil
-		}
-		seen[st.Ino] = true
-		u.Inodes++
-		u.Bytes += uint64(st.Blocks) * 512
-		return nil
-	})
+	du, err := diskusage.Walk(s.opts.Dir, func(p string) bool { return skip[p] })
 	if err != nil {
 		return u, fmt.Errorf("measure %s: %w", s.opts.Dir, err)
 	}
-	return u, nil
+	return DiskUsage(du), nil
 }

@@ -26,12 +26,12 @@ import (
 	"sort"
 	"strings"
 	"sync"
-	"syscall"
 	"time"
 
 	ocispecv1 "github.com/opencontainers/image-spec/specs-go/v1"
 
 	"github.com/berthcri/berth/internal/atomicfile"
+	"github.com/berthcri/berth/internal/diskusage"
 	"github.com/berthcri/berth/internal/errdefs"
 	"github.com/berthcri/berth/internal/fault"
 	"github.com/berthcri/berth/internal/idprefix"
@@ -433,38 +433,12 @@ func (s *Store) Usage() (Usage, error) {
 }
 
 func (s *Store) walkUsage() (Usage, error) {
-	var u Usage
-	seen := map[uint64]bool{}
-	err := filepath.WalkDir(s.dir, func(p string, d os.DirEntry, err error) error {
-		if err != nil {
-			if os.IsNotExist(err) {
-				return nil
-			}
-			return err
-		}
-		if d.IsDir() && p == s.path("trash") {
-			return filepath.SkipDir // being deleted
-		}
-		fi, err := d.Info()
-		if err != nil {
-			if os.IsNotExist(err) {
-				return nil
-			}
-			return err
-		}
-		st, ok := fi.Sys().(*syscall.Stat_t)
-		if !ok || seen[st.Ino] {
-			return nil
-		}
-		seen[st.Ino] = true
-		u.Inodes++
-		u.Bytes += uint64(st.Blocks) * 512
-		return nil
-	})
+	trash := s.path("trash") // being deleted
+	u, err := diskusage.Walk(s.dir, func(p string) bool { return p == trash })
 	if err != nil {
-		return u, fmt.Errorf("measure image store %s: %w", s.dir, err)
+		return Usage(u), fmt.Errorf("measure image store %s: %w", s.dir, err)
 	}
-	return u, nil
+	return Usage(u), nil
 }
 
 // copyFile is io.Copy with a context check between chunks.
