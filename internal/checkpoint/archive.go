@@ -193,19 +193,13 @@ func ApplyRootfsDiff(rootfs, dir string) error {
 		return fmt.Errorf("checkpoint %s: %v: %w", dir, err, errdefs.ErrInvalidArgument)
 	}
 	defer f.Close()
-	tr := tar.NewReader(f)
-	for {
-		hdr, err := tr.Next()
-		if err == io.EOF {
-			return nil
+	if name, err := extractAll(root, f); err != nil {
+		if name == "" {
+			return fmt.Errorf("read %s: %w", RootfsDiffTar, err)
 		}
-		if err != nil {
-			return fmt.Errorf("read %s: %v: %w", RootfsDiffTar, err, errdefs.ErrInvalidArgument)
-		}
-		if err := extract(root, hdr, tr); err != nil {
-			return fmt.Errorf("apply rootfs diff: %s: %w", hdr.Name, err)
-		}
+		return fmt.Errorf("apply rootfs diff: %s: %w", name, err)
 	}
+	return nil
 }
 
 // relName cleans an archive name into one relative to the root; false
@@ -318,17 +312,30 @@ func ExtractArchive(path, dir string) error {
 		return fmt.Errorf("extract checkpoint archive: %w", err)
 	}
 	defer root.Close()
-	tr := tar.NewReader(f)
+	if name, err := extractAll(root, f); err != nil {
+		if name == "" {
+			return fmt.Errorf("checkpoint archive %s: %w", path, err)
+		}
+		return fmt.Errorf("checkpoint archive %s: %s: %w", path, name, err)
+	}
+	return nil
+}
+
+// extractAll extracts the tar stream r below root. On failure it names
+// the entry that failed, or "" when the stream itself is unreadable (an
+// InvalidArgument: a corrupt or cut archive).
+func extractAll(root *os.Root, r io.Reader) (entry string, err error) {
+	tr := tar.NewReader(r)
 	for {
 		hdr, err := tr.Next()
 		if err == io.EOF {
-			return nil
+			return "", nil
 		}
 		if err != nil {
-			return fmt.Errorf("checkpoint archive %s: %v: %w", path, err, errdefs.ErrInvalidArgument)
+			return "", fmt.Errorf("%v: %w", err, errdefs.ErrInvalidArgument)
 		}
 		if err := extract(root, hdr, tr); err != nil {
-			return fmt.Errorf("checkpoint archive %s: %s: %w", path, hdr.Name, err)
+			return hdr.Name, err
 		}
 	}
 }

@@ -189,18 +189,23 @@ func removeCgroups(parent string) error {
 		})
 		sort.Slice(dirs, func(i, j int) bool { return len(dirs[i]) > len(dirs[j]) })
 		for _, d := range dirs {
-			var err error
-			for i := 0; i < 20; i++ {
-				if err = unix.Rmdir(d); err == nil || errors.Is(err, unix.ENOENT) {
-					err = nil
-					break
-				}
-				time.Sleep(50 * time.Millisecond)
-			}
-			if err != nil {
-				errs = append(errs, fmt.Errorf("remove cgroup %s: %w", d, err))
+			if err := rmdirCgroup(d); err != nil {
+				errs = append(errs, err)
 			}
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// rmdirCgroup removes cgroup directory d, retrying for a second while the
+// kernel still counts exiting tasks in it; one already gone is fine.
+func rmdirCgroup(d string) error {
+	var err error
+	for range 20 {
+		if err = unix.Rmdir(d); err == nil || errors.Is(err, unix.ENOENT) {
+			return nil
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	return fmt.Errorf("remove cgroup %s: %w", d, err)
 }

@@ -2,7 +2,6 @@ package berthdtest
 
 import (
 	"errors"
-	"fmt"
 	"io/fs"
 	"os/exec"
 	"path/filepath"
@@ -94,16 +93,8 @@ func RemoveCgroupTree(dir string) error {
 	}
 	var errs []error
 	for _, d := range list() {
-		var err error
-		for range 20 {
-			if err = unix.Rmdir(d); err == nil || errors.Is(err, unix.ENOENT) {
-				err = nil
-				break
-			}
-			time.Sleep(50 * time.Millisecond)
-		}
-		if err != nil {
-			errs = append(errs, fmt.Errorf("remove cgroup %s: %w", d, err))
+		if err := rmdirCgroup(d); err != nil {
+			errs = append(errs, err)
 		}
 	}
 	return errors.Join(errs...)
