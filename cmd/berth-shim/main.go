@@ -1,7 +1,14 @@
-// Command berth-shim is berth's per-pod container monitor. berthd starts one
-// per pod; it creates the pod's containers through the OCI runtime, holds
-// their stdio, writes their CRI logs, reaps them and persists their exits.
-// It outlives berthd and exits when its pod has no containers left.
+// Command berth-shim is berth's container monitor, one pair of processes
+// per node (decision 1701):
+//
+//	berth-shim keeper --dir <shims>/.node    started by berthd
+//	berth-shim monitor --dir <shims>/.node   started by the keeper
+//
+// The keeper is the child subreaper every container init reparents to: it
+// reaps them, keeps a copy of their stdio and restarts the monitor if it
+// dies. The monitor serves every pod on the pod's socket: it creates the
+// containers through the OCI runtime, writes their CRI logs and persists
+// their exits. Both outlive berthd; they exit when the node has no pod.
 package main
 
 import (
@@ -16,30 +23,29 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/berthcri/berth/internal/shim/keeper"
 	"github.com/berthcri/berth/internal/shim/server"
 )
 
 func main() {
-	dir := flag.String("dir", "", "the shim's state directory (<state>/shims/<pod-id>)")
-	pod := flag.String("pod", "", "the pod sandbox ID (for logs)")
-	flag.Parse()
+	if len(os.Args) < 2 || (os.Args[1] != "keeper" && os.Args[1] != "monitor") {
+		fmt.Fprintln(os.Stderr, "usage: berth-shim keeper|monitor --dir <shims>/.node")
+		os.Exit(2)
+	}
+	mode := os.Args[1]
+	fs := flag.NewFlagSet("berth-shim "+mode, flag.ExitOnError)
+	dir := fs.String("dir", "", "the node's shim directory (<state>/shims/.node)")
+	_ = fs.Parse(os.Args[2:])
 	if *dir == "" {
 		fmt.Fprintln(os.Stderr, "berth-shim: --dir is required")
 		os.Exit(2)
 	}
-	// Lean by design: one P. The GC keeps its default pace; the server
-	// collects and returns memory itself once garbage piles up (see
-	// server.trimMinGarbage). No memory limit: the limit counts the
-	// runtime's own mapped metadata (several MiB here, mostly never
-	// touched), so any limit small enough to matter keeps the GC running
-	// non-stop.
+	// Lean by design: one P. The GC keeps its default pace; the monitor
+	// collects and returns memory itself once it grew (decision 1700). No
+	// memory limit: the limit counts the runtime's own mapped metadata
+	// (several MiB here, mostly never touched), so any limit small enough
+	// to matter keeps the GC running non-stop.
 	runtime.GOMAXPROCS(1)
-
-	// Container inits reparent to us when the runtime's create exits.
-	if err := unix.Prctl(unix.PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0); err != nil {
-		fmt.Fprintf(os.Stderr, "berth-shim: set child subreaper: %v\n", err)
-		os.Exit(1)
-	}
 	// berthd's terminal or session going away is not our business.
 	signal.Ignore(syscall.SIGHUP, syscall.SIGINT, syscall.SIGPIPE)
 
@@ -52,22 +58,50 @@ func main() {
 		fmt.Fprintf(os.Stderr, "berth-shim: %v\n", err)
 		os.Exit(1)
 	}
+	pid := os.Getpid()
 	logf := func(format string, args ...any) {
-		fmt.Fprintf(logFile, "%s pod=%s %s\n", time.Now().UTC().Format(time.RFC3339Nano), *pod, fmt.Sprintf(format, args...))
+		fmt.Fprintf(logFile, "%s %s[%d] %s\n", time.Now().UTC().Format(time.RFC3339Nano), mode, pid, fmt.Sprintf(format, args...))
 	}
-	srv := server.NewServer(*dir, logf)
-	if err := srv.Listen(); err != nil {
+	if mode == "keeper" {
+		os.Exit(runKeeper(*dir, logf))
+	}
+	os.Exit(runMonitor(*dir, logf))
+}
+
+func runKeeper(dir string, logf func(string, ...any)) int {
+	// Container inits reparent to us when the runtime's create exits.
+	if err := unix.Prctl(unix.PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0); err != nil {
+		logf("set child subreaper: %v", err)
+		return 1
+	}
+	// The monitor is started again from this path, so an upgraded binary
+	// in its place takes over at the monitor's next start.
+	binary, err := os.Executable()
+	if err != nil {
+		logf("find own binary: %v", err)
+		return 1
+	}
+	return keeper.New(dir, binary, logf).Run(os.NewFile(keeper.ReadyFd, "ready"))
+}
+
+func runMonitor(dir string, logf func(string, ...any)) int {
+	n := server.NewNode(dir, logf, keeper.LinkFd)
+	if err := n.Adopt(); err != nil {
 		logf("%v", err)
-		os.Exit(1)
+		return 1
 	}
-	// Tell berthd we listen (fd 3 is its readiness pipe), then let go of
-	// everything inherited.
-	if ready := os.NewFile(3, "ready"); ready != nil {
+	if err := n.Listen(); err != nil {
+		logf("%v", err)
+		return 1
+	}
+	// Tell berthd we listen (the first monitor's fd 3 is its readiness
+	// pipe, a restarted one's /dev/null), then let go of it.
+	if ready := os.NewFile(keeper.ReadyFd, "ready"); ready != nil {
 		_, _ = ready.Write([]byte{1})
 		ready.Close()
 	}
 	logf("listening")
-	srv.Serve()
-	logf("no containers left; exiting")
-	logFile.Close()
+	n.Serve()
+	logf("no pods left; exiting")
+	return 0
 }

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"syscall"
 
@@ -52,8 +53,9 @@ type Shims interface {
 	Forget(podID string) error
 }
 
-// berthShims is berth-shim: one process per pod, its socket and persisted
-// exits in <dir>/<pod-id>.
+// berthShims is berth-shim: one keeper and monitor per node serving every
+// pod (decision 1701), each pod's socket and persisted exits in
+// <dir>/<pod-id>, the node's in <dir>/.node.
 type berthShims struct {
 	dir    string
 	binary string
@@ -111,7 +113,8 @@ func (b *berthShims) Pods() ([]string, error) {
 	}
 	var pods []string
 	for _, e := range es {
-		if e.IsDir() {
+		// The node's keeper and monitor keep theirs in .node.
+		if e.IsDir() && !strings.HasPrefix(e.Name(), ".") {
 			pods = append(pods, e.Name())
 		}
 	}

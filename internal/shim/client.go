@@ -8,6 +8,7 @@ import (
 	"net"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"syscall"
 	"time"
 
@@ -18,7 +19,8 @@ import (
 // Client talks to one pod's shim. It dials per call, so it survives the
 // shim's restarts of berthd and needs no reconnect logic.
 type Client struct {
-	dir string
+	dir    string
+	socket string // in dir; "" is the pod's (proto.SocketPath)
 }
 
 // NewClient returns a client for the shim whose state dir is dir.
@@ -31,7 +33,11 @@ func (c *Client) Dir() string { return c.dir }
 var ErrNoShim = fmt.Errorf("no shim running: %w", errdefs.ErrUnavailable)
 
 func (c *Client) dial(ctx context.Context) (*net.UnixConn, error) {
-	conn, err := dialUnix(proto.SocketPath(c.dir))
+	path := proto.SocketPath(c.dir)
+	if c.socket != "" {
+		path = filepath.Join(c.dir, c.socket)
+	}
+	conn, err := dialUnix(path)
 	if err != nil {
 		if isGone(err) {
 			return nil, ErrNoShim
@@ -197,25 +203,87 @@ func (s *Stream) Resize(width, height uint16) error {
 // Close ends the attach.
 func (s *Stream) Close() error { return s.conn.Close() }
 
-// readyTimeout bounds how long a new shim may take to listen.
+// readyTimeout bounds how long a new keeper and monitor may take to listen.
 const readyTimeout = 10 * time.Second
 
-// Launch starts a berth-shim for the pod whose state dir is dir and waits
-// until it listens. The shim runs in its own session and process group so
-// it outlives berthd; berthd reaps it only while it is its parent.
+// Launch makes the node's monitor serve the pod whose state dir is dir
+// (<shims>/<pod-id>), starting the node's keeper and monitor first when
+// none runs (decision 1701), and returns the pod's client once the pod's
+// socket listens.
 func Launch(ctx context.Context, binary, dir, podID string) (*Client, error) {
-	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return nil, fmt.Errorf("create shim dir: %w", err)
+	nodeDir := proto.NodeDir(filepath.Dir(dir))
+	err := addPod(ctx, nodeDir, dir)
+	if err == nil {
+		return NewClient(dir), nil
 	}
+	if !errors.Is(err, ErrNoShim) && !errors.Is(err, errdefs.ErrUnavailable) {
+		return nil, err
+	}
+	// One launch at a time on the node, across berthd's goroutines and
+	// processes: the lock is a file's, taken by whoever found no monitor.
+	unlock, err := lockNode(nodeDir)
+	if err != nil {
+		return nil, err
+	}
+	defer unlock()
+	if err = addPod(ctx, nodeDir, dir); err == nil {
+		return NewClient(dir), nil // another launch won
+	}
+	if !errors.Is(err, ErrNoShim) && !errors.Is(err, errdefs.ErrUnavailable) {
+		return nil, err
+	}
+	if err := launchNode(binary, nodeDir); err != nil {
+		return nil, fmt.Errorf("start the shim for pod %s: %w", podID, err)
+	}
+	if err := addPod(ctx, nodeDir, dir); err != nil {
+		return nil, fmt.Errorf("add pod %s to the new monitor: %w", podID, err)
+	}
+	return NewClient(dir), nil
+}
+
+// addPod asks the node's monitor to serve the pod of dir.
+func addPod(ctx context.Context, nodeDir, dir string) error {
+	_, err := (&Client{dir: nodeDir, socket: "node.sock"}).call(ctx, &proto.Request{Op: proto.OpAddPod, Dir: dir})
+	return err
+}
+
+// lockNode takes the node's launch lock (flock, so also against another
+// berthd on the same state dir).
+func lockNode(nodeDir string) (unlock func(), err error) {
+	if err := os.MkdirAll(nodeDir, 0o700); err != nil {
+		return nil, fmt.Errorf("create shim node dir: %w", err)
+	}
+	f, err := os.OpenFile(filepath.Join(nodeDir, "launch.lock"), os.O_RDWR|os.O_CREATE|syscall.O_CLOEXEC, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("open shim launch lock: %w", err)
+	}
+	for {
+		err = syscall.Flock(int(f.Fd()), syscall.LOCK_EX)
+		if err != syscall.EINTR {
+			break
+		}
+	}
+	if err != nil {
+		f.Close()
+		return nil, fmt.Errorf("take shim launch lock: %w", err)
+	}
+	return func() { f.Close() }, nil
+}
+
+// launchNode starts the node's keeper, which starts its monitor, and waits
+// until the monitor listens. The keeper runs in its own session and
+// process group so it outlives berthd; berthd reaps it only while it is
+// its parent.
+func launchNode(binary, nodeDir string) error {
 	r, w, err := os.Pipe()
 	if err != nil {
-		return nil, fmt.Errorf("start shim: %w", err)
+		return fmt.Errorf("start shim: %w", err)
 	}
 	defer r.Close()
-	cmd := exec.Command(binary, "--dir", dir, "--pod", podID)
+	cmd := exec.Command(binary, "keeper", "--dir", nodeDir)
 	cmd.ExtraFiles = []*os.File{w}
 	cmd.Env = []string{"GOMAXPROCS=1", "GOTRACEBACK=single", "PATH=" + os.Getenv("PATH")}
-	// A debugging aid: the shim logs its memory stats after each trim.
+	// A debugging aid: the monitor logs its memory stats after each trim.
 	if v := os.Getenv("BERTH_SHIM_MEMSTATS"); v != "" {
 		cmd.Env = append(cmd.Env, "BERTH_SHIM_MEMSTATS="+v)
 	}
@@ -223,7 +291,7 @@ func Launch(ctx context.Context, binary, dir, podID string) (*Client, error) {
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
 	if err := cmd.Start(); err != nil {
 		w.Close()
-		return nil, fmt.Errorf("start shim %s: %w", binary, err)
+		return fmt.Errorf("start shim %s: %w", binary, err)
 	}
 	w.Close()
 	exited := make(chan error, 1)
@@ -234,10 +302,10 @@ func Launch(ctx context.Context, binary, dir, podID string) (*Client, error) {
 		_ = cmd.Process.Kill()
 		select {
 		case werr := <-exited:
-			return nil, fmt.Errorf("shim for pod %s did not start (%v): %w", podID, werr, err)
+			return fmt.Errorf("shim keeper did not start (%v): %w", werr, err)
 		case <-time.After(time.Second):
-			return nil, fmt.Errorf("shim for pod %s did not start: %w", podID, err)
+			return fmt.Errorf("shim keeper did not start: %w", err)
 		}
 	}
-	return NewClient(dir), nil
+	return nil
 }

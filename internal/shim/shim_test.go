@@ -19,6 +19,7 @@ import (
 
 	"github.com/berthcri/berth/internal/errdefs"
 	"github.com/berthcri/berth/internal/shim"
+	"github.com/berthcri/berth/internal/shim/proto"
 	"github.com/berthcri/berth/internal/testutil/berthdtest"
 	"github.com/berthcri/berth/internal/testutil/bundletest"
 )
@@ -62,6 +63,22 @@ func newFixture(t *testing.T) *fixture {
 	}
 	f.client = client
 	return f
+}
+
+// nodeDir is the directory of the node's keeper and monitor.
+func (f *fixture) nodeDir() string { return proto.NodeDir(filepath.Dir(f.client.Dir())) }
+
+// shimPid finds the fixture's keeper or monitor (mode).
+func (f *fixture) shimPid(mode string) int {
+	f.t.Helper()
+	for _, pid := range berthdtest.PidsMentioning(f.nodeDir() + "\x00") {
+		cmd, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+		if bytes.Contains(cmd, []byte("\x00"+mode+"\x00")) {
+			return pid
+		}
+	}
+	f.t.Fatalf("no berth-shim %s for %s", mode, f.nodeDir())
+	return 0
 }
 
 // bundle writes a config.json running args; edit adjusts the spec.
@@ -369,12 +386,9 @@ func TestShimDropsWaitsOfVanishedClients(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t)
 	f.run("sleeper", []string{"sleep", "1000"}, nil)
-	pids := berthdtest.PidsMentioning(f.client.Dir())
-	if len(pids) != 1 {
-		t.Fatalf("shim pids %v", pids)
-	}
+	monitor := f.shimPid("monitor")
 	fds := func() int {
-		entries, err := os.ReadDir(fmt.Sprintf("/proc/%d/fd", pids[0]))
+		entries, err := os.ReadDir(fmt.Sprintf("/proc/%d/fd", monitor))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -494,7 +508,7 @@ func TestShimLogOnFullDiskIsReported(t *testing.T) {
 	}
 	// Once, when the failures start (the first is the record the disk
 	// filled in the middle of: a short write).
-	data, err := os.ReadFile(filepath.Join(f.client.Dir(), "shim.log"))
+	data, err := os.ReadFile(filepath.Join(f.nodeDir(), "shim.log"))
 	if err != nil || bytes.Count(data, []byte("container seq: CRI log "+logPath+": write failed (")) != 1 {
 		t.Fatalf("shim log does not say so once: %v\n%s", err, data)
 	}

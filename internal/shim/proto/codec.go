@@ -64,6 +64,7 @@ func AppendRequest(b []byte, r *Request) []byte {
 	o := beginObject(b)
 	o.str("op", r.Op)
 	o.strOmit("id", r.ID)
+	o.strOmit("dir", r.Dir)
 	if c := r.Create; c != nil {
 		o.key("create")
 		c2 := beginObject(o.b)
@@ -204,6 +205,8 @@ func (d *decoder) request(r *Request) error {
 			r.Op, err = d.str()
 		case "id":
 			r.ID, err = d.str()
+		case "dir":
+			r.Dir, err = d.str()
 		case "create":
 			if d.null() {
 				return nil

@@ -45,6 +45,7 @@ type CreateRequest struct {
 type Request struct {
 	Op     string         // "op"
 	ID     string         // "id": the container, for per-container ops
+	Dir    string         // "dir": OpAddPod's pod state dir (<shims>/<pod-id>)
 	Create *CreateRequest // "create": OpCreate's arguments
 	Signal int            // "signal": OpKill's signal (0: SIGTERM)
 	All    bool           // "all": OpKill every process, not just the init

@@ -30,6 +30,10 @@ const (
 	// OpShutdown asks a shim that holds no container to exit (berthd's
 	// recovery uses it for a shim launched just before a crash).
 	OpShutdown = "shutdown"
+	// OpAddPod, on the node's socket, makes the monitor serve the pod
+	// whose state dir is the request's dir on that dir's own socket
+	// (decision 1701).
+	OpAddPod = "add-pod"
 )
 
 // Error kinds in a response's "kind"; ErrorResponse and Response.Err map
@@ -63,6 +67,10 @@ const MaxMessage = 1 << 20
 
 // ExitVersion is the version of the exit file format.
 const ExitVersion = 1
+
+// NodeDir is the node monitor's directory beside the pods' (shims is
+// berthd's shim state dir); the dot keeps it out of the pod listing.
+func NodeDir(shims string) string { return filepath.Join(shims, ".node") }
 
 // SocketPath is the shim's socket in its directory.
 func SocketPath(dir string) string { return filepath.Join(dir, "shim.sock") }

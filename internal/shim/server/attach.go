@@ -36,8 +36,8 @@ func (s *Server) attach(conn *os.File, req *proto.Request) {
 	c.attaches.add(a)
 	defer func() {
 		c.attaches.remove(a)
-		if req.Stdin && c.stdinOnce {
-			c.stdio.closeStdin()
+		if req.Stdin && c.stdinOnce && c.stdio.closeStdin() {
+			s.node.keeper.note(proto.KeeperCloseStdin, c.id)
 		}
 	}()
 	buf := make([]byte, 0, 4096)
@@ -54,8 +54,8 @@ func (s *Server) attach(conn *os.File, req *proto.Request) {
 		case proto.FrameCloseStdin:
 			// The client's input ended: that ends the container's stdin
 			// only for stdin_once containers (as in containerd).
-			if req.Stdin && c.stdinOnce {
-				c.stdio.closeStdin()
+			if req.Stdin && c.stdinOnce && c.stdio.closeStdin() {
+				s.node.keeper.note(proto.KeeperCloseStdin, c.id)
 			}
 		case proto.FrameResize:
 			if len(payload) == 4 {
@@ -149,13 +149,17 @@ func (s *stdio) write(p []byte) {
 	}
 }
 
-func (s *stdio) closeStdin() {
+// closeStdin closes the container's stdin; closed is false when it was
+// closed already (or there is none).
+func (s *stdio) closeStdin() (closed bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.stdin != nil {
 		s.stdin.Close()
 		s.stdin = nil
+		return true
 	}
+	return false
 }
 
 func (s *stdio) resize(width, height uint16) {

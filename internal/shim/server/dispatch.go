@@ -39,17 +39,16 @@ func (s *Server) serveConn(conn *os.File) {
 			}
 			continue
 		}
-		s.answering.Add(1)
+		s.node.answering.Add(1)
 		resp, exit := s.handle(req)
 		err = proto.WriteResponse(conn, resp)
-		s.answering.Add(-1)
+		s.node.answering.Add(-1)
 		if err != nil {
 			return
 		}
-		s.scheduleTrim()
+		s.node.scheduleTrim()
 		if exit {
-			// The shim exits once this response is out (Serve).
-			close(s.done)
+			// The pod is gone; its last response is out.
 			return
 		}
 	}

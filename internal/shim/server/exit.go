@@ -21,7 +21,7 @@ const drainTimeout = 2 * time.Second
 // exit (decision 0301): the output drained and the OOM kill counted before
 // recordExit.
 func (s *Server) waitExit(c *container, exitCh <-chan unix.WaitStatus, pidfd *os.File) {
-	ws := s.reaper.wait(exitCh, pidfd)
+	ws := s.reaper.waitInit(exitCh, pidfd)
 	c.mu.Lock()
 	e := &proto.Exit{Version: proto.ExitVersion, ID: c.id, Pid: c.pid, At: time.Now().UTC()}
 	c.mu.Unlock()

@@ -34,10 +34,10 @@ const trimMinGrowth = 256 << 10
 
 // startHousekeeping runs housekeep every housekeepingInterval until the
 // returned stop is called. A timer, not a goroutine: nothing waits.
-func (s *Server) startHousekeeping() (stop func()) {
+func (n *Node) startHousekeeping() (stop func()) {
 	var t *time.Timer
 	t = time.AfterFunc(housekeepingInterval, func() {
-		s.housekeep()
+		n.housekeep()
 		t.Reset(housekeepingInterval)
 	})
 	return func() { t.Stop() }
@@ -46,20 +46,25 @@ func (s *Server) startHousekeeping() (stop func()) {
 // housekeep is one round of the periodic chores. It allocates nothing
 // (TestHousekeepingAllocatesNothingAndDropsGoneWaits): it runs for the
 // shim's whole life, and garbage would end in a GC.
-func (s *Server) housekeep() {
-	s.reaper.reap()
-	s.dropGoneWaiters()
-	s.trimNow()
+func (n *Node) housekeep() {
+	n.reaper.reap()
+	n.eachPod((*Server).dropGoneWaiters)
+	n.mu.Lock()
+	if len(n.pods) == 0 && !n.emptySince.IsZero() && time.Since(n.emptySince) > idleExitAfter {
+		n.closeLocked("idle")
+	}
+	n.mu.Unlock()
+	n.trimNow()
 }
 
-func (s *Server) scheduleTrim() {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.trim == nil {
-		s.trim = time.AfterFunc(trimDelay, s.trimNow)
+func (n *Node) scheduleTrim() {
+	n.trimMu.Lock()
+	defer n.trimMu.Unlock()
+	if n.trim == nil {
+		n.trim = time.AfterFunc(trimDelay, n.trimNow)
 		return
 	}
-	s.trim.Reset(trimDelay)
+	n.trim.Reset(trimDelay)
 }
 
 // trimNow collects and returns free memory when the shim's anonymous
@@ -69,23 +74,23 @@ func (s *Server) scheduleTrim() {
 // flushes every cached span into the central span sets, which allocates
 // their blocks for each size class in use (~0.3 MiB that stay resident),
 // the very cost a GC has.
-func (s *Server) trimNow() {
-	s.trimMu.Lock()
-	defer s.trimMu.Unlock()
-	anon, ok := s.statm.anonResident()
+func (n *Node) trimNow() {
+	n.trimMu.Lock()
+	defer n.trimMu.Unlock()
+	anon, ok := n.statm.anonResident()
 	if ok {
 		switch {
-		case s.trimmedAt == 0:
-			s.trimmedAt = anon
-		case anon >= s.trimmedAt+trimMinGrowth:
+		case n.trimmedAt == 0:
+			n.trimmedAt = anon
+		case anon >= n.trimmedAt+trimMinGrowth:
 			debug.FreeOSMemory()
-			if anon, ok = s.statm.anonResident(); ok {
-				s.trimmedAt = anon
+			if anon, ok = n.statm.anonResident(); ok {
+				n.trimmedAt = anon
 			}
 		}
 	}
 	if os.Getenv("BERTH_SHIM_MEMSTATS") != "" {
-		s.logMemStats(anon)
+		n.logMemStats(anon)
 	}
 }
 
@@ -154,7 +159,7 @@ func parseStatm(b []byte) (uint64, bool) {
 // 1700). It reads nothing from the runtime that would change what it
 // measures; hack/go-heap-spans.py (gdb) splits a live shim's heap by size
 // class and stack.
-func (s *Server) logMemStats(anon uint64) {
+func (n *Node) logMemStats(anon uint64) {
 	task, _ := os.ReadDir("/proc/self/task")
-	s.logf("memstats anon_resident_kib=%d threads=%d goroutines=%d", anon>>10, len(task), runtime.NumGoroutine())
+	n.logf("memstats anon_resident_kib=%d threads=%d goroutines=%d", anon>>10, len(task), runtime.NumGoroutine())
 }

@@ -107,6 +107,13 @@ func (s *Server) launch(c *container, cr *proto.CreateRequest, step runtimeStep,
 		}
 		return err
 	}
+	if err := s.node.keeper.register(s, c, cr, pid, then == phaseRunning, lio.outputs, lio.stdin, lio.console); err != nil {
+		_ = c.rt.delete(c.id, true)
+		if pidfd != nil {
+			pidfd.Close()
+		}
+		return err
+	}
 	s.watchCgroups(c, pid)
 	c.stdio.set(lio.stdin, lio.console)
 	c.setProcess(pid, then)
@@ -290,6 +297,7 @@ func (s *Server) start(c *container) error {
 		return err
 	}
 	c.started()
+	s.node.keeper.note(proto.KeeperStarted, c.id)
 	return nil
 }
 
@@ -358,6 +366,7 @@ func (s *Server) delete(c *container) error {
 	}
 	c.closeIO()
 	s.forget(c.id)
+	s.node.keeper.note(proto.KeeperForget, c.id)
 	_ = os.Remove(proto.ExitPath(s.dir, c.id))
 	return nil
 }

@@ -25,7 +25,16 @@ import (
 // reparented to the shim, such as the leftovers of a host-PID container)
 // are reaped whenever a watched child exits and on the server's periodic
 // housekeeping.
+//
+// Under a keeper (decision 1701, external set) the container inits are the
+// keeper's children, not the monitor's: their exits come from the keeper
+// (deliver), and wait4 here collects only the monitor's own children, the
+// runtime CLI. If the keeper goes, gone closes and an init's exit is
+// known only to have happened (waitInit).
 type reaper struct {
+	external bool
+	gone     chan struct{}
+
 	mu      sync.Mutex
 	waiters map[int]chan unix.WaitStatus
 	// unclaimed holds exits nobody waited for yet (a pid read from a pid
@@ -39,7 +48,7 @@ type unclaimedExit struct {
 }
 
 func newReaper() *reaper {
-	return &reaper{waiters: map[int]chan unix.WaitStatus{}, unclaimed: map[int]unclaimedExit{}}
+	return &reaper{waiters: map[int]chan unix.WaitStatus{}, unclaimed: map[int]unclaimedExit{}, gone: make(chan struct{})}
 }
 
 func (r *reaper) reap() {
@@ -52,20 +61,75 @@ func (r *reaper) reap() {
 		if pid <= 0 || err != nil {
 			return
 		}
-		r.mu.Lock()
-		if c, ok := r.waiters[pid]; ok {
-			delete(r.waiters, pid)
-			c <- ws
-		} else {
-			now := time.Now()
-			for p, u := range r.unclaimed {
-				if now.Sub(u.at) > time.Minute {
-					delete(r.unclaimed, p)
-				}
-			}
-			r.unclaimed[pid] = unclaimedExit{status: ws, at: now}
+		r.deliver(pid, ws)
+	}
+}
+
+// deliver hands pid's exit to its waiter, or keeps it for one to come.
+func (r *reaper) deliver(pid int, ws unix.WaitStatus) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if c, ok := r.waiters[pid]; ok {
+		delete(r.waiters, pid)
+		c <- ws
+		return
+	}
+	now := time.Now()
+	for p, u := range r.unclaimed {
+		if now.Sub(u.at) > time.Minute {
+			delete(r.unclaimed, p)
 		}
-		r.mu.Unlock()
+	}
+	r.unclaimed[pid] = unclaimedExit{status: ws, at: now}
+}
+
+// keeperGone tells the waits for inits that no exit status will come.
+func (r *reaper) keeperGone() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	select {
+	case <-r.gone:
+	default:
+		close(r.gone)
+	}
+}
+
+// unknownExit is the status of an init whose exit nobody could reap (its
+// keeper died first): exited 255, as berthd shows an exit nobody saw.
+const unknownExit = unix.WaitStatus(255 << 8)
+
+// waitInit is wait for a container's init. Under a keeper, once the init
+// is gone (its pidfd readable) and the keeper with it, the status is lost:
+// unknownExit.
+func (r *reaper) waitInit(c <-chan unix.WaitStatus, pidfd *os.File) unix.WaitStatus {
+	if !r.external {
+		return r.wait(c, pidfd)
+	}
+	if pidfd != nil {
+		pollPidfd(pidfd)
+		pidfd.Close()
+	}
+	select {
+	case ws := <-c:
+		return ws
+	case <-r.gone:
+		select {
+		case ws := <-c:
+			return ws
+		default:
+			return unknownExit
+		}
+	}
+}
+
+// pollPidfd parks until pidfd is readable: its process exited.
+func pollPidfd(pidfd *os.File) {
+	if rc, err := pidfd.SyscallConn(); err == nil {
+		_ = rc.Read(func(fd uintptr) bool {
+			fds := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
+			n, err := unix.Poll(fds, 0)
+			return err != nil && err != unix.EINTR || n > 0
+		})
 	}
 }
 
@@ -91,6 +155,10 @@ func (r *reaper) watchLocked(pid int) (<-chan unix.WaitStatus, *os.File, error) 
 		}
 	}
 	switch {
+	case err == unix.ESRCH && r.external:
+		// An init the keeper reaped already: its exit is on its way.
+		r.waiters[pid] = c
+		return c, nil, nil
 	case err == unix.ENOSYS:
 		// Before Linux 5.3: wait polls the exit (see wait).
 		r.waiters[pid] = c
@@ -108,13 +176,7 @@ func (r *reaper) watchLocked(pid int) (<-chan unix.WaitStatus, *os.File, error) 
 func (r *reaper) wait(c <-chan unix.WaitStatus, pidfd *os.File) unix.WaitStatus {
 	if pidfd != nil {
 		defer pidfd.Close()
-		if rc, err := pidfd.SyscallConn(); err == nil {
-			_ = rc.Read(func(fd uintptr) bool {
-				fds := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
-				n, err := unix.Poll(fds, 0)
-				return err != nil && err != unix.EINTR || n > 0
-			})
-		}
+		pollPidfd(pidfd)
 	}
 	for {
 		r.reap()

@@ -1,11 +1,14 @@
-// Package server is berth-shim: the process, one per pod, that creates the
-// pod's containers through the OCI runtime, holds their stdio, writes their
-// CRI logs, reaps them and persists their exits. It speaks the protocol of
+// Package server is berth-shim's monitor: the process, one per node
+// (decision 1701), that creates every pod's containers through the OCI
+// runtime, copies their output into CRI logs and persists their exits.
+// Its parent, the keeper (package shim/keeper), reaps the containers and
+// keeps a copy of their stdio, and restarts the monitor if it dies. It speaks the protocol of
 // package shim/proto (decision 0300) and is built to stay small (decision
 // 0303): no encoding/json, net, os/exec or os/signal, no thread parked in
 // the kernel, nothing allocated per log line.
 //
-// Files by concern: server.go the process and its registry of containers,
+// Files by concern: node.go the process and its pods, keeper.go the link
+// to the keeper and adoption, server.go a pod and its registry of containers,
 // dispatch.go the connections and ops, container.go a container's state,
 // lifecycle.go create/start/kill/delete, exit.go reaping and persisting an
 // exit, wait.go parked waits, logs.go CRI logs, attach.go attach streams and
@@ -17,44 +20,36 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/berthcri/berth/internal/errdefs"
 	"github.com/berthcri/berth/internal/shim/proto"
 )
 
-// Server is the shim process's state: its pod's containers.
+// Server is one pod the monitor serves: its containers, its socket and
+// its directory (exits, console sockets).
 type Server struct {
 	dir    string
 	logf   func(format string, args ...any)
-	reaper *reaper
+	node   *Node
+	reaper *reaper // the node's
 
 	// mu guards the registry: ctrs and closing. Lock order: s.mu before a
 	// container's mu.
 	mu      sync.Mutex
 	ctrs    map[string]*container
-	closing bool // the shim is exiting: no more creates
+	closing bool // the pod is going: no more creates
 
-	ln   *os.File
-	done chan struct{} // closed once the last response before exiting is out
-	// answering counts requests being handled and answered: the shim
-	// exits only once each is out, so parallel deletes of a pod's last
-	// containers all get their reply, not only the one that emptied it.
-	answering atomic.Int32
-
-	trim      *time.Timer // returns freed heap to the kernel once things settle
-	trimMu    sync.Mutex
-	trimmedAt uint64 // anonymous resident bytes after the last trim (0: no baseline yet)
-	statm     statm  // reused: reading it allocates nothing
+	ln *os.File
 }
 
-// NewServer prepares a shim serving the pod whose state dir is dir.
-func NewServer(dir string, logf func(string, ...any)) *Server {
-	return &Server{dir: dir, logf: logf, reaper: newReaper(), ctrs: map[string]*container{}, done: make(chan struct{})}
+// newServer prepares the pod whose state dir is dir.
+func newServer(dir string, n *Node, logf func(string, ...any)) *Server {
+	return &Server{dir: dir, logf: logf, node: n, reaper: n.reaper, ctrs: map[string]*container{}}
 }
 
-// Listen creates the socket; call it before telling berthd the shim is ready.
+// Listen creates the pod's socket; berthd reaches the pod there once
+// OpAddPod answered.
 func (s *Server) Listen() error {
 	if err := os.MkdirAll(filepath.Join(s.dir, "exits"), 0o700); err != nil {
 		return fmt.Errorf("create shim dir: %w", err)
@@ -65,23 +60,17 @@ func (s *Server) Listen() error {
 		return fmt.Errorf("listen on %s: %w", proto.SocketPath(s.dir), err)
 	}
 	s.ln = ln
-	// The trim's baseline is the shim before any container (trimNow).
-	s.trimMu.Lock()
-	s.trimmedAt, _ = s.statm.anonResident()
-	s.trimMu.Unlock()
 	return nil
 }
 
-// Serve answers connections until the pod has no containers left.
+// Serve answers the pod's connections until the pod has no containers
+// left.
 func (s *Server) Serve() {
-	stop := s.startHousekeeping()
-	defer stop()
-	// Accept here rather than in a goroutine of its own: one stack less.
 	for {
 		conn, err := accept(s.ln)
 		if err != nil {
 			if s.isClosing() {
-				break
+				return
 			}
 			// Out of fds or memory: back off rather than spin.
 			s.logf("accept: %v", err)
@@ -90,40 +79,29 @@ func (s *Server) Serve() {
 		}
 		go s.serveConn(conn)
 	}
-	// exitIfEmpty closed the listener; the last response is on its way.
-	<-s.done
-	s.waitAnswers(5 * time.Second)
 }
 
-// waitAnswers waits, at most max, for the responses still being written:
-// a client that stopped reading must not keep the shim alive.
-func (s *Server) waitAnswers(max time.Duration) {
-	for deadline := time.Now().Add(max); s.answering.Load() > 0; time.Sleep(time.Millisecond) {
-		if time.Now().After(deadline) {
-			s.logf("exiting with responses unsent after %v", max)
-			return
-		}
-	}
-}
-
-// exitIfEmpty shuts the shim down when it holds no containers: it removes
-// its socket and directory first, under the lock, so a create racing with
-// it is refused and berthd starts a fresh shim.
+// exitIfEmpty ends the pod when it holds no containers: it removes its
+// socket and directory first, under the lock, so a create racing with
+// it is refused and berthd adds the pod afresh. The node learns of it
+// after the pod's lock is released (lock order).
 func (s *Server) exitIfEmpty() bool {
 	s.mu.Lock()
-	defer s.mu.Unlock()
 	if len(s.ctrs) > 0 || s.closing {
+		s.mu.Unlock()
 		return false
 	}
 	s.closing = true
 	// Directory (and socket file) first: from then on berthd's dial fails
-	// with ENOENT and it launches a new shim, whose directory this removal
-	// can no longer touch. Closing the listener first would open a window
-	// where a new shim's fresh directory is deleted under it.
+	// with ENOENT and it adds the pod again, with a directory this
+	// removal can no longer touch. Closing the listener first would open
+	// a window where the new directory is deleted under it.
 	if err := os.RemoveAll(s.dir); err != nil {
 		s.logf("remove shim dir: %v", err)
 	}
 	s.ln.Close()
+	s.mu.Unlock()
+	s.node.podGone(s)
 	return true
 }
 
@@ -141,7 +119,10 @@ func (s *Server) reserve(c *container) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.closing {
-		return fmt.Errorf("shim is exiting: %w", errdefs.ErrUnavailable)
+		return fmt.Errorf("pod's shim is exiting: %w", errdefs.ErrUnavailable)
+	}
+	if s.node.keeper.lost() {
+		return fmt.Errorf("the node's keeper is gone, no container can be started here: %w", errdefs.ErrUnavailable)
 	}
 	if _, ok := s.ctrs[c.id]; ok {
 		return fmt.Errorf("container %s: %w", c.id, errdefs.ErrAlreadyExists)

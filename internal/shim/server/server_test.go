@@ -36,6 +36,17 @@ func TestWriteExitIsReadBack(t *testing.T) {
 }
 
 // testContainer is a container as launch leaves it, without a process.
+// testServer is a pod of a node without a keeper, registered with the
+// node as addPod would.
+func testServer(t *testing.T) *Server {
+	root := t.TempDir()
+	n := NewNode(filepath.Join(root, ".node"), t.Logf, -1)
+	dir := filepath.Join(root, "pod")
+	s := newServer(dir, n, t.Logf)
+	n.pods[dir] = s
+	return s
+}
+
 func testContainer(t *testing.T, id string, logf func(string, ...any)) *container {
 	c := newContainer(id, &proto.CreateRequest{}, nil, logf)
 	c.setProcess(1, phaseCreated)
@@ -144,7 +155,7 @@ func TestHousekeepingAllocatesNothingAndDropsGoneWaits(t *testing.T) {
 		}
 		return os.NewFile(uintptr(fds[0]), "shim"), os.NewFile(uintptr(fds[1]), "client")
 	}
-	s := NewServer(t.TempDir(), t.Logf)
+	s := testServer(t)
 	c := testContainer(t, "c1", t.Logf)
 	if err := s.reserve(c); err != nil {
 		t.Fatal(err)
@@ -157,8 +168,8 @@ func TestHousekeepingAllocatesNothingAndDropsGoneWaits(t *testing.T) {
 			t.Fatalf("wait: parked %v, %v", parked, err)
 		}
 	}
-	s.trimNow() // the first check takes the baseline
-	allocs := testing.AllocsPerRun(50, s.housekeep)
+	s.node.trimNow() // the first check takes the baseline
+	allocs := testing.AllocsPerRun(50, s.node.housekeep)
 	if allocs != 0 {
 		t.Errorf("%v allocations per housekeeping round", allocs)
 	}
@@ -175,7 +186,7 @@ func TestHousekeepingAllocatesNothingAndDropsGoneWaits(t *testing.T) {
 // A container being created is reserved (its ID is taken, the shim stays)
 // but no other op sees it before its pid is known.
 func TestContainerBeingCreatedIsNotVisible(t *testing.T) {
-	s := NewServer(t.TempDir(), t.Logf)
+	s := testServer(t)
 	c := newContainer("c1", &proto.CreateRequest{}, nil, t.Logf)
 	if err := s.reserve(c); err != nil {
 		t.Fatal(err)
@@ -255,20 +266,21 @@ func TestTrimFollowsAnonymousResidentGrowth(t *testing.T) {
 			t.Errorf("parseStatm(%q) = %d, %v; want %d, %v", tc.in, got, ok, tc.want, tc.ok)
 		}
 	}
-	s := NewServer(t.TempDir(), t.Logf)
-	s.trimNow()
-	base := s.trimmedAt
+	s := testServer(t)
+	n := s.node
+	n.trimNow()
+	base := n.trimmedAt
 	if base == 0 {
 		t.Fatal("no baseline after the first check")
 	}
-	s.trimNow()
-	if s.trimmedAt != base {
-		t.Fatalf("baseline moved without growth: %d, then %d", base, s.trimmedAt)
+	n.trimNow()
+	if n.trimmedAt != base {
+		t.Fatalf("baseline moved without growth: %d, then %d", base, n.trimmedAt)
 	}
-	s.trimmedAt = 1 // as if the process had grown by all it holds
-	s.trimNow()
-	if s.trimmedAt <= 1 {
-		t.Fatalf("no trim after growth: baseline %d", s.trimmedAt)
+	n.trimmedAt = 1 // as if the process had grown by all it holds
+	n.trimNow()
+	if n.trimmedAt <= 1 {
+		t.Fatalf("no trim after growth: baseline %d", n.trimmedAt)
 	}
 }
 

@@ -1,0 +1,349 @@
+// Package keeper is berth-shim's keeper mode (decision 1701): the node's
+// child subreaper and the custodian of what its containers must not lose
+// when the monitor (package shim/server, the keeper's child) dies. It is
+// the parent of every container init (each reparents to it when the
+// runtime's create exits), reaps them and hands each exit to the monitor;
+// it holds a duplicate of every container's stdio (the output pipes' read
+// ends, the stdin write end, the pty master), so output waits in the pipes
+// rather than kills its writer while no monitor runs; and it restarts a
+// monitor that died, handing the new one every container it holds.
+//
+// It reads no container output, runs no runtime and parses only the
+// monitor's small messages (proto.KeeperMsg): the code all pods share is
+// kept to this file.
+package keeper
+
+import (
+	"errors"
+	"io"
+	"os"
+	"sync"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/berthcri/berth/internal/shim/proto"
+)
+
+// LinkFd is the fd a monitor finds its keeper link on; ReadyFd carries the
+// first monitor's readiness byte to berthd.
+const (
+	ReadyFd = 3
+	LinkFd  = 4
+)
+
+// Keeper is the keeper process's state.
+type Keeper struct {
+	dir    string // the node dir, handed to the monitor
+	binary string // berth-shim, as the monitor is (re)started from it
+	logf   func(format string, args ...any)
+
+	// mu guards everything below.
+	mu        sync.Mutex
+	ctrs      map[string]*entry // by container ID
+	byPid     map[int]*entry    // running inits, by pid
+	unclaimed map[int]unclaimedExit
+	link      int // the current monitor's link, -1 when none
+	monitor   int // the current monitor's pid, 0 when none
+}
+
+// entry is one container the keeper holds.
+type entry struct {
+	msg   proto.KeeperMsg // as registered; Running, Exited, Status kept current
+	fds   []int           // its stdio, named by msg.Streams (-1 once closed)
+	names []string
+}
+
+type unclaimedExit struct {
+	status unix.WaitStatus
+	at     time.Time
+}
+
+// New returns the keeper of the node dir dir, starting its monitors from
+// binary.
+func New(dir, binary string, logf func(string, ...any)) *Keeper {
+	return &Keeper{dir: dir, binary: binary, logf: logf, ctrs: map[string]*entry{}, byPid: map[int]*entry{}, unclaimed: map[int]unclaimedExit{}, link: -1}
+}
+
+// restartBackoff bounds how fast a crashing monitor is restarted.
+const (
+	minRestartDelay = 50 * time.Millisecond
+	maxRestartDelay = 5 * time.Second
+)
+
+// Run starts the monitor (handing it ready, berthd's readiness pipe) and
+// reaps until the monitor exits cleanly with no container held; it
+// returns the process's exit code.
+func (k *Keeper) Run(ready *os.File) int {
+	if err := k.startMonitor(ready); err != nil {
+		k.logf("start monitor: %v", err)
+		return 1
+	}
+	ready.Close()
+	delay := minRestartDelay
+	startedAt := time.Now()
+	for {
+		var ws unix.WaitStatus
+		pid, err := unix.Wait4(-1, &ws, 0, nil)
+		switch {
+		case err == unix.EINTR:
+			continue
+		case err != nil:
+			// ECHILD cannot last: a monitor is always our child but
+			// while one is restarted, which happens on this goroutine.
+			k.logf("wait: %v", err)
+			time.Sleep(time.Second)
+			continue
+		}
+		k.mu.Lock()
+		if pid != k.monitor {
+			k.reapedLocked(pid, ws)
+			k.mu.Unlock()
+			continue
+		}
+		k.monitor = 0
+		held := len(k.ctrs)
+		k.mu.Unlock()
+		if ws.Exited() && ws.ExitStatus() == 0 && held == 0 {
+			k.logf("monitor exited; nothing held, exiting")
+			return 0
+		}
+		k.logf("monitor %d ended (%s) holding %d containers; restarting it", pid, describe(ws), held)
+		if time.Since(startedAt) > 10*time.Second {
+			delay = minRestartDelay
+		}
+		for {
+			time.Sleep(delay)
+			delay = min(2*delay, maxRestartDelay)
+			if err := k.startMonitor(nil); err != nil {
+				k.logf("restart monitor: %v", err)
+				continue
+			}
+			break
+		}
+		startedAt = time.Now()
+	}
+}
+
+func describe(ws unix.WaitStatus) string {
+	if ws.Signaled() {
+		return "signal " + ws.Signal().String()
+	}
+	return "exit status " + itoa(ws.ExitStatus())
+}
+
+func itoa(n int) string {
+	var b [20]byte
+	i := len(b)
+	neg := n < 0
+	if neg {
+		n = -n
+	}
+	for {
+		i--
+		b[i] = byte('0' + n%10)
+		n /= 10
+		if n == 0 {
+			break
+		}
+	}
+	if neg {
+		i--
+		b[i] = '-'
+	}
+	return string(b[i:])
+}
+
+// startMonitor starts a monitor with a fresh link, hands it every
+// container held and serves its messages. It runs on Run's goroutine, the
+// only one that waits, so the monitor's pid is known before it can be
+// reaped.
+func (k *Keeper) startMonitor(ready *os.File) error {
+	sp, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return os.NewSyscallError("socketpair", err)
+	}
+	mine, theirs := sp[0], sp[1]
+	null, err := os.OpenFile(os.DevNull, os.O_RDWR, 0)
+	if err != nil {
+		unix.Close(mine)
+		unix.Close(theirs)
+		return err
+	}
+	defer null.Close()
+	readyFd := null.Fd()
+	if ready != nil {
+		readyFd = ready.Fd()
+	}
+	files := []uintptr{null.Fd(), null.Fd(), null.Fd(), readyFd, uintptr(theirs)}
+	argv := []string{k.binary, "monitor", "--dir", k.dir}
+	pid, err := syscall.ForkExec(k.binary, argv, &syscall.ProcAttr{Dir: "/", Env: os.Environ(), Files: files})
+	unix.Close(theirs)
+	if err != nil {
+		unix.Close(mine)
+		return err
+	}
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	k.monitor, k.link = pid, mine
+	// The adopt list goes out under the lock, so an exit reaped meanwhile
+	// is either in an entry or sent after the list.
+	for _, e := range k.ctrs {
+		m := e.msg
+		m.Op = proto.KeeperAdopt
+		var fds []int
+		var names []string
+		for i, fd := range e.fds {
+			if fd >= 0 {
+				fds = append(fds, fd)
+				names = append(names, e.names[i])
+			}
+		}
+		m.Streams = joinNames(names)
+		if err := proto.SendKeeperMsg(mine, &m, fds); err != nil {
+			k.logf("hand container %s to the monitor: %v", e.msg.ID, err)
+		}
+	}
+	if err := proto.SendKeeperMsg(mine, &proto.KeeperMsg{Op: proto.KeeperAdopted}, nil); err != nil {
+		k.logf("end the adopt list: %v", err)
+	}
+	k.logf("monitor %d started with %d containers", pid, len(k.ctrs))
+	go k.serveLink(mine)
+	return nil
+}
+
+func joinNames(names []string) string {
+	s := ""
+	for i, n := range names {
+		if i > 0 {
+			s += ","
+		}
+		s += n
+	}
+	return s
+}
+
+// serveLink applies the monitor's messages until its link closes.
+func (k *Keeper) serveLink(fd int) {
+	for {
+		m, fds, err := proto.RecvKeeperMsg(fd)
+		if err != nil {
+			if !errors.Is(err, io.EOF) {
+				k.logf("monitor link: %v", err)
+			}
+			k.mu.Lock()
+			if k.link == fd {
+				k.link = -1
+			}
+			k.mu.Unlock()
+			unix.Close(fd)
+			return
+		}
+		k.mu.Lock()
+		k.applyLocked(m, fds)
+		k.mu.Unlock()
+	}
+}
+
+// applyLocked applies one monitor message; it owns fds.
+func (k *Keeper) applyLocked(m *proto.KeeperMsg, fds []int) {
+	closeFds := func(fds []int) {
+		for _, fd := range fds {
+			if fd >= 0 {
+				unix.Close(fd)
+			}
+		}
+	}
+	e := k.ctrs[m.ID]
+	switch m.Op {
+	case proto.KeeperRegister:
+		names := m.StreamNames()
+		if len(names) != len(fds) || m.ID == "" {
+			k.logf("register of %q: %d fds for streams %q; refused", m.ID, len(fds), m.Streams)
+			closeFds(fds)
+			return
+		}
+		if e != nil {
+			k.forgetLocked(e)
+		}
+		e = &entry{msg: *m, fds: fds, names: names}
+		e.msg.Op = ""
+		k.ctrs[m.ID] = e
+		if m.Pid > 0 && !m.Exited {
+			if u, ok := k.unclaimed[m.Pid]; ok {
+				// It died before it was registered.
+				delete(k.unclaimed, m.Pid)
+				k.exitedLocked(e, u.status)
+			} else {
+				k.byPid[m.Pid] = e
+			}
+		}
+		return
+	case proto.KeeperStarted:
+		if e != nil {
+			e.msg.Running = true
+		}
+	case proto.KeeperCloseStdin:
+		if e != nil {
+			for i, n := range e.names {
+				if n == "stdin" && e.fds[i] >= 0 {
+					unix.Close(e.fds[i])
+					e.fds[i] = -1
+				}
+			}
+		}
+	case proto.KeeperForget:
+		if e != nil {
+			k.forgetLocked(e)
+		}
+	default:
+		k.logf("unknown message %q from the monitor", m.Op)
+	}
+	closeFds(fds)
+}
+
+func (k *Keeper) forgetLocked(e *entry) {
+	for _, fd := range e.fds {
+		if fd >= 0 {
+			unix.Close(fd)
+		}
+	}
+	e.fds = nil
+	if k.byPid[e.msg.Pid] == e {
+		delete(k.byPid, e.msg.Pid)
+	}
+	if k.ctrs[e.msg.ID] == e {
+		delete(k.ctrs, e.msg.ID)
+	}
+}
+
+// reapedLocked records the exit of a child other than the monitor: a
+// container's init, or an orphan (kept a minute in case its register is
+// still on the way, then dropped).
+func (k *Keeper) reapedLocked(pid int, ws unix.WaitStatus) {
+	if e := k.byPid[pid]; e != nil {
+		delete(k.byPid, pid)
+		k.exitedLocked(e, ws)
+		return
+	}
+	now := time.Now()
+	for p, u := range k.unclaimed {
+		if now.Sub(u.at) > time.Minute {
+			delete(k.unclaimed, p)
+		}
+	}
+	k.unclaimed[pid] = unclaimedExit{status: ws, at: now}
+}
+
+// exitedLocked keeps e's exit (for a monitor started later) and tells the
+// current monitor.
+func (k *Keeper) exitedLocked(e *entry, ws unix.WaitStatus) {
+	e.msg.Exited, e.msg.Status = true, int(ws)
+	if k.link < 0 {
+		return
+	}
+	if err := proto.SendKeeperMsg(k.link, &proto.KeeperMsg{Op: proto.KeeperExit, ID: e.msg.ID, Pid: e.msg.Pid, Exited: true, Status: int(ws)}, nil); err != nil {
+		k.logf("tell the monitor of %s's exit: %v", e.msg.ID, err)
+	}
+}

@@ -1,0 +1,204 @@
+package proto
+
+import (
+	"fmt"
+	"io"
+	"os"
+	"strings"
+
+	"golang.org/x/sys/unix"
+)
+
+// The keeper's messages (decision 1701). The keeper is the node's child
+// subreaper and the custodian of every container's stdio; the monitor is
+// its child and runs the logic. They talk over a SOCK_SEQPACKET socketpair:
+// one message per packet, a JSON object in this package's codec, the
+// container's stdio fds riding along as SCM_RIGHTS on a register or an
+// adopt. Both ends are the same berth-shim binary, but a monitor restarted
+// after an upgrade may be newer than its keeper: unknown keys are skipped.
+
+// Keeper message ops.
+const (
+	// KeeperRegister (monitor → keeper): a container's init, its pod dir,
+	// its create request and its stdio fds (Streams names them). A
+	// second register of one ID replaces the first (a restored
+	// container's start).
+	KeeperRegister = "register"
+	// KeeperStarted (monitor → keeper): the container was started.
+	KeeperStarted = "started"
+	// KeeperCloseStdin (monitor → keeper): the monitor closed the
+	// container's stdin; the keeper closes its copy so the container sees
+	// EOF.
+	KeeperCloseStdin = "close-stdin"
+	// KeeperForget (monitor → keeper): the container is deleted.
+	KeeperForget = "forget"
+	// KeeperExit (keeper → monitor): a child of the keeper (pid) was
+	// reaped with Status.
+	KeeperExit = "exit"
+	// KeeperAdopt (keeper → a new monitor): one container the keeper
+	// holds, as registered, its exit if reaped, its fds.
+	KeeperAdopt = "adopt"
+	// KeeperAdopted (keeper → a new monitor): the adopt list is over.
+	KeeperAdopted = "adopted"
+)
+
+// MaxKeeperMsg bounds one keeper packet.
+const MaxKeeperMsg = 64 << 10
+
+// MaxKeeperFds bounds the fds one keeper packet carries (stdout, stderr,
+// stdin; or a pty).
+const MaxKeeperFds = 3
+
+// KeeperMsg is one message between keeper and monitor.
+type KeeperMsg struct {
+	Op      string // "op"
+	ID      string // "id": the container
+	Dir     string // "dir": its pod's shim dir
+	Pid     int    // "pid": its init (0: a restored container not started)
+	Running bool   // "running": started
+	// Exited and Status: the init was reaped with this wait status.
+	Exited bool // "exited"
+	Status int  // "status"
+	// Streams names the fds that ride along, in order: "stdout", "stderr",
+	// "stdin" (pipes) or "pty" (a terminal's master), comma-separated.
+	Streams string // "streams"
+	// Create is the container's create request (AppendRequest's JSON),
+	// which the keeper holds for a new monitor without reading it.
+	Create string // "create"
+}
+
+// StreamNames splits Streams.
+func (m *KeeperMsg) StreamNames() []string {
+	if m.Streams == "" {
+		return nil
+	}
+	return strings.Split(m.Streams, ",")
+}
+
+// AppendKeeperMsg appends m's JSON to b.
+func AppendKeeperMsg(b []byte, m *KeeperMsg) []byte {
+	o := beginObject(b)
+	o.str("op", m.Op)
+	o.strOmit("id", m.ID)
+	o.strOmit("dir", m.Dir)
+	o.intOmit("pid", int64(m.Pid))
+	o.boolOmit("running", m.Running)
+	o.boolOmit("exited", m.Exited)
+	if m.Exited {
+		o.int("status", int64(m.Status))
+	}
+	o.strOmit("streams", m.Streams)
+	o.strOmit("create", m.Create)
+	return o.end()
+}
+
+// DecodeKeeperMsg parses one keeper message.
+func DecodeKeeperMsg(body []byte) (*KeeperMsg, error) {
+	m := &KeeperMsg{}
+	err := decodeDocument(body, func(d *decoder) error {
+		return d.object(func(key string) (err error) {
+			switch key {
+			case "op":
+				m.Op, err = d.str()
+			case "id":
+				m.ID, err = d.str()
+			case "dir":
+				m.Dir, err = d.str()
+			case "pid":
+				m.Pid, err = d.int()
+			case "running":
+				m.Running, err = d.bool()
+			case "exited":
+				m.Exited, err = d.bool()
+			case "status":
+				m.Status, err = d.int()
+			case "streams":
+				m.Streams, err = d.str()
+			case "create":
+				m.Create, err = d.str()
+			default:
+				err = d.skip()
+			}
+			return err
+		})
+	})
+	if err != nil {
+		return nil, fmt.Errorf("decode keeper message: %w", err)
+	}
+	if m.Op == "" {
+		return nil, fmt.Errorf("decode keeper message: no op")
+	}
+	return m, nil
+}
+
+// SendKeeperMsg sends m with fds on the blocking SOCK_SEQPACKET socket fd.
+func SendKeeperMsg(fd int, m *KeeperMsg, fds []int) error {
+	b := AppendKeeperMsg(make([]byte, 0, 256), m)
+	if len(b) > MaxKeeperMsg {
+		return fmt.Errorf("keeper message of %d bytes exceeds %d", len(b), MaxKeeperMsg)
+	}
+	var oob []byte
+	if len(fds) > 0 {
+		oob = unix.UnixRights(fds...)
+	}
+	for {
+		err := unix.Sendmsg(fd, b, oob, nil, unix.MSG_NOSIGNAL)
+		if err == unix.EINTR {
+			continue
+		}
+		if err != nil {
+			return os.NewSyscallError("sendmsg", err)
+		}
+		return nil
+	}
+}
+
+// RecvKeeperMsg reads one message and the fds it carries (the caller owns
+// them) from the blocking SOCK_SEQPACKET socket fd; io.EOF when the peer
+// is gone.
+func RecvKeeperMsg(fd int) (*KeeperMsg, []int, error) {
+	buf := make([]byte, MaxKeeperMsg)
+	oob := make([]byte, unix.CmsgSpace(MaxKeeperFds*4))
+	var n, oobn, flags int
+	var err error
+	for {
+		n, oobn, flags, _, err = unix.Recvmsg(fd, buf, oob, unix.MSG_CMSG_CLOEXEC)
+		if err != unix.EINTR {
+			break
+		}
+	}
+	if err != nil {
+		return nil, nil, os.NewSyscallError("recvmsg", err)
+	}
+	var fds []int
+	if oobn > 0 {
+		cmsgs, err := unix.ParseSocketControlMessage(oob[:oobn])
+		if err != nil {
+			return nil, nil, fmt.Errorf("keeper message: %w", err)
+		}
+		for i := range cmsgs {
+			got, err := unix.ParseUnixRights(&cmsgs[i])
+			if err == nil {
+				fds = append(fds, got...)
+			}
+		}
+	}
+	closeAll := func() {
+		for _, f := range fds {
+			unix.Close(f)
+		}
+	}
+	if n == 0 && oobn == 0 {
+		return nil, nil, io.EOF
+	}
+	if flags&(unix.MSG_TRUNC|unix.MSG_CTRUNC) != 0 {
+		closeAll()
+		return nil, nil, fmt.Errorf("keeper message truncated")
+	}
+	m, err := DecodeKeeperMsg(buf[:n])
+	if err != nil {
+		closeAll()
+		return nil, nil, err
+	}
+	return m, fds, nil
+}

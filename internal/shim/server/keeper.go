@@ -1,0 +1,266 @@
+package server
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"sync/atomic"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/berthcri/berth/internal/errdefs"
+	"github.com/berthcri/berth/internal/shim/proto"
+)
+
+// keeperLink is the monitor's end of its link to the keeper (decision
+// 1701): it registers each container's init and stdio with the keeper,
+// and delivers the exits the keeper reaps. Its methods are no-ops on a nil
+// link (unit tests run a Node without a keeper).
+type keeperLink struct {
+	fd     int
+	node   *Node
+	isLost atomic.Bool
+}
+
+func newKeeperLink(fd int, n *Node) *keeperLink { return &keeperLink{fd: fd, node: n} }
+
+// lost reports whether the keeper is gone.
+func (k *keeperLink) lost() bool { return k != nil && k.isLost.Load() }
+
+func (k *keeperLink) send(m *proto.KeeperMsg, fds []int) error {
+	if k == nil {
+		return nil
+	}
+	if k.lost() {
+		return fmt.Errorf("the node's keeper is gone: %w", errdefs.ErrUnavailable)
+	}
+	return proto.SendKeeperMsg(k.fd, m, fds)
+}
+
+// register hands the keeper c's init (pid) and a copy of its stdio: the
+// output pipes' read ends, the stdin write end, or the pty master.
+func (k *keeperLink) register(s *Server, c *container, cr *proto.CreateRequest, pid int, running bool, outputs []output, stdin, console *os.File) error {
+	if k == nil {
+		return nil
+	}
+	m := &proto.KeeperMsg{Op: proto.KeeperRegister, ID: c.id, Dir: s.dir, Pid: pid, Running: running,
+		Create: string(proto.AppendRequest(nil, &proto.Request{Op: proto.OpCreate, ID: c.id, Create: cr}))}
+	var fds []int
+	defer func() { closeFds(fds) }()
+	var names string
+	var dupErr error
+	// Duplicates, sent and closed: File.Fd would put the monitor's own
+	// ends in blocking mode, parking a thread per read.
+	add := func(name string, f *os.File) {
+		if names != "" {
+			names += ","
+		}
+		names += name
+		rc, err := f.SyscallConn()
+		if err == nil {
+			err = rc.Control(func(fd uintptr) {
+				var dup int
+				if dup, err = unix.FcntlInt(fd, unix.F_DUPFD_CLOEXEC, 0); err == nil {
+					fds = append(fds, dup)
+				}
+			})
+		}
+		if err != nil && dupErr == nil {
+			dupErr = err
+		}
+	}
+	if console != nil {
+		add("pty", console)
+	} else {
+		for _, o := range outputs {
+			add(o.name, o.r)
+		}
+		if stdin != nil {
+			add("stdin", stdin)
+		}
+	}
+	m.Streams = names
+	if dupErr != nil {
+		return fmt.Errorf("register container %s with the keeper: duplicate its stdio: %w", c.id, dupErr)
+	}
+	if err := k.send(m, fds); err != nil {
+		return fmt.Errorf("register container %s with the keeper: %w", c.id, err)
+	}
+	return nil
+}
+
+// note sends a message about container id; a failure is logged: the
+// keeper's view is then behind, which costs only a restarted monitor's
+// view of that container.
+func (k *keeperLink) note(op, id string) {
+	if err := k.send(&proto.KeeperMsg{Op: op, ID: id}, nil); err != nil && k != nil {
+		k.node.logf("tell the keeper %s %s: %v", op, id, err)
+	}
+}
+
+// serve delivers the keeper's exits until the link closes.
+func (k *keeperLink) serve() {
+	for {
+		m, fds, err := proto.RecvKeeperMsg(k.fd)
+		for _, fd := range fds {
+			unix.Close(fd)
+		}
+		if err != nil {
+			if !errors.Is(err, io.EOF) {
+				k.node.logf("keeper link: %v", err)
+			}
+			k.node.logf("the keeper is gone: exits of running containers will be unknown")
+			k.isLost.Store(true)
+			k.node.reaper.keeperGone()
+			k.node.keeperLost()
+			return
+		}
+		if m.Op == proto.KeeperExit {
+			k.node.reaper.deliver(m.Pid, unix.WaitStatus(m.Status))
+			continue
+		}
+		k.node.logf("unexpected keeper message %q", m.Op)
+	}
+}
+
+// Adopt takes over the containers the keeper holds (a monitor restarted
+// after a crash or an upgrade): each pod is served again on its socket,
+// each container with its stdio, its exit watched or recorded. It reads
+// the keeper's adopt list up to its end.
+func (n *Node) Adopt() error {
+	if n.keeper == nil {
+		return nil
+	}
+	count := 0
+	for {
+		m, fds, err := proto.RecvKeeperMsg(n.keeper.fd)
+		if err != nil {
+			return fmt.Errorf("read the keeper's adopt list: %w", err)
+		}
+		switch m.Op {
+		case proto.KeeperAdopted:
+			closeFds(fds)
+			if count > 0 {
+				n.logf("adopted %d containers from the keeper", count)
+			}
+			return nil
+		case proto.KeeperExit:
+			closeFds(fds)
+			n.reaper.deliver(m.Pid, unix.WaitStatus(m.Status))
+		case proto.KeeperAdopt:
+			if err := n.adopt(m, fds); err != nil {
+				n.logf("adopt container %s: %v", m.ID, err)
+				continue
+			}
+			count++
+		default:
+			closeFds(fds)
+		}
+	}
+}
+
+func closeFds(fds []int) {
+	for _, fd := range fds {
+		unix.Close(fd)
+	}
+}
+
+// adopt rebuilds one container from the keeper's entry and serves its pod.
+func (n *Node) adopt(m *proto.KeeperMsg, fds []int) error {
+	names := m.StreamNames()
+	if len(names) != len(fds) {
+		closeFds(fds)
+		return fmt.Errorf("%d fds for streams %q", len(fds), m.Streams)
+	}
+	files := make([]*os.File, len(fds))
+	for i, fd := range fds {
+		// Non-blocking, so reads and writes park in the poller.
+		_ = unix.SetNonblock(fd, true)
+		files[i] = os.NewFile(uintptr(fd), names[i])
+	}
+	closeFiles := func() {
+		for _, f := range files {
+			f.Close()
+		}
+	}
+	req, err := proto.DecodeRequest([]byte(m.Create))
+	if err != nil || req.Create == nil || req.ID != m.ID {
+		closeFiles()
+		return fmt.Errorf("bad create request %q: %v", m.Create, err)
+	}
+	n.mu.Lock()
+	s := n.pods[m.Dir]
+	if s == nil {
+		if s, err = n.newPodLocked(m.Dir); err != nil {
+			n.mu.Unlock()
+			closeFiles()
+			return err
+		}
+		go s.Serve()
+	}
+	n.mu.Unlock()
+
+	cr := req.Create
+	rt := &ociRuntime{binary: cr.Runtime.Binary, root: cr.Runtime.Root, options: cr.Runtime.Options, reaper: n.reaper}
+	c := newContainer(m.ID, cr, rt, s.logf)
+	if cr.Restore != "" {
+		c.restore = cr
+	}
+	if err := c.log.open(); err != nil {
+		s.logf("container %s: reopen its log: %v", c.id, err)
+	}
+	var outputs []output
+	var stdin, console *os.File
+	for i, name := range names {
+		switch name {
+		case "pty":
+			console = files[i]
+			outputs = append(outputs, output{files[i], "stdout"})
+		case "stdin":
+			stdin = files[i]
+		default:
+			outputs = append(outputs, output{files[i], name})
+		}
+	}
+	c.stdio.set(stdin, console)
+	ph := phaseCreated
+	if m.Running {
+		ph = phaseRunning
+	}
+	c.setProcess(m.Pid, ph)
+	s.mu.Lock()
+	s.ctrs[c.id] = c
+	s.mu.Unlock()
+	for _, o := range outputs {
+		c.streams.Add(1)
+		go c.copyOutput(o.r, o.name, o.r != console)
+	}
+	if m.Pid == 0 {
+		// A restored container not started yet: nothing runs.
+		return nil
+	}
+	if m.Exited {
+		if data, err := os.ReadFile(proto.ExitPath(s.dir, c.id)); err == nil {
+			if e, err := proto.DecodeExit(data); err == nil {
+				// The monitor before recorded it.
+				c.mu.Lock()
+				c.exit, c.phase = e, phaseExited
+				c.mu.Unlock()
+				close(c.exited)
+				return nil
+			}
+		}
+		ch := make(chan unix.WaitStatus, 1)
+		ch <- unix.WaitStatus(m.Status)
+		go s.waitExit(c, ch, nil)
+		return nil
+	}
+	exitCh, pidfd, err := n.reaper.watch(m.Pid)
+	if err != nil {
+		return err
+	}
+	s.watchCgroups(c, m.Pid)
+	go s.waitExit(c, exitCh, pidfd)
+	return nil
+}
