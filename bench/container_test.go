@@ -16,6 +16,7 @@ import (
 	"github.com/berthcri/berth/internal/container"
 	"github.com/berthcri/berth/internal/image"
 	"github.com/berthcri/berth/internal/oci"
+	"github.com/berthcri/berth/internal/shim/proto"
 	"github.com/berthcri/berth/internal/testutil/berthdtest"
 	"github.com/berthcri/berth/internal/testutil/bundletest"
 )
@@ -171,16 +172,16 @@ func BenchmarkContainerLifecycle(b *testing.B) {
 	}
 }
 
-// BenchmarkShimMemory reports berth-shim's PSS per pod (smaps_rollup, so
-// pages shared between shims count once in total) for pods of 1 and 3
-// containers, alone and with 8 and 48 such pods at once: Pss_Anon is what
-// each pod really costs (heap, stacks, runtime data), Pss_File its share of
-// the binary's pages, which divides across shims. The last case has run 20
-// short-lived containers through its shim first, so the shim has
-// collected garbage at least once (a GC makes runtime metadata resident
-// for good: decision 0303). A second table splits each shim's memory by
-// mapping (/proc/PID/smaps), which is where decisions 0303 and 1700 read
-// what a Go shim is made of. BENCH_WORKLOADS selects it as "shim memory".
+// BenchmarkShimMemory reports berth-shim's PSS per pod: the node's keeper
+// and monitor (decision 1701), which serve every pod, summed
+// (smaps_rollup) and divided by the pods, for pods of 1 and 3 containers,
+// alone and with 8 and 48 such pods at once: Pss_Anon is what the pods
+// really cost (heap, stacks, runtime data), Pss_File the binary's pages.
+// The last case has run 20 short-lived containers through the monitor
+// first, so it has collected garbage at least once (a GC makes runtime
+// metadata resident for good: decision 0303). A second table splits the
+// memory by mapping (/proc/PID/smaps), which is where decisions 0303 and
+// 1700 read what a Go shim is made of. BENCH_WORKLOADS selects it as "shim memory".
 func BenchmarkShimMemory(b *testing.B) {
 	if !selected(os.Getenv("BENCH_WORKLOADS"), "shim memory") {
 		b.Skip("not selected by BENCH_WORKLOADS")
@@ -195,7 +196,7 @@ func BenchmarkShimMemory(b *testing.B) {
 		FileKiB   float64            `json:"pss_file_kib_per_pod"`
 		RssKiB    float64            `json:"rss_kib_per_pod"`
 		PerCtrKiB float64            `json:"pss_kib_per_container"`
-		Threads   float64            `json:"threads_per_shim"`
+		Threads   float64            `json:"threads_keeper_and_monitor"`
 		Mappings  map[string]float64 `json:"pss_kib_per_pod_by_mapping"`
 	}
 	var rows []row
@@ -238,30 +239,29 @@ func BenchmarkShimMemory(b *testing.B) {
 		time.Sleep(3 * time.Second) // let the shims settle and trim
 		var pss, anon, file, rss, threads float64
 		mappings := map[string]float64{}
-		shims := 0
-		for p := 0; p < tc.pods; p++ {
-			// The shim's argv holds its dir as one argument, NUL-ended in
-			// cmdline: pod4 must not match pod40's shim.
-			for _, pid := range berthdtest.PidsMentioning(filepath.Join(cb.shims, fmt.Sprintf("pod%d", p)) + "\x00") {
-				if comm, _ := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/comm"); strings.TrimSpace(string(comm)) != "berth-shim" {
-					continue
-				}
-				m := smapsRollup(b, pid)
-				pss += m["Pss"]
-				anon += m["Pss_Anon"]
-				file += m["Pss_File"]
-				rss += m["Rss"]
-				for k, v := range smapsByMapping(b, pid) {
-					mappings[k] += v
-				}
-				if task, err := os.ReadDir("/proc/" + strconv.Itoa(pid) + "/task"); err == nil {
-					threads += float64(len(task))
-				}
-				shims++
+		// The node's keeper and monitor serve every pod (decision 1701):
+		// their memory, divided by the pods, is what a pod costs. Their
+		// argv ends with the node dir (NUL-ended in cmdline).
+		procs := 0
+		for _, pid := range berthdtest.PidsMentioning(proto.NodeDir(cb.shims) + "\x00") {
+			if comm, _ := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/comm"); strings.TrimSpace(string(comm)) != "berth-shim" {
+				continue
 			}
+			m := smapsRollup(b, pid)
+			pss += m["Pss"]
+			anon += m["Pss_Anon"]
+			file += m["Pss_File"]
+			rss += m["Rss"]
+			for k, v := range smapsByMapping(b, pid) {
+				mappings[k] += v
+			}
+			if task, err := os.ReadDir("/proc/" + strconv.Itoa(pid) + "/task"); err == nil {
+				threads += float64(len(task))
+			}
+			procs++
 		}
-		if shims != tc.pods {
-			b.Fatalf("found %d shims for %d pods", shims, tc.pods)
+		if procs != 2 {
+			b.Fatalf("found %d berth-shim processes for the node, want a keeper and a monitor", procs)
 		}
 		n := float64(tc.pods)
 		name := fmt.Sprintf("%d pod(s) × %d container(s)", tc.pods, tc.perPod)
@@ -274,13 +274,13 @@ func BenchmarkShimMemory(b *testing.B) {
 		rows = append(rows, row{
 			Case: name, Pods: tc.pods, PerPod: tc.perPod, Churned: tc.churn,
 			PssKiB: pss / n, AnonKiB: anon / n, FileKiB: file / n, RssKiB: rss / n, PerCtrKiB: pss / n / float64(tc.perPod),
-			Threads: threads / n, Mappings: mappings,
+			Threads: threads, Mappings: mappings,
 		})
 		// Shims of one case must not share pages with the next case's.
 		cb.close()
 	}
 	var sb strings.Builder
-	sb.WriteString("\n### shim_memory (berth-shim, per pod)\n\n| case | PSS KiB | Pss_Anon KiB | Pss_File KiB | RSS KiB | PSS KiB per container | threads |\n|---|---:|---:|---:|---:|---:|---:|\n")
+	sb.WriteString("\n### shim_memory (berth-shim, per pod)\n\n| case | PSS KiB | Pss_Anon KiB | Pss_File KiB | RSS KiB | PSS KiB per container | threads (keeper + monitor) |\n|---|---:|---:|---:|---:|---:|---:|\n")
 	for _, r := range rows {
 		fmt.Fprintf(&sb, "| %s | %.0f | %.0f | %.0f | %.0f | %.0f | %.1f |\n", r.Case, r.PssKiB, r.AnonKiB, r.FileKiB, r.RssKiB, r.PerCtrKiB, r.Threads)
 	}

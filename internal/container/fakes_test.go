@@ -124,6 +124,8 @@ func (f *fakeShims) Pods() ([]string, error) {
 	return pods, nil
 }
 
+func (f *fakeShims) StopIdleNode(context.Context) error { return nil }
+
 func (f *fakeShims) Forget(pod string) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()

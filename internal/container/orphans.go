@@ -109,4 +109,10 @@ func (s *Store) reapOrphans(ctx context.Context) {
 			}
 		}
 	}
+	// A keeper and monitor launched for a pod that a crash cut short
+	// before it was added serve nothing (they would leave by themselves
+	// after a while).
+	if err := s.shims.StopIdleNode(ctx); err != nil {
+		s.log.Warn("stop the node's idle shim", "err", err)
+	}
 }

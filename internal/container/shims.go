@@ -51,6 +51,9 @@ type Shims interface {
 	Pods() ([]string, error)
 	// Forget removes the state a dead shim left.
 	Forget(podID string) error
+	// StopIdleNode stops the node's shim processes if they serve no pod
+	// (launched for a pod a crash cut short before it was added).
+	StopIdleNode(ctx context.Context) error
 }
 
 // berthShims is berth-shim: one keeper and monitor per node serving every
@@ -123,6 +126,10 @@ func (b *berthShims) Pods() ([]string, error) {
 
 func (b *berthShims) Forget(podID string) error {
 	return os.RemoveAll(filepath.Join(b.dir, podID))
+}
+
+func (b *berthShims) StopIdleNode(ctx context.Context) error {
+	return shim.StopIdleNode(ctx, b.dir)
 }
 
 // lockPod takes the pod's shim-launch lock and returns its unlock.

@@ -3,6 +3,7 @@ package container_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -20,6 +21,7 @@ import (
 	"github.com/berthcri/berth/internal/errdefs"
 	"github.com/berthcri/berth/internal/image"
 	"github.com/berthcri/berth/internal/oci"
+	"github.com/berthcri/berth/internal/shim/proto"
 	"github.com/berthcri/berth/internal/testutil/berthdtest"
 	"github.com/berthcri/berth/internal/testutil/bundletest"
 )
@@ -519,10 +521,16 @@ func TestShimKilledMarksContainersLost(t *testing.T) {
 	if _, err := f.store.Start(ctx, c.ID); err != nil {
 		t.Fatal(err)
 	}
-	shimDir := filepath.Join(f.opts.ShimDir, "pod1")
-	for _, pid := range berthdtest.PidsMentioning(shimDir) {
-		if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
-			t.Fatal(err)
+	// The node's keeper, then its monitor (killed alone, the monitor
+	// would be restarted and lose nothing: decision 1701).
+	nodeDir := proto.NodeDir(f.opts.ShimDir) + "\x00"
+	for _, mode := range []string{"keeper", "monitor"} {
+		for _, pid := range berthdtest.PidsMentioning(nodeDir) {
+			if cmd, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid)); strings.Contains(string(cmd), "\x00"+mode+"\x00") {
+				if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
+					t.Fatal(err)
+				}
+			}
 		}
 	}
 	got := f.waitExited(c.ID)

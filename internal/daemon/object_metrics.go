@@ -61,7 +61,7 @@ func logWriteErrors(containers *container.Store) map[string]float64 {
 
 func shimGauge(containers *container.Store) prometheus.Collector {
 	return prometheus.NewGaugeFunc(prometheus.GaugeOpts{
-		Name: "berth_shims", Help: "Running berth-shim processes (pods with containers).",
+		Name: "berth_shims", Help: "Pods the node's berth-shim monitor serves (pods with containers); one keeper and one monitor run for all of them.",
 	}, func() float64 {
 		pods := map[string]bool{}
 		for _, c := range containers.List() {

@@ -241,6 +241,16 @@ func Launch(ctx context.Context, binary, dir, podID string) (*Client, error) {
 	return NewClient(dir), nil
 }
 
+// StopIdleNode makes the node's monitor (and with it its keeper) exit if
+// it serves no pod; shims is the pods' dir, as Launch's dir's parent.
+func StopIdleNode(ctx context.Context, shims string) error {
+	_, err := (&Client{dir: proto.NodeDir(shims), socket: "node.sock"}).call(ctx, &proto.Request{Op: proto.OpShutdown})
+	if err == nil || errors.Is(err, ErrNoShim) || errors.Is(err, errdefs.ErrFailedPrecondition) {
+		return nil
+	}
+	return err
+}
+
 // addPod asks the node's monitor to serve the pod of dir.
 func addPod(ctx context.Context, nodeDir, dir string) error {
 	_, err := (&Client{dir: nodeDir, socket: "node.sock"}).call(ctx, &proto.Request{Op: proto.OpAddPod, Dir: dir})
@@ -253,21 +263,33 @@ func lockNode(nodeDir string) (unlock func(), err error) {
 	if err := os.MkdirAll(nodeDir, 0o700); err != nil {
 		return nil, fmt.Errorf("create shim node dir: %w", err)
 	}
-	f, err := os.OpenFile(filepath.Join(nodeDir, "launch.lock"), os.O_RDWR|os.O_CREATE|syscall.O_CLOEXEC, 0o600)
-	if err != nil {
-		return nil, fmt.Errorf("open shim launch lock: %w", err)
-	}
+	path := filepath.Join(nodeDir, "launch.lock")
 	for {
-		err = syscall.Flock(int(f.Fd()), syscall.LOCK_EX)
-		if err != syscall.EINTR {
-			break
+		f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|syscall.O_CLOEXEC, 0o600)
+		if err != nil {
+			return nil, fmt.Errorf("open shim launch lock: %w", err)
+		}
+		for {
+			err = syscall.Flock(int(f.Fd()), syscall.LOCK_EX)
+			if err != syscall.EINTR {
+				break
+			}
+		}
+		if err != nil {
+			f.Close()
+			return nil, fmt.Errorf("take shim launch lock: %w", err)
+		}
+		// A monitor that exits removes its directory, lock included: a
+		// lock taken on a removed file locks nothing, take the new one.
+		var held, now syscall.Stat_t
+		if syscall.Fstat(int(f.Fd()), &held) == nil && syscall.Stat(path, &now) == nil && held.Ino == now.Ino && held.Dev == now.Dev {
+			return func() { f.Close() }, nil
+		}
+		f.Close()
+		if err := os.MkdirAll(nodeDir, 0o700); err != nil {
+			return nil, fmt.Errorf("create shim node dir: %w", err)
 		}
 	}
-	if err != nil {
-		f.Close()
-		return nil, fmt.Errorf("take shim launch lock: %w", err)
-	}
-	return func() { f.Close() }, nil
 }
 
 // launchNode starts the node's keeper, which starts its monitor, and waits

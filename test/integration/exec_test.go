@@ -293,16 +293,17 @@ func countFDs(t *testing.T, pid int) int {
 	return len(entries)
 }
 
-// shimPid finds the berth-shim serving this daemon's pods.
+// shimPid finds the berth-shim monitor serving this daemon's pods.
 func shimPid(t *testing.T, d *berthdtest.Daemon) int {
 	t.Helper()
 	for _, pid := range berthdtest.PidsMentioning(d.State) {
 		comm, _ := os.ReadFile(fmt.Sprintf("/proc/%d/comm", pid))
-		if strings.TrimSpace(string(comm)) == "berth-shim" {
+		cmd, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+		if strings.TrimSpace(string(comm)) == "berth-shim" && strings.Contains(string(cmd), "\x00monitor\x00") {
 			return pid
 		}
 	}
-	t.Fatal("no berth-shim for this daemon")
+	t.Fatal("no berth-shim monitor for this daemon")
 	return 0
 }
 

@@ -215,13 +215,14 @@ func TestLoad200PodLifecyclesAt8InParallel(t *testing.T) {
 	}
 }
 
-// shimsOf counts the berth-shim processes serving pod.
-func shimsOf(d *berthdtest.Daemon, pod string) int {
+// shimMonitors counts the berth-shim monitors serving this daemon's pods
+// (one per node, decision 1701).
+func shimMonitors(d *berthdtest.Daemon) int {
 	n := 0
 	for _, pid := range berthdtest.PidsMentioning(d.State) {
 		comm, _ := os.ReadFile(fmt.Sprintf("/proc/%d/comm", pid))
 		cmd, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
-		if strings.TrimSpace(string(comm)) == "berth-shim" && strings.Contains(string(cmd), pod) {
+		if strings.TrimSpace(string(comm)) == "berth-shim" && strings.Contains(string(cmd), "\x00monitor\x00") {
 			n++
 		}
 	}
@@ -305,8 +306,8 @@ func TestLoadConcurrentRPCsOnOnePod(t *testing.T) {
 			t.Fatalf("container %s is %v, want running", id, st.State)
 		}
 	}
-	if n := shimsOf(e.d, e.pod); n != 1 {
-		t.Fatalf("the pod has %d shims after concurrent creates, want 1", n)
+	if n := shimMonitors(e.d); n != 1 {
+		t.Fatalf("the node has %d shim monitors after concurrent creates, want 1", n)
 	}
 	stopRemove(t, e.d, e.pod)
 	leakcheck.CheckSettled(t, scope, before, leakcheck.Take(t, scope))

@@ -260,3 +260,33 @@ func FuzzDecodeResponse(f *testing.F) {
 		_, _ = DecodeExit(body)
 	})
 }
+
+// The keeper's messages survive the codec, and a message from a newer
+// peer (an unknown key) still decodes.
+func TestKeeperMsgRoundTrip(t *testing.T) {
+	in := &KeeperMsg{Op: KeeperAdopt, ID: "c1", Dir: "/run/berth/shims/p1", Pid: 42, Running: true, Exited: true, Status: 0,
+		Streams: "stdout,stderr,stdin", Create: string(AppendRequest(nil, &Request{Op: OpCreate, ID: "c1", Create: &CreateRequest{Bundle: "/b", Runtime: Runtime{Binary: "runc"}}}))}
+	out, err := DecodeKeeperMsg(AppendKeeperMsg(nil, in))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if *out != *in {
+		t.Fatalf("round trip: %+v, want %+v", out, in)
+	}
+	if names := out.StreamNames(); len(names) != 3 || names[2] != "stdin" {
+		t.Fatalf("streams %q", names)
+	}
+	req, err := DecodeRequest([]byte(out.Create))
+	if err != nil || req.Create.Bundle != "/b" {
+		t.Fatalf("create request: %+v, %v", req, err)
+	}
+	m, err := DecodeKeeperMsg([]byte(`{"op":"exit","pid":7,"exited":true,"status":256,"future":[1,{"a":2}]}`))
+	if err != nil || m.Pid != 7 || m.Status != 256 {
+		t.Fatalf("newer message: %+v, %v", m, err)
+	}
+	for _, bad := range []string{``, `{}`, `{"op":3}`, `[]`} {
+		if _, err := DecodeKeeperMsg([]byte(bad)); err == nil {
+			t.Errorf("decoded %q", bad)
+		}
+	}
+}

@@ -133,6 +133,11 @@ func (n *Node) serveNodeConn(conn *os.File) {
 			}
 		case proto.OpPing:
 			resp = &proto.Response{IDs: n.podDirs()}
+		case proto.OpShutdown:
+			resp = &proto.Response{}
+			if err := n.shutdownIfIdle(); err != nil {
+				resp = proto.ErrorResponse(err)
+			}
 		default:
 			resp = proto.ErrorResponse(fmt.Errorf("unknown node op %q: %w", req.Op, errdefs.ErrInvalidArgument))
 		}
@@ -176,6 +181,17 @@ func (n *Node) newPodLocked(dir string) (*Server, error) {
 	return s, nil
 }
 
+// shutdownIfIdle stops the node if it serves no pod.
+func (n *Node) shutdownIfIdle() error {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if len(n.pods) > 0 {
+		return fmt.Errorf("the monitor serves %d pods: %w", len(n.pods), errdefs.ErrFailedPrecondition)
+	}
+	n.closeLocked("asked to, with no pod")
+	return nil
+}
+
 // podGone drops the pod s, which closed; the node stops once it has none.
 func (n *Node) podGone(s *Server) {
 	n.mu.Lock()
@@ -189,14 +205,17 @@ func (n *Node) podGone(s *Server) {
 	}
 }
 
-// closeLocked stops taking pods: the socket goes first (berthd's dial then
-// fails and it launches a new monitor, whose socket this removal can no
-// longer touch), then the listener. Once no pod is left, done closes.
+// closeLocked stops taking pods: the node's directory (socket, launch
+// lock, log) goes first, so berthd's dial fails from then on and it
+// launches a new monitor, whose directory this removal can no longer
+// touch; then the listener. Once no pod is left, done closes.
 func (n *Node) closeLocked(why string) {
 	if !n.closing {
 		n.closing = true
 		n.logf("taking no new pods: %s", why)
-		_ = os.Remove(filepath.Join(n.dir, "node.sock"))
+		if err := os.RemoveAll(n.dir); err != nil {
+			n.logf("remove node dir: %v", err)
+		}
 		if n.ln != nil {
 			n.ln.Close()
 		}
