@@ -226,8 +226,9 @@ func joinNames(names []string) string {
 
 // serveLink applies the monitor's messages until its link closes.
 func (k *Keeper) serveLink(fd int) {
+	r := proto.NewKeeperReader(fd)
 	for {
-		m, fds, err := proto.RecvKeeperMsg(fd)
+		m, fds, err := r.Recv()
 		if err != nil {
 			if !errors.Is(err, io.EOF) {
 				k.logf("monitor link: %v", err)

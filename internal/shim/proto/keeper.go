@@ -153,16 +153,29 @@ func SendKeeperMsg(fd int, m *KeeperMsg, fds []int) error {
 	}
 }
 
-// RecvKeeperMsg reads one message and the fds it carries (the caller owns
-// them) from the blocking SOCK_SEQPACKET socket fd; io.EOF when the peer
-// is gone.
-func RecvKeeperMsg(fd int) (*KeeperMsg, []int, error) {
-	buf := make([]byte, MaxKeeperMsg)
-	oob := make([]byte, unix.CmsgSpace(MaxKeeperFds*4))
+// KeeperReader reads keeper messages from one link. Its buffers are
+// reused: keeper and monitor read a message per container event for as
+// long as they run, and a fresh 64 KiB per message would pile up garbage
+// they collect rarely (decision 1701).
+type KeeperReader struct {
+	fd  int
+	buf []byte
+	oob []byte
+}
+
+// NewKeeperReader reads from the blocking SOCK_SEQPACKET socket fd.
+func NewKeeperReader(fd int) *KeeperReader {
+	return &KeeperReader{fd: fd, buf: make([]byte, MaxKeeperMsg), oob: make([]byte, unix.CmsgSpace(MaxKeeperFds*4))}
+}
+
+// Recv reads one message and the fds it carries (the caller owns them);
+// io.EOF when the peer is gone.
+func (r *KeeperReader) Recv() (*KeeperMsg, []int, error) {
+	buf, oob := r.buf, r.oob
 	var n, oobn, flags int
 	var err error
 	for {
-		n, oobn, flags, _, err = unix.Recvmsg(fd, buf, oob, unix.MSG_CMSG_CLOEXEC)
+		n, oobn, flags, _, err = unix.Recvmsg(r.fd, buf, oob, unix.MSG_CMSG_CLOEXEC)
 		if err != unix.EINTR {
 			break
 		}

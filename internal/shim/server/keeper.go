@@ -19,11 +19,14 @@ import (
 // link (unit tests run a Node without a keeper).
 type keeperLink struct {
 	fd     int
+	r      *proto.KeeperReader // used by Adopt, then by serve
 	node   *Node
 	isLost atomic.Bool
 }
 
-func newKeeperLink(fd int, n *Node) *keeperLink { return &keeperLink{fd: fd, node: n} }
+func newKeeperLink(fd int, n *Node) *keeperLink {
+	return &keeperLink{fd: fd, r: proto.NewKeeperReader(fd), node: n}
+}
 
 // lost reports whether the keeper is gone.
 func (k *keeperLink) lost() bool { return k != nil && k.isLost.Load() }
@@ -102,7 +105,7 @@ func (k *keeperLink) note(op, id string) {
 // serve delivers the keeper's exits until the link closes.
 func (k *keeperLink) serve() {
 	for {
-		m, fds, err := proto.RecvKeeperMsg(k.fd)
+		m, fds, err := k.r.Recv()
 		for _, fd := range fds {
 			unix.Close(fd)
 		}
@@ -134,7 +137,7 @@ func (n *Node) Adopt() error {
 	}
 	count := 0
 	for {
-		m, fds, err := proto.RecvKeeperMsg(n.keeper.fd)
+		m, fds, err := n.keeper.r.Recv()
 		if err != nil {
 			return fmt.Errorf("read the keeper's adopt list: %w", err)
 		}
