@@ -122,12 +122,12 @@ func (n *conmonNode) start(pod, name string, args []string) error {
 	// CRI-O's pipes: conmon reports the container's pid (or why create
 	// failed) on the sync pipe and waits on the start pipe until CRI-O has
 	// moved it into its cgroup.
-	syncR, syncW, err := socketpair()
+	syncR, syncW, err := socketpair("sync pipe")
 	if err != nil {
 		return fmt.Errorf("sync pipe for %s: %w", id, err)
 	}
 	defer syncR.Close()
-	startR, startW, err := socketpair()
+	startW, startR, err := socketpair("start pipe")
 	if err != nil {
 		syncW.Close()
 		return fmt.Errorf("start pipe for %s: %w", id, err)
@@ -182,8 +182,8 @@ func (n *conmonNode) start(pod, name string, args []string) error {
 	}
 	if _, err := startW.Write([]byte{0}); err != nil {
 		_ = cmd.Process.Kill()
-		_ = cmd.Wait()
-		return conmonErr(fmt.Errorf("release conmon of %s: %w", id, err))
+		werr := cmd.Wait()
+		return conmonErr(fmt.Errorf("conmon for %s ended (%v) before its start pipe was written: %w", id, werr, err))
 	}
 	// The first conmon exits once it forked the one that stays.
 	if err := cmd.Wait(); err != nil {
@@ -210,13 +210,13 @@ func (n *conmonNode) start(pod, name string, args []string) error {
 }
 
 // socketpair is CRI-O's newPipe: a SOCK_SEQPACKET pair, close-on-exec
-// (exec.Cmd dups the child's end onto 3 and 4 without the flag).
-func socketpair() (parent, child *os.File, err error) {
+// (exec.Cmd dups conmon's end onto 3 or 4 without the flag).
+func socketpair(name string) (ours, conmons *os.File, err error) {
 	fds, err := unix.Socketpair(unix.AF_LOCAL, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
 	if err != nil {
 		return nil, nil, err
 	}
-	return os.NewFile(uintptr(fds[0]), "parent"), os.NewFile(uintptr(fds[1]), "child"), nil
+	return os.NewFile(uintptr(fds[0]), name), os.NewFile(uintptr(fds[1]), name+" (conmon's end)"), nil
 }
 
 // readSyncPid reads conmon's {"pid": N, "message": "..."} from the sync pipe.
