@@ -181,7 +181,14 @@ func BenchmarkContainerLifecycle(b *testing.B) {
 // first, so it has collected garbage at least once (a GC makes runtime
 // metadata resident for good: decision 0303). A second table splits the
 // memory by mapping (/proc/PID/smaps), which is where decisions 0303 and
-// 1700 read what a Go shim is made of. BENCH_WORKLOADS selects it as "shim memory".
+// 1700 read what a Go shim is made of.
+//
+// Each case but the last then runs again under CRI-O's conmon, one per
+// container as CRI-O runs it (conmonNode), with the same containers doing
+// the same, and its PSS is summed over the case's conmons and divided by
+// the pods the same way: issue 17's comparison, measured in the same run.
+// Without conmon (or where it cannot run) those rows are skipped and the
+// table says why. BENCH_WORKLOADS selects it as "shim memory".
 func BenchmarkShimMemory(b *testing.B) {
 	if !selected(os.Getenv("BENCH_WORKLOADS"), "shim memory") {
 		b.Skip("not selected by BENCH_WORKLOADS")
@@ -198,19 +205,18 @@ func BenchmarkShimMemory(b *testing.B) {
 		PerCtrKiB float64            `json:"pss_kib_per_container"`
 		Threads   float64            `json:"threads_keeper_and_monitor"`
 		Mappings  map[string]float64 `json:"pss_kib_per_pod_by_mapping"`
+		// Conmon is the same case under conmon, nil when skipped.
+		Conmon *conmonRow `json:"conmon,omitempty"`
 	}
+	const settle = 3 * time.Second // let the monitors settle and trim
+	conmonSkipped := conmonUnusable()
 	var rows []row
 	for _, tc := range []struct{ pods, perPod, churn int }{{1, 1, 0}, {1, 3, 0}, {8, 1, 0}, {8, 3, 0}, {48, 1, 0}, {48, 3, 0}, {1, 1, 20}} {
 		cb := newContainerBench(b)
 		ctx := context.Background()
 		for p := 0; p < tc.pods; p++ {
 			for c := 0; c < tc.perPod; c++ {
-				// One container logs a line a second, the rest sleep.
-				args := []string{"sleep", "100000"}
-				if c == 0 {
-					args = []string{"sh", "-c", "while true; do echo tick; sleep 1; done"}
-				}
-				ctr, err := cb.create(ctx, fmt.Sprintf("pod%d", p), fmt.Sprintf("c%d", c), args)
+				ctr, err := cb.create(ctx, fmt.Sprintf("pod%d", p), fmt.Sprintf("c%d", c), workloadArgs(c))
 				if err != nil {
 					b.Fatal(err)
 				}
@@ -236,7 +242,7 @@ func BenchmarkShimMemory(b *testing.B) {
 				}
 			}
 		}
-		time.Sleep(3 * time.Second) // let the shims settle and trim
+		time.Sleep(settle)
 		var pss, anon, file, rss, threads float64
 		mappings := map[string]float64{}
 		// The node's keeper and monitor serve every pod (decision 1701):
@@ -271,20 +277,44 @@ func BenchmarkShimMemory(b *testing.B) {
 		for k := range mappings {
 			mappings[k] /= n
 		}
-		rows = append(rows, row{
+		r := row{
 			Case: name, Pods: tc.pods, PerPod: tc.perPod, Churned: tc.churn,
 			PssKiB: pss / n, AnonKiB: anon / n, FileKiB: file / n, RssKiB: rss / n, PerCtrKiB: pss / n / float64(tc.perPod),
 			Threads: threads, Mappings: mappings,
-		})
+		}
 		// Shims of one case must not share pages with the next case's.
 		cb.close()
+
+		// conmon has no churn case: a restarted container gets a new
+		// conmon, the old one exits with its container.
+		if conmonSkipped == "" && tc.churn == 0 {
+			cr, err := measureConmon(b, tc.pods, tc.perPod, settle)
+			if err != nil {
+				conmonSkipped = err.Error()
+				b.Logf("conmon rows skipped: %v", err)
+			}
+			r.Conmon = cr
+		}
+		rows = append(rows, r)
 	}
 	var sb strings.Builder
 	sb.WriteString("\n### shim_memory (berth-shim, per pod)\n\n| case | PSS KiB | Pss_Anon KiB | Pss_File KiB | RSS KiB | PSS KiB per container | threads (keeper + monitor) |\n|---|---:|---:|---:|---:|---:|---:|\n")
 	for _, r := range rows {
 		fmt.Fprintf(&sb, "| %s | %.0f | %.0f | %.0f | %.0f | %.0f | %.1f |\n", r.Case, r.PssKiB, r.AnonKiB, r.FileKiB, r.RssKiB, r.PerCtrKiB, r.Threads)
 	}
-	sb.WriteString("\nPSS KiB per pod by mapping (/proc/PID/smaps):\n\n| case |")
+	sb.WriteString("\n### shim_memory (conmon, one per container as CRI-O runs it, per pod)\n\n")
+	if conmonSkipped != "" {
+		fmt.Fprintf(&sb, "conmon rows skipped from here on: %s\n\n", conmonSkipped)
+	}
+	if rows[0].Conmon != nil { // conmon's rows end where it was skipped
+		sb.WriteString("| case | PSS KiB | Pss_Anon KiB | Pss_File KiB | RSS KiB | PSS KiB per container | processes | threads | berth PSS ÷ conmon PSS |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+	}
+	for _, r := range rows {
+		if c := r.Conmon; c != nil {
+			fmt.Fprintf(&sb, "| %s | %.0f | %.0f | %.0f | %.0f | %.0f | %d | %d | %.2f |\n", r.Case, c.PssKiB, c.AnonKiB, c.FileKiB, c.RssKiB, c.PerCtrKiB, c.Processes, c.Threads, r.PssKiB/c.PssKiB)
+		}
+	}
+	sb.WriteString("\nberth's PSS KiB per pod by mapping (/proc/PID/smaps):\n\n| case |")
 	for _, k := range smapsClasses {
 		sb.WriteString(" " + k + " |")
 	}
@@ -298,11 +328,24 @@ func BenchmarkShimMemory(b *testing.B) {
 	}
 	fmt.Print(sb.String())
 	if dir := os.Getenv("BENCH_OUT"); dir != "" {
-		data, _ := json.MarshalIndent(map[string]any{"benchmark": "shim_memory", "rows": rows, "time": time.Now().UTC()}, "", "  ")
+		out := map[string]any{"benchmark": "shim_memory", "rows": rows, "time": time.Now().UTC()}
+		if conmonSkipped != "" {
+			out["conmon_skipped"] = conmonSkipped
+		}
+		data, _ := json.MarshalIndent(out, "", "  ")
 		if err := os.WriteFile(filepath.Join(dir, "shim_memory.json"), data, 0o644); err != nil {
 			b.Fatal(err)
 		}
 	}
+}
+
+// workloadArgs is what container c of a pod runs in the memory rows: the
+// first logs a line a second, the rest sleep.
+func workloadArgs(c int) []string {
+	if c == 0 {
+		return []string{"sh", "-c", "while true; do echo tick; sleep 1; done"}
+	}
+	return []string{"sleep", "100000"}
 }
 
 // smapsClasses are the columns of the per-mapping table, in the order a

@@ -5,7 +5,8 @@
 #                               apparmor (apparmor_parser compiles the default profile),
 #                               the libraries of ../shared/tools/criu when it is there
 #                               (checkpoint/restore tests; its README lists them)
-#   hack/install-deps.sh bench  also the reference runtime: containerd
+#   hack/install-deps.sh bench  also the reference runtimes: containerd, and
+#                               CRI-O's conmon (BenchmarkShimMemory's conmon rows)
 #   hack/install-deps.sh conformance  also a static C toolchain (the critest
 #                               stand-in registry's helpers)
 #   hack/install-deps.sh e2e-node     also sudo (node e2e specs call it)
@@ -16,7 +17,7 @@ want=(runc:runc iptables:iptables ip:iproute2)
 cni_plugins=containernetworking-plugins
 case "${1:-run}" in
   test) want+=(busybox:busybox-static apparmor_parser:apparmor) ;;
-  bench) want+=(busybox:busybox-static containerd:containerd) ;;
+  bench) want+=(busybox:busybox-static containerd:containerd conmon:conmon) ;;
   conformance) want+=(busybox:busybox-static gcc:gcc) ;;
   e2e-node) want+=(busybox:busybox-static sudo:sudo) ;;
 esac
