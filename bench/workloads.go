@@ -319,6 +319,40 @@ func Workloads(image, multiLayerImage string, floors *Floors) []Workload {
 			},
 		},
 		{
+			// The same on a node that already runs a pod, as a kubelet's
+			// node does (its DaemonSets): berth's keeper and monitor,
+			// one pair per node (decision 1701), are then running, and
+			// the new pod is added to them rather than starting them.
+			Name: "pod start beside a running pod", Samples: 30, Floor: floors.PodStart,
+			Setup: func(ctx context.Context, ep *Endpoint) (any, error) {
+				podID, _, err := podWithContainer(ctx, ep, image)
+				if err != nil {
+					return nil, err
+				}
+				return &podState{id: podID}, nil
+			},
+			Sample: func(ctx context.Context, ep *Endpoint, _ any, i int) (map[string]time.Duration, error) {
+				var podID string
+				d, err := timed(func() error {
+					var err error
+					podID, _, err = podWithContainer(ctx, ep, image)
+					return err
+				})
+				if err != nil {
+					return nil, err
+				}
+				if err := removePod(ctx, ep, podID); err != nil {
+					return nil, err
+				}
+				return map[string]time.Duration{"RunPodSandbox+CreateContainer+StartContainer (another pod running)": d}, nil
+			},
+			Teardown: func(ctx context.Context, ep *Endpoint, st any) {
+				if st != nil {
+					removePod(ctx, ep, st.(*podState).id)
+				}
+			},
+		},
+		{
 			Name: "exec", Samples: 50, Floor: floors.RuncExec,
 			Setup: func(ctx context.Context, ep *Endpoint) (any, error) {
 				podID, ctrID, err := podWithContainer(ctx, ep, image)
