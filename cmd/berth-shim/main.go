@@ -24,6 +24,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/berthcri/berth/internal/shim/keeper"
+	"github.com/berthcri/berth/internal/shim/proto"
 	"github.com/berthcri/berth/internal/shim/server"
 )
 
@@ -101,6 +102,17 @@ func runMonitor(dir string, logf func(string, ...any)) int {
 		ready.Close()
 	}
 	logf("listening")
+	// SIGTERM is a hand-over (an upgrade: install the new binary in
+	// place, then signal the monitor): the keeper starts the binary at
+	// its path at once, which adopts every container.
+	terms := make(chan os.Signal, 1)
+	signal.Notify(terms, syscall.SIGTERM)
+	go func() {
+		<-terms
+		logf("SIGTERM: handing over to a new monitor")
+		n.HandOver(2 * time.Second)
+		os.Exit(proto.MonitorHandedOver)
+	}()
 	n.Serve()
 	logf("no pods left; exiting")
 	return 0

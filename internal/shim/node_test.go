@@ -169,3 +169,35 @@ func TestNodeKeeperCrashLosesOnlyExitCodes(t *testing.T) {
 	}
 	waitFor(t, "the monitor to exit", func() bool { return len(berthdtest.PidsMentioning(f.nodeDir()+"\x00")) == 0 })
 }
+
+// SIGTERM to the monitor is a hand-over (an upgrade, decision 1701): each
+// copier writes the line it holds as a P record and the keeper starts the
+// next monitor at once, which goes on from what is left in the pipes.
+// Nothing is lost, not even the part of a line read before the signal.
+func TestNodeMonitorHandOverLosesNothing(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	ctx := context.Background()
+	counterLog := f.run("counter", counterArgs(200, 0), nil)
+	halfLog := f.run("half", []string{"sh", "-c", "printf 'first half '; sleep 1; echo 'second half'"}, nil)
+	time.Sleep(500 * time.Millisecond)
+	monitor := f.shimPid("monitor")
+	if err := syscall.Kill(monitor, syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the next monitor", func() bool { _, err := f.client.State(ctx, "counter"); return err == nil && f.shimPid("monitor") != monitor })
+	if st := f.wait("counter"); st.Exit.Code != 0 {
+		t.Fatalf("counter: %+v", st.Exit)
+	}
+	checkCount(t, counterLog, 200)
+	f.wait("half")
+	recs := readLog(t, halfLog)
+	if len(recs) != 2 || recs[0].tag != "P" || recs[0].m != "first half " || recs[1].tag != "F" || recs[1].m != "second half" {
+		t.Fatalf("the line held at the hand-over: %+v", recs)
+	}
+	for _, id := range []string{"counter", "half"} {
+		if _, err := f.client.Delete(ctx, id); err != nil {
+			t.Fatal(err)
+		}
+	}
+}

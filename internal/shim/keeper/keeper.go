@@ -113,8 +113,12 @@ func (k *Keeper) Run(ready *os.File) int {
 		if time.Since(startedAt) > 10*time.Second {
 			delay = minRestartDelay
 		}
+		handedOver := ws.Exited() && ws.ExitStatus() == proto.MonitorHandedOver
 		for {
-			time.Sleep(delay)
+			if !handedOver {
+				time.Sleep(delay)
+			}
+			handedOver = false
 			delay = min(2*delay, maxRestartDelay)
 			if err := k.startMonitor(nil); err != nil {
 				k.logf("restart monitor: %v", err)

@@ -42,6 +42,11 @@ const (
 	KeeperAdopted = "adopted"
 )
 
+// MonitorHandedOver is the exit code of a monitor that handed its
+// containers over on SIGTERM (an upgrade): its keeper starts the next one
+// at once, from the binary at its path.
+const MonitorHandedOver = 75
+
 // MaxKeeperMsg bounds one keeper packet.
 const MaxKeeperMsg = 64 << 10
 

@@ -1,7 +1,9 @@
 package server
 
 import (
+	"os"
 	"sync"
+	"time"
 
 	"github.com/berthcri/berth/internal/shim/proto"
 )
@@ -65,6 +67,7 @@ type container struct {
 
 	log      logSink
 	stdio    stdio
+	outputs  []*os.File // the streams its copiers read (HandOver stops them), under mu
 	attaches attachSet
 	streams  sync.WaitGroup // the output copiers, done at EOF
 
@@ -145,4 +148,24 @@ func (c *container) hasExited() bool {
 func (c *container) closeIO() {
 	c.stdio.close()
 	c.log.close()
+}
+
+// startCopier starts the copier of one output stream (closeAtEnd: the
+// copier closes it at its end).
+func (c *container) startCopier(o output, closeAtEnd bool) {
+	c.mu.Lock()
+	c.outputs = append(c.outputs, o.r)
+	c.mu.Unlock()
+	c.streams.Add(1)
+	go c.copyOutput(o.r, o.name, closeAtEnd)
+}
+
+// stopCopiers makes every copier's next read fail at once, so each writes
+// what it holds and ends.
+func (c *container) stopCopiers() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, f := range c.outputs {
+		_ = f.SetReadDeadline(time.Unix(1, 0))
+	}
 }

@@ -6,6 +6,7 @@ import (
 	"io"
 	"os"
 	"sync/atomic"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -236,8 +237,7 @@ func (n *Node) adopt(m *proto.KeeperMsg, fds []int) error {
 	s.ctrs[c.id] = c
 	s.mu.Unlock()
 	for _, o := range outputs {
-		c.streams.Add(1)
-		go c.copyOutput(o.r, o.name, o.r != console)
+		c.startCopier(o, o.r != console)
 	}
 	if m.Pid == 0 {
 		// A restored container not started yet: nothing runs.
@@ -266,4 +266,33 @@ func (n *Node) adopt(m *proto.KeeperMsg, fds []int) error {
 	s.watchCgroups(c, m.Pid)
 	go s.waitExit(c, exitCh, pidfd)
 	return nil
+}
+
+// HandOver prepares the monitor's exit for a successor (an upgrade: the
+// keeper starts the binary now at its path): every output copier stops
+// reading and writes the line it holds as a P record, so what the
+// containers wrote is either in their logs or still in their pipes, for
+// the next monitor. Attaches and requests in flight are cut.
+func (n *Node) HandOver(timeout time.Duration) {
+	n.mu.Lock()
+	n.closing = true // no new pods; the socket stays for the successor to replace
+	var ctrs []*container
+	for _, s := range n.pods {
+		s.each(func(c *container) { ctrs = append(ctrs, c) })
+	}
+	n.mu.Unlock()
+	for _, c := range ctrs {
+		c.stopCopiers()
+	}
+	deadline := time.Now().Add(timeout)
+	for _, c := range ctrs {
+		done := make(chan struct{})
+		go func() { c.streams.Wait(); close(done) }()
+		select {
+		case <-done:
+		case <-time.After(time.Until(deadline)):
+			n.logf("container %s: output copiers still running at hand-over", c.id)
+		}
+	}
+	n.logf("handed over %d containers", len(ctrs))
 }

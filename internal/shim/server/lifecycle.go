@@ -118,8 +118,7 @@ func (s *Server) launch(c *container, cr *proto.CreateRequest, step runtimeStep,
 	c.stdio.set(lio.stdin, lio.console)
 	c.setProcess(pid, then)
 	for _, o := range lio.outputs {
-		c.streams.Add(1)
-		go c.copyOutput(o.r, o.name, o.r != lio.console)
+		c.startCopier(o, o.r != lio.console)
 	}
 	// The container owns them now.
 	lio.outputs, lio.stdin, lio.console = nil, nil, nil
