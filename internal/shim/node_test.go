@@ -185,7 +185,10 @@ func TestNodeMonitorHandOverLosesNothing(t *testing.T) {
 	if err := syscall.Kill(monitor, syscall.SIGTERM); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "the next monitor", func() bool { _, err := f.client.State(ctx, "counter"); return err == nil && f.shimPid("monitor") != monitor })
+	waitFor(t, "the next monitor", func() bool {
+		_, err := f.client.State(ctx, "counter")
+		return err == nil && f.shimPid("monitor") != monitor
+	})
 	if st := f.wait("counter"); st.Exit.Code != 0 {
 		t.Fatalf("counter: %+v", st.Exit)
 	}
