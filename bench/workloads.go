@@ -302,21 +302,7 @@ func Workloads(image, multiLayerImage string, floors *Floors) []Workload {
 		},
 		{
 			Name: "pod start end to end", Samples: 30, Floor: floors.PodStart,
-			Sample: func(ctx context.Context, ep *Endpoint, _ any, i int) (map[string]time.Duration, error) {
-				var podID string
-				d, err := timed(func() error {
-					var err error
-					podID, _, err = podWithContainer(ctx, ep, image)
-					return err
-				})
-				if err != nil {
-					return nil, err
-				}
-				if err := removePod(ctx, ep, podID); err != nil {
-					return nil, err
-				}
-				return map[string]time.Duration{"RunPodSandbox+CreateContainer+StartContainer": d}, nil
-			},
+			Sample: podStartSample(image, "RunPodSandbox+CreateContainer+StartContainer"),
 		},
 		{
 			// The same on a node that already runs a pod, as a kubelet's
@@ -331,21 +317,7 @@ func Workloads(image, multiLayerImage string, floors *Floors) []Workload {
 				}
 				return &podState{id: podID}, nil
 			},
-			Sample: func(ctx context.Context, ep *Endpoint, _ any, i int) (map[string]time.Duration, error) {
-				var podID string
-				d, err := timed(func() error {
-					var err error
-					podID, _, err = podWithContainer(ctx, ep, image)
-					return err
-				})
-				if err != nil {
-					return nil, err
-				}
-				if err := removePod(ctx, ep, podID); err != nil {
-					return nil, err
-				}
-				return map[string]time.Duration{"RunPodSandbox+CreateContainer+StartContainer (another pod running)": d}, nil
-			},
+			Sample: podStartSample(image, "RunPodSandbox+CreateContainer+StartContainer (another pod running)"),
 			Teardown: func(ctx context.Context, ep *Endpoint, st any) {
 				if st != nil {
 					removePod(ctx, ep, st.(*podState).id)
@@ -477,6 +449,27 @@ const (
 	parallelRemovals = 8
 	removalBacklog   = 100
 )
+
+// podStartSample times one pod's start end to end (RunPodSandbox,
+// CreateContainer, StartContainer), reported as series, then removes it
+// (untimed).
+func podStartSample(image, series string) func(context.Context, *Endpoint, any, int) (map[string]time.Duration, error) {
+	return func(ctx context.Context, ep *Endpoint, _ any, _ int) (map[string]time.Duration, error) {
+		var podID string
+		d, err := timed(func() error {
+			var err error
+			podID, _, err = podWithContainer(ctx, ep, image)
+			return err
+		})
+		if err != nil {
+			return nil, err
+		}
+		if err := removePod(ctx, ep, podID); err != nil {
+			return nil, err
+		}
+		return map[string]time.Duration{series: d}, nil
+	}
+}
 
 type podState struct {
 	id, ctr string

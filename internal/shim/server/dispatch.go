@@ -20,13 +20,8 @@ func (s *Server) serveConn(conn *os.File) {
 		}
 	}()
 	for {
-		body, err := proto.ReadMessage(conn)
-		if err != nil {
-			return
-		}
-		req, err := proto.DecodeRequest(body)
-		if err != nil {
-			_ = proto.WriteResponse(conn, proto.ErrorResponse(fmt.Errorf("%v: %w", err, errdefs.ErrInvalidArgument)))
+		req, ok := readRequest(conn)
+		if !ok {
 			return
 		}
 		switch req.Op {
@@ -34,6 +29,7 @@ func (s *Server) serveConn(conn *os.File) {
 			s.attach(conn, req)
 			return
 		case proto.OpWait:
+			var err error
 			if parked, err = s.wait(conn, req); parked || err != nil {
 				return
 			}
@@ -41,7 +37,7 @@ func (s *Server) serveConn(conn *os.File) {
 		}
 		s.node.answering.Add(1)
 		resp, exit := s.handle(req)
-		err = proto.WriteResponse(conn, resp)
+		err := proto.WriteResponse(conn, resp)
 		s.node.answering.Add(-1)
 		if err != nil {
 			return
@@ -52,6 +48,22 @@ func (s *Server) serveConn(conn *os.File) {
 			return
 		}
 	}
+}
+
+// readRequest reads the next request on conn; ok is false when the
+// connection is done (closed, or a request that does not decode, which is
+// answered with InvalidArgument first).
+func readRequest(conn *os.File) (req *proto.Request, ok bool) {
+	body, err := proto.ReadMessage(conn)
+	if err != nil {
+		return nil, false
+	}
+	req, err = proto.DecodeRequest(body)
+	if err != nil {
+		_ = proto.WriteResponse(conn, proto.ErrorResponse(fmt.Errorf("%v: %w", err, errdefs.ErrInvalidArgument)))
+		return nil, false
+	}
+	return req, true
 }
 
 // handle runs one op; exit is true when the shim should now exit. A new

@@ -115,13 +115,8 @@ const idleExitAfter = 30 * time.Second
 func (n *Node) serveNodeConn(conn *os.File) {
 	defer conn.Close()
 	for {
-		body, err := proto.ReadMessage(conn)
-		if err != nil {
-			return
-		}
-		req, err := proto.DecodeRequest(body)
-		if err != nil {
-			_ = proto.WriteResponse(conn, proto.ErrorResponse(fmt.Errorf("%v: %w", err, errdefs.ErrInvalidArgument)))
+		req, ok := readRequest(conn)
+		if !ok {
 			return
 		}
 		var resp *proto.Response
