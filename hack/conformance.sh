@@ -13,6 +13,7 @@ set -euo pipefail
 
 repo=$(cd "$(dirname "$(readlink -f "$0")")/.." && pwd)
 cd "$repo"
+. hack/lib/private-berthd.sh
 [ "$(id -u)" = 0 ] || { echo "conformance: run as root (berthd needs it)" >&2; exit 1; }
 
 # The stand-in registry's sources live in shared/ beside the repository
@@ -39,17 +40,7 @@ chmod 755 "$work"
 echo "conformance: results in $out, scratch in $work" >&2
 
 # A network slot no other run holds: bridge bcf<n>, 10.236.<n>.0/24.
-mkdir -p /run/berth-conformance
-slot=
-for n in $(seq 1 50); do
-	exec 8>"/run/berth-conformance/$n.lock"
-	if flock -n 8 && ! ip link show "bcf$n" >/dev/null 2>&1 && ! ip route | grep -q "^10\.236\.$n\."; then
-		slot=$n
-		break
-	fi
-	exec 8>&-
-done
-[ -n "$slot" ] || { echo "conformance: no free network slot" >&2; exit 1; }
+take_slot conformance /run/berth-conformance bcf 10.236
 bridge=bcf$slot
 subnet=10.236.$slot.0/24
 parent=berth-conformance-$slot
@@ -58,33 +49,16 @@ berthd_pid=
 registry_pid=
 cleanup() {
 	set +e
-	if [ -n "$berthd_pid" ] && kill -0 "$berthd_pid" 2>/dev/null; then
-		"$bins/crictl" --runtime-endpoint "unix://$work/berth.sock" --timeout 60s rmp -a -f >"$out/cleanup.log" 2>&1
-		kill -TERM "$berthd_pid"
-		wait "$berthd_pid"
-	fi
-	[ -n "$registry_pid" ] && kill "$registry_pid" 2>/dev/null && wait "$registry_pid" 2>/dev/null
+	stop_berthd
 	# Whatever the daemon left: processes in its cgroups or naming the
 	# scratch dir, its mounts, its cgroups, its bridge.
-	for pid in $(cat /sys/fs/cgroup/*/"$parent"/cgroup.procs /sys/fs/cgroup/*/"$parent"/*/cgroup.procs /sys/fs/cgroup/*/"$parent"/*/*/cgroup.procs 2>/dev/null) \
-		$(grep -l -s -- "$work" /proc/[0-9]*/cmdline | cut -d/ -f3); do
-		[ "$pid" != $$ ] && kill -9 "$pid" 2>/dev/null && echo "conformance: killed leftover process $pid" >&2
-	done
-	awk -v w="$work" '$5 == w || index($5, w "/") == 1 {print $5}' /proc/self/mountinfo | sort -r | while read -r m; do
-		umount -l "$m" && echo "conformance: unmounted leftover $m" >&2
-	done
+	kill_leftovers conformance $(cat /sys/fs/cgroup/*/"$parent"/cgroup.procs /sys/fs/cgroup/*/"$parent"/*/cgroup.procs /sys/fs/cgroup/*/"$parent"/*/*/cgroup.procs 2>/dev/null) \
+		$(pids_naming "$work")
+	unmount_under "$work" conformance
 	for h in /sys/fs/cgroup/*/ /sys/fs/cgroup/; do
 		[ -d "$h$parent" ] && find "$h$parent" -depth -type d -exec rmdir {} + 2>/dev/null
 	done
-	ip link del "$bridge" 2>/dev/null
-	# berthd keeps its default network's node-level masquerade chain while
-	# the node runs berth (decision 1601); this berthd is gone for good.
-	iptables -t nat -D POSTROUTING -s "$subnet" -m comment --comment "berth default network $bridge" -j "BERTH-MASQ-$bridge" 2>/dev/null
-	iptables -t nat -F "BERTH-MASQ-$bridge" 2>/dev/null && iptables -t nat -X "BERTH-MASQ-$bridge" 2>/dev/null
-	if iptables-save -t nat 2>/dev/null | grep -q "10\.236\.$slot\."; then
-		echo "conformance: iptables nat rules about $subnet are left:" >&2
-		iptables-save -t nat | grep "10\.236\.$slot\." >&2
-	fi
+	remove_network conformance 10.236
 	rm -rf "$work"
 }
 trap cleanup EXIT
@@ -140,11 +114,7 @@ cp "$work/berth.toml" "$out/berth.toml"
 
 bin/berthd --config "$work/berth.toml" >"$out/berthd.log" 2>&1 &
 berthd_pid=$!
-for _ in $(seq 1 300); do
-	bin/berthctl --address "unix://$work/berth.sock" info >/dev/null 2>&1 && break
-	kill -0 "$berthd_pid" 2>/dev/null || { echo "conformance: berthd exited:" >&2; tail -20 "$out/berthd.log" >&2; exit 1; }
-	sleep 0.1
-done
+wait_berthd conformance
 
 cat >"$work/bench-params.yaml" <<EOF
 containersNumber: 20

@@ -34,6 +34,7 @@ set -euo pipefail
 
 repo=$(cd "$(dirname "$(readlink -f "$0")")/.." && pwd)
 cd "$repo"
+. hack/lib/private-berthd.sh
 [ "$(id -u)" = 0 ] || { echo "e2e-node: run as root (berthd and the kubelet need it)" >&2; exit 1; }
 
 # cgroup hierarchies: "mountpoint fstype superopts" of each cgroup mount.
@@ -53,17 +54,7 @@ if [ -z "${BERTH_E2E_NODE_INNER:-}" ]; then
 
 	# A slot no other run holds: bridge ben<n>, 10.237.<n>.0/24, cgroup
 	# berth-e2e-node-<n>. The lock (fd 8) is inherited by the run.
-	mkdir -p /run/berth-e2e-node
-	slot=
-	for n in $(seq 1 50); do
-		exec 8>"/run/berth-e2e-node/$n.lock"
-		if flock -n 8 && ! ip link show "ben$n" >/dev/null 2>&1 && ! ip route | grep -q "^10\.237\.$n\."; then
-			slot=$n
-			break
-		fi
-		exec 8>&-
-	done
-	[ -n "$slot" ] || { echo "e2e-node: no free network slot" >&2; exit 1; }
+	take_slot e2e-node /run/berth-e2e-node ben 10.237
 
 	# The run's cgroup: the cgroup namespace's root, so the kubelet's "/"
 	# (kubepods, /kubelet, /system) is this directory and nothing else on
@@ -132,29 +123,12 @@ berthd_pid=
 registry_pid=
 cleanup() {
 	set +e
-	if [ -n "$berthd_pid" ] && kill -0 "$berthd_pid" 2>/dev/null; then
-		"$bins/crictl" --runtime-endpoint "unix://$work/berth.sock" --timeout 60s rmp -a -f >"$out/cleanup.log" 2>&1
-		kill -TERM "$berthd_pid"
-		wait "$berthd_pid"
-	fi
-	[ -n "$registry_pid" ] && kill "$registry_pid" 2>/dev/null && wait "$registry_pid" 2>/dev/null
+	stop_berthd
 	# Processes naming the scratch dir; the cgroups go when the run's
 	# cgroup goes (outside), mounts with the namespace.
-	for pid in $(grep -l -s -- "$work" /proc/[0-9]*/cmdline | cut -d/ -f3); do
-		[ "$pid" != $$ ] && kill -9 "$pid" 2>/dev/null && echo "e2e-node: killed leftover process $pid" >&2
-	done
-	ip link del "$bridge" 2>/dev/null
-	# berthd keeps its default network's node-level masquerade chain while
-	# the node runs berth (decision 1601); this berthd is gone for good.
-	iptables -t nat -D POSTROUTING -s "$subnet" -m comment --comment "berth default network $bridge" -j "BERTH-MASQ-$bridge" 2>/dev/null
-	iptables -t nat -F "BERTH-MASQ-$bridge" 2>/dev/null && iptables -t nat -X "BERTH-MASQ-$bridge" 2>/dev/null
-	if iptables-save -t nat 2>/dev/null | grep -q "10\.237\.$slot\."; then
-		echo "e2e-node: iptables nat rules about $subnet are left:" >&2
-		iptables-save -t nat | grep "10\.237\.$slot\." >&2
-	fi
-	awk -v w="$work" '$5 == w || index($5, w "/") == 1 {print $5}' /proc/self/mountinfo | sort -r | while read -r m; do
-		umount -l "$m"
-	done
+	kill_leftovers e2e-node $(pids_naming "$work")
+	remove_network e2e-node 10.237
+	unmount_under "$work"
 	rm -rf "$work"
 }
 trap cleanup EXIT
@@ -245,11 +219,7 @@ for h in /sys/fs/cgroup/*/; do
 	fi
 	echo "$berthd_pid" >"${h}berthd/cgroup.procs"
 done
-for _ in $(seq 1 300); do
-	bin/berthctl --address "unix://$work/berth.sock" info >/dev/null 2>&1 && break
-	kill -0 "$berthd_pid" 2>/dev/null || { echo "e2e-node: berthd exited:" >&2; tail -20 "$out/berthd.log" >&2; exit 1; }
-	sleep 0.1
-done
+wait_berthd e2e-node
 bin/berthd version >"$out/berthd-version.txt" 2>&1 || true
 
 # The base kubelet config: upstream's test defaults
