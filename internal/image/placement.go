@@ -13,14 +13,16 @@ import (
 // subdirectories of the filesystem root.
 const fsTopDirFlag = 0x00020000
 
-// markTopDir asks the filesystem to treat dir's subdirectories as unrelated
+// MarkTopDir asks the filesystem to treat dir's subdirectories as unrelated
 // trees (decision 1512). Every layer is unpacked into a new subdirectory of
 // ingest/, so each one lands in a block group chosen afresh instead of the
 // groups the store used last, which, after a removal, are full of inodes
 // that ext4 without a journal refuses to reuse for a while and scans past
 // one by one. It is only a placement hint: filesystems that have no such
-// flag (xfs, btrfs, tmpfs, overlayfs) refuse it, and that is not an error.
-func markTopDir(dir string) (bool, error) {
+// flag (xfs, btrfs, tmpfs, overlayfs) refuse it, and that is not an error
+// (false, nil). The benchmark's unpack floor uses it too, so that it
+// measures file creation as a pull now gets it.
+func MarkTopDir(dir string) (bool, error) {
 	fd, err := unix.Open(dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return false, fmt.Errorf("open %s: %w", dir, err)

@@ -8,9 +8,9 @@ import (
 
 func TestMarkTopDir(t *testing.T) {
 	dir := t.TempDir()
-	ok, err := markTopDir(dir)
+	ok, err := MarkTopDir(dir)
 	if err != nil {
-		t.Fatalf("markTopDir: %v", err)
+		t.Fatalf("MarkTopDir: %v", err)
 	}
 	if !ok {
 		t.Skipf("the filesystem of %s has no top-directory flag", dir)
@@ -28,7 +28,7 @@ func TestMarkTopDir(t *testing.T) {
 		t.Fatalf("flags %#x lack FS_TOPDIR_FL", flags)
 	}
 	// Marking again is a no-op.
-	if ok, err := markTopDir(dir); err != nil || !ok {
-		t.Fatalf("second markTopDir: %v, %v", ok, err)
+	if ok, err := MarkTopDir(dir); err != nil || !ok {
+		t.Fatalf("second MarkTopDir: %v, %v", ok, err)
 	}
 }

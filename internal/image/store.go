@@ -176,7 +176,7 @@ func Open(opts Options) (*Store, error) {
 		}
 	}
 	// A placement hint, never a reason not to start.
-	if ok, err := markTopDir(s.path("ingest")); err != nil {
+	if ok, err := MarkTopDir(s.path("ingest")); err != nil {
 		log.Warn("image store: layer placement hint", "error", err)
 	} else {
 		log.Debug("image store: layer placement hint", "topdir", ok)
