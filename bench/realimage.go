@@ -254,7 +254,17 @@ func unpackFloor(ri *RealImage, bounds string) *Floor {
 			var g errgroup.Group
 			g.SetLimit(3)
 			for j, l := range ri.Layers {
-				g.Go(func() error { return writeLayer(l, filepath.Join(dir, fmt.Sprint(j))) })
+				g.Go(func() error {
+					// A new name each time, as berth's ingest/layer-…:
+					// ext4 starts a top directory's placement from a
+					// hash of its name, so "0" would go back to the
+					// group it just left.
+					ld, err := os.MkdirTemp(dir, fmt.Sprintf("layer%d-", j))
+					if err != nil {
+						return err
+					}
+					return writeLayer(l, ld)
+				})
 			}
 			err := g.Wait()
 			return time.Since(start), err

@@ -75,9 +75,15 @@ func Decompress(r io.Reader) (io.ReadCloser, error) {
 // files are written by a few writers in parallel, ordered against every
 // later entry that could see them. It returns the number of tar bytes read.
 func Unpack(r io.Reader, root, layer string, opts UnpackOptions) (int64, error) {
+	return unpack(r, root, layer, opts, maxTrackedNames)
+}
+
+// unpack is Unpack keeping track of at most maxNames created names.
+func unpack(r io.Reader, root, layer string, opts UnpackOptions, maxNames int) (int64, error) {
 	cr := &countingReader{r: r}
 	tr := tar.NewReader(cr)
-	u := &unpacker{root: filepath.Clean(root), layer: layer, opts: opts, dirsOK: map[string]bool{}, created: map[string]bool{}, buf: make([]byte, 128<<10),
+	u := &unpacker{root: filepath.Clean(root), layer: layer, opts: opts, dirsOK: map[string]bool{}, buf: make([]byte, 128<<10),
+		created: map[string]bool{}, maxNames: maxNames,
 		pending: map[string]bool{}, inFlight: semaphore.NewWeighted(parallelBytes)}
 	// Whatever happens, no writer is left running when Unpack returns.
 	defer u.flush()
@@ -120,8 +126,10 @@ type unpacker struct {
 	// (files, directories, links, whiteouts). root starts empty, so a name
 	// not in it does not exist and needs no lstat before it is created;
 	// a name in it may have been removed since, which only means a look.
-	created map[string]bool
-	buf     []byte
+	// Past maxNames it is dropped (nil) and lstat answers again.
+	created  map[string]bool
+	maxNames int
+	buf      []byte
 
 	// Small regular files are written by a few writers in parallel (file
 	// creation dominates an unpack of many small files). pending holds
@@ -217,7 +225,7 @@ func (u *unpacker) dispatch(rel string, job fileJob) {
 		}
 	}
 	u.pending[rel] = true
-	u.created[rel] = true
+	u.made(rel)
 	h := fnv.New32a()
 	h.Write([]byte(path.Dir(rel)))
 	u.queues[h.Sum32()%fileWriters] <- job
@@ -269,6 +277,42 @@ func (u *unpacker) flush() error {
 	}
 	clear(u.pending)
 	return u.writeErr()
+}
+
+// maxTrackedNames bounds the memory of created (about 100 bytes a name):
+// a layer with more names than that is unpacked with an lstat per name.
+const maxTrackedNames = 1 << 18
+
+// made records that the unpack created rel.
+func (u *unpacker) made(rel string) {
+	if u.created == nil {
+		return
+	}
+	if len(u.created) >= u.maxNames {
+		u.created = nil
+		return
+	}
+	u.created[rel] = true
+}
+
+// mayExist reports whether rel may exist in root: false only for a name
+// the unpack never created while it still kept track.
+func (u *unpacker) mayExist(rel string) bool {
+	return u.created == nil || u.created[rel]
+}
+
+// absent reports whether nothing is at target (rel inside root) and no
+// writer is about to create it: from the names made, or from an lstat
+// once they are no longer tracked.
+func (u *unpacker) absent(rel, target string) bool {
+	if u.created != nil {
+		return !u.created[rel]
+	}
+	if u.pending[rel] {
+		return false
+	}
+	_, err := os.Lstat(target)
+	return errors.Is(err, os.ErrNotExist)
 }
 
 // removed forgets the directories known good: target was removed and may
@@ -327,7 +371,7 @@ func (u *unpacker) parentDir(entry, rel string, create bool) (string, error) {
 				if err := os.Mkdir(cur, 0o755); err != nil {
 					return "", fmt.Errorf("layer %s: entry %q: create parent: %w", u.layer, entry, err)
 				}
-				u.created[strings.TrimPrefix(cur, u.root+"/")] = true
+				u.made(strings.TrimPrefix(cur, u.root+"/"))
 				continue
 			case err != nil:
 				return "", fmt.Errorf("layer %s: entry %q: %w", u.layer, entry, err)
@@ -393,7 +437,7 @@ func (u *unpacker) entry(hdr *tar.Header, r io.Reader) error {
 		if err := unix.Mknod(target, unix.S_IFCHR, 0); err != nil {
 			return fmt.Errorf("layer %s: entry %q: create overlay whiteout: %w", u.layer, hdr.Name, err)
 		}
-		u.created[path.Join(path.Dir(rel), victim)] = true
+		u.made(path.Join(path.Dir(rel), victim))
 		return nil
 	}
 	target := filepath.Join(parent, base)
@@ -424,7 +468,7 @@ func (u *unpacker) entry(hdr *tar.Header, r io.Reader) error {
 	if err := u.replace(hdr, rel, target); err != nil {
 		return err
 	}
-	u.created[rel] = true
+	u.made(rel)
 
 	switch hdr.Typeflag {
 	case tar.TypeDir:
@@ -491,7 +535,7 @@ func (u *unpacker) entry(hdr *tar.Header, r io.Reader) error {
 // replace removes what is at target (rel inside root) unless hdr is a
 // directory and target one already.
 func (u *unpacker) replace(hdr *tar.Header, rel, target string) error {
-	if !u.created[rel] {
+	if !u.mayExist(rel) {
 		return nil // nothing was ever there
 	}
 	fi, err := os.Lstat(target)
@@ -517,7 +561,7 @@ func (u *unpacker) regular(hdr *tar.Header, rel, target string, r io.Reader, wra
 	if err := u.writeErr(); err != nil {
 		return err
 	}
-	if hdr.Size <= maxParallelFile && !u.created[rel] {
+	if hdr.Size <= maxParallelFile && u.absent(rel, target) {
 		// A new name (the writer's O_EXCL create makes sure of it).
 		// Never fails: the context is not cancelled and the weight is
 		// at most the semaphore's size.
@@ -536,7 +580,7 @@ func (u *unpacker) regular(hdr *tar.Header, rel, target string, r io.Reader, wra
 			return err
 		}
 	}
-	u.created[rel] = true
+	u.made(rel)
 	fd, err := createExcl(target)
 	if errors.Is(err, os.ErrExist) {
 		if err := u.replace(hdr, rel, target); err != nil {

@@ -286,9 +286,25 @@ func TestUnpackParallelWritesKeepEntryOrder(t *testing.T) {
 		entry{name: "again/", typ: tar.TypeDir, mode: 0o755},
 		entry{name: "again/f", typ: tar.TypeReg, data: "new"},
 	)
+	// With every name tracked, and with tracking dropped early (a
+	// layer of more names than maxTrackedNames): the same result.
+	for _, maxNames := range []int{maxTrackedNames, 5} {
+		unpackInOrder(t, entries, maxNames)
+	}
+
+	// A file where a later entry needs a directory is refused, as it
+	// would be one entry at a time.
+	bad := tarOf(t, entry{name: "f", typ: tar.TypeReg, data: "x"}, entry{name: "f/g", typ: tar.TypeReg, data: "y"})
+	if _, err := Unpack(bytes.NewReader(bad), t.TempDir(), "sha256:bad", UnpackOptions{}); !errors.Is(err, errdefs.ErrInvalidArgument) || !strings.Contains(err.Error(), "not a directory") {
+		t.Fatalf("file under a file: %v", err)
+	}
+}
+
+func unpackInOrder(t *testing.T, entries []entry, maxNames int) {
+	t.Helper()
 	root := t.TempDir()
-	if _, err := Unpack(bytes.NewReader(tarOf(t, entries...)), root, "sha256:order", UnpackOptions{}); err != nil {
-		t.Fatal(err)
+	if _, err := unpack(bytes.NewReader(tarOf(t, entries...)), root, "sha256:order", UnpackOptions{}, maxNames); err != nil {
+		t.Fatalf("tracking %d names: %v", maxNames, err)
 	}
 	for _, e := range entries[:300] {
 		if data, err := os.ReadFile(filepath.Join(root, e.name)); err != nil || string(data) != e.data {
@@ -323,13 +339,6 @@ func TestUnpackParallelWritesKeepEntryOrder(t *testing.T) {
 		if got := read(name); got != want {
 			t.Fatalf("%s: %q, want %q", name, got, want)
 		}
-	}
-
-	// A file where a later entry needs a directory is refused, as it
-	// would be one entry at a time.
-	bad := tarOf(t, entry{name: "f", typ: tar.TypeReg, data: "x"}, entry{name: "f/g", typ: tar.TypeReg, data: "y"})
-	if _, err := Unpack(bytes.NewReader(bad), t.TempDir(), "sha256:bad", UnpackOptions{}); !errors.Is(err, errdefs.ErrInvalidArgument) || !strings.Contains(err.Error(), "not a directory") {
-		t.Fatalf("file under a file: %v", err)
 	}
 }
 
