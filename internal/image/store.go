@@ -175,6 +175,12 @@ func Open(opts Options) (*Store, error) {
 			return nil, fmt.Errorf("create image store dir: %w", err)
 		}
 	}
+	// A placement hint, never a reason not to start.
+	if ok, err := MarkTopDir(s.path("ingest")); err != nil {
+		log.Warn("image store: layer placement hint", "error", err)
+	} else {
+		log.Debug("image store: layer placement hint", "topdir", ok)
+	}
 	entries, err := os.ReadDir(s.path("records"))
 	if err != nil {
 		return nil, fmt.Errorf("read image metadata: %w", err)

@@ -75,9 +75,15 @@ func Decompress(r io.Reader) (io.ReadCloser, error) {
 // files are written by a few writers in parallel, ordered against every
 // later entry that could see them. It returns the number of tar bytes read.
 func Unpack(r io.Reader, root, layer string, opts UnpackOptions) (int64, error) {
+	return unpack(r, root, layer, opts, maxTrackedNames)
+}
+
+// unpack is Unpack keeping track of at most maxNames created names.
+func unpack(r io.Reader, root, layer string, opts UnpackOptions, maxNames int) (int64, error) {
 	cr := &countingReader{r: r}
 	tr := tar.NewReader(cr)
 	u := &unpacker{root: filepath.Clean(root), layer: layer, opts: opts, dirsOK: map[string]bool{}, buf: make([]byte, 128<<10),
+		created: map[string]bool{}, maxNames: maxNames,
 		pending: map[string]bool{}, inFlight: semaphore.NewWeighted(parallelBytes)}
 	// Whatever happens, no writer is left running when Unpack returns.
 	defer u.flush()
@@ -116,7 +122,14 @@ type unpacker struct {
 	// the thousands of entries of one directory check it once. Anything
 	// removed during the unpack empties it.
 	dirsOK map[string]bool
-	buf    []byte
+	// created holds the relative path of every name this unpack made
+	// (files, directories, links, whiteouts). root starts empty, so a name
+	// not in it does not exist and needs no lstat before it is created;
+	// a name in it may have been removed since, which only means a look.
+	// Past maxNames it is dropped (nil) and lstat answers again.
+	created  map[string]bool
+	maxNames int
+	buf      []byte
 
 	// Small regular files are written by a few writers in parallel (file
 	// creation dominates an unpack of many small files). pending holds
@@ -127,6 +140,7 @@ type unpacker struct {
 	pending  map[string]bool
 	queues   []chan fileJob // one per writer
 	inFlight *semaphore.Weighted
+	bufs     bufPool
 	writers  sync.WaitGroup
 	errMu    sync.Mutex
 	err      error
@@ -151,6 +165,55 @@ const (
 	parallelBytes   = 8 << 20
 )
 
+// bufPool recycles the data buffers of small files within one unpack, by
+// power-of-two size class: a layer of 15 000 small files would otherwise
+// allocate (and zero) its whole size again, and keep the garbage
+// collector busy. What it holds is bounded by parallelBytes (at most
+// twice that, for the rounding up) plus one buffer per class.
+type bufPool struct {
+	mu   sync.Mutex
+	free [bufClasses][][]byte
+}
+
+// Size classes: 4 KiB << i, up to maxParallelFile.
+const (
+	minBufShift = 12
+	bufClasses  = 7 // 4 KiB … 256 KiB
+)
+
+func bufClass(n int) int {
+	c := 0
+	for (minBufShift+c) < 63 && 1<<(minBufShift+c) < n {
+		c++
+	}
+	return c
+}
+
+// get returns a buffer of length n (≤ maxParallelFile); its content is
+// whatever it held before.
+func (p *bufPool) get(n int) []byte {
+	c := bufClass(n)
+	p.mu.Lock()
+	if l := len(p.free[c]); l > 0 {
+		b := p.free[c][l-1]
+		p.free[c] = p.free[c][:l-1]
+		p.mu.Unlock()
+		return b[:n]
+	}
+	p.mu.Unlock()
+	return make([]byte, n, 1<<(minBufShift+c))
+}
+
+func (p *bufPool) put(b []byte) {
+	c := bufClass(cap(b))
+	if c >= bufClasses || cap(b) != 1<<(minBufShift+c) {
+		return
+	}
+	p.mu.Lock()
+	p.free[c] = append(p.free[c], b[:0])
+	p.mu.Unlock()
+}
+
 // dispatch hands a small regular file whose data is in job to a writer.
 func (u *unpacker) dispatch(rel string, job fileJob) {
 	if u.queues == nil {
@@ -162,6 +225,7 @@ func (u *unpacker) dispatch(rel string, job fileJob) {
 		}
 	}
 	u.pending[rel] = true
+	u.made(rel)
 	h := fnv.New32a()
 	h.Write([]byte(path.Dir(rel)))
 	u.queues[h.Sum32()%fileWriters] <- job
@@ -172,6 +236,7 @@ func (u *unpacker) write(jobs chan fileJob) {
 	for job := range jobs {
 		err := u.writeSmall(job)
 		u.inFlight.Release(int64(len(job.data)))
+		u.bufs.put(job.data)
 		if err != nil {
 			u.errMu.Lock()
 			if u.err == nil {
@@ -183,15 +248,15 @@ func (u *unpacker) write(jobs chan fileJob) {
 }
 
 func (u *unpacker) writeSmall(job fileJob) error {
-	f, err := createExcl(job.target)
+	fd, err := createExcl(job.target)
 	if err != nil {
 		return err
 	}
-	defer f.Close()
-	if _, err := f.Write(job.data); err != nil {
+	if err := writeAll(fd, job.data); err != nil {
+		unix.Close(fd)
 		return err
 	}
-	return u.finishFile(f, job.target, job.hdr)
+	return finishFile(fd, job.hdr)
 }
 
 // writeErr is the first error of a writer, if any.
@@ -212,6 +277,42 @@ func (u *unpacker) flush() error {
 	}
 	clear(u.pending)
 	return u.writeErr()
+}
+
+// maxTrackedNames bounds the memory of created (about 100 bytes a name):
+// a layer with more names than that is unpacked with an lstat per name.
+const maxTrackedNames = 1 << 18
+
+// made records that the unpack created rel.
+func (u *unpacker) made(rel string) {
+	if u.created == nil {
+		return
+	}
+	if len(u.created) >= u.maxNames {
+		u.created = nil
+		return
+	}
+	u.created[rel] = true
+}
+
+// mayExist reports whether rel may exist in root: false only for a name
+// the unpack never created while it still kept track.
+func (u *unpacker) mayExist(rel string) bool {
+	return u.created == nil || u.created[rel]
+}
+
+// absent reports whether nothing is at target (rel inside root) and no
+// writer is about to create it: from the names made, or from an lstat
+// once they are no longer tracked.
+func (u *unpacker) absent(rel, target string) bool {
+	if u.created != nil {
+		return !u.created[rel]
+	}
+	if u.pending[rel] {
+		return false
+	}
+	_, err := os.Lstat(target)
+	return errors.Is(err, os.ErrNotExist)
 }
 
 // removed forgets the directories known good: target was removed and may
@@ -270,6 +371,7 @@ func (u *unpacker) parentDir(entry, rel string, create bool) (string, error) {
 				if err := os.Mkdir(cur, 0o755); err != nil {
 					return "", fmt.Errorf("layer %s: entry %q: create parent: %w", u.layer, entry, err)
 				}
+				u.made(strings.TrimPrefix(cur, u.root+"/"))
 				continue
 			case err != nil:
 				return "", fmt.Errorf("layer %s: entry %q: %w", u.layer, entry, err)
@@ -335,6 +437,7 @@ func (u *unpacker) entry(hdr *tar.Header, r io.Reader) error {
 		if err := unix.Mknod(target, unix.S_IFCHR, 0); err != nil {
 			return fmt.Errorf("layer %s: entry %q: create overlay whiteout: %w", u.layer, hdr.Name, err)
 		}
+		u.made(path.Join(path.Dir(rel), victim))
 		return nil
 	}
 	target := filepath.Join(parent, base)
@@ -362,9 +465,10 @@ func (u *unpacker) entry(hdr *tar.Header, r io.Reader) error {
 		}
 	}
 	// A later entry replaces an earlier one, except dir over dir.
-	if err := u.replace(hdr, target); err != nil {
+	if err := u.replace(hdr, rel, target); err != nil {
 		return err
 	}
+	u.made(rel)
 
 	switch hdr.Typeflag {
 	case tar.TypeDir:
@@ -428,9 +532,12 @@ func (u *unpacker) entry(hdr *tar.Header, r io.Reader) error {
 	return nil
 }
 
-// replace removes what is at target unless hdr is a directory and target
-// one already.
-func (u *unpacker) replace(hdr *tar.Header, target string) error {
+// replace removes what is at target (rel inside root) unless hdr is a
+// directory and target one already.
+func (u *unpacker) replace(hdr *tar.Header, rel, target string) error {
+	if !u.mayExist(rel) {
+		return nil // nothing was ever there
+	}
 	fi, err := os.Lstat(target)
 	if err != nil || (fi.IsDir() && hdr.Typeflag == tar.TypeDir) {
 		return nil
@@ -454,67 +561,109 @@ func (u *unpacker) regular(hdr *tar.Header, rel, target string, r io.Reader, wra
 	if err := u.writeErr(); err != nil {
 		return err
 	}
-	if hdr.Size <= maxParallelFile && !u.pending[rel] {
-		if _, err := os.Lstat(target); errors.Is(err, os.ErrNotExist) {
-			// Never fails: the context is not cancelled and the weight
-			// is at most the semaphore's size.
-			_ = u.inFlight.Acquire(context.Background(), hdr.Size)
-			data := make([]byte, hdr.Size)
-			if _, err := io.ReadFull(r, data); err != nil {
-				u.inFlight.Release(hdr.Size)
-				return wrap(fmt.Errorf("read file data: %w", err))
-			}
-			u.dispatch(rel, fileJob{hdr: hdr, target: target, data: data})
-			return nil
+	if hdr.Size <= maxParallelFile && u.absent(rel, target) {
+		// A new name (the writer's O_EXCL create makes sure of it).
+		// Never fails: the context is not cancelled and the weight is
+		// at most the semaphore's size.
+		_ = u.inFlight.Acquire(context.Background(), hdr.Size)
+		data := u.bufs.get(int(hdr.Size))
+		if _, err := io.ReadFull(r, data); err != nil {
+			u.bufs.put(data)
+			u.inFlight.Release(hdr.Size)
+			return wrap(fmt.Errorf("read file data: %w", err))
 		}
+		u.dispatch(rel, fileJob{hdr: hdr, target: target, data: data})
+		return nil
 	}
 	if u.pending[rel] {
 		if err := u.flush(); err != nil {
 			return err
 		}
 	}
-	f, err := createExcl(target)
+	u.made(rel)
+	fd, err := createExcl(target)
 	if errors.Is(err, os.ErrExist) {
-		if err := u.replace(hdr, target); err != nil {
+		if err := u.replace(hdr, rel, target); err != nil {
 			return err
 		}
-		f, err = createExcl(target)
+		fd, err = createExcl(target)
 	}
 	if err != nil {
 		return wrap(err)
 	}
-	defer f.Close()
-	if err := u.writeData(f, r, hdr.Size); err != nil {
+	if err := u.writeData(fd, r, hdr.Size); err != nil {
+		unix.Close(fd)
 		return wrap(err)
 	}
-	if err := u.finishFile(f, target, hdr); err != nil {
+	if err := finishFile(fd, hdr); err != nil {
 		return wrap(err)
 	}
 	return nil
 }
 
 // finishFile sets a written file's owner, xattrs, mode and times, and
-// closes it.
-func (u *unpacker) finishFile(f *os.File, target string, hdr *tar.Header) error {
-	fd := int(f.Fd())
+// closes fd, whatever happens.
+func finishFile(fd int, hdr *tar.Header) error {
+	err := setFileMeta(fd, hdr)
+	if cerr := unix.Close(fd); err == nil && cerr != nil {
+		err = fmt.Errorf("close: %w", cerr)
+	}
+	return err
+}
+
+func setFileMeta(fd int, hdr *tar.Header) error {
 	if err := unix.Fchown(fd, hdr.Uid, hdr.Gid); err != nil {
 		return fmt.Errorf("chown: %w", err)
 	}
-	if err := setXattrs(target, hdr); err != nil {
-		return err
+	for k, v := range hdr.PAXRecords {
+		if !strings.HasPrefix(k, paxXattrPrefix) {
+			continue
+		}
+		attr := strings.TrimPrefix(k, paxXattrPrefix)
+		if err := unix.Fsetxattr(fd, attr, []byte(v), 0); err != nil && !errors.Is(err, unix.ENOTSUP) {
+			return fmt.Errorf("set xattr %s: %w", attr, err)
+		}
 	}
 	// After chown, which clears setuid/setgid bits.
 	if err := unix.Fchmod(fd, uint32(hdr.Mode&0o7777)); err != nil {
 		return fmt.Errorf("chmod: %w", err)
 	}
-	if err := futimes(fd, hdr); err != nil {
-		return err
-	}
-	return f.Close()
+	return futimes(fd, hdr)
 }
 
-func createExcl(target string) (*os.File, error) {
-	return os.OpenFile(target, os.O_CREATE|os.O_EXCL|os.O_WRONLY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
+// createExcl creates target, which must not exist, for writing. The
+// descriptor stays a plain int: an *os.File would try to register it with
+// the runtime's poller (four fcntl and an epoll_ctl per file, all useless
+// for a regular file), and unpacks create thousands.
+func createExcl(target string) (int, error) {
+	for {
+		fd, err := unix.Open(target, unix.O_CREAT|unix.O_EXCL|unix.O_WRONLY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
+		if err == unix.EINTR {
+			continue
+		}
+		if err != nil {
+			return -1, &os.PathError{Op: "create", Path: target, Err: err}
+		}
+		return fd, nil
+	}
+}
+
+// writeAll writes all of p to fd.
+func writeAll(fd int, p []byte) error {
+	for len(p) > 0 {
+		n, err := unix.Write(fd, p)
+		if err == unix.EINTR {
+			continue
+		}
+		if err != nil {
+			return fmt.Errorf("write: %w", err)
+		}
+		if n == 0 {
+			return fmt.Errorf("write: %w", io.ErrShortWrite)
+		}
+		p = p[n:]
+	}
+	return nil
 }
 
 func setXattrs(target string, hdr *tar.Header) error {
@@ -530,9 +679,9 @@ func setXattrs(target string, hdr *tar.Header) error {
 	return nil
 }
 
-// writeData copies size bytes into f, seeking over whole zero buffers so
+// writeData copies size bytes into fd, seeking over whole zero buffers so
 // that sparse files stay sparse on disk.
-func (u *unpacker) writeData(f *os.File, r io.Reader, size int64) error {
+func (u *unpacker) writeData(fd int, r io.Reader, size int64) error {
 	buf := u.buf
 	var written int64
 	holeAtEnd := false
@@ -546,11 +695,11 @@ func (u *unpacker) writeData(f *os.File, r io.Reader, size int64) error {
 			chunk := buf[:n]
 			// Only full buffers: a small file is never worth a hole.
 			if n == len(buf) && isZero(chunk) {
-				if _, err := f.Seek(int64(n), io.SeekCurrent); err != nil {
-					return err
+				if _, err := unix.Seek(fd, int64(n), io.SeekCurrent); err != nil {
+					return fmt.Errorf("seek: %w", err)
 				}
 				holeAtEnd = true
-			} else if _, err := f.Write(chunk); err != nil {
+			} else if err := writeAll(fd, chunk); err != nil {
 				return err
 			} else {
 				holeAtEnd = false
@@ -562,7 +711,9 @@ func (u *unpacker) writeData(f *os.File, r io.Reader, size int64) error {
 		}
 	}
 	if holeAtEnd {
-		return f.Truncate(size)
+		if err := unix.Ftruncate(fd, size); err != nil {
+			return fmt.Errorf("truncate: %w", err)
+		}
 	}
 	return nil
 }

@@ -271,10 +271,40 @@ func TestUnpackParallelWritesKeepEntryOrder(t *testing.T) {
 		entry{name: "becomes-link", typ: tar.TypeSymlink, link: "dup"},
 		entry{name: "gone", typ: tar.TypeReg, data: "g"},
 		entry{name: ".wh.gone", typ: tar.TypeReg},
+		// Names made without an entry of their own, then replaced:
+		// an implicit parent directory, a whiteout, a hard link.
+		entry{name: "implicit/x", typ: tar.TypeReg, data: "x"},
+		entry{name: "implicit", typ: tar.TypeReg, data: "now a file"},
+		entry{name: ".wh.wo", typ: tar.TypeReg},
+		entry{name: "wo", typ: tar.TypeReg, data: "over a whiteout"},
+		entry{name: "hard2", typ: tar.TypeLink, link: "linked"},
+		entry{name: "hard2", typ: tar.TypeReg, data: "not through the link"},
+		// Removed, then made again.
+		entry{name: "again/", typ: tar.TypeDir, mode: 0o755},
+		entry{name: "again/f", typ: tar.TypeReg, data: "old"},
+		entry{name: ".wh.again", typ: tar.TypeReg},
+		entry{name: "again/", typ: tar.TypeDir, mode: 0o755},
+		entry{name: "again/f", typ: tar.TypeReg, data: "new"},
 	)
+	// With every name tracked, and with tracking dropped early (a
+	// layer of more names than maxTrackedNames): the same result.
+	for _, maxNames := range []int{maxTrackedNames, 5} {
+		unpackInOrder(t, entries, maxNames)
+	}
+
+	// A file where a later entry needs a directory is refused, as it
+	// would be one entry at a time.
+	bad := tarOf(t, entry{name: "f", typ: tar.TypeReg, data: "x"}, entry{name: "f/g", typ: tar.TypeReg, data: "y"})
+	if _, err := Unpack(bytes.NewReader(bad), t.TempDir(), "sha256:bad", UnpackOptions{}); !errors.Is(err, errdefs.ErrInvalidArgument) || !strings.Contains(err.Error(), "not a directory") {
+		t.Fatalf("file under a file: %v", err)
+	}
+}
+
+func unpackInOrder(t *testing.T, entries []entry, maxNames int) {
+	t.Helper()
 	root := t.TempDir()
-	if _, err := Unpack(bytes.NewReader(tarOf(t, entries...)), root, "sha256:order", UnpackOptions{}); err != nil {
-		t.Fatal(err)
+	if _, err := unpack(bytes.NewReader(tarOf(t, entries...)), root, "sha256:order", UnpackOptions{}, maxNames); err != nil {
+		t.Fatalf("tracking %d names: %v", maxNames, err)
 	}
 	for _, e := range entries[:300] {
 		if data, err := os.ReadFile(filepath.Join(root, e.name)); err != nil || string(data) != e.data {
@@ -304,11 +334,28 @@ func TestUnpackParallelWritesKeepEntryOrder(t *testing.T) {
 	if err := unix.Lstat(filepath.Join(root, "gone"), &st); err != nil || st.Mode&unix.S_IFMT != unix.S_IFCHR {
 		t.Fatalf("whiteout over a just-written file: %v", err)
 	}
+	for name, want := range map[string]string{"implicit": "now a file", "wo": "over a whiteout",
+		"hard2": "not through the link", "linked": "complete", "again/f": "new"} {
+		if got := read(name); got != want {
+			t.Fatalf("%s: %q, want %q", name, got, want)
+		}
+	}
+}
 
-	// A file where a later entry needs a directory is refused, as it
-	// would be one entry at a time.
-	bad := tarOf(t, entry{name: "f", typ: tar.TypeReg, data: "x"}, entry{name: "f/g", typ: tar.TypeReg, data: "y"})
-	if _, err := Unpack(bytes.NewReader(bad), t.TempDir(), "sha256:bad", UnpackOptions{}); !errors.Is(err, errdefs.ErrInvalidArgument) || !strings.Contains(err.Error(), "not a directory") {
-		t.Fatalf("file under a file: %v", err)
+func TestBufPoolReusesBySizeClass(t *testing.T) {
+	var p bufPool
+	for _, n := range []int{0, 1, 4096, 4097, 100 << 10, maxParallelFile} {
+		b := p.get(n)
+		if len(b) != n || cap(b) < n || cap(b) > max(2*n, 4096) {
+			t.Fatalf("get(%d): len %d cap %d", n, len(b), cap(b))
+		}
+		p.put(b)
+		if again := p.get(n); &again[:1][0] != &b[:1][0] {
+			t.Fatalf("get(%d) after put: a new buffer", n)
+		}
+	}
+	p.put(make([]byte, 5000)) // not a class size: dropped
+	if b := p.get(5000); cap(b) != 8192 {
+		t.Fatalf("get(5000): cap %d", cap(b))
 	}
 }
