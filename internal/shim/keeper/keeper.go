@@ -17,6 +17,8 @@ import (
 	"errors"
 	"io"
 	"os"
+	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -134,29 +136,7 @@ func describe(ws unix.WaitStatus) string {
 	if ws.Signaled() {
 		return "signal " + ws.Signal().String()
 	}
-	return "exit status " + itoa(ws.ExitStatus())
-}
-
-func itoa(n int) string {
-	var b [20]byte
-	i := len(b)
-	neg := n < 0
-	if neg {
-		n = -n
-	}
-	for {
-		i--
-		b[i] = byte('0' + n%10)
-		n /= 10
-		if n == 0 {
-			break
-		}
-	}
-	if neg {
-		i--
-		b[i] = '-'
-	}
-	return string(b[i:])
+	return "exit status " + strconv.Itoa(ws.ExitStatus())
 }
 
 // startMonitor starts a monitor with a fresh link, hands it every
@@ -204,7 +184,7 @@ func (k *Keeper) startMonitor(ready *os.File) error {
 				names = append(names, e.names[i])
 			}
 		}
-		m.Streams = joinNames(names)
+		m.Streams = strings.Join(names, ",")
 		if err := proto.SendKeeperMsg(mine, &m, fds); err != nil {
 			k.logf("hand container %s to the monitor: %v", e.msg.ID, err)
 		}
@@ -215,17 +195,6 @@ func (k *Keeper) startMonitor(ready *os.File) error {
 	k.logf("monitor %d started with %d containers", pid, len(k.ctrs))
 	go k.serveLink(mine)
 	return nil
-}
-
-func joinNames(names []string) string {
-	s := ""
-	for i, n := range names {
-		if i > 0 {
-			s += ","
-		}
-		s += n
-	}
-	return s
 }
 
 // serveLink applies the monitor's messages until its link closes.
