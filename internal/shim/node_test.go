@@ -187,7 +187,8 @@ func TestNodeMonitorHandOverLosesNothing(t *testing.T) {
 	}
 	waitFor(t, "the next monitor", func() bool {
 		_, err := f.client.State(ctx, "counter")
-		return err == nil && f.shimPid("monitor") != monitor
+		next := f.findShim("monitor")
+		return err == nil && next != 0 && next != monitor
 	})
 	if st := f.wait("counter"); st.Exit.Code != 0 {
 		t.Fatalf("counter: %+v", st.Exit)

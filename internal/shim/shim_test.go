@@ -71,13 +71,22 @@ func (f *fixture) nodeDir() string { return proto.NodeDir(filepath.Dir(f.client.
 // shimPid finds the fixture's keeper or monitor (mode).
 func (f *fixture) shimPid(mode string) int {
 	f.t.Helper()
+	pid := f.findShim(mode)
+	if pid == 0 {
+		f.t.Fatalf("no berth-shim %s for %s", mode, f.nodeDir())
+	}
+	return pid
+}
+
+// findShim is shimPid for polls: 0 when none runs, as between a monitor
+// handing over and the keeper starting the next.
+func (f *fixture) findShim(mode string) int {
 	for _, pid := range berthdtest.PidsMentioning(f.nodeDir() + "\x00") {
 		cmd, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
 		if bytes.Contains(cmd, []byte("\x00"+mode+"\x00")) {
 			return pid
 		}
 	}
-	f.t.Fatalf("no berth-shim %s for %s", mode, f.nodeDir())
 	return 0
 }
 
