@@ -221,7 +221,7 @@ func (l *blobLayer) Uncompressed() (io.ReadCloser, error) {
 // (no ownership, modes, times or checks), layers three at a time as berth
 // does. No tar process is forked.
 func unpackFloor(ri *RealImage, bounds string) *Floor {
-	var work string
+	var work, prev string
 	return &Floor{
 		Name:   fmt.Sprintf("in-process %s -d + write of the %d layers", ri.Compression, len(ri.Layers)),
 		Bounds: bounds,
@@ -239,8 +239,13 @@ func unpackFloor(ri *RealImage, bounds string) *Floor {
 			return nil, err
 		},
 		Sample: func(ctx context.Context, _ any, i int) (time.Duration, error) {
+			// The previous sample's tree goes first, as an endpoint's
+			// image does, so that this one waits its frees out too.
+			if err := os.RemoveAll(prev); err != nil {
+				return 0, err
+			}
 			dir := filepath.Join(work, fmt.Sprint(i))
-			defer os.RemoveAll(dir)
+			prev = dir
 			// Each layer a top-level tree of its own, as a layer in
 			// berth's ingest/ is.
 			if err := os.Mkdir(dir, 0o755); err != nil {
@@ -250,6 +255,7 @@ func unpackFloor(ri *RealImage, bounds string) *Floor {
 				return 0, err
 			}
 			syscall.Sync() // as before each endpoint's sample
+			settleFreedInodes()
 			start := time.Now()
 			var g errgroup.Group
 			g.SetLimit(3)

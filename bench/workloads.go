@@ -430,6 +430,7 @@ func RealPullWorkload(ri *RealImage, ref string) Workload {
 			// Each sample starts with nothing dirty in the page cache:
 			// the previous endpoint's writes are not this one's to flush.
 			syscall.Sync()
+			settleFreedInodes()
 			d, err := timed(func() error {
 				_, err := ep.Image.PullImage(ctx, &criapi.PullImageRequest{Image: &criapi.ImageSpec{Image: ref}})
 				return err
@@ -442,6 +443,23 @@ func RealPullWorkload(ri *RealImage, ref string) Workload {
 		Teardown: func(ctx context.Context, ep *Endpoint, _ any) { remove(ctx, ep) },
 	}
 }
+
+// freedInodeWindow is how long ext4 without a journal keeps skipping an
+// inode after it was freed while its inode-table block is clean
+// (RECENTCY_MIN, 5 s), plus a second for its one-second clock.
+const freedInodeWindow = 6 * time.Second
+
+// settleFreedInodes waits out freedInodeWindow before a real-size pull
+// sample. Every sample follows a removal (its own, and the endpoint's or
+// floor's before it), and on ext4 without a journal, as this development
+// machine's, a pull that starts within 5 s of one scans past each freed
+// inode with a buffer-cache lookup, 1–10 s more depending on where the
+// layers land (decision 1512). That measures how soon after a removal the
+// pull came, not the pull; a node's image GC and its next pull are rarely
+// seconds apart, and journaled ext4 or xfs never skip. Preceded by a sync,
+// so that no inode-table block is dirty (which would make the window
+// 305 s).
+func settleFreedInodes() { time.Sleep(freedInodeWindow) }
 
 // The parallel-removal series: containers removed while one is created,
 // and containers that stay created throughout.

@@ -15,6 +15,8 @@ import (
 	"runtime"
 	"slices"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/google/go-containerregistry/pkg/authn"
@@ -416,8 +418,26 @@ func (s *Store) commit(ctx context.Context, img v1.Image, names []string, open b
 	// few at a time.
 	g, gctx := errgroup.WithContext(ctx)
 	g.SetLimit(layerParallelism)
+	// As each layer is in place its files start going to disk, while
+	// the others still unpack, so the syncfs below waits for little.
+	var early sync.WaitGroup
+	var earlyRunning atomic.Bool
+	defer early.Wait()
 	for _, lr := range rec.Layers {
-		g.Go(func() error { return s.ensureLayer(gctx, lr, open) })
+		g.Go(func() error {
+			if err := s.ensureLayer(gctx, lr, open); err != nil {
+				return err
+			}
+			if earlyRunning.CompareAndSwap(false, true) {
+				early.Add(1)
+				go func() {
+					defer early.Done()
+					defer earlyRunning.Store(false)
+					_ = s.syncStore() // a head start only; the one below counts
+				}()
+			}
+			return nil
+		})
 	}
 	if err := g.Wait(); err != nil {
 		return nil, err
