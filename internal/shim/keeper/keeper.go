@@ -25,6 +25,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/berthcri/berth/internal/shim/exits"
 	"github.com/berthcri/berth/internal/shim/proto"
 )
 
@@ -45,9 +46,9 @@ type Keeper struct {
 	mu        sync.Mutex
 	ctrs      map[string]*entry // by container ID
 	byPid     map[int]*entry    // running inits, by pid
-	unclaimed map[int]unclaimedExit
-	link      int // the current monitor's link, -1 when none
-	monitor   int // the current monitor's pid, 0 when none
+	unclaimed exits.Unclaimed   // orphans' exits, and inits' not registered yet
+	link      int               // the current monitor's link, -1 when none
+	monitor   int               // the current monitor's pid, 0 when none
 }
 
 // entry is one container the keeper holds.
@@ -57,15 +58,10 @@ type entry struct {
 	names []string
 }
 
-type unclaimedExit struct {
-	status unix.WaitStatus
-	at     time.Time
-}
-
 // New returns the keeper of the node dir dir, starting its monitors from
 // binary.
 func New(dir, binary string, logf func(string, ...any)) *Keeper {
-	return &Keeper{dir: dir, binary: binary, logf: logf, ctrs: map[string]*entry{}, byPid: map[int]*entry{}, unclaimed: map[int]unclaimedExit{}, link: -1}
+	return &Keeper{dir: dir, binary: binary, logf: logf, ctrs: map[string]*entry{}, byPid: map[int]*entry{}, link: -1}
 }
 
 // restartBackoff bounds how fast a crashing monitor is restarted.
@@ -245,10 +241,9 @@ func (k *Keeper) applyLocked(m *proto.KeeperMsg, fds []int) {
 		e.msg.Op = ""
 		k.ctrs[m.ID] = e
 		if m.Pid > 0 && !m.Exited {
-			if u, ok := k.unclaimed[m.Pid]; ok {
+			if ws, ok := k.unclaimed.Take(m.Pid); ok {
 				// It died before it was registered.
-				delete(k.unclaimed, m.Pid)
-				k.exitedLocked(e, u.status)
+				k.exitedLocked(e, ws)
 			} else {
 				k.byPid[m.Pid] = e
 			}
@@ -301,13 +296,7 @@ func (k *Keeper) reapedLocked(pid int, ws unix.WaitStatus) {
 		k.exitedLocked(e, ws)
 		return
 	}
-	now := time.Now()
-	for p, u := range k.unclaimed {
-		if now.Sub(u.at) > time.Minute {
-			delete(k.unclaimed, p)
-		}
-	}
-	k.unclaimed[pid] = unclaimedExit{status: ws, at: now}
+	k.unclaimed.Add(pid, ws, time.Now())
 }
 
 // exitedLocked keeps e's exit (for a monitor started later) and tells the

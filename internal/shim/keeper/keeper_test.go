@@ -57,7 +57,7 @@ func TestExitBeforeRegisterIsDelivered(t *testing.T) {
 	if e := k.ctrs["c1"]; e == nil || !e.msg.Exited {
 		t.Fatalf("entry %+v", e)
 	}
-	if _, ok := k.unclaimed[4242]; ok {
+	if _, ok := k.unclaimed.Take(4242); ok {
 		t.Fatal("the exit is still unclaimed")
 	}
 }

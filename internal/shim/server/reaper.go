@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/berthcri/berth/internal/shim/exits"
 )
 
 // reaper collects every child of the shim (a subreaper: container inits
@@ -38,17 +40,12 @@ type reaper struct {
 	mu      sync.Mutex
 	waiters map[int]chan unix.WaitStatus
 	// unclaimed holds exits nobody waited for yet (a pid read from a pid
-	// file after its process died), pruned after a minute.
-	unclaimed map[int]unclaimedExit
-}
-
-type unclaimedExit struct {
-	status unix.WaitStatus
-	at     time.Time
+	// file after its process died).
+	unclaimed exits.Unclaimed
 }
 
 func newReaper() *reaper {
-	return &reaper{waiters: map[int]chan unix.WaitStatus{}, unclaimed: map[int]unclaimedExit{}, gone: make(chan struct{})}
+	return &reaper{waiters: map[int]chan unix.WaitStatus{}, gone: make(chan struct{})}
 }
 
 func (r *reaper) reap() {
@@ -74,13 +71,7 @@ func (r *reaper) deliver(pid int, ws unix.WaitStatus) {
 		c <- ws
 		return
 	}
-	now := time.Now()
-	for p, u := range r.unclaimed {
-		if now.Sub(u.at) > time.Minute {
-			delete(r.unclaimed, p)
-		}
-	}
-	r.unclaimed[pid] = unclaimedExit{status: ws, at: now}
+	r.unclaimed.Add(pid, ws, time.Now())
 }
 
 // keeperGone tells the waits for inits that no exit status will come.
@@ -139,9 +130,8 @@ func pollPidfd(pidfd *os.File) {
 // reaped before its pidfd exists.
 func (r *reaper) watchLocked(pid int) (<-chan unix.WaitStatus, *os.File, error) {
 	c := make(chan unix.WaitStatus, 1)
-	if u, ok := r.unclaimed[pid]; ok {
-		delete(r.unclaimed, pid)
-		c <- u.status
+	if ws, ok := r.unclaimed.Take(pid); ok {
+		c <- ws
 		return c, nil, nil
 	}
 	fd, err := unix.PidfdOpen(pid, unix.PIDFD_NONBLOCK)
