@@ -50,7 +50,9 @@ func (n *Node) housekeep() {
 	n.reaper.reap()
 	n.eachPod((*Server).dropGoneWaiters)
 	n.mu.Lock()
-	if len(n.pods) == 0 && !n.emptySince.IsZero() && time.Since(n.emptySince) > idleExitAfter {
+	// Once it had pods, losing the last closed it already (podGone): only
+	// a node that never got one is left to time out.
+	if len(n.pods) == 0 && time.Since(n.started) > idleExitAfter {
 		n.closeLocked("idle")
 	}
 	n.mu.Unlock()

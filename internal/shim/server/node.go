@@ -23,15 +23,15 @@ type Node struct {
 	reaper *reaper
 	keeper *keeperLink // nil in unit tests: no keeper
 
-	// mu guards pods, closing, emptySince and the listener's life. Lock
+	// mu guards pods, closing and the listener's life. Lock
 	// order: Node.mu before a pod's Server.mu; a pod calls the node only
 	// after releasing its own.
-	mu         sync.Mutex
-	pods       map[string]*Server // by pod dir
-	closing    bool               // no more pods: the monitor exits once they are gone
-	emptySince time.Time          // when the last pod went (zero: some are served)
-	ln         *os.File
-	done       chan struct{} // closed once closing and no pod is left
+	mu      sync.Mutex
+	pods    map[string]*Server // by pod dir
+	closing bool               // no more pods: the monitor exits once they are gone
+	started time.Time          // a node given no pod by idleExitAfter exits
+	ln      *os.File
+	done    chan struct{} // closed once closing and no pod is left
 
 	// answering counts requests being handled and answered, in all pods:
 	// the monitor exits only once each is out, so parallel deletes of a
@@ -47,7 +47,7 @@ type Node struct {
 // NewNode prepares the monitor of the node dir dir; keeperFd is its link
 // to the keeper (-1: none, in tests).
 func NewNode(dir string, logf func(string, ...any), keeperFd int) *Node {
-	n := &Node{dir: dir, logf: logf, reaper: newReaper(), pods: map[string]*Server{}, done: make(chan struct{}), emptySince: time.Now()}
+	n := &Node{dir: dir, logf: logf, reaper: newReaper(), pods: map[string]*Server{}, done: make(chan struct{}), started: time.Now()}
 	if keeperFd >= 0 {
 		n.keeper = newKeeperLink(keeperFd, n)
 		n.reaper.external = true
@@ -172,7 +172,6 @@ func (n *Node) newPodLocked(dir string) (*Server, error) {
 		return nil, err
 	}
 	n.pods[dir] = s
-	n.emptySince = time.Time{}
 	return s, nil
 }
 
@@ -195,7 +194,6 @@ func (n *Node) podGone(s *Server) {
 		delete(n.pods, s.dir)
 	}
 	if len(n.pods) == 0 {
-		n.emptySince = time.Now()
 		n.closeLocked("no pods left")
 	}
 }
