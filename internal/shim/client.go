@@ -20,11 +20,16 @@ import (
 // shim's restarts of berthd and needs no reconnect logic.
 type Client struct {
 	dir    string
-	socket string // in dir; "" is the pod's (proto.SocketPath)
+	socket string // the socket dialled: the pod's, or the node's
 }
 
 // NewClient returns a client for the shim whose state dir is dir.
-func NewClient(dir string) *Client { return &Client{dir: dir} }
+func NewClient(dir string) *Client { return &Client{dir: dir, socket: proto.SocketPath(dir)} }
+
+// nodeClient talks to the node's monitor itself (node dir nodeDir).
+func nodeClient(nodeDir string) *Client {
+	return &Client{dir: nodeDir, socket: proto.NodeSocketPath(nodeDir)}
+}
 
 // Dir is the shim's state directory.
 func (c *Client) Dir() string { return c.dir }
@@ -33,11 +38,7 @@ func (c *Client) Dir() string { return c.dir }
 var ErrNoShim = fmt.Errorf("no shim running: %w", errdefs.ErrUnavailable)
 
 func (c *Client) dial(ctx context.Context) (*net.UnixConn, error) {
-	path := proto.SocketPath(c.dir)
-	if c.socket != "" {
-		path = filepath.Join(c.dir, c.socket)
-	}
-	conn, err := dialUnix(path)
+	conn, err := dialUnix(c.socket)
 	if err != nil {
 		if isGone(err) {
 			return nil, ErrNoShim
@@ -216,7 +217,7 @@ func Launch(ctx context.Context, binary, dir, podID string) (*Client, error) {
 	if err == nil {
 		return NewClient(dir), nil
 	}
-	if !errors.Is(err, ErrNoShim) && !errors.Is(err, errdefs.ErrUnavailable) {
+	if !errors.Is(err, errdefs.ErrUnavailable) { // ErrNoShim among them
 		return nil, err
 	}
 	// One launch at a time on the node, across berthd's goroutines and
@@ -229,7 +230,7 @@ func Launch(ctx context.Context, binary, dir, podID string) (*Client, error) {
 	if err = addPod(ctx, nodeDir, dir); err == nil {
 		return NewClient(dir), nil // another launch won
 	}
-	if !errors.Is(err, ErrNoShim) && !errors.Is(err, errdefs.ErrUnavailable) {
+	if !errors.Is(err, errdefs.ErrUnavailable) { // ErrNoShim among them
 		return nil, err
 	}
 	if err := launchNode(binary, nodeDir); err != nil {
@@ -244,7 +245,7 @@ func Launch(ctx context.Context, binary, dir, podID string) (*Client, error) {
 // StopIdleNode makes the node's monitor (and with it its keeper) exit if
 // it serves no pod; shims is the pods' dir, as Launch's dir's parent.
 func StopIdleNode(ctx context.Context, shims string) error {
-	_, err := (&Client{dir: proto.NodeDir(shims), socket: "node.sock"}).call(ctx, &proto.Request{Op: proto.OpShutdown})
+	_, err := nodeClient(proto.NodeDir(shims)).call(ctx, &proto.Request{Op: proto.OpShutdown})
 	if err == nil || errors.Is(err, ErrNoShim) || errors.Is(err, errdefs.ErrFailedPrecondition) {
 		return nil
 	}
@@ -253,7 +254,7 @@ func StopIdleNode(ctx context.Context, shims string) error {
 
 // addPod asks the node's monitor to serve the pod of dir.
 func addPod(ctx context.Context, nodeDir, dir string) error {
-	_, err := (&Client{dir: nodeDir, socket: "node.sock"}).call(ctx, &proto.Request{Op: proto.OpAddPod, Dir: dir})
+	_, err := nodeClient(nodeDir).call(ctx, &proto.Request{Op: proto.OpAddPod, Dir: dir})
 	return err
 }
 

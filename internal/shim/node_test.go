@@ -12,7 +12,6 @@ import (
 
 	"github.com/berthcri/berth/internal/errdefs"
 	"github.com/berthcri/berth/internal/shim"
-	"github.com/berthcri/berth/internal/testutil/berthdtest"
 	"github.com/berthcri/berth/internal/testutil/bundletest"
 )
 
@@ -62,7 +61,7 @@ func TestNodeMonitorCrashLosesNothing(t *testing.T) {
 		t.Fatal(err)
 	}
 	keeper, monitor := f.shimPid("keeper"), f.shimPid("monitor")
-	if n := len(berthdtest.PidsMentioning(f.nodeDir() + "\x00")); n != 2 {
+	if n := len(f.shimPids()); n != 2 {
 		t.Fatalf("%d berth-shim processes for two pods, want a keeper and a monitor", n)
 	}
 
@@ -89,7 +88,7 @@ func TestNodeMonitorCrashLosesNothing(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitFor(t, "a new monitor", func() bool {
-		pids := berthdtest.PidsMentioning(f.nodeDir() + "\x00")
+		pids := f.shimPids()
 		return len(pids) == 2 && pids[0] != monitor && pids[1] != monitor
 	})
 	waitFor(t, "the pod served again", func() bool { _, err := f.client.State(ctx, "counter"); return err == nil })
@@ -139,7 +138,7 @@ func TestNodeMonitorCrashLosesNothing(t *testing.T) {
 	if _, err := other.Delete(ctx, "sleeper"); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "keeper and monitor to exit", func() bool { return len(berthdtest.PidsMentioning(f.nodeDir()+"\x00")) == 0 })
+	waitFor(t, "keeper and monitor to exit", func() bool { return len(f.shimPids()) == 0 })
 }
 
 // A keeper killed with SIGKILL costs the exit codes of the containers
@@ -167,7 +166,7 @@ func TestNodeKeeperCrashLosesOnlyExitCodes(t *testing.T) {
 	if _, err := f.client.Delete(ctx, "counter"); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "the monitor to exit", func() bool { return len(berthdtest.PidsMentioning(f.nodeDir()+"\x00")) == 0 })
+	waitFor(t, "the monitor to exit", func() bool { return len(f.shimPids()) == 0 })
 }
 
 // SIGTERM to the monitor is a hand-over (an upgrade, decision 1701): each

@@ -78,10 +78,13 @@ func (f *fixture) shimPid(mode string) int {
 	return pid
 }
 
+// shimPids lists the fixture's keeper and monitor processes.
+func (f *fixture) shimPids() []int { return berthdtest.PidsMentioning(f.nodeDir() + "\x00") }
+
 // findShim is shimPid for polls: 0 when none runs, as between a monitor
 // handing over and the keeper starting the next.
 func (f *fixture) findShim(mode string) int {
-	for _, pid := range berthdtest.PidsMentioning(f.nodeDir() + "\x00") {
+	for _, pid := range f.shimPids() {
 		cmd, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
 		if bytes.Contains(cmd, []byte("\x00"+mode+"\x00")) {
 			return pid

@@ -218,20 +218,13 @@ func (k *Keeper) serveLink(fd int) {
 
 // applyLocked applies one monitor message; it owns fds.
 func (k *Keeper) applyLocked(m *proto.KeeperMsg, fds []int) {
-	closeFds := func(fds []int) {
-		for _, fd := range fds {
-			if fd >= 0 {
-				unix.Close(fd)
-			}
-		}
-	}
 	e := k.ctrs[m.ID]
 	switch m.Op {
 	case proto.KeeperRegister:
 		names := m.StreamNames()
 		if len(names) != len(fds) || m.ID == "" {
 			k.logf("register of %q: %d fds for streams %q; refused", m.ID, len(fds), m.Streams)
-			closeFds(fds)
+			proto.CloseFds(fds)
 			return
 		}
 		if e != nil {
@@ -269,15 +262,11 @@ func (k *Keeper) applyLocked(m *proto.KeeperMsg, fds []int) {
 	default:
 		k.logf("unknown message %q from the monitor", m.Op)
 	}
-	closeFds(fds)
+	proto.CloseFds(fds)
 }
 
 func (k *Keeper) forgetLocked(e *entry) {
-	for _, fd := range e.fds {
-		if fd >= 0 {
-			unix.Close(fd)
-		}
-	}
+	proto.CloseFds(e.fds)
 	e.fds = nil
 	if k.byPid[e.msg.Pid] == e {
 		delete(k.byPid, e.msg.Pid)

@@ -201,22 +201,27 @@ func (r *KeeperReader) Recv() (*KeeperMsg, []int, error) {
 			}
 		}
 	}
-	closeAll := func() {
-		for _, f := range fds {
-			unix.Close(f)
-		}
-	}
 	if n == 0 && oobn == 0 {
 		return nil, nil, io.EOF
 	}
 	if flags&(unix.MSG_TRUNC|unix.MSG_CTRUNC) != 0 {
-		closeAll()
+		CloseFds(fds)
 		return nil, nil, fmt.Errorf("keeper message truncated")
 	}
 	m, err := DecodeKeeperMsg(buf[:n])
 	if err != nil {
-		closeAll()
+		CloseFds(fds)
 		return nil, nil, err
 	}
 	return m, fds, nil
+}
+
+// CloseFds closes the descriptors of a keeper message; negative ones
+// (the keeper's mark for a stream already closed) are skipped.
+func CloseFds(fds []int) {
+	for _, fd := range fds {
+		if fd >= 0 {
+			unix.Close(fd)
+		}
+	}
 }

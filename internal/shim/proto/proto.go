@@ -72,6 +72,10 @@ const ExitVersion = 1
 // berthd's shim state dir); the dot keeps it out of the pod listing.
 func NodeDir(shims string) string { return filepath.Join(shims, ".node") }
 
+// NodeSocketPath is the node monitor's own socket (add-pod, ping,
+// shutdown) in the node dir.
+func NodeSocketPath(nodeDir string) string { return filepath.Join(nodeDir, "node.sock") }
+
 // SocketPath is the shim's socket in its directory.
 func SocketPath(dir string) string { return filepath.Join(dir, "shim.sock") }
 

@@ -51,7 +51,7 @@ func (k *keeperLink) register(s *Server, c *container, cr *proto.CreateRequest, 
 	m := &proto.KeeperMsg{Op: proto.KeeperRegister, ID: c.id, Dir: s.dir, Pid: pid, Running: running,
 		Create: string(proto.AppendRequest(nil, &proto.Request{Op: proto.OpCreate, ID: c.id, Create: cr}))}
 	var fds []int
-	defer func() { closeFds(fds) }()
+	defer func() { proto.CloseFds(fds) }()
 	var names string
 	var dupErr error
 	// Duplicates, sent and closed: File.Fd would put the monitor's own
@@ -107,9 +107,7 @@ func (k *keeperLink) note(op, id string) {
 func (k *keeperLink) serve() {
 	for {
 		m, fds, err := k.r.Recv()
-		for _, fd := range fds {
-			unix.Close(fd)
-		}
+		proto.CloseFds(fds)
 		if err != nil {
 			if !errors.Is(err, io.EOF) {
 				k.node.logf("keeper link: %v", err)
@@ -144,13 +142,13 @@ func (n *Node) Adopt() error {
 		}
 		switch m.Op {
 		case proto.KeeperAdopted:
-			closeFds(fds)
+			proto.CloseFds(fds)
 			if count > 0 {
 				n.logf("adopted %d containers from the keeper", count)
 			}
 			return nil
 		case proto.KeeperExit:
-			closeFds(fds)
+			proto.CloseFds(fds)
 			n.reaper.deliver(m.Pid, unix.WaitStatus(m.Status))
 		case proto.KeeperAdopt:
 			if err := n.adopt(m, fds); err != nil {
@@ -159,14 +157,8 @@ func (n *Node) Adopt() error {
 			}
 			count++
 		default:
-			closeFds(fds)
+			proto.CloseFds(fds)
 		}
-	}
-}
-
-func closeFds(fds []int) {
-	for _, fd := range fds {
-		unix.Close(fd)
 	}
 }
 
@@ -174,7 +166,7 @@ func closeFds(fds []int) {
 func (n *Node) adopt(m *proto.KeeperMsg, fds []int) error {
 	names := m.StreamNames()
 	if len(names) != len(fds) {
-		closeFds(fds)
+		proto.CloseFds(fds)
 		return fmt.Errorf("%d fds for streams %q", len(fds), m.Streams)
 	}
 	files := make([]*os.File, len(fds))

@@ -61,7 +61,7 @@ func (n *Node) Listen() error {
 	if err := os.MkdirAll(n.dir, 0o700); err != nil {
 		return fmt.Errorf("create node dir: %w", err)
 	}
-	path := filepath.Join(n.dir, "node.sock")
+	path := proto.NodeSocketPath(n.dir)
 	_ = os.Remove(path)
 	ln, err := listenUnix(path)
 	if err != nil {
@@ -89,20 +89,7 @@ func (n *Node) Serve() {
 	n.mu.Lock()
 	ln := n.ln
 	n.mu.Unlock()
-	go func() {
-		for {
-			conn, err := accept(ln)
-			if err != nil {
-				if n.isClosing() {
-					return
-				}
-				n.logf("accept on the node socket: %v", err)
-				time.Sleep(100 * time.Millisecond)
-				continue
-			}
-			go n.serveNodeConn(conn)
-		}
-	}()
+	go serveAccepted(ln, n.isClosing, n.logf, n.serveNodeConn)
 	<-n.done
 	n.waitAnswers(5 * time.Second)
 }

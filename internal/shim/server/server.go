@@ -20,7 +20,6 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
-	"time"
 
 	"github.com/berthcri/berth/internal/errdefs"
 	"github.com/berthcri/berth/internal/shim/proto"
@@ -66,19 +65,7 @@ func (s *Server) Listen() error {
 // Serve answers the pod's connections until the pod has no containers
 // left.
 func (s *Server) Serve() {
-	for {
-		conn, err := accept(s.ln)
-		if err != nil {
-			if s.isClosing() {
-				return
-			}
-			// Out of fds or memory: back off rather than spin.
-			s.logf("accept: %v", err)
-			time.Sleep(100 * time.Millisecond)
-			continue
-		}
-		go s.serveConn(conn)
-	}
+	serveAccepted(s.ln, s.isClosing, s.logf, s.serveConn)
 }
 
 // exitIfEmpty ends the pod when it holds no containers: it removes its

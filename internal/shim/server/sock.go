@@ -2,6 +2,7 @@ package server
 
 import (
 	"os"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -30,6 +31,24 @@ func listenUnix(path string) (*os.File, error) {
 		return nil, err
 	}
 	return os.NewFile(uintptr(fd), path), nil
+}
+
+// serveAccepted serves each connection on ln on a goroutine of its own
+// until ln is closed for good (closing says so); any other accept error
+// (out of fds or memory) backs off rather than spins.
+func serveAccepted(ln *os.File, closing func() bool, logf func(string, ...any), serve func(*os.File)) {
+	for {
+		conn, err := accept(ln)
+		if err != nil {
+			if closing() {
+				return
+			}
+			logf("accept on %s: %v", ln.Name(), err)
+			time.Sleep(100 * time.Millisecond)
+			continue
+		}
+		go serve(conn)
+	}
 }
 
 // accept waits for the next connection on ln.
