@@ -2,8 +2,10 @@ package server
 
 import (
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -228,11 +230,7 @@ func (n *Node) isClosing() bool {
 func (n *Node) podDirs() []string {
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	dirs := make([]string, 0, len(n.pods))
-	for d := range n.pods {
-		dirs = append(dirs, d)
-	}
-	return dirs
+	return slices.Collect(maps.Keys(n.pods))
 }
 
 // eachPod calls fn for every pod, under the node's lock.

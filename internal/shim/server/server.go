@@ -17,8 +17,10 @@ package server
 
 import (
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
+	"slices"
 	"sync"
 
 	"github.com/berthcri/berth/internal/errdefs"
@@ -145,11 +147,7 @@ func (s *Server) get(id string) (*container, error) {
 func (s *Server) ids() []string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	ids := make([]string, 0, len(s.ctrs))
-	for id := range s.ctrs {
-		ids = append(ids, id)
-	}
-	return ids
+	return slices.Collect(maps.Keys(s.ctrs))
 }
 
 // each calls fn for every container, under the registry lock (fn may
