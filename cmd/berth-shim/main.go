@@ -82,7 +82,10 @@ func runKeeper(dir string, logf func(string, ...any)) int {
 		logf("find own binary: %v", err)
 		return 1
 	}
-	return keeper.New(dir, binary, logf).Run(os.NewFile(keeper.ReadyFd, "ready"))
+	// The launch lock goes to the first monitor and nowhere else: not to
+	// the monitors started after it, nor to anything they start.
+	unix.CloseOnExec(keeper.KeeperLaunchLockFd)
+	return keeper.New(dir, binary, logf).Run(os.NewFile(keeper.ReadyFd, "ready"), os.NewFile(keeper.KeeperLaunchLockFd, "launch.lock"))
 }
 
 func runMonitor(dir string, logf func(string, ...any)) int {
@@ -95,8 +98,11 @@ func runMonitor(dir string, logf func(string, ...any)) int {
 		logf("%v", err)
 		return 1
 	}
-	// Tell berthd we listen (the first monitor's fd 3 is its readiness
-	// pipe, a restarted one's /dev/null), then let go of it.
+	// Let go of the launch lock (the first monitor's: berthd's; a
+	// restarted one's /dev/null), then tell berthd we listen (fd 3: its
+	// readiness pipe, or /dev/null) and let go of that too. In this order,
+	// whoever waited for the lock finds the monitor listening.
+	unix.Close(keeper.MonitorLaunchLockFd)
 	if ready := os.NewFile(keeper.ReadyFd, "ready"); ready != nil {
 		_, _ = ready.Write([]byte{1})
 		ready.Close()

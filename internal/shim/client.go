@@ -222,18 +222,18 @@ func Launch(ctx context.Context, binary, dir, podID string) (*Client, error) {
 	}
 	// One launch at a time on the node, across berthd's goroutines and
 	// processes: the lock is a file's, taken by whoever found no monitor.
-	unlock, err := lockNode(nodeDir)
+	lock, err := lockNode(nodeDir, true)
 	if err != nil {
 		return nil, err
 	}
-	defer unlock()
+	defer lock.Close()
 	if err = addPod(ctx, nodeDir, dir); err == nil {
 		return NewClient(dir), nil // another launch won
 	}
 	if !errors.Is(err, errdefs.ErrUnavailable) { // ErrNoShim among them
 		return nil, err
 	}
-	if err := launchNode(binary, nodeDir); err != nil {
+	if err := launchNode(binary, nodeDir, lock); err != nil {
 		return nil, fmt.Errorf("start the shim for pod %s: %w", podID, err)
 	}
 	if err := addPod(ctx, nodeDir, dir); err != nil {
@@ -243,9 +243,18 @@ func Launch(ctx context.Context, binary, dir, podID string) (*Client, error) {
 }
 
 // StopIdleNode makes the node's monitor (and with it its keeper) exit if
-// it serves no pod; shims is the pods' dir, as Launch's dir's parent.
+// it serves no pod; shims is the pods' dir, as Launch's dir's parent. It
+// takes the launch lock first: a keeper launched by a berthd that died
+// before its monitor listened holds it until the monitor does, and is
+// stopped then rather than missed.
 func StopIdleNode(ctx context.Context, shims string) error {
-	_, err := nodeClient(proto.NodeDir(shims)).call(ctx, &proto.Request{Op: proto.OpShutdown})
+	nodeDir := proto.NodeDir(shims)
+	lock, err := lockNode(nodeDir, false)
+	if err != nil || lock == nil {
+		return err // nil: no node dir, no monitor
+	}
+	defer lock.Close()
+	_, err = nodeClient(nodeDir).call(ctx, &proto.Request{Op: proto.OpShutdown})
 	if err == nil || errors.Is(err, ErrNoShim) || errors.Is(err, errdefs.ErrFailedPrecondition) {
 		return nil
 	}
@@ -259,14 +268,31 @@ func addPod(ctx context.Context, nodeDir, dir string) error {
 }
 
 // lockNode takes the node's launch lock (flock, so also against another
-// berthd on the same state dir).
-func lockNode(nodeDir string) (unlock func(), err error) {
-	if err := os.MkdirAll(nodeDir, 0o700); err != nil {
-		return nil, fmt.Errorf("create shim node dir: %w", err)
+// berthd on the same state dir); closing the file lets it go. With create
+// false it makes no node dir: (nil, nil) when there is none.
+func lockNode(nodeDir string, create bool) (*os.File, error) {
+	mkdir := func() error {
+		if !create {
+			return nil
+		}
+		if err := os.MkdirAll(nodeDir, 0o700); err != nil {
+			return fmt.Errorf("create shim node dir: %w", err)
+		}
+		return nil
+	}
+	if err := mkdir(); err != nil {
+		return nil, err
 	}
 	path := filepath.Join(nodeDir, "launch.lock")
+	flags := os.O_RDWR | syscall.O_CLOEXEC
+	if create {
+		flags |= os.O_CREATE
+	}
 	for {
-		f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|syscall.O_CLOEXEC, 0o600)
+		f, err := os.OpenFile(path, flags, 0o600)
+		if !create && errors.Is(err, os.ErrNotExist) {
+			return nil, nil
+		}
 		if err != nil {
 			return nil, fmt.Errorf("open shim launch lock: %w", err)
 		}
@@ -284,11 +310,11 @@ func lockNode(nodeDir string) (unlock func(), err error) {
 		// lock taken on a removed file locks nothing, take the new one.
 		var held, now syscall.Stat_t
 		if syscall.Fstat(int(f.Fd()), &held) == nil && syscall.Stat(path, &now) == nil && held.Ino == now.Ino && held.Dev == now.Dev {
-			return func() { f.Close() }, nil
+			return f, nil
 		}
 		f.Close()
-		if err := os.MkdirAll(nodeDir, 0o700); err != nil {
-			return nil, fmt.Errorf("create shim node dir: %w", err)
+		if err := mkdir(); err != nil {
+			return nil, err
 		}
 	}
 }
@@ -296,27 +322,14 @@ func lockNode(nodeDir string) (unlock func(), err error) {
 // launchNode starts the node's keeper, which starts its monitor, and waits
 // until the monitor listens. The keeper runs in its own session and
 // process group so it outlives berthd; berthd reaps it only while it is
-// its parent.
-func launchNode(binary, nodeDir string) error {
-	r, w, err := os.Pipe()
+// its parent. lock, the launch lock held, goes to the keeper and on to the
+// monitor, which lets go of it once it listens (keeper.ReadyFd).
+func launchNode(binary, nodeDir string, lock *os.File) error {
+	cmd, r, err := startKeeper(binary, nodeDir, lock)
 	if err != nil {
-		return fmt.Errorf("start shim: %w", err)
+		return err
 	}
 	defer r.Close()
-	cmd := exec.Command(binary, "keeper", "--dir", nodeDir)
-	cmd.ExtraFiles = []*os.File{w}
-	cmd.Env = []string{"GOMAXPROCS=1", "GOTRACEBACK=single", "PATH=" + os.Getenv("PATH")}
-	// A debugging aid: the monitor logs its memory stats after each trim.
-	if v := os.Getenv("BERTH_SHIM_MEMSTATS"); v != "" {
-		cmd.Env = append(cmd.Env, "BERTH_SHIM_MEMSTATS="+v)
-	}
-	cmd.Dir = "/"
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
-	if err := cmd.Start(); err != nil {
-		w.Close()
-		return fmt.Errorf("start shim %s: %w", binary, err)
-	}
-	w.Close()
 	exited := make(chan error, 1)
 	go func() { exited <- cmd.Wait() }()
 	_ = r.SetReadDeadline(time.Now().Add(readyTimeout))
@@ -331,4 +344,29 @@ func launchNode(binary, nodeDir string) error {
 		}
 	}
 	return nil
+}
+
+// startKeeper starts the node's keeper and returns it with the read end of
+// its monitor's readiness pipe.
+func startKeeper(binary, nodeDir string, lock *os.File) (*exec.Cmd, *os.File, error) {
+	r, w, err := os.Pipe()
+	if err != nil {
+		return nil, nil, fmt.Errorf("start shim: %w", err)
+	}
+	cmd := exec.Command(binary, "keeper", "--dir", nodeDir)
+	cmd.ExtraFiles = []*os.File{w, lock} // keeper.ReadyFd, keeper.KeeperLaunchLockFd
+	cmd.Env = []string{"GOMAXPROCS=1", "GOTRACEBACK=single", "PATH=" + os.Getenv("PATH")}
+	// A debugging aid: the monitor logs its memory stats after each trim.
+	if v := os.Getenv("BERTH_SHIM_MEMSTATS"); v != "" {
+		cmd.Env = append(cmd.Env, "BERTH_SHIM_MEMSTATS="+v)
+	}
+	cmd.Dir = "/"
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	err = cmd.Start()
+	w.Close()
+	if err != nil {
+		r.Close()
+		return nil, nil, fmt.Errorf("start shim %s: %w", binary, err)
+	}
+	return cmd, r, nil
 }

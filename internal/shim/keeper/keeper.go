@@ -29,11 +29,18 @@ import (
 	"github.com/berthcri/berth/internal/shim/proto"
 )
 
-// LinkFd is the fd a monitor finds its keeper link on; ReadyFd carries the
-// first monitor's readiness byte to berthd.
+// The fds the processes start with. ReadyFd carries the first monitor's
+// readiness byte to berthd. LinkFd is the monitor's link to its keeper.
+// The launch lock (berthd's flock on <node>/launch.lock) is the keeper's
+// KeeperLaunchLockFd and the first monitor's MonitorLaunchLockFd: held
+// from berthd's launch until the monitor listens, so a berthd restarted
+// meanwhile waits for the monitor rather than finding none (a restarted
+// monitor gets /dev/null there, as for ReadyFd).
 const (
-	ReadyFd = 3
-	LinkFd  = 4
+	ReadyFd             = 3
+	LinkFd              = 4
+	KeeperLaunchLockFd  = 4
+	MonitorLaunchLockFd = 5
 )
 
 // Keeper is the keeper process's state.
@@ -70,15 +77,18 @@ const (
 	maxRestartDelay = 5 * time.Second
 )
 
-// Run starts the monitor (handing it ready, berthd's readiness pipe) and
-// reaps until the monitor exits cleanly with no container held; it
-// returns the process's exit code.
-func (k *Keeper) Run(ready *os.File) int {
-	if err := k.startMonitor(ready); err != nil {
+// Run starts the monitor (handing it ready, berthd's readiness pipe, and
+// launchLock, berthd's launch lock, which the monitor lets go once it
+// listens) and reaps until the monitor exits cleanly with no container
+// held; it returns the process's exit code.
+func (k *Keeper) Run(ready, launchLock *os.File) int {
+	err := k.startMonitor(ready, launchLock)
+	ready.Close()
+	launchLock.Close() // if startMonitor failed before it could
+	if err != nil {
 		k.logf("start monitor: %v", err)
 		return 1
 	}
-	ready.Close()
 	delay := minRestartDelay
 	startedAt := time.Now()
 	for {
@@ -118,7 +128,7 @@ func (k *Keeper) Run(ready *os.File) int {
 			}
 			handedOver = false
 			delay = min(2*delay, maxRestartDelay)
-			if err := k.startMonitor(nil); err != nil {
+			if err := k.startMonitor(nil, nil); err != nil {
 				k.logf("restart monitor: %v", err)
 				continue
 			}
@@ -139,7 +149,7 @@ func describe(ws unix.WaitStatus) string {
 // container held and serves its messages. It runs on Run's goroutine, the
 // only one that waits, so the monitor's pid is known before it can be
 // reaped.
-func (k *Keeper) startMonitor(ready *os.File) error {
+func (k *Keeper) startMonitor(ready, launchLock *os.File) error {
 	sp, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
 	if err != nil {
 		return os.NewSyscallError("socketpair", err)
@@ -152,14 +162,22 @@ func (k *Keeper) startMonitor(ready *os.File) error {
 		return err
 	}
 	defer null.Close()
-	readyFd := null.Fd()
+	readyFd, lockFd := null.Fd(), null.Fd()
 	if ready != nil {
 		readyFd = ready.Fd()
 	}
-	files := []uintptr{null.Fd(), null.Fd(), null.Fd(), readyFd, uintptr(theirs)}
+	if launchLock != nil {
+		lockFd = launchLock.Fd()
+	}
+	files := []uintptr{null.Fd(), null.Fd(), null.Fd(), readyFd, uintptr(theirs), lockFd}
 	argv := []string{k.binary, "monitor", "--dir", k.dir}
 	pid, err := syscall.ForkExec(k.binary, argv, &syscall.ProcAttr{Dir: "/", Env: os.Environ(), Files: files})
 	unix.Close(theirs)
+	if launchLock != nil {
+		// The monitor holds it now; ours goes before the adopt list, so
+		// before the monitor can listen and let go of its own.
+		launchLock.Close()
+	}
 	if err != nil {
 		unix.Close(mine)
 		return err

@@ -1,0 +1,81 @@
+package shim
+
+import (
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/berthcri/berth/internal/testutil/berthdtest"
+	"github.com/berthcri/berth/internal/testutil/bundletest"
+)
+
+// berthd dying between starting the node's keeper and the monitor
+// listening leaves a keeper and monitor that serve no pod. The restarted
+// berthd's StopIdleNode must stop them, not miss them for want of a
+// monitor answering yet: the launch lock, handed to the keeper and on to
+// the monitor, makes it wait until the monitor listens.
+func TestStopIdleNodeWaitsForAMonitorLaunchedByADeadBerthd(t *testing.T) {
+	t.Parallel()
+	if os.Geteuid() != 0 {
+		t.Skip("needs root, as berth-shim does")
+	}
+	shims := filepath.Join(t.TempDir(), "shims")
+	nodeDir := filepath.Join(shims, ".node")
+	lock, err := lockNode(nodeDir, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd, ready, err := startKeeper(bundletest.ShimBinary(t), nodeDir, lock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	go cmd.Wait() //nolint:errcheck // reaped, as berthd reaps its child
+	// berthd "dies": its lock and readiness pipe go, at once.
+	lock.Close()
+	ready.Close()
+	if err := StopIdleNode(context.Background(), shims); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for len(berthdtest.PidsMentioning(nodeDir+"\x00")) > 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("keeper and monitor still running after StopIdleNode: %v", berthdtest.PidsMentioning(nodeDir+"\x00"))
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if _, err := os.Stat(nodeDir); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("node dir after the node stopped: %v", err)
+	}
+}
+
+// Once the monitor listens, nothing holds the launch lock: the next launch
+// takes it at once.
+func TestLaunchLockIsFreeOnceTheMonitorListens(t *testing.T) {
+	t.Parallel()
+	if os.Geteuid() != 0 {
+		t.Skip("needs root, as berth-shim does")
+	}
+	shims := filepath.Join(t.TempDir(), "shims")
+	nodeDir := filepath.Join(shims, ".node")
+	lock, err := lockNode(nodeDir, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := launchNode(bundletest.ShimBinary(t), nodeDir, lock); err != nil {
+		t.Fatal(err)
+	}
+	lock.Close()
+	t.Cleanup(func() { _ = StopIdleNode(context.Background(), shims) })
+	f, err := os.Open(filepath.Join(nodeDir, "launch.lock"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
+		t.Fatalf("launch lock still held with the monitor listening: %v", err)
+	}
+}
