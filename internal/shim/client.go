@@ -246,7 +246,8 @@ func Launch(ctx context.Context, binary, dir, podID string) (*Client, error) {
 // it serves no pod; shims is the pods' dir, as Launch's dir's parent. It
 // takes the launch lock first: a keeper launched by a berthd that died
 // before its monitor listened holds it until the monitor does, and is
-// stopped then rather than missed.
+// stopped then rather than missed. A launch cut short before its keeper
+// started leaves the node dir with its lock and no socket; that dir goes.
 func StopIdleNode(ctx context.Context, shims string) error {
 	nodeDir := proto.NodeDir(shims)
 	lock, err := lockNode(nodeDir, false)
@@ -255,7 +256,18 @@ func StopIdleNode(ctx context.Context, shims string) error {
 	}
 	defer lock.Close()
 	_, err = nodeClient(nodeDir).call(ctx, &proto.Request{Op: proto.OpShutdown})
-	if err == nil || errors.Is(err, ErrNoShim) || errors.Is(err, errdefs.ErrFailedPrecondition) {
+	if errors.Is(err, ErrNoShim) {
+		// With the lock held no monitor is starting; with no socket none
+		// ever listened here (a crashed one leaves its socket for the
+		// keeper's restart of it, and is left alone).
+		if _, serr := os.Lstat(proto.NodeSocketPath(nodeDir)); errors.Is(serr, os.ErrNotExist) {
+			if rerr := os.RemoveAll(nodeDir); rerr != nil {
+				return fmt.Errorf("remove the node dir of a launch cut short: %w", rerr)
+			}
+		}
+		return nil
+	}
+	if err == nil || errors.Is(err, errdefs.ErrFailedPrecondition) {
 		return nil
 	}
 	return err

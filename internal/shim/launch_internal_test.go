@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/berthcri/berth/internal/shim/proto"
 	"github.com/berthcri/berth/internal/testutil/berthdtest"
 	"github.com/berthcri/berth/internal/testutil/bundletest"
 )
@@ -77,5 +78,41 @@ func TestLaunchLockIsFreeOnceTheMonitorListens(t *testing.T) {
 	defer f.Close()
 	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
 		t.Fatalf("launch lock still held with the monitor listening: %v", err)
+	}
+}
+
+// berthd dying after taking the launch lock but before starting the keeper
+// leaves the node dir with only its lock: StopIdleNode removes it, and
+// leaves a dir whose (crashed) monitor's socket is still there.
+func TestStopIdleNodeRemovesALaunchCutShortBeforeTheKeeper(t *testing.T) {
+	t.Parallel()
+	shims := filepath.Join(t.TempDir(), "shims")
+	nodeDir := filepath.Join(shims, ".node")
+	lock, err := lockNode(nodeDir, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lock.Close() // berthd "dies" before startKeeper
+	if err := StopIdleNode(context.Background(), shims); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(nodeDir); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("node dir after StopIdleNode: %v", err)
+	}
+
+	// A monitor that crashed left its socket; its keeper restarts it there.
+	lock, err = lockNode(nodeDir, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lock.Close()
+	if err := os.WriteFile(proto.NodeSocketPath(nodeDir), nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := StopIdleNode(context.Background(), shims); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(proto.NodeSocketPath(nodeDir)); err != nil {
+		t.Fatalf("a crashed monitor's node dir was touched: %v", err)
 	}
 }
