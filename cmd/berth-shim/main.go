@@ -82,6 +82,15 @@ func runKeeper(dir string, logf func(string, ...any)) int {
 		logf("find own binary: %v", err)
 		return 1
 	}
+	// Held until we exit: berthd's launch finding no monitor but this
+	// lock held waits for the monitor we restart instead of starting a
+	// second keeper on the dir.
+	keeperLock, err := keeper.HoldKeeperLock(dir)
+	if err != nil {
+		logf("%v", err)
+		return 1
+	}
+	defer keeperLock.Close()
 	// The launch lock goes to the first monitor and nowhere else: not to
 	// the monitors started after it, nor to anything they start.
 	unix.CloseOnExec(keeper.KeeperLaunchLockFd)

@@ -233,6 +233,15 @@ func Launch(ctx context.Context, binary, dir, podID string) (*Client, error) {
 	if !errors.Is(err, errdefs.ErrUnavailable) { // ErrNoShim among them
 		return nil, err
 	}
+	// A living keeper's monitor crashed or handed over and is being
+	// restarted: a second keeper here would fight it for the node's
+	// socket, so the pod waits for that monitor.
+	if added, err := addPodToRestartedMonitor(ctx, nodeDir, dir); added || err != nil {
+		if err != nil {
+			return nil, fmt.Errorf("add pod %s to the node's restarting monitor: %w", podID, err)
+		}
+		return NewClient(dir), nil
+	}
 	if err := launchNode(binary, nodeDir, lock); err != nil {
 		return nil, fmt.Errorf("start the shim for pod %s: %w", podID, err)
 	}
@@ -257,10 +266,11 @@ func StopIdleNode(ctx context.Context, shims string) error {
 	defer lock.Close()
 	_, err = nodeClient(nodeDir).call(ctx, &proto.Request{Op: proto.OpShutdown})
 	if errors.Is(err, ErrNoShim) {
-		// With the lock held no monitor is starting; with no socket none
-		// ever listened here (a crashed one leaves its socket for the
-		// keeper's restart of it, and is left alone).
-		if _, serr := os.Lstat(proto.NodeSocketPath(nodeDir)); errors.Is(serr, os.ErrNotExist) {
+		// With the lock held no monitor is starting; with no keeper and
+		// no socket none ever listened here. (A crashed monitor leaves
+		// its socket, and its keeper restarts it: both are left alone.)
+		_, serr := os.Lstat(proto.NodeSocketPath(nodeDir))
+		if errors.Is(serr, os.ErrNotExist) && !keeperLives(nodeDir) {
 			if rerr := os.RemoveAll(nodeDir); rerr != nil {
 				return fmt.Errorf("remove the node dir of a launch cut short: %w", rerr)
 			}
@@ -271,6 +281,41 @@ func StopIdleNode(ctx context.Context, shims string) error {
 		return nil
 	}
 	return err
+}
+
+// keeperLives tells whether a keeper holds the node dir's keeper lock.
+// Call it with the launch lock held: keepers start only under it, so the
+// probe's brief hold of the lock cannot make a starting keeper fail.
+func keeperLives(nodeDir string) bool {
+	f, err := os.OpenFile(proto.KeeperLockPath(nodeDir), os.O_RDONLY|syscall.O_CLOEXEC, 0)
+	if err != nil {
+		return false // none ever started here (or the dir went with its node)
+	}
+	defer f.Close()
+	return syscall.Flock(int(f.Fd()), syscall.LOCK_SH|syscall.LOCK_NB) == syscall.EWOULDBLOCK
+}
+
+// addPodToRestartedMonitor adds the pod of dir to the node's monitor
+// while a keeper lives to restart it, waiting at most readyTimeout; added
+// false and no error: no keeper lives, a launch is due.
+func addPodToRestartedMonitor(ctx context.Context, nodeDir, dir string) (added bool, err error) {
+	ctx, cancel := context.WithTimeout(ctx, readyTimeout)
+	defer cancel()
+	for keeperLives(nodeDir) {
+		err := addPod(ctx, nodeDir, dir)
+		if err == nil {
+			return true, nil
+		}
+		if !errors.Is(err, errdefs.ErrUnavailable) {
+			return false, err
+		}
+		select {
+		case <-ctx.Done():
+			return false, fmt.Errorf("the keeper's monitor did not listen again: %w", err)
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+	return false, nil
 }
 
 // addPod asks the node's monitor to serve the pod of dir.

@@ -3,6 +3,7 @@ package shim_test
 import (
 	"context"
 	"errors"
+	"net"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -202,5 +203,39 @@ func TestNodeMonitorHandOverLosesNothing(t *testing.T) {
 		if _, err := f.client.Delete(ctx, id); err != nil {
 			t.Fatal(err)
 		}
+	}
+}
+
+// A launch while the keeper restarts its crashed monitor (it waits 50 ms
+// first) finds no monitor answering and the launch lock free. It must
+// wait for that monitor, not start a second keeper on the node dir that
+// would fight it for the node's socket.
+func TestNodeLaunchDuringMonitorRestartJoinsTheKeeper(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	ctx := context.Background()
+	keeper, monitor := f.shimPid("keeper"), f.shimPid("monitor")
+	if err := syscall.Kill(monitor, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	// Launch once the node's socket stops answering: inside the restart
+	// delay.
+	nodeSock := filepath.Join(f.nodeDir(), "node.sock")
+	waitFor(t, "the killed monitor's socket to refuse", func() bool {
+		c, err := net.Dial("unix", nodeSock)
+		if err == nil {
+			c.Close()
+		}
+		return err != nil
+	})
+	other, err := shim.Launch(ctx, bundletest.ShimBinary(t), filepath.Join(f.dir, "shims", strings.Repeat("q", 64)), "pod2")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ids, err := other.List(ctx); err != nil || len(ids) != 0 {
+		t.Fatalf("the launched pod's containers: %v, %v", ids, err)
+	}
+	if k, pids := f.shimPid("keeper"), f.shimPids(); k != keeper || len(pids) != 2 {
+		t.Fatalf("keeper %d (was %d), berth-shim processes %v: want the one keeper and its new monitor", k, keeper, pids)
 	}
 }

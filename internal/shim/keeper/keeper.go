@@ -15,6 +15,7 @@ package keeper
 
 import (
 	"errors"
+	"fmt"
 	"io"
 	"os"
 	"strconv"
@@ -69,6 +70,21 @@ type entry struct {
 // binary.
 func New(dir, binary string, logf func(string, ...any)) *Keeper {
 	return &Keeper{dir: dir, binary: binary, logf: logf, ctrs: map[string]*entry{}, byPid: map[int]*entry{}, link: -1}
+}
+
+// HoldKeeperLock takes the node dir's keeper lock (proto.KeeperLockPath),
+// close-on-exec, for the caller to keep open for its life. It fails when
+// another keeper holds it: one keeper per node dir.
+func HoldKeeperLock(dir string) (*os.File, error) {
+	f, err := os.OpenFile(proto.KeeperLockPath(dir), os.O_RDWR|os.O_CREATE|unix.O_CLOEXEC, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("open keeper lock: %w", err)
+	}
+	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("take keeper lock of %s (another keeper runs there?): %w", dir, err)
+	}
+	return f, nil
 }
 
 // restartBackoff bounds how fast a crashing monitor is restarted.

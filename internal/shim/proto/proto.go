@@ -76,6 +76,12 @@ func NodeDir(shims string) string { return filepath.Join(shims, ".node") }
 // shutdown) in the node dir.
 func NodeSocketPath(nodeDir string) string { return filepath.Join(nodeDir, "node.sock") }
 
+// KeeperLockPath is the file the node's keeper holds a flock on for its
+// whole life: while it is held, a keeper lives on the node dir (restarting
+// its monitor, maybe), and a launch waits for that monitor rather than
+// starting a second keeper there.
+func KeeperLockPath(nodeDir string) string { return filepath.Join(nodeDir, "keeper.lock") }
+
 // SocketPath is the shim's socket in its directory.
 func SocketPath(dir string) string { return filepath.Join(dir, "shim.sock") }
 
