@@ -260,8 +260,14 @@ func Launch(ctx context.Context, binary, dir, podID string) (*Client, error) {
 func StopIdleNode(ctx context.Context, shims string) error {
 	nodeDir := proto.NodeDir(shims)
 	lock, err := lockNode(nodeDir, false)
-	if err != nil || lock == nil {
-		return err // nil: no node dir, no monitor
+	if err != nil {
+		return err
+	}
+	if lock == nil {
+		// No lock, no monitor: at most a dir left empty by a launch cut
+		// short before it made its lock (rmdir leaves any other alone).
+		_ = os.Remove(nodeDir)
+		return nil
 	}
 	defer lock.Close()
 	_, err = nodeClient(nodeDir).call(ctx, &proto.Request{Op: proto.OpShutdown})
@@ -347,8 +353,15 @@ func lockNode(nodeDir string, create bool) (*os.File, error) {
 	}
 	for {
 		f, err := os.OpenFile(path, flags, 0o600)
-		if !create && errors.Is(err, os.ErrNotExist) {
-			return nil, nil
+		if errors.Is(err, os.ErrNotExist) {
+			if !create {
+				return nil, nil
+			}
+			// Recovery removed the dir we made, empty, in between.
+			if err := mkdir(); err != nil {
+				return nil, err
+			}
+			continue
 		}
 		if err != nil {
 			return nil, fmt.Errorf("open shim launch lock: %w", err)

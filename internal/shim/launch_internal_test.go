@@ -82,8 +82,9 @@ func TestLaunchLockIsFreeOnceTheMonitorListens(t *testing.T) {
 }
 
 // berthd dying after taking the launch lock but before starting the keeper
-// leaves the node dir with only its lock: StopIdleNode removes it, and
-// leaves a dir whose (crashed) monitor's socket is still there.
+// leaves the node dir with only its lock (or, earlier, empty):
+// StopIdleNode removes it, and leaves a dir whose (crashed) monitor's
+// socket is still there.
 func TestStopIdleNodeRemovesALaunchCutShortBeforeTheKeeper(t *testing.T) {
 	t.Parallel()
 	shims := filepath.Join(t.TempDir(), "shims")
@@ -98,6 +99,17 @@ func TestStopIdleNodeRemovesALaunchCutShortBeforeTheKeeper(t *testing.T) {
 	}
 	if _, err := os.Stat(nodeDir); !errors.Is(err, os.ErrNotExist) {
 		t.Fatalf("node dir after StopIdleNode: %v", err)
+	}
+
+	// Cut short before the lock was made: an empty dir.
+	if err := os.MkdirAll(nodeDir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := StopIdleNode(context.Background(), shims); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(nodeDir); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("empty node dir after StopIdleNode: %v", err)
 	}
 
 	// A monitor that crashed left its socket; its keeper restarts it there.
