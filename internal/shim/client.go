@@ -227,18 +227,9 @@ func Launch(ctx context.Context, binary, dir, podID string) (*Client, error) {
 		return nil, err
 	}
 	defer lock.Close()
-	if err = addPod(ctx, nodeDir, dir); err == nil {
-		return NewClient(dir), nil // another launch won
-	}
-	if !errors.Is(err, errdefs.ErrUnavailable) { // ErrNoShim among them
-		return nil, err
-	}
-	// A living keeper's monitor crashed or handed over and is being
-	// restarted: a second keeper here would fight it for the node's
-	// socket, so the pod waits for that monitor.
-	if added, err := addPodToRestartedMonitor(ctx, nodeDir, dir); added || err != nil {
+	if added, err := addPodUnlessNoKeeper(ctx, nodeDir, dir); added || err != nil {
 		if err != nil {
-			return nil, fmt.Errorf("add pod %s to the node's restarting monitor: %w", podID, err)
+			return nil, fmt.Errorf("add pod %s to the node's monitor: %w", podID, err)
 		}
 		return NewClient(dir), nil
 	}
@@ -301,19 +292,24 @@ func keeperLives(nodeDir string) bool {
 	return syscall.Flock(int(f.Fd()), syscall.LOCK_SH|syscall.LOCK_NB) == syscall.EWOULDBLOCK
 }
 
-// addPodToRestartedMonitor adds the pod of dir to the node's monitor
-// while a keeper lives to restart it, waiting at most readyTimeout; added
-// false and no error: no keeper lives, a launch is due.
-func addPodToRestartedMonitor(ctx context.Context, nodeDir, dir string) (added bool, err error) {
+// addPodUnlessNoKeeper adds the pod of dir to the node's monitor, with
+// the launch lock held: to one that listens (another launch won), or to
+// the one a living keeper restarts (it crashed or handed over), waited
+// for at most readyTimeout, since a second keeper here would fight it for
+// the node's socket. added false and no error: no monitor and no keeper,
+// a launch is due.
+func addPodUnlessNoKeeper(ctx context.Context, nodeDir, dir string) (added bool, err error) {
 	ctx, cancel := context.WithTimeout(ctx, readyTimeout)
 	defer cancel()
-	for keeperLives(nodeDir) {
+	for {
 		err := addPod(ctx, nodeDir, dir)
-		if err == nil {
+		switch {
+		case err == nil:
 			return true, nil
-		}
-		if !errors.Is(err, errdefs.ErrUnavailable) {
+		case !errors.Is(err, errdefs.ErrUnavailable): // ErrNoShim among them
 			return false, err
+		case !keeperLives(nodeDir):
+			return false, nil
 		}
 		select {
 		case <-ctx.Done():
@@ -321,7 +317,6 @@ func addPodToRestartedMonitor(ctx context.Context, nodeDir, dir string) (added b
 		case <-time.After(10 * time.Millisecond):
 		}
 	}
-	return false, nil
 }
 
 // addPod asks the node's monitor to serve the pod of dir.
@@ -334,19 +329,7 @@ func addPod(ctx context.Context, nodeDir, dir string) error {
 // berthd on the same state dir); closing the file lets it go. With create
 // false it makes no node dir: (nil, nil) when there is none.
 func lockNode(nodeDir string, create bool) (*os.File, error) {
-	mkdir := func() error {
-		if !create {
-			return nil
-		}
-		if err := os.MkdirAll(nodeDir, 0o700); err != nil {
-			return fmt.Errorf("create shim node dir: %w", err)
-		}
-		return nil
-	}
-	if err := mkdir(); err != nil {
-		return nil, err
-	}
-	path := filepath.Join(nodeDir, "launch.lock")
+	path := proto.LaunchLockPath(nodeDir)
 	flags := os.O_RDWR | syscall.O_CLOEXEC
 	if create {
 		flags |= os.O_CREATE
@@ -357,9 +340,10 @@ func lockNode(nodeDir string, create bool) (*os.File, error) {
 			if !create {
 				return nil, nil
 			}
-			// Recovery removed the dir we made, empty, in between.
-			if err := mkdir(); err != nil {
-				return nil, err
+			// No node dir yet, or it went in between (its monitor
+			// exited, or recovery removed a launch cut short).
+			if err := os.MkdirAll(nodeDir, 0o700); err != nil {
+				return nil, fmt.Errorf("create shim node dir: %w", err)
 			}
 			continue
 		}
@@ -383,9 +367,6 @@ func lockNode(nodeDir string, create bool) (*os.File, error) {
 			return f, nil
 		}
 		f.Close()
-		if err := mkdir(); err != nil {
-			return nil, err
-		}
 	}
 }
 

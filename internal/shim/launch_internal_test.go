@@ -14,6 +14,19 @@ import (
 	"github.com/berthcri/berth/internal/testutil/bundletest"
 )
 
+// lockedNodeDir returns a new shims dir and its node dir, with the launch
+// lock taken as Launch takes it.
+func lockedNodeDir(t *testing.T) (shims, nodeDir string, lock *os.File) {
+	t.Helper()
+	shims = filepath.Join(t.TempDir(), "shims")
+	nodeDir = proto.NodeDir(shims)
+	lock, err := lockNode(nodeDir, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return shims, nodeDir, lock
+}
+
 // berthd dying between starting the node's keeper and the monitor
 // listening leaves a keeper and monitor that serve no pod. The restarted
 // berthd's StopIdleNode must stop them, not miss them for want of a
@@ -21,15 +34,8 @@ import (
 // the monitor, makes it wait until the monitor listens.
 func TestStopIdleNodeWaitsForAMonitorLaunchedByADeadBerthd(t *testing.T) {
 	t.Parallel()
-	if os.Geteuid() != 0 {
-		t.Skip("needs root, as berth-shim does")
-	}
-	shims := filepath.Join(t.TempDir(), "shims")
-	nodeDir := filepath.Join(shims, ".node")
-	lock, err := lockNode(nodeDir, true)
-	if err != nil {
-		t.Fatal(err)
-	}
+	berthdtest.RequireRoot(t) // as berth-shim does
+	shims, nodeDir, lock := lockedNodeDir(t)
 	cmd, ready, err := startKeeper(bundletest.ShimBinary(t), nodeDir, lock)
 	if err != nil {
 		t.Fatal(err)
@@ -57,21 +63,14 @@ func TestStopIdleNodeWaitsForAMonitorLaunchedByADeadBerthd(t *testing.T) {
 // takes it at once.
 func TestLaunchLockIsFreeOnceTheMonitorListens(t *testing.T) {
 	t.Parallel()
-	if os.Geteuid() != 0 {
-		t.Skip("needs root, as berth-shim does")
-	}
-	shims := filepath.Join(t.TempDir(), "shims")
-	nodeDir := filepath.Join(shims, ".node")
-	lock, err := lockNode(nodeDir, true)
-	if err != nil {
-		t.Fatal(err)
-	}
+	berthdtest.RequireRoot(t) // as berth-shim does
+	shims, nodeDir, lock := lockedNodeDir(t)
 	if err := launchNode(bundletest.ShimBinary(t), nodeDir, lock); err != nil {
 		t.Fatal(err)
 	}
 	lock.Close()
 	t.Cleanup(func() { _ = StopIdleNode(context.Background(), shims) })
-	f, err := os.Open(filepath.Join(nodeDir, "launch.lock"))
+	f, err := os.Open(proto.LaunchLockPath(nodeDir))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -87,12 +86,7 @@ func TestLaunchLockIsFreeOnceTheMonitorListens(t *testing.T) {
 // socket is still there.
 func TestStopIdleNodeRemovesALaunchCutShortBeforeTheKeeper(t *testing.T) {
 	t.Parallel()
-	shims := filepath.Join(t.TempDir(), "shims")
-	nodeDir := filepath.Join(shims, ".node")
-	lock, err := lockNode(nodeDir, true)
-	if err != nil {
-		t.Fatal(err)
-	}
+	shims, nodeDir, lock := lockedNodeDir(t)
 	lock.Close() // berthd "dies" before startKeeper
 	if err := StopIdleNode(context.Background(), shims); err != nil {
 		t.Fatal(err)
@@ -113,7 +107,7 @@ func TestStopIdleNodeRemovesALaunchCutShortBeforeTheKeeper(t *testing.T) {
 	}
 
 	// A monitor that crashed left its socket; its keeper restarts it there.
-	lock, err = lockNode(nodeDir, true)
+	lock, err := lockNode(nodeDir, true)
 	if err != nil {
 		t.Fatal(err)
 	}

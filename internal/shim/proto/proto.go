@@ -76,6 +76,11 @@ func NodeDir(shims string) string { return filepath.Join(shims, ".node") }
 // shutdown) in the node dir.
 func NodeSocketPath(nodeDir string) string { return filepath.Join(nodeDir, "node.sock") }
 
+// LaunchLockPath is the node dir's launch lock (flock): one launch of a
+// keeper and monitor at a time, held from berthd's launch until the first
+// monitor listens.
+func LaunchLockPath(nodeDir string) string { return filepath.Join(nodeDir, "launch.lock") }
+
 // KeeperLockPath is the file the node's keeper holds a flock on for its
 // whole life: while it is held, a keeper lives on the node dir (restarting
 // its monitor, maybe), and a launch waits for that monitor rather than
