@@ -10,9 +10,11 @@ import (
 	"strings"
 	"time"
 
+	"github.com/containerd/cgroups/v3"
 	"golang.org/x/sys/unix"
 
 	"github.com/berthcri/berth/internal/cgroupctrl"
+	"github.com/berthcri/berth/internal/cgroupplan"
 	"github.com/berthcri/berth/internal/errdefs"
 )
 
@@ -69,20 +71,95 @@ func cgroupHierarchies() []cgroupctrl.Hierarchy {
 	return hs
 }
 
-// createCgroup makes the pod cgroup in every hierarchy. cpuset needs its
-// cpus and mems filled at every new level before anything can join.
-func createCgroup(path string) error {
+// cgroupfsPlan is the cgroupfs driver's plan for pod id, whose cgroup is
+// pod, on this host: which cgroups berth makes, where the holder sits and,
+// on cgroup v2, which controllers are enabled on the way down (every one
+// the root offers, as runc does).
+func cgroupfsPlan(id, pod string, holder bool) cgroupplan.Plan {
+	in := cgroupplan.Input{V2: cgroups.Mode() == cgroups.Unified, PodID: id, Pod: pod, Holder: holder}
+	if in.V2 {
+		b, _ := os.ReadFile(filepath.Join(cgroupRoot, "cgroup.controllers"))
+		in.Controllers = strings.Fields(string(b))
+	}
+	return cgroupplan.Pod(in)
+}
+
+// createCgroups makes the cgroups plan says berth makes (the pod cgroup,
+// the holder's) in every hierarchy. v1: cpuset needs its cpus and mems
+// filled at every new level before anything can join. v2: the controllers
+// are enabled in cgroup.subtree_control from the root down to the pod
+// cgroup, so the pod cgroup has its limit and stat files before any
+// container exists (runc does the same for a container's ancestors).
+func (s *Store) createCgroups(plan cgroupplan.Plan) error {
+	if err := plan.Check(); err != nil {
+		return fmt.Errorf("pod cgroup layout: %w", err)
+	}
 	for _, h := range cgroupHierarchies() {
-		if err := os.MkdirAll(filepath.Join(h.Path, path), 0o755); err != nil {
-			return fmt.Errorf("create cgroup %s in %s: %w", path, h.Path, err)
+		for _, c := range plan.Made() {
+			if err := os.MkdirAll(filepath.Join(h.Path, c.Path), 0o755); err != nil {
+				return fmt.Errorf("create cgroup %s in %s: %w", c.Path, h.Path, err)
+			}
+			if slices.Contains(h.Controllers, "cpuset") {
+				if err := fillCpuset(h.Path, c.Path); err != nil {
+					return err
+				}
+			}
 		}
-		if slices.Contains(h.Controllers, "cpuset") {
-			if err := fillCpuset(h.Path, path); err != nil {
+		if !plan.V2 {
+			continue
+		}
+		for _, c := range plan.Cgroups {
+			if len(c.Enable) == 0 {
+				continue
+			}
+			err := enableControllers(filepath.Join(h.Path, c.Path), c.Enable)
+			switch {
+			case err != nil && c.MadeBy == cgroupplan.Berth:
 				return err
+			case err != nil:
+				// A level above the pod that berth does not own (a
+				// kubelet parent, a delegated subtree): runc tries it
+				// too and ignores failure; what is missing shows in the
+				// pod cgroup's cgroup.controllers.
+				s.log.Warn("enable cgroup controllers", "cgroup", c.Path, "err", err)
 			}
 		}
 	}
 	return nil
+}
+
+// enableControllers writes "+ctl" to dir's cgroup.subtree_control for each
+// of want that dir offers (cgroup.controllers) and has not enabled yet.
+// All at once first, then one by one, as runc does.
+func enableControllers(dir string, want []string) error {
+	avail, err := os.ReadFile(filepath.Join(dir, "cgroup.controllers"))
+	if err != nil {
+		return fmt.Errorf("read controllers of %s: %w", dir, err)
+	}
+	on, err := os.ReadFile(filepath.Join(dir, "cgroup.subtree_control"))
+	if err != nil {
+		return fmt.Errorf("read enabled controllers of %s: %w", dir, err)
+	}
+	var add []string
+	for _, c := range want {
+		if slices.Contains(strings.Fields(string(avail)), c) && !slices.Contains(strings.Fields(string(on)), c) {
+			add = append(add, "+"+c)
+		}
+	}
+	if len(add) == 0 {
+		return nil
+	}
+	f := filepath.Join(dir, "cgroup.subtree_control")
+	if os.WriteFile(f, []byte(strings.Join(add, " ")), 0o644) == nil {
+		return nil
+	}
+	var errs []error
+	for _, c := range add {
+		if err := os.WriteFile(f, []byte(c), 0o644); err != nil {
+			errs = append(errs, fmt.Errorf("write %s to %s: %w", c, f, err))
+		}
+	}
+	return errors.Join(errs...)
 }
 
 func fillCpuset(root, path string) error {
@@ -110,7 +187,7 @@ func fillCpuset(root, path string) error {
 	return nil
 }
 
-// joinCgroup moves pid into the pod cgroup in every hierarchy.
+// joinCgroup moves pid into the cgroup at path in every hierarchy.
 func joinCgroup(path string, pid int) error {
 	for _, h := range cgroupHierarchies() {
 		f := filepath.Join(h.Path, path, "cgroup.procs")
@@ -121,8 +198,10 @@ func joinCgroup(path string, pid int) error {
 	return nil
 }
 
-// removeCgroup removes the pod cgroup (and anything left below it) from
-// every hierarchy; absent is fine. EBUSY is retried briefly: exiting
+// removeCgroup removes the pod cgroup and everything below it (the
+// holder's cgroup, containers' cgroups runc left) from every hierarchy,
+// children first; absent is fine. A pod made by an older berthd, with its
+// holder in the pod cgroup itself, goes the same way. EBUSY is retried briefly: exiting
 // processes leave their cgroup a moment after they die.
 func removeCgroup(path string) error {
 	if path == "" || path == "/" {
