@@ -9,7 +9,7 @@ import (
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 )
 
-func i64(v int64) *int64    { return &v }
+func i64(v int64) *int64   { return &v }
 func u64(v uint64) *uint64 { return &v }
 
 func TestV2FilesConvertLikeRunc(t *testing.T) {
