@@ -112,7 +112,7 @@ func (s *Store) createCgroups(plan cgroupplan.Plan) error {
 			if len(c.Enable) == 0 {
 				continue
 			}
-			err := enableControllers(filepath.Join(h.Path, c.Path), c.Enable)
+			err := cgroupctrl.EnableControllers(filepath.Join(h.Path, c.Path), c.Enable)
 			switch {
 			case err != nil && c.MadeBy == cgroupplan.Berth:
 				return err
@@ -126,40 +126,6 @@ func (s *Store) createCgroups(plan cgroupplan.Plan) error {
 		}
 	}
 	return nil
-}
-
-// enableControllers writes "+ctl" to dir's cgroup.subtree_control for each
-// of want that dir offers (cgroup.controllers) and has not enabled yet.
-// All at once first, then one by one, as runc does.
-func enableControllers(dir string, want []string) error {
-	avail, err := os.ReadFile(filepath.Join(dir, "cgroup.controllers"))
-	if err != nil {
-		return fmt.Errorf("read controllers of %s: %w", dir, err)
-	}
-	on, err := os.ReadFile(filepath.Join(dir, "cgroup.subtree_control"))
-	if err != nil {
-		return fmt.Errorf("read enabled controllers of %s: %w", dir, err)
-	}
-	var add []string
-	for _, c := range want {
-		if slices.Contains(strings.Fields(string(avail)), c) && !slices.Contains(strings.Fields(string(on)), c) {
-			add = append(add, "+"+c)
-		}
-	}
-	if len(add) == 0 {
-		return nil
-	}
-	f := filepath.Join(dir, "cgroup.subtree_control")
-	if os.WriteFile(f, []byte(strings.Join(add, " ")), 0o644) == nil {
-		return nil
-	}
-	var errs []error
-	for _, c := range add {
-		if err := os.WriteFile(f, []byte(c), 0o644); err != nil {
-			errs = append(errs, fmt.Errorf("write %s to %s: %w", c, f, err))
-		}
-	}
-	return errors.Join(errs...)
 }
 
 func fillCpuset(root, path string) error {
