@@ -693,14 +693,38 @@ func TestUpdatePodSandboxResourcesSetsPodCgroup(t *testing.T) {
 		}
 		return strings.TrimSpace(string(data))
 	}
-	if got := read("memory", "memory.limit_in_bytes"); got != strconv.Itoa(300<<20) {
-		t.Fatalf("pod memory limit %s", got)
-	}
-	if got := read("cpu", "cpu.shares"); got != "256" {
-		t.Fatalf("pod cpu shares %s", got)
-	}
-	if got := read("cpu", "cpu.cfs_quota_us"); got != "50000" {
-		t.Fatalf("pod cpu quota %s", got)
+	if cgroupV2() {
+		// The v2 files, converted as runc converts a container's: shares
+		// 256 is weight 10.
+		for file, want := range map[string]string{"memory.max": strconv.Itoa(300 << 20), "cpu.weight": "10", "cpu.max": "50000 100000"} {
+			if got := read("", file); got != want {
+				t.Fatalf("pod %s = %s, want %s", file, got, want)
+			}
+		}
+		// No quota is "max"; the unified map (MemoryQoS's memory.high) lands.
+		_, err = d.Runtime.UpdatePodSandboxResources(ctx, &criapi.UpdatePodSandboxResourcesRequest{
+			PodSandboxId: id,
+			Resources: &criapi.LinuxContainerResources{MemoryLimitInBytes: 300 << 20, CpuQuota: -1, CpuPeriod: 100000,
+				Unified: map[string]string{"memory.high": strconv.Itoa(200 << 20)}},
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for file, want := range map[string]string{"memory.high": strconv.Itoa(200 << 20), "cpu.max": "max 100000"} {
+			if got := read("", file); got != want {
+				t.Fatalf("pod %s = %s, want %s", file, got, want)
+			}
+		}
+	} else {
+		if got := read("memory", "memory.limit_in_bytes"); got != strconv.Itoa(300<<20) {
+			t.Fatalf("pod memory limit %s", got)
+		}
+		if got := read("cpu", "cpu.shares"); got != "256" {
+			t.Fatalf("pod cpu shares %s", got)
+		}
+		if got := read("cpu", "cpu.cfs_quota_us"); got != "50000" {
+			t.Fatalf("pod cpu quota %s", got)
+		}
 	}
 	_, err = d.Runtime.UpdatePodSandboxResources(ctx, &criapi.UpdatePodSandboxResourcesRequest{PodSandboxId: "nonexistent", Resources: &criapi.LinuxContainerResources{}})
 	wantCode(t, err, codes.NotFound)
