@@ -442,10 +442,8 @@ func TestContainerUpdateResources(t *testing.T) {
 	}
 	// The cgroup has it.
 	pid := containerPid(t, e.d, id)
-	cg := cgroupOf(t, pid, "memory")
-	data, err := os.ReadFile(filepath.Join("/sys/fs/cgroup/memory", cg, "memory.limit_in_bytes"))
-	if err != nil || strings.TrimSpace(string(data)) != strconv.Itoa(128<<20) {
-		t.Fatalf("memory.limit_in_bytes = %q, %v", data, err)
+	if got, err := memoryLimitOf(t, pid); err != nil || got != strconv.Itoa(128<<20) {
+		t.Fatalf("memory limit = %q, %v", got, err)
 	}
 }
 
@@ -516,6 +514,29 @@ func containerPid(t *testing.T, d *berthdtest.Daemon, id string) int {
 	return pid
 }
 
+// memoryCgroupDir is group's directory in the memory hierarchy (v1) or
+// the unified one (v2).
+func memoryCgroupDir(group string) string {
+	if cgroupV2() {
+		return filepath.Join("/sys/fs/cgroup", group)
+	}
+	return filepath.Join("/sys/fs/cgroup/memory", group)
+}
+
+// memoryLimitOf reads the memory limit of pid's cgroup (memory.max on v2,
+// memory.limit_in_bytes on v1).
+func memoryLimitOf(t *testing.T, pid int) (string, error) {
+	t.Helper()
+	file := "memory.limit_in_bytes"
+	if cgroupV2() {
+		file = "memory.max"
+	}
+	data, err := os.ReadFile(filepath.Join(memoryCgroupDir(cgroupOf(t, pid, "memory")), file))
+	return strings.TrimSpace(string(data)), err
+}
+
+// cgroupOf is pid's cgroup in controller's v1 hierarchy, or its unified
+// cgroup on v2.
 func cgroupOf(t *testing.T, pid int, controller string) string {
 	t.Helper()
 	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/cgroup", pid))
@@ -524,6 +545,9 @@ func cgroupOf(t *testing.T, pid int, controller string) string {
 	}
 	for _, line := range strings.Split(string(data), "\n") {
 		parts := strings.SplitN(line, ":", 3)
+		if cgroupV2() && len(parts) == 3 && parts[0] == "0" && parts[1] == "" {
+			return parts[2]
+		}
 		if len(parts) == 3 && strings.Contains(","+parts[1]+",", ","+controller+",") {
 			return parts[2]
 		}

@@ -219,7 +219,7 @@ func TestSandboxDefaultNetworkReachableFromHost(t *testing.T) {
 	if !strings.HasPrefix(info.CgroupParent, "/"+d.Config.CgroupParent+"/") {
 		t.Fatalf("pod cgroup %q not under %q", info.CgroupParent, d.Config.CgroupParent)
 	}
-	if _, err := os.Stat(filepath.Join("/sys/fs/cgroup/memory", info.CgroupParent)); err != nil {
+	if _, err := os.Stat(memoryCgroupDir(info.CgroupParent)); err != nil {
 		t.Fatalf("pod cgroup missing: %v", err)
 	}
 	for _, p := range []string{info.NetNSPath, info.IPCNSPath, info.UTSNSPath} {
@@ -235,7 +235,7 @@ func TestSandboxDefaultNetworkReachableFromHost(t *testing.T) {
 	if err := dialHello(net.JoinHostPort(ip.String(), "8080")); err == nil {
 		t.Fatalf("pod still reachable after stop")
 	}
-	if _, err := os.Stat(filepath.Join("/sys/fs/cgroup/memory", info.CgroupParent)); !os.IsNotExist(err) {
+	if _, err := os.Stat(memoryCgroupDir(info.CgroupParent)); !os.IsNotExist(err) {
 		t.Fatalf("pod cgroup survives remove: %v", err)
 	}
 }
