@@ -15,6 +15,7 @@ import (
 
 	"github.com/berthcri/berth/internal/errdefs"
 	"github.com/berthcri/berth/internal/shim/proto"
+	"github.com/berthcri/berth/internal/shim/shimfault"
 )
 
 // Client talks to one pod's shim. It dials per call, so it survives the
@@ -577,6 +578,10 @@ func startKeeper(binary, nodeDir string, lock *os.File) (*exec.Cmd, *os.File, er
 	// A debugging aid: the monitor logs its memory stats after each trim.
 	if v := os.Getenv("BERTH_SHIM_MEMSTATS"); v != "" {
 		cmd.Env = append(cmd.Env, "BERTH_SHIM_MEMSTATS="+v)
+	}
+	// Recovery tests' crash points (package shimfault); unset in production.
+	if v := os.Getenv(shimfault.EnvVar); v != "" {
+		cmd.Env = append(cmd.Env, shimfault.EnvVar+"="+v)
 	}
 	cmd.Dir = "/"
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}

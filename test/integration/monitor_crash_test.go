@@ -1,10 +1,15 @@
 package integration
 
 import (
+	"context"
+	"encoding/json"
 	"fmt"
 	"os"
+	"os/exec"
+	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -163,5 +168,192 @@ func TestMonitorCrashKeepsContainersRunning(t *testing.T) {
 	waitUntil(t, "keeper and monitor to exit with the last pod", func() bool {
 		return len(shimPids(e.d, "keeper"))+len(shimPids(e.d, "monitor")) == 0
 	})
+	leakcheck.CheckSettled(t, scope, before, leakcheck.Take(t, scope))
+}
+
+// ctrPid is the container's init pid as berthd recorded it.
+func (e *ctrEnv) ctrPid(id string) int {
+	e.t.Helper()
+	resp, err := e.d.Runtime.ContainerStatus(ctxT(e.t), &criapi.ContainerStatusRequest{ContainerId: id, Verbose: true})
+	if err != nil {
+		e.t.Fatalf("ContainerStatus: %v", err)
+	}
+	var rec struct {
+		Pid int `json:"pid"`
+	}
+	if err := json.Unmarshal([]byte(resp.Info["info"]), &rec); err != nil || rec.Pid == 0 {
+		e.t.Fatalf("no pid in %q: %v", resp.Info["info"], err)
+	}
+	return rec.Pid
+}
+
+// processRuns tells whether pid runs (exists and is no zombie).
+func processRuns(pid int) bool {
+	stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return false
+	}
+	s := string(stat)
+	i := strings.LastIndexByte(s, ')')
+	return i > 0 && i+2 < len(s) && s[i+2] != 'Z'
+}
+
+// runtimeIDs lists the containers berthd's runc knows.
+func runtimeIDs(t *testing.T, d *berthdtest.Daemon) []string {
+	t.Helper()
+	out, err := exec.Command("runc", "--root", filepath.Join(d.State, "runtime", "runc"), "list", "-q").CombinedOutput()
+	if err != nil {
+		t.Fatalf("runc list: %v: %s", err, out)
+	}
+	return strings.Fields(string(out))
+}
+
+// listed maps berthd's containers to their states.
+func listed(t *testing.T, d *berthdtest.Daemon) map[string]criapi.ContainerState {
+	t.Helper()
+	list, err := d.Runtime.ListContainers(ctxT(t), &criapi.ListContainersRequest{})
+	if err != nil {
+		t.Fatalf("ListContainers: %v", err)
+	}
+	m := map[string]criapi.ContainerState{}
+	for _, c := range list.Containers {
+		m[c.Id] = c.State
+	}
+	return m
+}
+
+// checkAgrees checks that berthd's view of the containers matches their
+// processes: a container listed running has its init running, one listed
+// exited has none, and runc knows no container berthd does not list.
+func (e *ctrEnv) checkAgrees() {
+	e.t.Helper()
+	ls := listed(e.t, e.d)
+	for id, st := range ls {
+		if st != criapi.ContainerState_CONTAINER_RUNNING {
+			continue
+		}
+		if pid := e.ctrPid(id); !processRuns(pid) {
+			e.t.Errorf("container %s is running for berthd, its init %d is not", id, pid)
+		}
+	}
+	for _, id := range runtimeIDs(e.t, e.d) {
+		if _, ok := ls[id]; !ok {
+			e.t.Errorf("runc holds container %s, which berthd does not list", id)
+		}
+	}
+}
+
+// A kill -9 of the monitor while containers run, exit and are created:
+// afterwards berthd's view (status, list, events) matches the processes.
+// Each create either succeeded, its container created and then started,
+// or failed and left nothing; the container that exited meanwhile shows
+// its own exit code; the others run on.
+func TestMonitorCrashAmidCreatesAndExits(t *testing.T) {
+	t.Parallel()
+	e := newCtrEnv(t)
+	scope := leakcheck.ForDaemon(e.d)
+	scope.Root = e.d.Root
+	stopRemove(t, e.d, e.pod) // warm up: bridge, lock files
+	before := leakcheck.Take(t, scope)
+	pe := e.podEnv(podConfig("amid"))
+
+	evCtx, stopEvents := context.WithCancel(context.Background())
+	defer stopEvents()
+	events, err := e.d.Runtime.GetContainerEvents(evCtx, &criapi.GetEventsRequest{})
+	if err != nil {
+		t.Fatalf("GetContainerEvents: %v", err)
+	}
+	var (
+		evMu    sync.Mutex
+		stopped = map[string]int{}
+	)
+	evDone := make(chan struct{})
+	go func() {
+		defer close(evDone)
+		for {
+			ev, err := events.Recv()
+			if err != nil {
+				return
+			}
+			if ev.ContainerEventType == criapi.ContainerEventType_CONTAINER_STOPPED_EVENT {
+				evMu.Lock()
+				stopped[ev.ContainerId]++
+				evMu.Unlock()
+			}
+		}
+	}()
+
+	logger := pe.run(pe.config("logger", "sh", "-c", loggerScript(21)))
+	quitter := pe.run(pe.config("quitter", "sh", "-c", "sleep 0.3; exit 3"))
+
+	// Creates and starts in a loop, the monitor killed in their midst.
+	created := make(chan string, 64)
+	stopCreating := make(chan struct{})
+	creating := make(chan struct{})
+	go func() {
+		defer close(creating)
+		for i := 0; ; i++ {
+			select {
+			case <-stopCreating:
+				return
+			default:
+			}
+			cfg := pe.config(fmt.Sprintf("new-%d", i), "sleep", "3600")
+			resp, err := e.d.Runtime.CreateContainer(ctxT(t), &criapi.CreateContainerRequest{PodSandboxId: pe.pod, Config: cfg, SandboxConfig: pe.podCfg})
+			if err != nil {
+				t.Logf("create new-%d: %v", i, err)
+				continue
+			}
+			if _, err := e.d.Runtime.StartContainer(ctxT(t), &criapi.StartContainerRequest{ContainerId: resp.ContainerId}); err != nil {
+				t.Logf("start new-%d: %v", i, err)
+			}
+			created <- resp.ContainerId
+		}
+	}()
+	waitUntil(t, "a first create", func() bool { return len(created) > 0 })
+	time.Sleep(150 * time.Millisecond) // into quitter's last moments: not an assertion
+	killMonitor(t, e.d)
+	waitUntil(t, "creates after the monitor's restart", func() bool { return len(created) > 3 })
+	close(stopCreating)
+	<-creating
+	close(created)
+
+	if st := pe.waitExited(quitter); st.ExitCode != 3 || st.Reason != "Error" {
+		t.Fatalf("quitter: exit %d (%s: %s), want 3", st.ExitCode, st.Reason, st.Message)
+	}
+	if st := pe.status(logger); st.State != criapi.ContainerState_CONTAINER_RUNNING {
+		t.Fatalf("logger after the monitor's crash: %s (%s: %s)", st.State, st.Reason, st.Message)
+	}
+	pe.exec(logger, "true")
+	for id := range created {
+		if st := pe.status(id); st.State != criapi.ContainerState_CONTAINER_RUNNING {
+			// A start cut by the crash was answered by the next monitor.
+			t.Errorf("created and started %s: %s (%s: %s)", id, st.State, st.Reason, st.Message)
+		}
+	}
+	pe.checkAgrees()
+
+	if _, err := e.d.Runtime.StopContainer(ctxT(t), &criapi.StopContainerRequest{ContainerId: logger, Timeout: 30}); err != nil {
+		t.Fatalf("StopContainer: %v", err)
+	}
+	if st := pe.status(logger); st.ExitCode != 21 {
+		t.Fatalf("logger stopped: exit %d (%s), want 21", st.ExitCode, st.Reason)
+	}
+	stopRemove(t, e.d, pe.pod)
+	waitUntil(t, "keeper and monitor to exit with the last pod", func() bool {
+		return len(shimPids(e.d, "keeper"))+len(shimPids(e.d, "monitor")) == 0
+	})
+	stopEvents()
+	<-evDone
+	evMu.Lock()
+	for id, n := range stopped {
+		if n != 1 {
+			t.Errorf("container %s: %d stopped events, want 1", id, n)
+		}
+	}
+	if stopped[quitter] != 1 || stopped[logger] != 1 {
+		t.Errorf("stopped events: %v; want one for quitter %s and logger %s", stopped, quitter, logger)
+	}
+	evMu.Unlock()
 	leakcheck.CheckSettled(t, scope, before, leakcheck.Take(t, scope))
 }

@@ -12,6 +12,7 @@ import (
 
 	"github.com/berthcri/berth/internal/errdefs"
 	"github.com/berthcri/berth/internal/shim/proto"
+	"github.com/berthcri/berth/internal/shim/shimfault"
 )
 
 // keeperLink is the monitor's end of its link to the keeper (decision
@@ -156,6 +157,7 @@ func (n *Node) Adopt() error {
 				continue
 			}
 			count++
+			shimfault.Hit(shimfault.MonitorMidAdopt, n.dir, n.logf)
 		default:
 			proto.CloseFds(fds)
 		}
