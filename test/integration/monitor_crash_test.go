@@ -14,8 +14,11 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 	criapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
+	"github.com/berthcri/berth/internal/shim/shimfault"
 	"github.com/berthcri/berth/internal/testutil/berthdtest"
 	"github.com/berthcri/berth/internal/testutil/leakcheck"
 )
@@ -355,5 +358,189 @@ func TestMonitorCrashAmidCreatesAndExits(t *testing.T) {
 		t.Errorf("stopped events: %v; want one for quitter %s and logger %s", stopped, quitter, logger)
 	}
 	evMu.Unlock()
+	leakcheck.CheckSettled(t, scope, before, leakcheck.Take(t, scope))
+}
+
+// shimFaultCase is one shim crash point (package shimfault), armed once
+// a pod with a running logger exists; op meets it, check says what the
+// node looks like after.
+type shimFaultCase struct {
+	point shimfault.Point
+	times int
+	op    func(e *ctrEnv, logger string) (created string)
+	// keeperGone: the point kills the keeper, so the running logger's
+	// exit code is lost (decision 1701: 255).
+	keeperGone bool
+}
+
+var shimFaultCases = []shimFaultCase{
+	// A crash loop: the monitor killed, and its next three die while they
+	// adopt. The fourth adopts everything; nothing was lost meanwhile.
+	{point: shimfault.MonitorMidAdopt, times: 3, op: func(e *ctrEnv, logger string) string {
+		killMonitor(e.t, e.d)
+		return ""
+	}},
+	// A create cut after the keeper holds the container, and one cut
+	// before: either way the create fails and is undone (the next
+	// monitor adopted it, or nobody holds it but runc).
+	{point: shimfault.MonitorMidCreate, times: 1, op: createCut},
+	{point: shimfault.MonitorMidCreateUnheld, times: 1, op: createCut},
+	// The keeper dies as a create registers with it: the monitor runs on
+	// orphaned (its containers' exit codes lost), the create answers as
+	// the monitor saw it, and a new keeper and monitor take new pods.
+	{point: shimfault.KeeperMidCreate, times: 1, keeperGone: true, op: func(e *ctrEnv, logger string) string {
+		resp, err := e.d.Runtime.CreateContainer(ctxT(e.t), &criapi.CreateContainerRequest{PodSandboxId: e.pod, Config: e.config("target", "sleep", "3600"), SandboxConfig: e.podCfg})
+		if err != nil {
+			e.t.Logf("create with the keeper dying: %v", err)
+			return ""
+		}
+		if _, err := e.d.Runtime.StartContainer(ctxT(e.t), &criapi.StartContainerRequest{ContainerId: resp.ContainerId}); err != nil {
+			e.t.Logf("start with the keeper gone: %v", err)
+		}
+		return resp.ContainerId
+	}},
+}
+
+// createCut creates a container with the monitor dying mid-create: the
+// create must fail, and leave no container, runtime container or
+// process behind; a create after works.
+func createCut(e *ctrEnv, logger string) string {
+	e.t.Helper()
+	_, err := e.d.Runtime.CreateContainer(ctxT(e.t), &criapi.CreateContainerRequest{PodSandboxId: e.pod, Config: e.config("target", "sleep", "3600"), SandboxConfig: e.podCfg})
+	if err == nil {
+		e.t.Fatalf("a create cut by the monitor's crash succeeded")
+	}
+	if status.Code(err) != codes.Unavailable {
+		e.t.Errorf("cut create: %v, want Unavailable", err)
+	}
+	if ls := listed(e.t, e.d); len(ls) != 1 {
+		e.t.Fatalf("containers after a cut create: %v, want the logger only", ls)
+	}
+	if ids := runtimeIDs(e.t, e.d); !slices.Equal(ids, []string{logger}) {
+		e.t.Fatalf("runc holds %v after a cut create, want the logger only", ids)
+	}
+	return e.run(e.config("after", "sleep", "3600"))
+}
+
+// TestShimFaultMatrix kills the node's monitor or keeper at each shim
+// crash point while a pod's container logs; berthd's view must match the
+// processes after, the running container must go on (and keep its exit
+// code unless the keeper died), and teardown must leave nothing.
+func TestShimFaultMatrix(t *testing.T) {
+	t.Parallel()
+	if len(shimFaultCases) != len(shimfault.Points) {
+		t.Fatalf("the matrix has %d cases for %d shim crash points", len(shimFaultCases), len(shimfault.Points))
+	}
+	for _, c := range shimFaultCases {
+		t.Run(string(c.point), func(t *testing.T) {
+			t.Parallel()
+			faults := filepath.Join(t.TempDir(), "shim-faults")
+			d := berthdtest.Start(t, berthdtest.Options{Env: []string{shimfault.EnvVar + "=" + faults}})
+			e := newCtrEnvOn(t, d)
+			scope := leakcheck.ForDaemon(e.d)
+			scope.Root = e.d.Root
+			stopRemove(t, e.d, e.pod) // warm up: bridge, lock files
+			before := leakcheck.Take(t, scope)
+			pe := e.podEnv(podConfig("shim-fault"))
+			logger := pe.run(pe.config("logger", "sh", "-c", loggerScript(31)))
+			logPath := pe.status(logger).LogPath
+			waitUntil(t, "the first log lines", func() bool { return logSize(t, logPath) > 0 })
+
+			if err := shimfault.Arm(faults, c.point, c.times); err != nil {
+				t.Fatal(err)
+			}
+			created := c.op(pe, logger)
+			waitUntil(t, "the point to fire", func() bool {
+				b, _ := os.ReadFile(filepath.Join(e.d.State, "shims", ".node", "fault-"+string(c.point)+".count"))
+				return strings.TrimSpace(string(b)) == fmt.Sprint(c.times) || c.keeperGone
+			})
+
+			if st := pe.status(logger); st.State != criapi.ContainerState_CONTAINER_RUNNING {
+				t.Fatalf("logger after %s: %s (%s: %s)\n%s", c.point, st.State, st.Reason, st.Message, e.d.Logs())
+			}
+			pe.exec(logger, "true")
+			size := logSize(t, logPath)
+			waitUntil(t, "the log to grow", func() bool { return logSize(t, logPath) > size })
+			if created != "" {
+				if st := pe.status(created); st.State != criapi.ContainerState_CONTAINER_RUNNING {
+					t.Errorf("created %s: %s (%s: %s)", created, st.State, st.Reason, st.Message)
+				}
+			}
+			pe.checkAgrees()
+
+			pid := pe.ctrPid(logger)
+			if _, err := e.d.Runtime.StopContainer(ctxT(t), &criapi.StopContainerRequest{ContainerId: logger, Timeout: 30}); err != nil {
+				t.Fatalf("StopContainer: %v", err)
+			}
+			want := int32(31)
+			if c.keeperGone {
+				want = 255
+			}
+			if st := pe.status(logger); st.State != criapi.ContainerState_CONTAINER_EXITED || st.ExitCode != want {
+				t.Fatalf("logger stopped: %s, exit %d (%s), want %d", st.State, st.ExitCode, st.Reason, want)
+			}
+			if processRuns(pid) {
+				t.Fatalf("logger's init %d runs on, exited for berthd", pid)
+			}
+			stopRemove(t, e.d, pe.pod)
+			waitUntil(t, "keepers and monitors to exit with the last pod", func() bool {
+				return len(shimPids(e.d, "keeper"))+len(shimPids(e.d, "monitor")) == 0
+			})
+			leakcheck.CheckSettled(t, scope, before, leakcheck.Take(t, scope))
+		})
+	}
+}
+
+// Both the keeper and the monitor killed: nobody can report the running
+// containers' exits any more. berthd records them exited (255, Unknown)
+// after killing their processes, so none runs on unseen while the
+// kubelet starts a replacement; a new pod gets a new keeper and monitor;
+// teardown leaves nothing.
+func TestKeeperAndMonitorKilledLeaveNoUnseenProcess(t *testing.T) {
+	t.Parallel()
+	e := newCtrEnv(t)
+	scope := leakcheck.ForDaemon(e.d)
+	scope.Root = e.d.Root
+	stopRemove(t, e.d, e.pod) // warm up: bridge, lock files
+	before := leakcheck.Take(t, scope)
+	var pods []*ctrEnv
+	var ctrs []string
+	var pids []int
+	for i := 0; i < 2; i++ {
+		pe := e.podEnv(podConfig(fmt.Sprintf("both-%d", i)))
+		id := pe.run(pe.config("logger", "sh", "-c", loggerScript(41)))
+		pods, ctrs, pids = append(pods, pe), append(ctrs, id), append(pids, pe.ctrPid(id))
+	}
+	keepers, monitors := shimPids(e.d, "keeper"), shimPids(e.d, "monitor")
+	if len(keepers) != 1 || len(monitors) != 1 {
+		t.Fatalf("keepers %v, monitors %v: want one of each", keepers, monitors)
+	}
+	// The keeper first, so that it cannot restart the monitor.
+	for _, pid := range []int{keepers[0], monitors[0]} {
+		if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i, id := range ctrs {
+		st := pods[i].waitExited(id)
+		if st.ExitCode != 255 || st.Reason != "Unknown" {
+			t.Errorf("container %s with no keeper and no monitor: exit %d (%s: %s), want 255 Unknown", id, st.ExitCode, st.Reason, st.Message)
+		}
+		if processRuns(pids[i]) {
+			t.Errorf("container %s is exited for berthd, its init %d runs on", id, pids[i])
+		}
+	}
+	pods[0].checkAgrees()
+	// A new pod starts a new keeper and monitor.
+	pe := e.podEnv(podConfig("both-after"))
+	id := pe.run(pe.config("after", "sh", "-c", loggerScript(42)))
+	pe.exec(id, "true")
+	pods = append(pods, pe)
+	for _, p := range pods {
+		stopRemove(t, e.d, p.pod)
+	}
+	waitUntil(t, "keepers and monitors to exit with the last pod", func() bool {
+		return len(shimPids(e.d, "keeper"))+len(shimPids(e.d, "monitor")) == 0
+	})
 	leakcheck.CheckSettled(t, scope, before, leakcheck.Take(t, scope))
 }
