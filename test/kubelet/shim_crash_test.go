@@ -125,7 +125,10 @@ func testKubeletShimCrash(t *testing.T, bins, victim string) {
 			t.Errorf("pod %s: exec after the %s's crash: %q", name, victim, out)
 		}
 		logs := func() int {
-			s, _ := k.Logs(k.PodName(name), "logger", nil)
+			s, err := k.Logs(name, "logger", nil)
+			if err != nil {
+				t.Logf("pod %s's log: %v", name, err)
+			}
 			return strings.Count(s, "tick")
 		}
 		n := logs()
