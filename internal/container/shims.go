@@ -244,6 +244,11 @@ func (s *Store) ShutdownIdleShim(ctx context.Context, podID string) error {
 		if ferr := s.shims.Forget(podID); ferr != nil {
 			s.log.Warn("remove the directory of a dead shim", "pod", podID, "err", ferr)
 		}
+		// And the node's, if its keeper died too (a living keeper's, or
+		// a monitor serving other pods, stays).
+		if ferr := s.shims.StopIdleNode(ctx); ferr != nil {
+			s.log.Warn("stop the node's idle shim", "err", ferr)
+		}
 		return nil
 	}
 	if err == nil || errors.Is(err, shim.ErrNoShim) || errors.Is(err, errdefs.ErrFailedPrecondition) {

@@ -415,7 +415,9 @@ func Launch(ctx context.Context, binary, dir, podID string) (*Client, error) {
 // takes the launch lock first: a keeper launched by a berthd that died
 // before its monitor listened holds it until the monitor does, and is
 // stopped then rather than missed. A launch cut short before its keeper
-// started leaves the node dir with its lock and no socket; that dir goes.
+// started leaves the node dir with its lock and no socket, a keeper and
+// monitor that both died leave it with a dead socket: with no keeper
+// holding it, that dir goes.
 func StopIdleNode(ctx context.Context, shims string) error {
 	nodeDir := proto.NodeDir(shims)
 	lock, err := lockNode(nodeDir, false)
@@ -431,13 +433,13 @@ func StopIdleNode(ctx context.Context, shims string) error {
 	defer lock.Close()
 	_, err = nodeClient(nodeDir).call(ctx, &proto.Request{Op: proto.OpShutdown})
 	if errors.Is(err, ErrNoShim) {
-		// With the lock held no monitor is starting; with no keeper and
-		// no socket none ever listened here. (A crashed monitor leaves
-		// its socket, and its keeper restarts it: both are left alone.)
-		_, serr := os.Lstat(proto.NodeSocketPath(nodeDir))
-		if errors.Is(serr, os.ErrNotExist) && !keeperLives(nodeDir) {
+		// With the lock held no monitor is starting; with no keeper none
+		// will: either none ever listened here (a launch cut short), or
+		// keeper and monitor both died and left their dir. (A crashed
+		// monitor whose keeper lives is restarted: both are left alone.)
+		if !keeperLives(nodeDir) {
 			if rerr := os.RemoveAll(nodeDir); rerr != nil {
-				return fmt.Errorf("remove the node dir of a launch cut short: %w", rerr)
+				return fmt.Errorf("remove the node dir of a dead or cut short launch: %w", rerr)
 			}
 		}
 		return nil

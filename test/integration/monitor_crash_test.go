@@ -544,3 +544,46 @@ func TestKeeperAndMonitorKilledLeaveNoUnseenProcess(t *testing.T) {
 	})
 	leakcheck.CheckSettled(t, scope, before, leakcheck.Take(t, scope))
 }
+
+// berthd down while the node's keeper and monitor both die: on its
+// restart nobody serves the pod, so the running container is recorded
+// exited 255 Unknown, and its process, still running, is killed first.
+func TestRecoveryKillsContainersOfADeadShim(t *testing.T) {
+	t.Parallel()
+	e := newCtrEnv(t)
+	scope := leakcheck.ForDaemon(e.d)
+	scope.Root = e.d.Root
+	stopRemove(t, e.d, e.pod) // warm up: bridge, lock files
+	before := leakcheck.Take(t, scope)
+	pe := e.podEnv(podConfig("dead-shim"))
+	id := pe.run(pe.config("logger", "sh", "-c", loggerScript(51)))
+	pid := pe.ctrPid(id)
+	e.d.Kill()
+	keepers, monitors := shimPids(e.d, "keeper"), shimPids(e.d, "monitor")
+	if len(keepers) != 1 || len(monitors) != 1 {
+		t.Fatalf("keepers %v, monitors %v: want one of each", keepers, monitors)
+	}
+	for _, p := range []int{keepers[0], monitors[0]} {
+		if err := syscall.Kill(p, syscall.SIGKILL); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitUntil(t, "keeper and monitor to go", func() bool {
+		return len(shimPids(e.d, "keeper"))+len(shimPids(e.d, "monitor")) == 0
+	})
+	if !processRuns(pid) {
+		t.Fatalf("the container's init %d died with its shim", pid)
+	}
+	e.d.Start()
+	e.d.WaitReady()
+	st := pe.status(id)
+	if st.State != criapi.ContainerState_CONTAINER_EXITED || st.ExitCode != 255 || st.Reason != "Unknown" {
+		t.Fatalf("container of a dead shim after berthd's restart: %s, exit %d (%s: %s), want exited 255 Unknown", st.State, st.ExitCode, st.Reason, st.Message)
+	}
+	if processRuns(pid) {
+		t.Fatalf("container %s is exited for berthd, its init %d runs on", id, pid)
+	}
+	pe.checkAgrees()
+	stopRemove(t, e.d, pe.pod)
+	leakcheck.CheckSettled(t, scope, before, leakcheck.Take(t, scope))
+}
