@@ -147,7 +147,8 @@ func (c *Client) call(ctx context.Context, req *proto.Request) (*proto.Response,
 // one listens, or the connection ended before the answer.
 func monitorGone(err error) bool {
 	return errors.Is(err, ErrNoShim) || errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) ||
-		errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE)
+		errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE) ||
+		errors.Is(err, syscall.EAGAIN) // the pod's backlog full while the monitor adopts
 }
 
 // waitServed waits, polling, until the pod's socket answers again (nil:

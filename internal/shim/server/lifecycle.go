@@ -298,6 +298,7 @@ func (s *Server) start(c *container) error {
 	if err := c.rt.start(c.id); err != nil {
 		return err
 	}
+	shimfault.Hit(shimfault.MonitorMidStart, s.node.dir, s.logf)
 	c.started()
 	s.node.keeper.note(proto.KeeperStarted, c.id)
 	return nil

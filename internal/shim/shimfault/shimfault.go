@@ -41,13 +41,16 @@ const (
 	// init waits for start, but the keeper does not hold it: the next
 	// monitor does not know it.
 	MonitorMidCreateUnheld Point = "monitor-mid-create-unheld"
+	// MonitorMidStart: the runtime started the container (its process
+	// runs), the keeper was not told: it holds it as created.
+	MonitorMidStart Point = "monitor-mid-start"
 	// KeeperMidCreate: the keeper got a new container's register and
 	// dies before it holds it: the monitor runs on without a keeper.
 	KeeperMidCreate Point = "keeper-mid-create"
 )
 
 // Points lists every shim crash point.
-var Points = []Point{MonitorMidAdopt, MonitorMidCreate, MonitorMidCreateUnheld, KeeperMidCreate}
+var Points = []Point{MonitorMidAdopt, MonitorMidCreate, MonitorMidCreateUnheld, MonitorMidStart, KeeperMidCreate}
 
 // Hit kills the calling process with SIGKILL if p is armed in its
 // environment and has fired fewer times than armed; dir (the node's dir)
