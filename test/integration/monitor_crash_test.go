@@ -128,7 +128,8 @@ func TestMonitorCrashKeepsContainersRunning(t *testing.T) {
 		// At the base commit the container was exited by now, exec refused.
 		st := c.env.status(c.ctr)
 		if st.State != criapi.ContainerState_CONTAINER_RUNNING {
-			t.Fatalf("container %s after the monitor's crash: %s, exit %d, %s: %s", c.ctr, st.State, st.ExitCode, st.Reason, st.Message)
+			shimLog, _ := os.ReadFile(filepath.Join(e.d.State, "shims", ".node", "shim.log"))
+			t.Fatalf("container %s after the monitor's crash: %s, exit %d, %s: %s\nshim.log:\n%s", c.ctr, st.State, st.ExitCode, st.Reason, st.Message, shimLog)
 		}
 		if out := c.env.exec(c.ctr, "echo", "alive"); out != "alive" {
 			t.Fatalf("exec in %s after the monitor's crash: %q", c.ctr, out)
