@@ -67,6 +67,10 @@ var MonitorRestartTimeout = 60 * time.Second
 // monitorPoll is how often a waiting call looks for the monitor again.
 const monitorPoll = 20 * time.Millisecond
 
+// notServedGrace is how long the node's monitor may listen while the
+// pod's socket does not answer before the pod counts as not adopted.
+const notServedGrace = time.Second
+
 func (c *Client) dial(ctx context.Context) (*net.UnixConn, error) {
 	conn, err := dialUnix(c.socket)
 	if err != nil {
@@ -160,25 +164,41 @@ func monitorGone(err error) bool {
 // MonitorRestartTimeout passed since since without one.
 func (c *Client) waitServed(ctx context.Context, since time.Time) error {
 	nodeDir := proto.NodeDir(filepath.Dir(c.dir))
+	var notServedSince time.Time
 	for {
-		if conn, err := dialUnix(c.socket); err == nil {
+		conn, err := dialUnix(c.socket)
+		if err == nil {
 			conn.Close()
 			return nil
 		}
+		busy := errors.Is(err, syscall.EAGAIN) // listening, its backlog full: served, later
 		if _, err := os.Stat(c.dir); errors.Is(err, os.ErrNotExist) {
 			return fmt.Errorf("pod %s: %w", filepath.Base(c.dir), ErrNoShim)
 		}
-		if conn, err := dialUnix(proto.NodeSocketPath(nodeDir)); err == nil {
-			conn.Close()
-			// Adopted pods listen before the node does: look once more.
-			if pconn, err := dialUnix(c.socket); err == nil {
-				pconn.Close()
-				return nil
+		nodeAnswers := false
+		if !busy {
+			if conn, err := dialUnix(proto.NodeSocketPath(nodeDir)); err == nil {
+				conn.Close()
+				nodeAnswers = true
 			}
-			return fmt.Errorf("pod %s: the node's monitor does not serve it: %w", filepath.Base(c.dir), ErrNoShim)
 		}
-		if !keeperMayLive(nodeDir) {
+		switch {
+		case busy:
+		case nodeAnswers:
+			// Adopted pods listen before the node does, so the pod's
+			// socket should answer by now; that it still does not for
+			// notServedGrace (not one probe: a probe can fall between a
+			// socket's removal and its listen) means the monitor did
+			// not adopt the pod.
+			if notServedSince.IsZero() {
+				notServedSince = time.Now()
+			} else if time.Since(notServedSince) > notServedGrace {
+				return fmt.Errorf("pod %s: the node's monitor does not serve it: %w", filepath.Base(c.dir), ErrNoShim)
+			}
+		case !keeperMayLive(nodeDir):
 			return fmt.Errorf("pod %s: the node's monitor and keeper are gone: %w", filepath.Base(c.dir), ErrNoShim)
+		default:
+			notServedSince = time.Time{}
 		}
 		if time.Since(since) > MonitorRestartTimeout {
 			return fmt.Errorf("pod %s: the keeper's monitor did not come back in %v: %w", filepath.Base(c.dir), MonitorRestartTimeout, ErrNoShim)
