@@ -275,6 +275,13 @@ func (d *Draft) runtimeCreate(ctx context.Context, sh Shim) error {
 		cr.Restore, cr.CRIU = restoreImages(d.dir), rs.CRIU
 	}
 	err := sh.Create(ctx, d.ID, cr)
+	if errors.Is(err, shim.ErrMonitorCut) {
+		// The node's monitor died while it created the container: the
+		// runtime may hold it, and the keeper too (then the next monitor
+		// adopted it). Discard deletes it from both.
+		d.created = sh
+		return fmt.Errorf("create container %s: %w", d.ID, err)
+	}
 	if errors.Is(err, errdefs.ErrUnavailable) {
 		// The shim was exiting as its last container went: launch another.
 		if sh, err = d.s.shims.Start(ctx, d.req.PodID); err == nil {
@@ -301,8 +308,16 @@ func (d *Draft) Discard(ctx context.Context) {
 	switch {
 	case d.created != nil:
 		// A shim exits by itself once its last container is deleted.
-		if _, err := d.created.Delete(ctx, d.ID); err != nil && !errors.Is(err, errdefs.ErrNotFound) && !errors.Is(err, shim.ErrNoShim) {
+		_, err := d.created.Delete(ctx, d.ID)
+		if err != nil && !errors.Is(err, errdefs.ErrNotFound) && !errors.Is(err, shim.ErrNoShim) {
 			d.log.Warn("delete container after failed create", "err", err)
+		}
+		if err != nil && d.runtime != nil {
+			// No shim holds it (a create the monitor's crash cut before
+			// the keeper held it): the runtime may, with its init.
+			if err := d.runtime.Delete(ctx, d.ID, true); err != nil {
+				d.log.Warn("runtime delete after failed create", "err", err)
+			}
 		}
 	case d.shim != nil:
 		d.shim.abandon(ctx, d.log)

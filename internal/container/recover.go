@@ -69,11 +69,21 @@ func (s *Store) reconcile(ctx context.Context, e *entry, live map[string]map[str
 			s.log.Warn("ask shim for its containers", "pod", rec.PodID, "err", err)
 			return
 		}
-		ids = map[string]bool{}
-		for _, id := range list {
-			ids[id] = true
+		if err == nil {
+			ids = map[string]bool{}
+			for _, id := range list {
+				ids[id] = true
+			}
 		}
-		live[rec.PodID] = ids
+		live[rec.PodID] = ids // nil: no shim serves the pod
+	}
+	if ids == nil {
+		// No keeper or monitor serves the pod (both died while berthd
+		// was down, or no monitor came back): nothing reports its
+		// containers' exits, so any process of theirs still running is
+		// killed before the record says exited (exits.go).
+		_ = s.exitedIfShimGone(e, shim.ErrNoShim)
+		return
 	}
 	if !ids[rec.ID] {
 		s.setExited(e, &shim.Exit{Code: 255, At: time.Now().UTC(), Unknown: "container lost while berthd was down"})

@@ -228,7 +228,7 @@ func (s *Store) WarmShim(ctx context.Context, podID string) (wait func()) {
 // ShutdownIdleShim stops the pod's shim if it holds no container (one a
 // WarmShim launched for a pod that never got one), after waiting for a
 // launch in progress. A shim holding containers refuses, and none
-// running is fine.
+// running is fine (its directory goes once the pod has no container).
 func (s *Store) ShutdownIdleShim(ctx context.Context, podID string) error {
 	s.mu.Lock()
 	done := s.warming[podID]
@@ -237,6 +237,20 @@ func (s *Store) ShutdownIdleShim(ctx context.Context, podID string) error {
 		<-done
 	}
 	err := s.shims.Pod(podID).Shutdown(ctx)
+	if errors.Is(err, shim.ErrNoShim) && len(s.ListPod(podID)) == 0 {
+		// None serves the pod, and none will (its keeper and monitor
+		// died): the directory they left holds nothing any container
+		// still needs, the exits were folded into the records.
+		if ferr := s.shims.Forget(podID); ferr != nil {
+			s.log.Warn("remove the directory of a dead shim", "pod", podID, "err", ferr)
+		}
+		// And the node's, if its keeper died too (a living keeper's, or
+		// a monitor serving other pods, stays).
+		if ferr := s.shims.StopIdleNode(ctx); ferr != nil {
+			s.log.Warn("stop the node's idle shim", "err", ferr)
+		}
+		return nil
+	}
 	if err == nil || errors.Is(err, shim.ErrNoShim) || errors.Is(err, errdefs.ErrFailedPrecondition) {
 		return nil
 	}

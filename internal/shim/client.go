@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"os/exec"
@@ -14,17 +15,28 @@ import (
 
 	"github.com/berthcri/berth/internal/errdefs"
 	"github.com/berthcri/berth/internal/shim/proto"
+	"github.com/berthcri/berth/internal/shim/shimfault"
 )
 
 // Client talks to one pod's shim. It dials per call, so it survives the
-// shim's restarts of berthd and needs no reconnect logic.
+// shim's restarts of berthd. A pod's client also rides out the node
+// monitor's restarts (decision 1701): a call that finds no monitor, or
+// loses it mid-request, while the node's keeper lives waits for the
+// keeper's next monitor to serve the pod again (at most
+// MonitorRestartTimeout without one) and asks again; only a request that
+// is not safe to repeat (create) fails instead, with ErrMonitorCut.
 type Client struct {
 	dir    string
 	socket string // the socket dialled: the pod's, or the node's
+	// ridesRestarts: a pod's client waits for a restarted monitor; the
+	// node's (add-pod, shutdown) has launch logic of its own.
+	ridesRestarts bool
 }
 
 // NewClient returns a client for the shim whose state dir is dir.
-func NewClient(dir string) *Client { return &Client{dir: dir, socket: proto.SocketPath(dir)} }
+func NewClient(dir string) *Client {
+	return &Client{dir: dir, socket: proto.SocketPath(dir), ridesRestarts: true}
+}
 
 // nodeClient talks to the node's monitor itself (node dir nodeDir).
 func nodeClient(nodeDir string) *Client {
@@ -34,8 +46,30 @@ func nodeClient(nodeDir string) *Client {
 // Dir is the shim's state directory.
 func (c *Client) Dir() string { return c.dir }
 
-// ErrNoShim means no shim listens for the pod.
+// ErrNoShim means no shim listens for the pod, and none will: no keeper
+// restarts its monitor, the pod is not served any more, or the monitor
+// did not come back within MonitorRestartTimeout.
 var ErrNoShim = fmt.Errorf("no shim running: %w", errdefs.ErrUnavailable)
+
+// ErrMonitorCut means the node's monitor went away while it handled a
+// request that is not safe to repeat (create): what became of it is
+// unknown, and the caller undoes it as any failed request.
+var ErrMonitorCut = fmt.Errorf("the node's shim monitor went away mid-request: %w", errdefs.ErrUnavailable)
+
+// MonitorRestartTimeout bounds how long a pod's call waits for the node's
+// monitor to serve the pod again while its keeper lives. The keeper
+// restarts a crashed monitor after 50 ms, doubling to 5 s: 60 s covers a
+// crash loop's first seven restarts and ten more at the cap, and is half
+// the kubelet's default runtime-request-timeout (2 min), so a CRI call
+// that waited still answers in time. A variable for tests.
+var MonitorRestartTimeout = 60 * time.Second
+
+// monitorPoll is how often a waiting call looks for the monitor again.
+const monitorPoll = 20 * time.Millisecond
+
+// notServedGrace is how long the node's monitor may listen while the
+// pod's socket does not answer before the pod counts as not adopted.
+const notServedGrace = time.Second
 
 func (c *Client) dial(ctx context.Context) (*net.UnixConn, error) {
 	conn, err := dialUnix(c.socket)
@@ -51,7 +85,149 @@ func (c *Client) dial(ctx context.Context) (*net.UnixConn, error) {
 	return conn, nil
 }
 
+// dialServed dials the pod's socket, waiting for a restarted monitor
+// when none answers (waitServed).
+func (c *Client) dialServed(ctx context.Context) (*net.UnixConn, error) {
+	var since time.Time
+	for {
+		conn, err := c.dial(ctx)
+		if !c.ridesRestarts || !errors.Is(err, ErrNoShim) {
+			return conn, err
+		}
+		if since.IsZero() {
+			since = time.Now()
+		}
+		if err := c.waitServed(ctx, since); err != nil {
+			return nil, err
+		}
+	}
+}
+
+// idempotent tells the ops a pod's client asks again after the monitor
+// died handling them: each leaves the same state done twice (a second
+// delete finds the container gone, a second signal finds it signalled
+// or gone), and a wait or a state only looks. Create is not among them;
+// start is made safe by asking the state first (Start).
+func idempotent(op string) bool {
+	switch op {
+	case proto.OpState, proto.OpWait, proto.OpKill, proto.OpDelete, proto.OpReopenLog, proto.OpPing, proto.OpShutdown:
+		return true
+	}
+	return false
+}
+
+// call sends req and returns the answer. A pod's client whose monitor
+// goes away (refused, or the connection cut before the answer) while the
+// keeper lives waits for the next monitor and asks again: at once when
+// the request was never delivered or is idempotent, otherwise not at all
+// (ErrMonitorCut).
 func (c *Client) call(ctx context.Context, req *proto.Request) (*proto.Response, error) {
+	var since time.Time
+	for {
+		resp, err := c.callOnce(ctx, req)
+		if !c.ridesRestarts || !monitorGone(err) || ctx.Err() != nil {
+			return resp, err
+		}
+		if since.IsZero() {
+			since = time.Now()
+		}
+		if !errors.Is(err, ErrNoShim) && !idempotent(req.Op) {
+			// Delivered, then cut: wait for the monitor anyway, so the
+			// caller's undo finds it (or learns that none comes back).
+			if werr := c.waitServed(ctx, since); werr != nil && !errors.Is(werr, ErrNoShim) {
+				return nil, werr
+			}
+			return nil, fmt.Errorf("shim %s %s: %w (%v)", req.Op, req.ID, ErrMonitorCut, err)
+		}
+		if werr := c.waitServed(ctx, since); werr != nil {
+			return nil, werr
+		}
+		// The monitor is back: a new outage is timed afresh.
+		since = time.Time{}
+	}
+}
+
+// monitorGone tells the errors a monitor's death leaves on a call: no
+// one listens, or the connection ended before the answer.
+func monitorGone(err error) bool {
+	return errors.Is(err, ErrNoShim) || errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) ||
+		errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE) ||
+		errors.Is(err, syscall.EAGAIN) // the pod's backlog full while the monitor adopts
+}
+
+// waitServed waits, polling, until the pod's socket answers again (nil:
+// ask again). It returns ErrNoShim (wrapped, saying why) as soon as no
+// monitor will serve the pod: its directory is gone (the pod ended), a
+// monitor listens on the node's socket but not on the pod's (it did not
+// adopt the pod: the monitor listens on the node only once it adopted
+// every container its keeper holds), no keeper lives to restart one, or
+// MonitorRestartTimeout passed since since without one.
+func (c *Client) waitServed(ctx context.Context, since time.Time) error {
+	nodeDir := proto.NodeDir(filepath.Dir(c.dir))
+	var notServedSince time.Time
+	for {
+		conn, err := dialUnix(c.socket)
+		if err == nil {
+			conn.Close()
+			return nil
+		}
+		busy := errors.Is(err, syscall.EAGAIN) // listening, its backlog full: served, later
+		if _, err := os.Stat(c.dir); errors.Is(err, os.ErrNotExist) {
+			return fmt.Errorf("pod %s: %w", filepath.Base(c.dir), ErrNoShim)
+		}
+		nodeAnswers := false
+		if !busy {
+			if conn, err := dialUnix(proto.NodeSocketPath(nodeDir)); err == nil {
+				conn.Close()
+				nodeAnswers = true
+			}
+		}
+		switch {
+		case busy:
+		case nodeAnswers:
+			// Adopted pods listen before the node does, so the pod's
+			// socket should answer by now; that it still does not for
+			// notServedGrace (not one probe: a probe can fall between a
+			// socket's removal and its listen) means the monitor did
+			// not adopt the pod.
+			if notServedSince.IsZero() {
+				notServedSince = time.Now()
+			} else if time.Since(notServedSince) > notServedGrace {
+				return fmt.Errorf("pod %s: the node's monitor does not serve it: %w", filepath.Base(c.dir), ErrNoShim)
+			}
+		case !keeperMayLive(nodeDir):
+			return fmt.Errorf("pod %s: the node's monitor and keeper are gone: %w", filepath.Base(c.dir), ErrNoShim)
+		default:
+			notServedSince = time.Time{}
+		}
+		if time.Since(since) > MonitorRestartTimeout {
+			return fmt.Errorf("pod %s: the keeper's monitor did not come back in %v: %w", filepath.Base(c.dir), MonitorRestartTimeout, ErrNoShim)
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("wait for the node's monitor to come back: %w", ctx.Err())
+		case <-time.After(monitorPoll):
+		}
+	}
+}
+
+// keeperMayLive tells, without waiting, whether a keeper may restart the
+// node's monitor: one holds the keeper lock, or a launch holds the launch
+// lock (a keeper starting, or a launch waiting for a restarting monitor).
+// The keeper probe runs under the launch lock, as keeperLives wants.
+func keeperMayLive(nodeDir string) bool {
+	f, err := os.OpenFile(proto.LaunchLockPath(nodeDir), os.O_RDWR|syscall.O_CLOEXEC, 0)
+	if err != nil {
+		return false // no node dir: its monitor and keeper ended
+	}
+	defer f.Close()
+	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
+		return true // held: a launch or a starting monitor
+	}
+	return keeperLives(nodeDir)
+}
+
+func (c *Client) callOnce(ctx context.Context, req *proto.Request) (*proto.Response, error) {
 	conn, err := c.dial(ctx)
 	if err != nil {
 		return nil, err
@@ -84,13 +260,26 @@ func (c *Client) Create(ctx context.Context, id string, cr *CreateRequest) error
 	return err
 }
 
-// Start starts a created container.
+// Start starts a created container. A start the monitor's crash cut
+// asks the next monitor for the container's state: started (or already
+// exited), that is the answer; still created, it starts it again.
 func (c *Client) Start(ctx context.Context, id string) (*State, error) {
-	r, err := c.call(ctx, &proto.Request{Op: proto.OpStart, ID: id})
-	if err != nil {
-		return nil, err
+	for {
+		r, err := c.call(ctx, &proto.Request{Op: proto.OpStart, ID: id})
+		if err == nil {
+			return r.State, nil
+		}
+		if !errors.Is(err, ErrMonitorCut) {
+			return nil, err
+		}
+		st, serr := c.State(ctx, id)
+		if serr != nil {
+			return nil, fmt.Errorf("%w; then state: %w", err, serr)
+		}
+		if st.Status != StatusCreated {
+			return st, nil
+		}
 	}
-	return r.State, nil
 }
 
 // Kill signals the container's init (every process with all).
@@ -151,7 +340,7 @@ func (c *Client) Shutdown(ctx context.Context) error {
 // Attach opens an attach stream; the caller reads stdout/stderr frames
 // from it and writes stdin, close-stdin and resize frames.
 func (c *Client) Attach(ctx context.Context, id string, stdin, stdout, stderr bool) (*Stream, error) {
-	conn, err := c.dial(ctx)
+	conn, err := c.dialServed(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -247,7 +436,9 @@ func Launch(ctx context.Context, binary, dir, podID string) (*Client, error) {
 // takes the launch lock first: a keeper launched by a berthd that died
 // before its monitor listened holds it until the monitor does, and is
 // stopped then rather than missed. A launch cut short before its keeper
-// started leaves the node dir with its lock and no socket; that dir goes.
+// started leaves the node dir with its lock and no socket, a keeper and
+// monitor that both died leave it with a dead socket: with no keeper
+// holding it, that dir goes.
 func StopIdleNode(ctx context.Context, shims string) error {
 	nodeDir := proto.NodeDir(shims)
 	lock, err := lockNode(nodeDir, false)
@@ -263,13 +454,13 @@ func StopIdleNode(ctx context.Context, shims string) error {
 	defer lock.Close()
 	_, err = nodeClient(nodeDir).call(ctx, &proto.Request{Op: proto.OpShutdown})
 	if errors.Is(err, ErrNoShim) {
-		// With the lock held no monitor is starting; with no keeper and
-		// no socket none ever listened here. (A crashed monitor leaves
-		// its socket, and its keeper restarts it: both are left alone.)
-		_, serr := os.Lstat(proto.NodeSocketPath(nodeDir))
-		if errors.Is(serr, os.ErrNotExist) && !keeperLives(nodeDir) {
+		// With the lock held no monitor is starting; with no keeper none
+		// will: either none ever listened here (a launch cut short), or
+		// keeper and monitor both died and left their dir. (A crashed
+		// monitor whose keeper lives is restarted: both are left alone.)
+		if !keeperLives(nodeDir) {
 			if rerr := os.RemoveAll(nodeDir); rerr != nil {
-				return fmt.Errorf("remove the node dir of a launch cut short: %w", rerr)
+				return fmt.Errorf("remove the node dir of a dead or cut short launch: %w", rerr)
 			}
 		}
 		return nil
@@ -410,6 +601,10 @@ func startKeeper(binary, nodeDir string, lock *os.File) (*exec.Cmd, *os.File, er
 	// A debugging aid: the monitor logs its memory stats after each trim.
 	if v := os.Getenv("BERTH_SHIM_MEMSTATS"); v != "" {
 		cmd.Env = append(cmd.Env, "BERTH_SHIM_MEMSTATS="+v)
+	}
+	// Recovery tests' crash points (package shimfault); unset in production.
+	if v := os.Getenv(shimfault.EnvVar); v != "" {
+		cmd.Env = append(cmd.Env, shimfault.EnvVar+"="+v)
 	}
 	cmd.Dir = "/"
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}

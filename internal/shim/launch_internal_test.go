@@ -83,7 +83,7 @@ func TestLaunchLockIsFreeOnceTheMonitorListens(t *testing.T) {
 // berthd dying after taking the launch lock but before starting the keeper
 // leaves the node dir with only its lock (or, earlier, empty):
 // StopIdleNode removes it, and leaves a dir whose (crashed) monitor's
-// socket is still there.
+// socket is still there while its keeper lives, but not once it died.
 func TestStopIdleNodeRemovesALaunchCutShortBeforeTheKeeper(t *testing.T) {
 	t.Parallel()
 	shims, nodeDir, lock := lockedNodeDir(t)
@@ -106,7 +106,8 @@ func TestStopIdleNodeRemovesALaunchCutShortBeforeTheKeeper(t *testing.T) {
 		t.Fatalf("empty node dir after StopIdleNode: %v", err)
 	}
 
-	// A monitor that crashed left its socket; its keeper restarts it there.
+	// A monitor that crashed left its socket; its keeper, living (its
+	// lock held), restarts it there.
 	lock, err := lockNode(nodeDir, true)
 	if err != nil {
 		t.Fatal(err)
@@ -115,10 +116,26 @@ func TestStopIdleNodeRemovesALaunchCutShortBeforeTheKeeper(t *testing.T) {
 	if err := os.WriteFile(proto.NodeSocketPath(nodeDir), nil, 0o600); err != nil {
 		t.Fatal(err)
 	}
+	keeperLock, err := os.OpenFile(proto.KeeperLockPath(nodeDir), os.O_RDWR|os.O_CREATE, 0o600)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Flock(int(keeperLock.Fd()), syscall.LOCK_EX); err != nil {
+		t.Fatal(err)
+	}
 	if err := StopIdleNode(context.Background(), shims); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := os.Stat(proto.NodeSocketPath(nodeDir)); err != nil {
-		t.Fatalf("a crashed monitor's node dir was touched: %v", err)
+		t.Fatalf("a crashed monitor's node dir was touched while its keeper lives: %v", err)
+	}
+
+	// Keeper and monitor both died: nothing will listen there again.
+	keeperLock.Close()
+	if err := StopIdleNode(context.Background(), shims); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(nodeDir); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("the node dir of a dead keeper and monitor after StopIdleNode: %v", err)
 	}
 }

@@ -28,6 +28,7 @@ import (
 
 	"github.com/berthcri/berth/internal/shim/exits"
 	"github.com/berthcri/berth/internal/shim/proto"
+	"github.com/berthcri/berth/internal/shim/shimfault"
 )
 
 // The fds the processes start with. ReadyFd carries the first monitor's
@@ -255,6 +256,9 @@ func (k *Keeper) applyLocked(m *proto.KeeperMsg, fds []int) {
 	e := k.ctrs[m.ID]
 	switch m.Op {
 	case proto.KeeperRegister:
+		if e == nil {
+			shimfault.Hit(shimfault.KeeperMidCreate, k.dir, k.logf)
+		}
 		names := m.StreamNames()
 		if len(names) != len(fds) || m.ID == "" {
 			k.logf("register of %q: %d fds for streams %q; refused", m.ID, len(fds), m.Streams)

@@ -12,6 +12,7 @@ import (
 
 	"github.com/berthcri/berth/internal/errdefs"
 	"github.com/berthcri/berth/internal/shim/proto"
+	"github.com/berthcri/berth/internal/shim/shimfault"
 )
 
 // keeperLink is the monitor's end of its link to the keeper (decision
@@ -143,6 +144,16 @@ func (n *Node) Adopt() error {
 		switch m.Op {
 		case proto.KeeperAdopted:
 			proto.CloseFds(fds)
+			// Told once the keeper's list is read: the link's buffers
+			// are not filled from both ends at once.
+			for _, id := range n.startedAtAdopt {
+				n.keeper.note(proto.KeeperStarted, id)
+			}
+			n.startedAtAdopt = nil
+			for _, s := range n.adoptedPods {
+				go s.Serve()
+			}
+			n.adoptedPods = nil
 			if count > 0 {
 				n.logf("adopted %d containers from the keeper", count)
 			}
@@ -156,6 +167,7 @@ func (n *Node) Adopt() error {
 				continue
 			}
 			count++
+			shimfault.Hit(shimfault.MonitorMidAdopt, n.dir, n.logf)
 		default:
 			proto.CloseFds(fds)
 		}
@@ -193,7 +205,11 @@ func (n *Node) adopt(m *proto.KeeperMsg, fds []int) error {
 			closeFiles()
 			return err
 		}
-		go s.Serve()
+		// Listening, but served once every container is adopted: a
+		// request for a container adopted later must not find it
+		// missing (berthd's client, waiting for this monitor, dials
+		// as soon as the socket listens).
+		n.adoptedPods = append(n.adoptedPods, s)
 	}
 	n.mu.Unlock()
 
@@ -223,6 +239,13 @@ func (n *Node) adopt(m *proto.KeeperMsg, fds []int) error {
 	ph := phaseCreated
 	if m.Running {
 		ph = phaseRunning
+	} else if m.Pid > 0 && !m.Exited {
+		// The monitor before may have died between the runtime's start
+		// and telling the keeper: the runtime knows.
+		if st, err := rt.status(c.id); err == nil && st != "created" {
+			ph = phaseRunning
+			n.startedAtAdopt = append(n.startedAtAdopt, c.id)
+		}
 	}
 	c.setProcess(m.Pid, ph)
 	s.mu.Lock()

@@ -12,6 +12,7 @@ import (
 
 	"github.com/berthcri/berth/internal/errdefs"
 	"github.com/berthcri/berth/internal/shim/proto"
+	"github.com/berthcri/berth/internal/shim/shimfault"
 )
 
 // runtimeStep runs the OCI runtime to make a container's init process:
@@ -107,6 +108,7 @@ func (s *Server) launch(c *container, cr *proto.CreateRequest, step runtimeStep,
 		}
 		return err
 	}
+	shimfault.Hit(shimfault.MonitorMidCreateUnheld, s.node.dir, s.logf)
 	if err := s.node.keeper.register(s, c, cr, pid, then == phaseRunning, lio.outputs, lio.stdin, lio.console); err != nil {
 		_ = c.rt.delete(c.id, true)
 		if pidfd != nil {
@@ -114,6 +116,7 @@ func (s *Server) launch(c *container, cr *proto.CreateRequest, step runtimeStep,
 		}
 		return err
 	}
+	shimfault.Hit(shimfault.MonitorMidCreate, s.node.dir, s.logf)
 	s.watchCgroups(c, pid)
 	c.stdio.set(lio.stdin, lio.console)
 	c.setProcess(pid, then)
@@ -295,6 +298,7 @@ func (s *Server) start(c *container) error {
 	if err := c.rt.start(c.id); err != nil {
 		return err
 	}
+	shimfault.Hit(shimfault.MonitorMidStart, s.node.dir, s.logf)
 	c.started()
 	s.node.keeper.note(proto.KeeperStarted, c.id)
 	return nil

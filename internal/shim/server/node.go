@@ -24,6 +24,12 @@ type Node struct {
 	logf   func(format string, args ...any)
 	reaper *reaper
 	keeper *keeperLink // nil in unit tests: no keeper
+	// startedAtAdopt: containers the keeper held as created that Adopt
+	// found started (the monitor before died mid-start); the keeper is
+	// told once the adopt list is read.
+	startedAtAdopt []string
+	// adoptedPods: pods Adopt made, served once it is done.
+	adoptedPods []*Server
 
 	// mu guards pods, closing and the listener's life. Lock
 	// order: Node.mu before a pod's Server.mu; a pod calls the node only

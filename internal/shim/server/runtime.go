@@ -1,6 +1,7 @@
 package server
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"os"
@@ -115,6 +116,49 @@ func criuErrors(path string) string {
 		data = data[len(data)-400:]
 	}
 	return string(data)
+}
+
+// status is the runtime's word on the container's state (created,
+// running, stopped, …), read from `state`'s JSON without a JSON package
+// (the shim stays lean, decision 1700).
+func (r *ociRuntime) status(id string) (string, error) {
+	f, err := os.CreateTemp("", "berth-shim-state-")
+	if err != nil {
+		return "", fmt.Errorf("state %s: %w", id, err)
+	}
+	defer os.Remove(f.Name())
+	defer f.Close()
+	if err := r.run(id, r.args("state", id), nil, f, nil); err != nil {
+		return "", err
+	}
+	data, err := os.ReadFile(f.Name())
+	if err != nil {
+		return "", fmt.Errorf("state %s: %w", id, err)
+	}
+	return jsonString(data, "status"), nil
+}
+
+// jsonString finds the string value of key in a flat JSON object ("" if
+// none): enough for the runtime's state, whose values hold no quotes.
+func jsonString(data []byte, key string) string {
+	i := bytes.Index(data, []byte(`"`+key+`"`))
+	if i < 0 {
+		return ""
+	}
+	rest := data[i+len(key)+2:]
+	colon := bytes.IndexByte(rest, ':')
+	if colon < 0 {
+		return ""
+	}
+	rest = bytes.TrimLeft(rest[colon+1:], " \t\r\n")
+	if len(rest) == 0 || rest[0] != '"' {
+		return ""
+	}
+	end := bytes.IndexByte(rest[1:], '"')
+	if end < 0 {
+		return ""
+	}
+	return string(rest[1 : 1+end])
 }
 
 // start lets a created container's init exec the process.
