@@ -442,10 +442,9 @@ func TestContainerUpdateResources(t *testing.T) {
 	}
 	// The cgroup has it.
 	pid := containerPid(t, e.d, id)
-	cg := cgroupOf(t, pid, "memory")
-	data, err := os.ReadFile(filepath.Join("/sys/fs/cgroup/memory", cg, "memory.limit_in_bytes"))
-	if err != nil || strings.TrimSpace(string(data)) != strconv.Itoa(128<<20) {
-		t.Fatalf("memory.limit_in_bytes = %q, %v", data, err)
+	lim := readCgroupLimits(t, cgroupOf(t, pid, "memory"))
+	if lim.Memory != strconv.Itoa(128<<20) || lim.CPUShares != wantShares(1024) {
+		t.Fatalf("container cgroup limits %+v, want memory %d and shares %s", lim, 128<<20, wantShares(1024))
 	}
 }
 
@@ -524,6 +523,9 @@ func cgroupOf(t *testing.T, pid int, controller string) string {
 	}
 	for _, line := range strings.Split(string(data), "\n") {
 		parts := strings.SplitN(line, ":", 3)
+		if len(parts) == 3 && cgroupV2() && parts[0] == "0" {
+			return parts[2] // the unified hierarchy holds every controller
+		}
 		if len(parts) == 3 && strings.Contains(","+parts[1]+",", ","+controller+",") {
 			return parts[2]
 		}

@@ -791,7 +791,7 @@ func TestNRIPluginUpdatesContainer(t *testing.T) {
 		t.Fatalf("UpdateContainers: failed %v, %v", failed, err)
 	}
 	pid := containerPid(t, d, id)
-	data, err := os.ReadFile(filepath.Join("/sys/fs/cgroup/memory", cgroupOf(t, pid, "memory"), "memory.limit_in_bytes"))
+	data, err := os.ReadFile(filepath.Join(cgroupDir("memory", cgroupOf(t, pid, "memory")), memoryLimitFile()))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -816,7 +816,7 @@ func TestNRIPluginUpdatesContainer(t *testing.T) {
 	}); err != nil {
 		t.Fatalf("UpdateContainerResources: %v", err)
 	}
-	data, err = os.ReadFile(filepath.Join("/sys/fs/cgroup/memory", cgroupOf(t, pid, "memory"), "memory.limit_in_bytes"))
+	data, err = os.ReadFile(filepath.Join(cgroupDir("memory", cgroupOf(t, pid, "memory")), memoryLimitFile()))
 	if err != nil {
 		t.Fatal(err)
 	}

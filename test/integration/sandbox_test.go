@@ -219,7 +219,7 @@ func TestSandboxDefaultNetworkReachableFromHost(t *testing.T) {
 	if !strings.HasPrefix(info.CgroupParent, "/"+d.Config.CgroupParent+"/") {
 		t.Fatalf("pod cgroup %q not under %q", info.CgroupParent, d.Config.CgroupParent)
 	}
-	if _, err := os.Stat(filepath.Join("/sys/fs/cgroup/memory", info.CgroupParent)); err != nil {
+	if _, err := os.Stat(cgroupDir("memory", info.CgroupParent)); err != nil {
 		t.Fatalf("pod cgroup missing: %v", err)
 	}
 	for _, p := range []string{info.NetNSPath, info.IPCNSPath, info.UTSNSPath} {
@@ -235,7 +235,7 @@ func TestSandboxDefaultNetworkReachableFromHost(t *testing.T) {
 	if err := dialHello(net.JoinHostPort(ip.String(), "8080")); err == nil {
 		t.Fatalf("pod still reachable after stop")
 	}
-	if _, err := os.Stat(filepath.Join("/sys/fs/cgroup/memory", info.CgroupParent)); !os.IsNotExist(err) {
+	if _, err := os.Stat(cgroupDir("memory", info.CgroupParent)); !os.IsNotExist(err) {
 		t.Fatalf("pod cgroup survives remove: %v", err)
 	}
 }
@@ -790,15 +790,19 @@ func TestSandboxCgroupUnderConfigParent(t *testing.T) {
 		t.Fatalf("pod cgroup %q, want %q", info.CgroupParent, parent+"/pod-"+id)
 	}
 	for _, h := range []string{"memory", "pids", "cpu"} {
-		if _, err := os.Stat(filepath.Join("/sys/fs/cgroup", h, info.CgroupParent)); err != nil {
+		if _, err := os.Stat(cgroupDir(h, info.CgroupParent)); err != nil {
 			t.Fatalf("pod cgroup in %s: %v", h, err)
 		}
 	}
-	if cpus := readFile(t, filepath.Join("/sys/fs/cgroup/cpuset", info.CgroupParent, "cpuset.cpus")); strings.TrimSpace(cpus) == "" {
+	cpusFile := "cpuset.cpus"
+	if cgroupV2() {
+		cpusFile = "cpuset.cpus.effective"
+	}
+	if cpus := readFile(t, filepath.Join(cgroupDir("cpuset", info.CgroupParent), cpusFile)); strings.TrimSpace(cpus) == "" {
 		t.Fatal("pod cpuset has no cpus")
 	}
 	stopRemove(t, d, id)
-	if _, err := os.Stat(filepath.Join("/sys/fs/cgroup/memory", info.CgroupParent)); !os.IsNotExist(err) {
+	if _, err := os.Stat(cgroupDir("memory", info.CgroupParent)); !os.IsNotExist(err) {
 		t.Fatalf("pod cgroup survives remove: %v", err)
 	}
 }
