@@ -355,3 +355,69 @@ func PodParent(driver, parent string) (string, error) {
 	}
 	return path.Clean("/" + parent), nil
 }
+
+// EnableControllers writes "+ctl" to dir's cgroup.subtree_control for each
+// of want that dir offers (cgroup.controllers) and has not enabled yet.
+// All at once first, then one by one, as runc does.
+func EnableControllers(dir string, want []string) error {
+	avail, err := os.ReadFile(filepath.Join(dir, "cgroup.controllers"))
+	if err != nil {
+		return fmt.Errorf("read controllers of %s: %w", dir, err)
+	}
+	on, err := os.ReadFile(filepath.Join(dir, "cgroup.subtree_control"))
+	if err != nil {
+		return fmt.Errorf("read enabled controllers of %s: %w", dir, err)
+	}
+	var add []string
+	for _, c := range want {
+		if slices.Contains(strings.Fields(string(avail)), c) && !slices.Contains(strings.Fields(string(on)), c) {
+			add = append(add, "+"+c)
+		}
+	}
+	if len(add) == 0 {
+		return nil
+	}
+	f := filepath.Join(dir, "cgroup.subtree_control")
+	if os.WriteFile(f, []byte(strings.Join(add, " ")), 0o644) == nil {
+		return nil
+	}
+	var errs []error
+	for _, c := range add {
+		if err := os.WriteFile(f, []byte(c), 0o644); err != nil {
+			errs = append(errs, fmt.Errorf("write %s to %s: %w", c, f, err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// EnableDown enables, on cgroup v2, every controller the root at root
+// offers in cgroup.subtree_control of each cgroup from the root down to
+// group (made if missing), as runc does for a container's ancestors and
+// berthd for each pod. Called at start for the default pod parent, so that
+// Detect sees what pods will get, not what a parent made before the
+// controllers were enabled happens to show.
+func EnableDown(root, group string) error {
+	b, err := os.ReadFile(filepath.Join(root, "cgroup.controllers"))
+	if err != nil {
+		return fmt.Errorf("read controllers of %s: %w", root, err)
+	}
+	want := strings.Fields(string(b))
+	group = path.Clean("/" + group)
+	if err := os.MkdirAll(filepath.Join(root, group), 0o755); err != nil {
+		return fmt.Errorf("create cgroup %s: %w", group, err)
+	}
+	var levels []string
+	for d := group; ; d = path.Dir(d) {
+		levels = append(levels, d)
+		if d == "/" {
+			break
+		}
+	}
+	var errs []error
+	for i := len(levels) - 1; i >= 0; i-- {
+		if err := EnableControllers(filepath.Join(root, levels[i]), want); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}

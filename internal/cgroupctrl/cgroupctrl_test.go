@@ -190,3 +190,41 @@ func TestDetectOnThisHost(t *testing.T) {
 	}
 	t.Logf("%s: available %v, missing optional %v", c.Version(), c.Available, c.MissingOptional())
 }
+
+// EnableDown writes, at each level from the root to the group, the
+// root's controllers that level offers and has not enabled yet (a
+// fixture tree of plain files stands in for cgroupfs).
+func TestEnableDown(t *testing.T) {
+	root := t.TempDir()
+	for f, data := range map[string]string{
+		"cgroup.controllers":         "cpu io memory\n",
+		"cgroup.subtree_control":     "cpu\n",
+		"a/cgroup.controllers":       "cpu io memory\n",
+		"a/cgroup.subtree_control":   "",
+		"a/b/cgroup.controllers":     "cpu memory\n",
+		"a/b/cgroup.subtree_control": "cpu memory\n",
+	} {
+		p := filepath.Join(root, f)
+		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(p, []byte(data), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := EnableDown(root, "/a/b"); err != nil {
+		t.Fatal(err)
+	}
+	for f, want := range map[string]string{
+		"cgroup.subtree_control":     "+io +memory",
+		"a/cgroup.subtree_control":   "+cpu +io +memory",
+		"a/b/cgroup.subtree_control": "cpu memory\n", // nothing to add: untouched
+	} {
+		if b, _ := os.ReadFile(filepath.Join(root, f)); string(b) != want {
+			t.Errorf("%s = %q, want %q", f, b, want)
+		}
+	}
+	if err := EnableDown(root, "/a/c"); err == nil {
+		t.Error("a level without cgroup.controllers is not an error")
+	}
+}

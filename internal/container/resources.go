@@ -2,15 +2,25 @@ package container
 
 import (
 	"os"
+	"slices"
+	"strings"
 
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	runtime "k8s.io/cri-api/pkg/apis/runtime/v1"
 )
 
-// swapAccounting reports whether the v1 memory controller accounts swap
-// (memory.memsw.*): then a memory limit also bounds memory+swap, as in
-// containerd, so that raising the limit above the old memsw limit works.
+// swapAccounting reports whether the memory controller accounts swap
+// (v1 memory.memsw.*; v2 the memory controller, whose memory.swap.max
+// runc sets and skips where the kernel has no swap): then a memory limit
+// also bounds memory+swap, as at create (specgen) and in containerd, so
+// that raising the limit above the old memory+swap limit works. On v2 the
+// kubelet's own swap setting (unified memory.swap.max) still wins: runc
+// writes the unified map last.
 func swapAccounting() bool {
+	if b, err := os.ReadFile("/sys/fs/cgroup/cgroup.controllers"); err == nil {
+		_, serr := os.Stat("/proc/sys/vm/swappiness")
+		return slices.Contains(strings.Fields(string(b)), "memory") && serr == nil
+	}
 	_, err := os.Stat("/sys/fs/cgroup/memory/memory.memsw.limit_in_bytes")
 	return err == nil
 }

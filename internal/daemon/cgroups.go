@@ -18,6 +18,16 @@ func detectCgroups(cfg *config.Config, log *slog.Logger) (*cgroupctrl.Controller
 	if err != nil {
 		return nil, err
 	}
+	if cri.CgroupDriver(cfg.CgroupDriver) == "cgroupfs" {
+		if c, err := cgroupctrl.Detect(cgroupctrl.Options{}); err == nil && c.V2 {
+			// berthd and runc enable the root's controllers down to every
+			// pod; do it for the default parent now so the controllers
+			// read below are those pods get (docs/cgroups.md).
+			if err := cgroupctrl.EnableDown(cgroupctrl.DefaultRoot, parent); err != nil {
+				log.Warn("enable cgroup controllers down to the pod parent", "parent", parent, "err", err)
+			}
+		}
+	}
 	c, err := cgroupctrl.Detect(cgroupctrl.Options{Parent: parent})
 	if err != nil {
 		return nil, fmt.Errorf("detect cgroup controllers: %w", err)

@@ -48,6 +48,9 @@ func Run(ctx context.Context, cfg *config.Config) []Result {
 		checkOverlay(),
 		checkCgroups(cfg),
 		checkCgroupDriver(cfg.CgroupDriver, systemd.BootedDir),
+	)
+	out = append(out, checkCgroupV2(cfg)...)
+	out = append(out,
 		checkIptables(ctx),
 		checkCRIU(ctx, cfg),
 		checkNamespaces(),

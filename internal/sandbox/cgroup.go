@@ -10,9 +10,11 @@ import (
 	"strings"
 	"time"
 
+	"github.com/containerd/cgroups/v3"
 	"golang.org/x/sys/unix"
 
 	"github.com/berthcri/berth/internal/cgroupctrl"
+	"github.com/berthcri/berth/internal/cgroupplan"
 	"github.com/berthcri/berth/internal/errdefs"
 )
 
@@ -69,16 +71,57 @@ func cgroupHierarchies() []cgroupctrl.Hierarchy {
 	return hs
 }
 
-// createCgroup makes the pod cgroup in every hierarchy. cpuset needs its
-// cpus and mems filled at every new level before anything can join.
-func createCgroup(path string) error {
+// cgroupfsPlan is the cgroupfs driver's plan for pod id, whose cgroup is
+// pod, on this host: which cgroups berth makes, where the holder sits and,
+// on cgroup v2, which controllers are enabled on the way down (every one
+// the root offers, as runc does).
+func cgroupfsPlan(id, pod string, holder bool) cgroupplan.Plan {
+	in := cgroupplan.Input{V2: cgroups.Mode() == cgroups.Unified, PodID: id, Pod: pod, Holder: holder}
+	if in.V2 {
+		b, _ := os.ReadFile(filepath.Join(cgroupRoot, "cgroup.controllers"))
+		in.Controllers = strings.Fields(string(b))
+	}
+	return cgroupplan.Pod(in)
+}
+
+// createCgroups makes the cgroups plan says berth makes (the pod cgroup,
+// the holder's) in every hierarchy. v1: cpuset needs its cpus and mems
+// filled at every new level before anything can join. v2: the controllers
+// are enabled in cgroup.subtree_control from the root down to the pod
+// cgroup, so the pod cgroup has its limit and stat files before any
+// container exists (runc does the same for a container's ancestors).
+func (s *Store) createCgroups(plan cgroupplan.Plan) error {
+	if err := plan.Check(); err != nil {
+		return fmt.Errorf("pod cgroup layout: %w", err)
+	}
 	for _, h := range cgroupHierarchies() {
-		if err := os.MkdirAll(filepath.Join(h.Path, path), 0o755); err != nil {
-			return fmt.Errorf("create cgroup %s in %s: %w", path, h.Path, err)
+		for _, c := range plan.Made() {
+			if err := os.MkdirAll(filepath.Join(h.Path, c.Path), 0o755); err != nil {
+				return fmt.Errorf("create cgroup %s in %s: %w", c.Path, h.Path, err)
+			}
+			if slices.Contains(h.Controllers, "cpuset") {
+				if err := fillCpuset(h.Path, c.Path); err != nil {
+					return err
+				}
+			}
 		}
-		if slices.Contains(h.Controllers, "cpuset") {
-			if err := fillCpuset(h.Path, path); err != nil {
+		if !plan.V2 {
+			continue
+		}
+		for _, c := range plan.Cgroups {
+			if len(c.Enable) == 0 {
+				continue
+			}
+			err := cgroupctrl.EnableControllers(filepath.Join(h.Path, c.Path), c.Enable)
+			switch {
+			case err != nil && c.MadeBy == cgroupplan.Berth:
 				return err
+			case err != nil:
+				// A level above the pod that berth does not own (a
+				// kubelet parent, a delegated subtree): runc tries it
+				// too and ignores failure; what is missing shows in the
+				// pod cgroup's cgroup.controllers.
+				s.log.Warn("enable cgroup controllers", "cgroup", c.Path, "err", err)
 			}
 		}
 	}
@@ -110,7 +153,7 @@ func fillCpuset(root, path string) error {
 	return nil
 }
 
-// joinCgroup moves pid into the pod cgroup in every hierarchy.
+// joinCgroup moves pid into the cgroup at path in every hierarchy.
 func joinCgroup(path string, pid int) error {
 	for _, h := range cgroupHierarchies() {
 		f := filepath.Join(h.Path, path, "cgroup.procs")
@@ -121,8 +164,10 @@ func joinCgroup(path string, pid int) error {
 	return nil
 }
 
-// removeCgroup removes the pod cgroup (and anything left below it) from
-// every hierarchy; absent is fine. EBUSY is retried briefly: exiting
+// removeCgroup removes the pod cgroup and everything below it (the
+// holder's cgroup, containers' cgroups runc left) from every hierarchy,
+// children first; absent is fine. A pod made by an older berthd, with its
+// holder in the pod cgroup itself, goes the same way. EBUSY is retried briefly: exiting
 // processes leave their cgroup a moment after they die.
 func removeCgroup(path string) error {
 	if path == "" || path == "/" {

@@ -9,6 +9,7 @@ import (
 	"github.com/containerd/cgroups/v3"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
+	"github.com/berthcri/berth/internal/cgroupplan"
 	"github.com/berthcri/berth/internal/systemd"
 )
 
@@ -34,9 +35,11 @@ func (s *Store) podCgroupName(configParent, id string) (unit, path string, err e
 
 // createPodCgroup makes the pod cgroup r names and, under systemd, records
 // the cgroup path systemd gave the slice.
-func (s *Store) createPodCgroup(ctx context.Context, r *entry) error {
+// holder says whether the pod runs berth-pause, which gets a cgroup of its
+// own below the pod cgroup (cgroupplan).
+func (s *Store) createPodCgroup(ctx context.Context, r *entry, holder bool) error {
 	if r.sb.CgroupUnit == "" {
-		return createCgroup(r.sb.CgroupParent)
+		return s.createCgroups(cgroupfsPlan(r.sb.ID, r.sb.CgroupParent, holder))
 	}
 	v2 := cgroups.Mode() == cgroups.Unified
 	if err := s.opts.Systemd.StartSlice(ctx, r.sb.CgroupUnit, systemd.PodSliceProperties(r.sb.ID, v2)); err != nil {
@@ -50,16 +53,17 @@ func (s *Store) createPodCgroup(ctx context.Context, r *entry) error {
 	return nil
 }
 
-// pauseScope names the scope that holds a pod's pause process.
-func pauseScope(id string) string { return systemd.ScopePrefix + "-pause-" + id + ".scope" }
-
-// joinPodCgroup moves the pod's pause holder into the pod cgroup: under
-// systemd into a scope of its own in the pod slice.
+// joinPodCgroup moves the pod's pause holder into its own cgroup below the
+// pod cgroup (never the pod cgroup itself: on cgroup v2 a cgroup with a
+// process cannot have containers below it): <pod>/berth-pause under
+// cgroupfs, the scope berth-pause-<id>.scope in the pod slice under
+// systemd.
 func (s *Store) joinPodCgroup(ctx context.Context, r *entry, pid int) error {
 	if r.sb.CgroupUnit == "" {
-		return joinCgroup(r.sb.CgroupParent, pid)
+		h, _ := cgroupfsPlan(r.sb.ID, r.sb.CgroupParent, true).Holder()
+		return joinCgroup(h.Path, pid)
 	}
-	if err := s.opts.Systemd.StartScope(ctx, pauseScope(r.sb.ID), r.sb.CgroupUnit, pid); err != nil {
+	if err := s.opts.Systemd.StartScope(ctx, cgroupplan.HolderScope(r.sb.ID), r.sb.CgroupUnit, pid); err != nil {
 		return fmt.Errorf("move pause process into the pod slice: %w", err)
 	}
 	return nil

@@ -5,10 +5,10 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"path/filepath"
 
 	"github.com/containerd/cgroups/v3"
 	"github.com/containerd/cgroups/v3/cgroup1"
-	"github.com/containerd/cgroups/v3/cgroup2"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	runtime "k8s.io/cri-api/pkg/apis/runtime/v1"
 
@@ -54,11 +54,18 @@ func updateCgroup(path string, res *specs.LinuxResources) error {
 		return fmt.Errorf("pod has no cgroup: %w", errdefs.ErrFailedPrecondition)
 	}
 	if cgroups.Mode() == cgroups.Unified {
-		m, err := cgroup2.Load(path)
-		if err != nil {
-			return fmt.Errorf("load cgroup %s: %w", path, err)
+		dir := filepath.Join(cgroupRoot, path)
+		if _, err := os.Stat(dir); err != nil {
+			if errors.Is(err, os.ErrNotExist) {
+				return fmt.Errorf("cgroup %s: %w", path, errdefs.ErrNotFound)
+			}
+			return fmt.Errorf("cgroup %s: %w", path, err)
 		}
-		return m.Update(cgroup2.ToResources(res))
+		// Not the cgroups library's conversion: it writes "-1" quotas
+		// and negative swap limits the kernel refuses, skips a quota
+		// without a period and drops the unified map (MemoryQoS's
+		// memory.high, LimitedSwap's memory.swap.max).
+		return writeV2(dir, res)
 	}
 	cg, err := cgroup1.Load(cgroup1.StaticPath(path))
 	if err != nil {

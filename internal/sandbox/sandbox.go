@@ -544,7 +544,7 @@ func (s *Store) Run(ctx context.Context, cfg *runtime.PodSandboxConfig, handler 
 
 // makePodFilesAndCgroup writes the pod's hostname, hosts and resolv.conf
 // files, mounts its /dev/shm and makes its cgroup, moving the pause
-// holder (pid, if any) into it.
+// holder (pid, if any) into a cgroup of its own below it.
 func (s *Store) makePodFilesAndCgroup(ctx context.Context, r *entry, hostNet bool, hostname string, mapping *userns.Mapping, pid int) error {
 	var err error
 	if hostNet {
@@ -584,7 +584,7 @@ func (s *Store) makePodFilesAndCgroup(ctx context.Context, r *entry, hostNet boo
 			return fmt.Errorf("mount pod /dev/shm at %s: %w", r.sb.ShmPath, err)
 		}
 	}
-	if err := s.createPodCgroup(ctx, r); err != nil {
+	if err := s.createPodCgroup(ctx, r, pid > 0); err != nil {
 		return err
 	}
 	if pid > 0 {

@@ -791,11 +791,11 @@ func TestNRIPluginUpdatesContainer(t *testing.T) {
 		t.Fatalf("UpdateContainers: failed %v, %v", failed, err)
 	}
 	pid := containerPid(t, d, id)
-	data, err := os.ReadFile(filepath.Join(cgroupDir("memory", cgroupOf(t, pid, "memory")), memoryLimitFile()))
+	got, err := memoryLimitOf(t, pid)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got := strings.TrimSpace(string(data)); got != "50331648" {
+	if got != "50331648" {
 		t.Fatalf("memory limit %s after the plugin's update, want %d", got, limit)
 	}
 	if got := e.status(id).GetResources().GetLinux().GetMemoryLimitInBytes(); got != limit {
@@ -816,11 +816,11 @@ func TestNRIPluginUpdatesContainer(t *testing.T) {
 	}); err != nil {
 		t.Fatalf("UpdateContainerResources: %v", err)
 	}
-	data, err = os.ReadFile(filepath.Join(cgroupDir("memory", cgroupOf(t, pid, "memory")), memoryLimitFile()))
+	got, err = memoryLimitOf(t, pid)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got := strings.TrimSpace(string(data)); got != "41943040" {
+	if got != "41943040" {
 		t.Fatalf("memory limit %s after a plugin rewrote the update, want %d", got, override)
 	}
 	stopRemove(t, d, e.pod)

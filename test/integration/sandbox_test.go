@@ -219,7 +219,7 @@ func TestSandboxDefaultNetworkReachableFromHost(t *testing.T) {
 	if !strings.HasPrefix(info.CgroupParent, "/"+d.Config.CgroupParent+"/") {
 		t.Fatalf("pod cgroup %q not under %q", info.CgroupParent, d.Config.CgroupParent)
 	}
-	if _, err := os.Stat(cgroupDir("memory", info.CgroupParent)); err != nil {
+	if _, err := os.Stat(memoryCgroupDir(info.CgroupParent)); err != nil {
 		t.Fatalf("pod cgroup missing: %v", err)
 	}
 	for _, p := range []string{info.NetNSPath, info.IPCNSPath, info.UTSNSPath} {
@@ -235,7 +235,7 @@ func TestSandboxDefaultNetworkReachableFromHost(t *testing.T) {
 	if err := dialHello(net.JoinHostPort(ip.String(), "8080")); err == nil {
 		t.Fatalf("pod still reachable after stop")
 	}
-	if _, err := os.Stat(cgroupDir("memory", info.CgroupParent)); !os.IsNotExist(err) {
+	if _, err := os.Stat(memoryCgroupDir(info.CgroupParent)); !os.IsNotExist(err) {
 		t.Fatalf("pod cgroup survives remove: %v", err)
 	}
 }
@@ -789,20 +789,31 @@ func TestSandboxCgroupUnderConfigParent(t *testing.T) {
 	if info.CgroupParent != parent+"/pod-"+id {
 		t.Fatalf("pod cgroup %q, want %q", info.CgroupParent, parent+"/pod-"+id)
 	}
-	for _, h := range []string{"memory", "pids", "cpu"} {
-		if _, err := os.Stat(cgroupDir(h, info.CgroupParent)); err != nil {
-			t.Fatalf("pod cgroup in %s: %v", h, err)
+	memDir := filepath.Join("/sys/fs/cgroup/memory", info.CgroupParent)
+	if cgroupV2() {
+		// v2: the controllers are enabled down to the pod cgroup before
+		// any container exists.
+		memDir = filepath.Join("/sys/fs/cgroup", info.CgroupParent)
+		for _, f := range []string{"memory.max", "pids.max", "cpu.max"} {
+			if _, err := os.Stat(filepath.Join(memDir, f)); err != nil {
+				t.Fatalf("pod cgroup without %s: %v", f, err)
+			}
+		}
+		if cpus := readFile(t, filepath.Join(memDir, "cpuset.cpus.effective")); strings.TrimSpace(cpus) == "" {
+			t.Fatal("pod cpuset has no cpus")
+		}
+	} else {
+		for _, h := range []string{"memory", "pids", "cpu"} {
+			if _, err := os.Stat(filepath.Join("/sys/fs/cgroup", h, info.CgroupParent)); err != nil {
+				t.Fatalf("pod cgroup in %s: %v", h, err)
+			}
+		}
+		if cpus := readFile(t, filepath.Join("/sys/fs/cgroup/cpuset", info.CgroupParent, "cpuset.cpus")); strings.TrimSpace(cpus) == "" {
+			t.Fatal("pod cpuset has no cpus")
 		}
 	}
-	cpusFile := "cpuset.cpus"
-	if cgroupV2() {
-		cpusFile = "cpuset.cpus.effective"
-	}
-	if cpus := readFile(t, filepath.Join(cgroupDir("cpuset", info.CgroupParent), cpusFile)); strings.TrimSpace(cpus) == "" {
-		t.Fatal("pod cpuset has no cpus")
-	}
 	stopRemove(t, d, id)
-	if _, err := os.Stat(cgroupDir("memory", info.CgroupParent)); !os.IsNotExist(err) {
+	if _, err := os.Stat(memDir); !os.IsNotExist(err) {
 		t.Fatalf("pod cgroup survives remove: %v", err)
 	}
 }

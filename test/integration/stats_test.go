@@ -689,15 +689,45 @@ func TestUpdatePodSandboxResourcesSetsPodCgroup(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	lim := readCgroupLimits(t, info.CgroupParent)
-	if lim.Memory != strconv.Itoa(300<<20) {
-		t.Fatalf("pod memory limit %s", lim.Memory)
+	read := func(ctrl, file string) string {
+		data, err := os.ReadFile(filepath.Join("/sys/fs/cgroup", ctrl, info.CgroupParent, file))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return strings.TrimSpace(string(data))
 	}
-	if lim.CPUShares != wantShares(256) {
-		t.Fatalf("pod cpu shares %s, want %s", lim.CPUShares, wantShares(256))
-	}
-	if lim.CPUQuota != "50000" {
-		t.Fatalf("pod cpu quota %s", lim.CPUQuota)
+	if cgroupV2() {
+		// The v2 files, converted as runc converts a container's: shares
+		// 256 is weight 10.
+		for file, want := range map[string]string{"memory.max": strconv.Itoa(300 << 20), "cpu.weight": "10", "cpu.max": "50000 100000"} {
+			if got := read("", file); got != want {
+				t.Fatalf("pod %s = %s, want %s", file, got, want)
+			}
+		}
+		// No quota is "max"; the unified map (MemoryQoS's memory.high) lands.
+		_, err = d.Runtime.UpdatePodSandboxResources(ctx, &criapi.UpdatePodSandboxResourcesRequest{
+			PodSandboxId: id,
+			Resources: &criapi.LinuxContainerResources{MemoryLimitInBytes: 300 << 20, CpuQuota: -1, CpuPeriod: 100000,
+				Unified: map[string]string{"memory.high": strconv.Itoa(200 << 20)}},
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for file, want := range map[string]string{"memory.high": strconv.Itoa(200 << 20), "cpu.max": "max 100000"} {
+			if got := read("", file); got != want {
+				t.Fatalf("pod %s = %s, want %s", file, got, want)
+			}
+		}
+	} else {
+		if got := read("memory", "memory.limit_in_bytes"); got != strconv.Itoa(300<<20) {
+			t.Fatalf("pod memory limit %s", got)
+		}
+		if got := read("cpu", "cpu.shares"); got != "256" {
+			t.Fatalf("pod cpu shares %s", got)
+		}
+		if got := read("cpu", "cpu.cfs_quota_us"); got != "50000" {
+			t.Fatalf("pod cpu quota %s", got)
+		}
 	}
 	_, err = d.Runtime.UpdatePodSandboxResources(ctx, &criapi.UpdatePodSandboxResourcesRequest{PodSandboxId: "nonexistent", Resources: &criapi.LinuxContainerResources{}})
 	wantCode(t, err, codes.NotFound)
