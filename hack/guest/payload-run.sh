@@ -25,7 +25,9 @@ while read -r name driver runtime regex; do
   [ -n "$name" ] || continue
   echo "=== pass $name: cgroup driver $driver, runtime $runtime, -run '$regex'"
   start=$SECONDS
-  (cd integration && BERTH_TEST_CGROUP_DRIVER=$driver BERTH_TEST_RUNTIME=$runtime \
+  oci_version=
+  [ "$runtime" = crun ] && oci_version=1.0.2 # crun 1.8.1 knows no later ociVersion
+  (cd integration && BERTH_TEST_CGROUP_DRIVER=$driver BERTH_TEST_RUNTIME=$runtime BERTH_TEST_OCI_VERSION=$oci_version \
     ./integration.test -test.v -test.count=1 -test.timeout "${PASS_TIMEOUT:-20m}" \
     -test.parallel "${PARALLEL:-2}" -test.run "$regex")
   rc=$?

@@ -43,9 +43,11 @@ type Options struct {
 //
 //	BERTH_TEST_CGROUP_DRIVER  cgroupfs or systemd (needs a running systemd)
 //	BERTH_TEST_RUNTIME        the default runtime handler's binary, e.g. crun
+//	BERTH_TEST_OCI_VERSION    that handler's oci_version (Debian's crun: 1.0.2)
 const (
 	EnvCgroupDriver = "BERTH_TEST_CGROUP_DRIVER"
 	EnvRuntime      = "BERTH_TEST_RUNTIME"
+	EnvOCIVersion   = "BERTH_TEST_OCI_VERSION"
 )
 
 // Daemon is one berthd subprocess with CRI clients connected to it.
@@ -121,6 +123,7 @@ func Start(t testing.TB, opts Options) *Daemon {
 	}
 	if v := os.Getenv(EnvRuntime); v != "" {
 		cfg.Runtime = v
+		cfg.RuntimeHandlers[cfg.DefaultRuntimeHandler] = config.RuntimeHandler{Binary: v, OCIVersion: os.Getenv(EnvOCIVersion)}
 	}
 	if opts.Configure != nil {
 		opts.Configure(cfg)
