@@ -11,6 +11,9 @@
 #   BERTH_GUEST_TIMEOUT   seconds before the guest is killed (default 1800)
 #   BERTH_GUEST_PASSES    override the passes (lines "name driver runtime regex")
 #   BERTH_GUEST_KEEP      a directory to keep the run's logs in
+#   BERTH_GUEST_K8S_DIR   a hack/k8s-bins.sh directory (kubelet, agnhost): the
+#                         kubelet test's binary and these go into the guest too,
+#                         for passes naming "kubelet" as their test binary
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 root=$PWD
@@ -79,6 +82,11 @@ mkdir -p "$p/bin" "$p/integration"
 cp "$bin"/berthd "$bin"/berth-shim "$bin"/berth-pause "$bin"/berthctl "$p/bin/"
 go test -c -o "$p/integration/integration.test" ./test/integration
 cp -r test/integration/testdata "$p/integration/"
+if [ -n "${BERTH_GUEST_K8S_DIR:-}" ]; then
+  mkdir -p "$p/kubelet" "$p/k8s"
+  go test -c -o "$p/kubelet/kubelet.test" ./test/kubelet
+  cp "$BERTH_GUEST_K8S_DIR"/kubelet "$BERTH_GUEST_K8S_DIR"/agnhost "$p/k8s/"
+fi
 cp hack/guest/payload-run.sh "$p/run.sh"
 {
   printf 'PASSES=%q\n' "$passes"

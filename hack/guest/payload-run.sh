@@ -20,15 +20,24 @@ echo "=== guest: PID 1 is $(cat /proc/1/comm), runc $(runc --version | head -1 |
 echo "=== guest: booted in $(cut -d' ' -f1 /proc/uptime)s"
 
 failed=()
-# PASSES: one line each, "name driver runtime regex".
-while read -r name driver runtime regex; do
+# The kubelet wants a default route (its node IP); the guest has no uplink.
+if [ -d /payload/k8s ] && ! ip route show default | grep -q .; then
+  ip link add berth-uplink type dummy && ip addr add 10.254.254.1/24 dev berth-uplink &&
+    ip link set berth-uplink up && ip route add default via 10.254.254.254 dev berth-uplink
+  export BERTH_K8S_BIN_DIR=/payload/k8s
+fi
+
+# PASSES: one line each, "name driver runtime regex [test binary]"; the
+# binary is integration (default) or kubelet.
+while read -r name driver runtime regex suite; do
   [ -n "$name" ] || continue
-  echo "=== pass $name: cgroup driver $driver, runtime $runtime, -run '$regex'"
+  suite=${suite:-integration}
+  echo "=== pass $name: cgroup driver $driver, runtime $runtime, $suite.test -run '$regex'"
   start=$SECONDS
   oci_version=
   [ "$runtime" = crun ] && oci_version=1.0.2 # crun 1.8.1 knows no later ociVersion
-  (cd integration && BERTH_TEST_CGROUP_DRIVER=$driver BERTH_TEST_RUNTIME=$runtime BERTH_TEST_OCI_VERSION=$oci_version \
-    ./integration.test -test.v -test.count=1 -test.timeout "${PASS_TIMEOUT:-20m}" \
+  (cd "$suite" && BERTH_TEST_CGROUP_DRIVER=$driver BERTH_TEST_RUNTIME=$runtime BERTH_TEST_OCI_VERSION=$oci_version \
+    "./$suite.test" -test.v -test.count=1 -test.timeout "${PASS_TIMEOUT:-20m}" \
     -test.parallel "${PARALLEL:-2}" -test.run "$regex")
   rc=$?
   echo "=== pass $name: exit $rc in $((SECONDS - start))s"
