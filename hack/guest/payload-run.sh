@@ -50,3 +50,6 @@ else
   echo "BERTH-GUEST-RESULT rc=1 failed passes: ${failed[*]}"
 fi
 sync
+# The result is out and the disks are thrown away: power off now rather
+# than wait for systemd to stop what a failed test left running.
+echo o >/proc/sysrq-trigger
