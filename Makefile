@@ -6,6 +6,8 @@
 #   make e2e-node     the Kubernetes node e2e suite against a private berthd
 #                     (not part of make test; docs/conformance.md)
 #   make test-kubelet the kubelet test alone (part of make test), verbose
+#   make test-guest   the cgroup v2 lane alone (part of make test): the cgroup
+#                     tests in a qemu guest, cgroupfs and systemd drivers, crun
 #   make k8s-bins     build the kubelet, e2e_node.test, agnhost, ginkgo, critest
 #                     and crictl from test/k8s into a cache; prints the directory
 GO        ?= go
@@ -25,7 +27,7 @@ TEST_PATH := $(if $(wildcard $(CRIU_DIR)/criu),$(CRIU_DIR):)$(PATH)
 # How long make test fuzzes each target (their corpora also run as tests).
 FUZZTIME  ?= 10s
 
-.PHONY: all build run test fuzz lint deps test-deps bench clean k8s-bins conformance e2e-node test-kubelet
+.PHONY: all build run test fuzz lint deps test-deps bench clean k8s-bins conformance e2e-node test-kubelet test-guest
 
 all: build
 
@@ -56,6 +58,15 @@ test: test-deps lint build
 	PATH="$(TEST_PATH)" BERTHD_BIN=$(BIN)/berthd BERTH_BIN_DIR=$(BIN) $(GO) test -count=1 -timeout 60m $(TESTFLAGS) ./...
 	cd bench && $(GO) test -count=1 $(TESTFLAGS) ./...
 	$(MAKE) fuzz
+	$(MAKE) test-guest
+
+# The cgroup v2 lane (docs/decisions/2200-cgroup-v2-guest-lane.md): a Debian
+# guest under qemu (image built once into /var/cache/berth-guest) runs the
+# integration tests that touch cgroups under both drivers and with crun.
+# Its last line says PASS or FAIL; it fails on any failure or timeout.
+test-guest: build
+	hack/install-deps.sh guest
+	BIN=$(BIN) hack/guest/lane.sh
 
 # The kubelet test alone (docs/kubelet.md): a real kubelet, built by
 # hack/k8s-bins.sh, runs static pods on a private berthd.

@@ -10,6 +10,8 @@
 #   hack/install-deps.sh conformance  also a static C toolchain (the critest
 #                               stand-in registry's helpers)
 #   hack/install-deps.sh e2e-node     also sudo (node e2e specs call it)
+#   hack/install-deps.sh guest  the cgroup v2 lane's host side: mmdebstrap
+#                               (builds the guest image), qemu, qemu-img, mkfs.ext4
 # Nothing is installed when everything is present, so it is cheap to call.
 set -euo pipefail
 
@@ -20,6 +22,7 @@ case "${1:-run}" in
   bench) want+=(busybox:busybox-static containerd:containerd conmon:conmon) ;;
   conformance) want+=(busybox:busybox-static gcc:gcc) ;;
   e2e-node) want+=(busybox:busybox-static sudo:sudo) ;;
+  guest) want=(mmdebstrap:mmdebstrap qemu-system-x86_64:qemu-system-x86 qemu-img:qemu-utils mkfs.ext4:e2fsprogs) ;;
 esac
 
 missing=()
@@ -27,7 +30,7 @@ for pair in "${want[@]}"; do
   bin=${pair%%:*} pkg=${pair#*:}
   command -v "$bin" >/dev/null 2>&1 || missing+=("$pkg")
 done
-if [ "${1:-run}" != run ] && [ ! -x /bin/busybox ]; then
+if [ "${1:-run}" != run ] && [ "${1:-run}" != guest ] && [ ! -x /bin/busybox ]; then
   missing+=(busybox-static)
 fi
 if [ "${1:-run}" = conformance ] && [ -z "$(find /usr/lib -name libc.a -print -quit 2>/dev/null)" ]; then
@@ -42,7 +45,7 @@ if [ "${1:-run}" = test ] || [ "${1:-run}" = bench ]; then
     done
   fi
 fi
-if [ ! -x /usr/lib/cni/bridge ] && [ ! -x /opt/cni/bin/bridge ]; then
+if [ "${1:-run}" != guest ] && [ ! -x /usr/lib/cni/bridge ] && [ ! -x /opt/cni/bin/bridge ]; then
   missing+=("$cni_plugins")
 fi
 [ ${#missing[@]} -eq 0 ] && exit 0

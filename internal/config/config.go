@@ -189,6 +189,11 @@ type RuntimeHandler struct {
 	Root string `toml:"root" json:"root"`
 	// Options are extra global arguments passed before the subcommand.
 	Options []string `toml:"options" json:"options"`
+	// OCIVersion, when set, is the ociVersion written into this runtime's
+	// bundles instead of the runtime-spec version berth is built with:
+	// older runtimes refuse versions they do not know (Debian bookworm's
+	// crun 1.8.1: "unknown version specified" for 1.3.0; "1.0.2" works).
+	OCIVersion string `toml:"oci_version" json:"oci_version"`
 }
 
 // Default returns the embedded defaults.

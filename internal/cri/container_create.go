@@ -154,7 +154,14 @@ func (s *Service) containerSpec(sb *sandbox.Sandbox, sbCfg *runtime.PodSandboxCo
 		}
 		in.TargetPIDNSPath = "/proc/" + strconv.Itoa(target.Pid) + "/ns/pid"
 	}
-	return specgen.Build(in)
+	spec, err := specgen.Build(in)
+	if err != nil {
+		return nil, err
+	}
+	if v := s.cfg.RuntimeHandlers[handler].OCIVersion; v != "" {
+		spec.Version = v
+	}
+	return spec, nil
 }
 
 // containerLogPath joins the pod's log directory and the container's

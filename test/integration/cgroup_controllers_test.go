@@ -106,9 +106,12 @@ func TestHugepageLimitsOnAHostWithoutHugetlbHierarchy(t *testing.T) {
 	}
 
 	limitFile := fmt.Sprintf("hugetlb.%s.limit_in_bytes", sizes[0])
+	if cgroupV2() {
+		limitFile = fmt.Sprintf("hugetlb.%s.max", sizes[0])
+	}
 	if host.Has("hugetlb") {
 		cg := cgroupOf(t, containerPid(t, e.d, ids[0]), "hugetlb")
-		data, err := os.ReadFile(filepath.Join(cgroupctrl.DefaultRoot, "hugetlb", cg, limitFile))
+		data, err := os.ReadFile(filepath.Join(cgroupDir("hugetlb", cg), limitFile))
 		if err != nil || strings.TrimSpace(string(data)) != strconv.Itoa(4<<20) {
 			t.Fatalf("hugetlb mounted here, but %s = %q (%v)", limitFile, data, err)
 		}

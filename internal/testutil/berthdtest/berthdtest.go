@@ -38,6 +38,18 @@ type Options struct {
 	StartProcess func(cmd *exec.Cmd) error
 }
 
+// Environment variables that pick what every test daemon runs with (the
+// cgroup v2 guest lane, docs/decisions/2200-cgroup-v2-guest-lane.md):
+//
+//	BERTH_TEST_CGROUP_DRIVER  cgroupfs or systemd (needs a running systemd)
+//	BERTH_TEST_RUNTIME        the default runtime handler's binary, e.g. crun
+//	BERTH_TEST_OCI_VERSION    that handler's oci_version (Debian's crun: 1.0.2)
+const (
+	EnvCgroupDriver = "BERTH_TEST_CGROUP_DRIVER"
+	EnvRuntime      = "BERTH_TEST_RUNTIME"
+	EnvOCIVersion   = "BERTH_TEST_OCI_VERSION"
+)
+
 // Daemon is one berthd subprocess with CRI clients connected to it.
 type Daemon struct {
 	Dir        string // scratch dir holding everything below
@@ -104,6 +116,15 @@ func Start(t testing.TB, opts Options) *Daemon {
 	cfg.NRI.SocketPath = filepath.Join(dir, "nri.sock")
 	cfg.NRI.PluginPath = filepath.Join(dir, "nri-plugins")
 	cfg.NRI.PluginConfigPath = filepath.Join(dir, "nri-conf.d")
+	// The lane's choices (the cgroup v2 guest runs the same tests under
+	// each driver and runtime); a test's Configure still has the last word.
+	if v := os.Getenv(EnvCgroupDriver); v != "" {
+		cfg.CgroupDriver = v
+	}
+	if v := os.Getenv(EnvRuntime); v != "" {
+		cfg.Runtime = v
+		cfg.RuntimeHandlers[cfg.DefaultRuntimeHandler] = config.RuntimeHandler{Binary: v, OCIVersion: os.Getenv(EnvOCIVersion)}
+	}
 	if opts.Configure != nil {
 		opts.Configure(cfg)
 	}

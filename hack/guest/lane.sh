@@ -1,0 +1,140 @@
+#!/usr/bin/env bash
+# The cgroup v2 lane (docs/decisions/2200-cgroup-v2-guest-lane.md): boots a
+# Debian bookworm guest (systemd as PID 1, unified cgroup v2) under qemu and
+# runs the integration tests that touch cgroups there, under the cgroupfs
+# and the systemd driver and with crun. Prints the guest's test output as it
+# comes and ends with one pass/fail line; exits non-zero on any failure or
+# timeout.
+#   BIN                   where make build put berthd, berth-shim, berth-pause, berthctl
+#   BERTH_GUEST_ACCEL     kvm or tcg (default: kvm where the CPU has VMX/SVM and
+#                         /dev/kvm is the kernel's own, else tcg)
+#   BERTH_GUEST_TIMEOUT   seconds before the guest is killed (default 1800)
+#   BERTH_GUEST_PASSES    override the passes (lines "name driver runtime regex")
+#   BERTH_GUEST_KEEP      a directory to keep the run's logs in
+#   BERTH_GUEST_K8S_DIR   a hack/k8s-bins.sh directory (kubelet, agnhost): the
+#                         kubelet test's binary and these go into the guest too,
+#                         for passes naming "kubelet" as their test binary
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+root=$PWD
+bin=${BIN:-$root/bin}
+timeout_s=${BERTH_GUEST_TIMEOUT:-1800}
+
+# The passes, chosen by what they cover per minute of a TCG guest (about
+# 30 s a test there; the lane's budget is 20 minutes with the image build):
+# every test that looks at cgroups, limits, updates, stats, OOM, pod-level
+# resources, shared-PID and user-namespace pods, teardown and recovery under
+# the cgroupfs driver; under the guest's systemd (PID 1) the driver's own
+# test and the limit, update, stats, OOM, shared-PID and userns tests; crun
+# (Debian's refuses v1 hybrid hosts) as the default runtime for the
+# container basics.
+cgroupfs_tests='TestContainerOOMKilled|TestContainerUpdateResources|TestUpdatePodSandboxResourcesSetsPodCgroup|TestStatsContainersAndPod|TestSandboxCgroupUnderConfigParent|TestSandboxSharedPIDVisibleInContainer|TestSandboxSharedPIDNamespaceHolder|TestCgroup(SharedPIDPodHolderHasOwnCgroup|UsernsPodHolderHasOwnCgroup|OldLayoutPodTearsDownClean)|TestContainerSurvivesDaemonCrash|TestSandboxCrashMidRunRecovers|TestRecoveryCleansResourcesWithoutRecords|TestUsernsPodContainerSeesMapping|TestHugepageLimitsOnAHostWithoutHugetlbHierarchy'
+systemd_tests='TestSystemdCgroupDriver|TestContainerOOMKilled|TestContainerUpdateResources|TestStatsContainersAndPod|TestSandboxSharedPIDVisibleInContainer|TestCgroupSharedPIDPodHolderHasOwnCgroupSystemd|TestUsernsPodContainerSeesMapping|TestContainerSurvivesDaemonCrash'
+crun_tests='TestContainerRunLogsExitCodesAndStatus|TestContainerUpdateResources|TestContainerOOMKilled|TestStatsContainersAndPod|TestSandboxSharedPIDVisibleInContainer|TestExecSyncOutputsExitCodesAndErrors'
+default_passes="cgroupfs cgroupfs runc ^($cgroupfs_tests)\$
+systemd systemd runc ^($systemd_tests)\$
+crun cgroupfs crun ^($crun_tests)\$"
+passes=${BERTH_GUEST_PASSES:-$default_passes}
+
+accel=${BERTH_GUEST_ACCEL:-}
+if [ -z "$accel" ]; then
+  accel=tcg
+  # A PVM /dev/kvm (no VMX/SVM in the CPU flags) hangs a stock kernel.
+  if [ -w /dev/kvm ] && grep -qwE 'vmx|svm' /proc/cpuinfo && [ ! -d /sys/module/kvm_pvm ]; then
+    accel=kvm
+  fi
+fi
+case $accel in
+  kvm) qemu_accel=(-accel kvm -cpu host) ;;
+  tcg) qemu_accel=(-accel tcg,thread=multi -cpu max) ;;
+  *) echo "guest lane: BERTH_GUEST_ACCEL=$accel: want kvm or tcg" >&2; exit 2 ;;
+esac
+
+for f in berthd berth-shim berth-pause berthctl; do
+  [ -x "$bin/$f" ] || { echo "guest lane: $bin/$f is missing (make build)" >&2; exit 2; }
+done
+
+t0=$SECONDS
+image=$(hack/guest/image.sh)
+echo "guest lane: image $image ($(cat "$image/done")), ready after $((SECONDS - t0))s"
+
+work=$(mktemp -d /var/tmp/berth-guest-XXXXXX)
+qemu_pid=
+tail_pid=
+cleanup() {
+  [ -n "$tail_pid" ] && kill "$tail_pid" 2>/dev/null || true
+  if [ -n "$qemu_pid" ] && kill -0 "$qemu_pid" 2>/dev/null; then
+    kill "$qemu_pid" 2>/dev/null || true
+    wait "$qemu_pid" 2>/dev/null || true
+  fi
+  if [ -n "${BERTH_GUEST_KEEP:-}" ]; then
+    mkdir -p "$BERTH_GUEST_KEEP" && cp "$work"/*.log "$BERTH_GUEST_KEEP"/ 2>/dev/null || true
+  fi
+  rm -rf "$work"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+# The payload disk: the binaries, the test binary with its testdata, the
+# runner and the passes.
+p=$work/payload
+mkdir -p "$p/bin" "$p/integration"
+cp "$bin"/berthd "$bin"/berth-shim "$bin"/berth-pause "$bin"/berthctl "$p/bin/"
+go test -c -o "$p/integration/integration.test" ./test/integration
+cp -r test/integration/testdata "$p/integration/"
+if [ -n "${BERTH_GUEST_K8S_DIR:-}" ]; then
+  mkdir -p "$p/kubelet" "$p/k8s"
+  go test -c -o "$p/kubelet/kubelet.test" ./test/kubelet
+  cp "$BERTH_GUEST_K8S_DIR"/kubelet "$BERTH_GUEST_K8S_DIR"/agnhost "$p/k8s/"
+fi
+cp hack/guest/payload-run.sh "$p/run.sh"
+{
+  printf 'PASSES=%q\n' "$passes"
+  printf 'PASS_TIMEOUT=%q\n' "${BERTH_GUEST_PASS_TIMEOUT:-20m}"
+  printf 'PARALLEL=%q\n' "${BERTH_GUEST_PARALLEL:-3}"
+} >"$p/lane.env"
+size_mb=$(( $(du -sm "$p" | cut -f1) + 128 ))
+truncate -s "${size_mb}M" "$work/payload.img"
+mkfs.ext4 -q -F -L payload -d "$p" "$work/payload.img"
+rm -rf "$p"
+# Runs write to an overlay: the cached image stays clean.
+qemu-img create -q -f qcow2 -b "$image/rootfs.img" -F raw "$work/root.qcow2"
+: >"$work/results.log"
+
+echo "guest lane: booting ($accel), payload ready after $((SECONDS - t0))s"
+qemu-system-x86_64 "${qemu_accel[@]}" -smp 2 -m 4G \
+  -kernel "$image/vmlinuz" -initrd "$image/initrd.img" \
+  -append "root=/dev/vda rw console=ttyS0 panic=-1 systemd.unified_cgroup_hierarchy=1 systemd.show_status=0" \
+  -drive "file=$work/root.qcow2,if=virtio,format=qcow2" \
+  -drive "file=$work/payload.img,if=virtio,format=raw" \
+  -nic none -display none -monitor none -no-reboot \
+  -serial "file:$work/console.log" -serial "file:$work/results.log" &
+qemu_pid=$!
+tail -n +1 -f --pid="$qemu_pid" "$work/results.log" &
+tail_pid=$!
+
+deadline=$((SECONDS + timeout_s))
+while kill -0 "$qemu_pid" 2>/dev/null; do
+  if [ "$SECONDS" -ge "$deadline" ]; then
+    echo "guest lane: FAIL: the guest did not finish in ${timeout_s}s; its console's tail:" >&2
+    tail -n 60 "$work/console.log" >&2 || true
+    exit 1
+  fi
+  sleep 2
+done
+wait "$qemu_pid" || true
+qemu_pid=
+wait "$tail_pid" 2>/dev/null || true
+tail_pid=
+
+result=$(grep -a '^BERTH-GUEST-RESULT' "$work/results.log" | tail -1 || true)
+if [ -z "$result" ]; then
+  echo "guest lane: FAIL: the guest powered off without a result; its console's tail:" >&2
+  tail -n 60 "$work/console.log" >&2 || true
+  exit 1
+fi
+if [ "${result#BERTH-GUEST-RESULT rc=0}" = "$result" ]; then
+  echo "guest lane: FAIL after $((SECONDS - t0))s: ${result#BERTH-GUEST-RESULT }"
+  exit 1
+fi
+echo "guest lane: PASS after $((SECONDS - t0))s (cgroup v2 guest, $accel)"
