@@ -200,6 +200,11 @@ cni_conf_dir = "$work/net.d"
 registry_config_dir = "$work/certs.d"
 cgroup_parent = "berth"
 
+# The PodOverhead spec's RuntimeClass names the handler test-handler; as
+# containerd's node e2e config, a second handler running runc.
+[runtime_handlers.test-handler]
+  binary = "runc"
+
 [default_network]
   bridge = "$bridge"
   subnet = "$subnet"
@@ -224,10 +229,12 @@ bin/berthd version >"$out/berthd-version.txt" 2>&1 || true
 
 # The base kubelet config: upstream's test defaults
 # (test/e2e_node/jenkins/default-kubelet-config.yaml) with the cgroup root
-# private to this run.
+# private to this run; cgroup v1 allowed (failCgroupV1, true by default
+# since 1.35) as this host may have it.
 cat >"$work/kubelet-config.yaml" <<EOF
 apiVersion: kubelet.config.k8s.io/v1beta1
 kind: KubeletConfiguration
+failCgroupV1: false
 cgroupDriver: cgroupfs
 cgroupRoot: /
 cgroupsPerQOS: true
@@ -248,13 +255,15 @@ cp "$work/kubelet-config.yaml" "$out/"
 
 # The suite writes its kubeconfig, kubelet config, token file and static
 # pod directories beside its binary: run a link (or copy) of it in the
-# scratch dir, not the shared cache.
+# scratch dir, not the shared cache. It runs the kubelet it finds beside
+# itself (v1.37 has no --k8s-bin-dir): a link (or copy) of that too.
 mkdir -p "$work/run"
-ln "$bins/e2e_node.test" "$work/run/e2e_node.test" 2>/dev/null || cp "$bins/e2e_node.test" "$work/run/e2e_node.test"
+for b in e2e_node.test kubelet; do
+	ln "$bins/$b" "$work/run/$b" 2>/dev/null || cp "$bins/$b" "$work/run/$b"
+done
 suite_flags=(
 	--container-runtime-endpoint "unix://$work/berth.sock"
 	--image-service-endpoint "unix://$work/berth.sock"
-	--k8s-bin-dir "$bins"
 	--kubelet-config-file "$work/kubelet-config.yaml"
 	# The suite's defaults put the kubelet in /kubelet and the other
 	# processes of (the cgroup namespace's) root cgroup in /system; the

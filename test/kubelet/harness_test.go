@@ -194,6 +194,7 @@ cgroupDriver: %[5]s
 cgroupRoot: %[6]s
 cgroupsPerQOS: true
 failSwapOn: false
+failCgroupV1: false
 podLogsDir: %[7]s
 volumePluginDir: %[8]s
 makeIPTablesUtilChains: false

@@ -127,7 +127,7 @@ func images(src sources) (map[string]v1.Image, error) {
 
 	// busybox: the base as it is.
 	sh := v1.Config{Cmd: []string{"sh"}}
-	if err := add("e2e-test-images/busybox:1.37.0-1", "e2e-test-images/busybox:1.36.1-1",
+	if err := add("e2e-test-images/busybox:1.37.0-2", "e2e-test-images/busybox:1.37.0-1", "e2e-test-images/busybox:1.36.1-1",
 		"e2e-test-images/busybox:1.36.1-2", "e2e-test-images/busybox:1.29-4", "e2e-test-images/busybox:1.29-2",
 		"e2e-test-images/busybox:1.29", "library/busybox:latest", "library/busybox:1.28", "library/busybox:1.29",
 		"library/busybox:1.36", "library/busybox:1.37")(image(sh, base)); err != nil {
@@ -175,7 +175,7 @@ func images(src sources) (map[string]v1.Image, error) {
 	for _, p := range []string{"80", "8080", "8081", "9376", "5000"} {
 		ports[p+"/tcp"] = struct{}{}
 	}
-	if err := add("e2e-test-images/agnhost:2.56", "e2e-test-images/agnhost:2.55", "e2e-test-images/agnhost:2.53")(image(v1.Config{Entrypoint: []string{"/agnhost"}, Cmd: []string{"pause"}, ExposedPorts: ports}, agBase, agLayer)); err != nil {
+	if err := add("e2e-test-images/agnhost:2.66.1", "e2e-test-images/agnhost:2.56", "e2e-test-images/agnhost:2.55", "e2e-test-images/agnhost:2.53")(image(v1.Config{Entrypoint: []string{"/agnhost"}, Cmd: []string{"pause"}, ExposedPorts: ports}, agBase, agLayer)); err != nil {
 		return nil, err
 	}
 
@@ -193,7 +193,7 @@ func images(src sources) (map[string]v1.Image, error) {
 	web := func(root string) v1.Config {
 		return v1.Config{Cmd: []string{"httpd", "-f", "-p", "80", "-h", root}, ExposedPorts: map[string]struct{}{"80/tcp": {}}}
 	}
-	if err := add("e2e-test-images/nginx:1.14-4", "e2e-test-images/nginx:1.15-4", "e2e-test-images/nginx:1.14-2", "library/nginx:latest")(image(web("/usr/share/nginx/html"), base, www)); err != nil {
+	if err := add("e2e-test-images/nginx:1.28.0-2", "e2e-test-images/nginx:1.27.0-2", "e2e-test-images/nginx:1.14-4", "e2e-test-images/nginx:1.15-4", "e2e-test-images/nginx:1.14-2", "library/nginx:latest")(image(web("/usr/share/nginx/html"), base, www)); err != nil {
 		return nil, err
 	}
 	if err := add("e2e-test-images/httpd:2.4.38-4", "e2e-test-images/httpd:2.4.39-4", "library/httpd:latest")(image(web("/usr/local/apache2/htdocs"), base, www)); err != nil {
@@ -207,11 +207,32 @@ func images(src sources) (map[string]v1.Image, error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := add("e2e-test-images/nonewprivs:1.3")(image(v1.Config{Cmd: []string{"nnp"}}, base, nnp)); err != nil {
+	if err := add("e2e-test-images/nonewprivs:1.4", "e2e-test-images/nonewprivs:1.3")(image(v1.Config{Cmd: []string{"nnp"}}, base, nnp)); err != nil {
 		return nil, err
 	}
 	// nonroot: USER 1234.
-	if err := add("e2e-test-images/nonroot:1.4")(image(v1.Config{Cmd: []string{"sh"}, User: "1234"}, base)); err != nil {
+	if err := add("e2e-test-images/nonroot:1.5", "e2e-test-images/nonroot:1.4")(image(v1.Config{Cmd: []string{"sh"}, User: "1234"}, base)); err != nil {
+		return nil, err
+	}
+	// glibc-dns-testing (Debian bookworm-slim with dnsutils upstream): the
+	// Hostname specs run `sh -c 'echo $(hostname)";"$(hostname -f)";"'`
+	// in it, so glibc's hostname, Debian's, run by bash, resolving with
+	// /etc/hosts first as Debian's nsswitch.conf has it. dig and coredns
+	// of the upstream image are left out: no node e2e spec runs them.
+	glBase, err := baseLayer(passwd, group, tools, true)
+	if err != nil {
+		return nil, err
+	}
+	hn, err := hostProgram("/bin/hostname", "bin/hostname")
+	if err != nil {
+		return nil, fmt.Errorf("glibc-dns-testing (install hostname): %w", err)
+	}
+	glLayer, err := testimages.Layer(append(hn,
+		testimages.File{Name: "etc/nsswitch.conf", Data: []byte("passwd: files\ngroup: files\nhosts: files dns\n")}))
+	if err != nil {
+		return nil, err
+	}
+	if err := add("e2e-test-images/glibc-dns-testing:2.1.1")(image(v1.Config{Cmd: []string{"bash"}}, glBase, glLayer)); err != nil {
 		return nil, err
 	}
 	// pause: sleeps until told to stop.
@@ -219,7 +240,7 @@ func images(src sources) (map[string]v1.Image, error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := add("pause:3.10.1", "pause:3.10", "pause:3.9", "pause:3.8")(image(v1.Config{Entrypoint: []string{"/pause"}}, pause)); err != nil {
+	if err := add("pause:3.10.2", "pause:3.10.1", "pause:3.10", "pause:3.9", "pause:3.8")(image(v1.Config{Entrypoint: []string{"/pause"}}, pause)); err != nil {
 		return nil, err
 	}
 	return imgs, nil
