@@ -236,3 +236,16 @@ func (p Plan) String() string {
 	}
 	return b.String()
 }
+
+// CPUWeightFromShares maps cgroup v1 cpu.shares [2, 262144] onto cgroup v2
+// cpu.weight [1, 10000] linearly, the conversion the kubelet and the OCI
+// runtimes use, so a pod gets the same weight whichever driver set it.
+func CPUWeightFromShares(shares uint64) uint64 {
+	if shares < 2 {
+		shares = 2
+	}
+	if shares > 262144 {
+		shares = 262144
+	}
+	return 1 + ((shares-2)*9999)/262142
+}

@@ -11,6 +11,7 @@ import (
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"golang.org/x/sys/unix"
 
+	"github.com/berthcri/berth/internal/cgroupplan"
 	"github.com/berthcri/berth/internal/errdefs"
 )
 
@@ -31,7 +32,7 @@ func v2Files(res *specs.LinuxResources) ([]cgroupFile, error) {
 	var out []cgroupFile
 	if c := res.CPU; c != nil {
 		if c.Shares != nil && *c.Shares != 0 {
-			out = append(out, cgroupFile{name: "cpu.weight", value: strconv.FormatUint(cpuWeight(*c.Shares), 10)})
+			out = append(out, cgroupFile{name: "cpu.weight", value: strconv.FormatUint(cgroupplan.CPUWeightFromShares(*c.Shares), 10)})
 		}
 		var quota int64
 		var period uint64
@@ -104,18 +105,6 @@ func v2Files(res *specs.LinuxResources) ([]cgroupFile, error) {
 		out = append(out, cgroupFile{name: k, value: res.Unified[k]})
 	}
 	return out, nil
-}
-
-// cpuWeight converts cgroup v1 cpu.shares [2, 262144] to cgroup v2
-// cpu.weight [1, 10000], as runc 1.1 and the kubelet do.
-func cpuWeight(shares uint64) uint64 {
-	if shares < 2 {
-		shares = 2
-	}
-	if shares > 262144 {
-		shares = 262144
-	}
-	return 1 + ((shares-2)*9999)/262142
 }
 
 // swapV2 turns the runtime-spec's memory+swap limit into cgroup v2's swap

@@ -10,6 +10,7 @@ import (
 	godbus "github.com/godbus/dbus/v5"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
+	"github.com/berthcri/berth/internal/cgroupplan"
 	"github.com/berthcri/berth/internal/errdefs"
 )
 
@@ -54,7 +55,7 @@ func ResourceProperties(res *specs.LinuxResources, v2 bool) ([]sddbus.Property, 
 	if c := res.CPU; c != nil {
 		if c.Shares != nil && *c.Shares != 0 {
 			if v2 {
-				props = append(props, prop("CPUWeight", sharesToWeight(*c.Shares)))
+				props = append(props, prop("CPUWeight", cgroupplan.CPUWeightFromShares(*c.Shares)))
 			} else {
 				props = append(props, prop("CPUShares", *c.Shares))
 			}
@@ -124,19 +125,6 @@ func limitValue(v int64) uint64 {
 		return math.MaxUint64
 	}
 	return uint64(v)
-}
-
-// sharesToWeight maps cgroup v1 cpu.shares [2, 262144] onto cgroup v2
-// cpu.weight [1, 10000] linearly, the conversion the kubelet and the OCI
-// runtimes use, so a pod gets the same weight whichever driver set it.
-func sharesToWeight(shares uint64) uint64 {
-	if shares < 2 {
-		shares = 2
-	}
-	if shares > 262144 {
-		shares = 262144
-	}
-	return 1 + ((shares-2)*9999)/262142
 }
 
 // quotaPerSec turns a CFS quota per period into systemd's CPU time per

@@ -10,6 +10,7 @@ import (
 	sddbus "github.com/coreos/go-systemd/v22/dbus"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
+	"github.com/berthcri/berth/internal/cgroupplan"
 	"github.com/berthcri/berth/internal/errdefs"
 )
 
@@ -198,8 +199,8 @@ func TestQuotaAndWeight(t *testing.T) {
 		}
 	}
 	for shares, want := range map[uint64]uint64{2: 1, 1024: 39, 262144: 10000, 0: 1, 1 << 30: 10000} {
-		if got := sharesToWeight(shares); got != want {
-			t.Errorf("sharesToWeight(%d) = %d, want %d", shares, got, want)
+		if got := cgroupplan.CPUWeightFromShares(shares); got != want {
+			t.Errorf("CPUWeightFromShares(%d) = %d, want %d", shares, got, want)
 		}
 	}
 	if m, err := listToMask("0,9-10"); err != nil || !reflect.DeepEqual(m, []byte{0x01, 0x06}) {
