@@ -99,6 +99,10 @@ func runKeeper(dir string, logf func(string, ...any)) int {
 
 func runMonitor(dir string, logf func(string, ...any)) int {
 	n := server.NewNode(dir, logf, keeper.LinkFd)
+	// Adopt, then Listen: berthd takes a ping on node.sock that does not
+	// name a pod as "this pod was not adopted, its containers are lost"
+	// (shim.Client.podServed), so node.sock must not answer before every
+	// container the keeper holds is adopted.
 	if err := n.Adopt(); err != nil {
 		logf("%v", err)
 		return 1

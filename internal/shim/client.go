@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"syscall"
 	"time"
 
@@ -66,10 +67,6 @@ var MonitorRestartTimeout = 60 * time.Second
 
 // monitorPoll is how often a waiting call looks for the monitor again.
 const monitorPoll = 20 * time.Millisecond
-
-// notServedGrace is how long the node's monitor may listen while the
-// pod's socket does not answer before the pod counts as not adopted.
-const notServedGrace = time.Second
 
 func (c *Client) dial(ctx context.Context) (*net.UnixConn, error) {
 	conn, err := dialUnix(c.socket)
@@ -133,9 +130,12 @@ func (c *Client) call(ctx context.Context, req *proto.Request) (*proto.Response,
 		}
 		if !errors.Is(err, ErrNoShim) && !idempotent(req.Op) {
 			// Delivered, then cut: wait for the monitor anyway, so the
-			// caller's undo finds it (or learns that none comes back).
+			// caller's undo comes after this monitor's end was reaped
+			// (the runtime's create died with it) and finds the next
+			// (or learns that none comes back). Cut it stays, however
+			// the wait ended: the caller must undo.
 			if werr := c.waitServed(ctx, since); werr != nil && !errors.Is(werr, ErrNoShim) {
-				return nil, werr
+				return nil, fmt.Errorf("shim %s %s: %w (%v; then %v)", req.Op, req.ID, ErrMonitorCut, err, werr)
 			}
 			return nil, fmt.Errorf("shim %s %s: %w (%v)", req.Op, req.ID, ErrMonitorCut, err)
 		}
@@ -157,51 +157,38 @@ func monitorGone(err error) bool {
 
 // waitServed waits, polling, until the pod's socket answers again (nil:
 // ask again). It returns ErrNoShim (wrapped, saying why) as soon as no
-// monitor will serve the pod: its directory is gone (the pod ended), a
-// monitor listens on the node's socket but not on the pod's (it did not
-// adopt the pod: the monitor listens on the node only once it adopted
-// every container its keeper holds), no keeper lives to restart one, or
-// MonitorRestartTimeout passed since since without one.
+// monitor will serve the pod: its directory is gone (the pod ended), the
+// node's monitor answers that it does not serve the pod (podServed), no
+// keeper lives to restart one, or MonitorRestartTimeout passed without a
+// live monitor. A monitor that is there but slow (its node socket's
+// backlog full, or no answer yet) is waited for, not given up on: no
+// timing decides that a pod is not served.
 func (c *Client) waitServed(ctx context.Context, since time.Time) error {
 	nodeDir := proto.NodeDir(filepath.Dir(c.dir))
-	var notServedSince time.Time
+	pod := filepath.Base(c.dir)
 	for {
-		conn, err := dialUnix(c.socket)
-		if err == nil {
-			conn.Close()
-			return nil
-		}
-		busy := errors.Is(err, syscall.EAGAIN) // listening, its backlog full: served, later
 		if _, err := os.Stat(c.dir); errors.Is(err, os.ErrNotExist) {
-			return fmt.Errorf("pod %s: %w", filepath.Base(c.dir), ErrNoShim)
+			return fmt.Errorf("pod %s: %w", pod, ErrNoShim)
 		}
-		nodeAnswers := false
-		if !busy {
-			if conn, err := dialUnix(proto.NodeSocketPath(nodeDir)); err == nil {
+		switch served, err := c.podServed(ctx, nodeDir); {
+		case err == nil && served:
+			// The pod's socket listens (the monitor listened on it
+			// before it answered): ask it. Until it answers, poll: a
+			// full backlog or a monitor that died since is waited for.
+			since = time.Now()
+			if conn, err := dialUnix(c.socket); err == nil {
 				conn.Close()
-				nodeAnswers = true
+				return nil
 			}
-		}
-		switch {
-		case busy:
-		case nodeAnswers:
-			// Adopted pods listen before the node does, so the pod's
-			// socket should answer by now; that it still does not for
-			// notServedGrace (not one probe: a probe can fall between a
-			// socket's removal and its listen) means the monitor did
-			// not adopt the pod.
-			if notServedSince.IsZero() {
-				notServedSince = time.Now()
-			} else if time.Since(notServedSince) > notServedGrace {
-				return fmt.Errorf("pod %s: the node's monitor does not serve it: %w", filepath.Base(c.dir), ErrNoShim)
-			}
-		case !keeperMayLive(nodeDir):
-			return fmt.Errorf("pod %s: the node's monitor and keeper are gone: %w", filepath.Base(c.dir), ErrNoShim)
-		default:
-			notServedSince = time.Time{}
+		case err == nil:
+			return fmt.Errorf("pod %s: the node's monitor, having adopted every container its keeper holds, does not serve it: %w", pod, ErrNoShim)
+		case errors.Is(err, errMonitorBusy):
+			since = time.Now() // a monitor lives: it is not gone
+		case errors.Is(err, ErrNoShim) && !keeperMayLive(nodeDir):
+			return fmt.Errorf("pod %s: the node's monitor and keeper are gone: %w", pod, ErrNoShim)
 		}
 		if time.Since(since) > MonitorRestartTimeout {
-			return fmt.Errorf("pod %s: the keeper's monitor did not come back in %v: %w", filepath.Base(c.dir), MonitorRestartTimeout, ErrNoShim)
+			return fmt.Errorf("pod %s: the keeper's monitor did not come back in %v: %w", pod, MonitorRestartTimeout, ErrNoShim)
 		}
 		select {
 		case <-ctx.Done():
@@ -209,6 +196,42 @@ func (c *Client) waitServed(ctx context.Context, since time.Time) error {
 		case <-time.After(monitorPoll):
 		}
 	}
+}
+
+// errMonitorBusy: the node's monitor lives (its socket listens) but did
+// not answer yet.
+var errMonitorBusy = errors.New("the node's monitor is busy")
+
+// nodePingTimeout bounds one ask of the node's monitor while waiting; a
+// monitor that takes longer is busy, and asked again.
+const nodePingTimeout = 5 * time.Second
+
+// podServed asks the node's monitor (ping on node.sock: the dirs of the
+// pods it serves) whether it serves the pod. The answer is definite: a
+// monitor listens on node.sock only after Adopt, once every container its
+// keeper holds is adopted and each such container's pod listens on its
+// socket (cmd/berth-shim runMonitor: Adopt, then Listen), so a pod it
+// does not name is one it did not adopt and will not serve. Errors:
+// ErrNoShim when no monitor listens on the node's socket, errMonitorBusy
+// when one listens but gave no answer (its backlog full, slow), any other
+// when the answer was cut (it died meanwhile) or is an error.
+func (c *Client) podServed(ctx context.Context, nodeDir string) (bool, error) {
+	ctx, cancel := context.WithTimeout(ctx, nodePingTimeout)
+	defer cancel()
+	resp, err := nodeClient(nodeDir).callOnce(ctx, &proto.Request{Op: proto.OpPing})
+	switch {
+	case err == nil:
+		// By name: the monitor serves only pods beside its node dir,
+		// the one whose socket answered, and berthd may spell that
+		// dir differently from when it added the pod.
+		pod := filepath.Base(c.dir)
+		return slices.ContainsFunc(resp.IDs, func(dir string) bool { return filepath.Base(dir) == pod }), nil
+	case errors.Is(err, ErrNoShim):
+		return false, err
+	case errors.Is(err, syscall.EAGAIN) || errors.Is(err, context.DeadlineExceeded) && ctx.Err() != nil:
+		return false, fmt.Errorf("%w: %v", errMonitorBusy, err)
+	}
+	return false, err
 }
 
 // keeperMayLive tells, without waiting, whether a keeper may restart the

@@ -3,11 +3,16 @@ package shim_test
 import (
 	"context"
 	"errors"
+	"net"
+	"path/filepath"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/berthcri/berth/internal/shim"
+	"github.com/berthcri/berth/internal/shim/proto"
+	"github.com/berthcri/berth/internal/testutil/bundletest"
 )
 
 // A pod's client rides out the monitor's crash (issue #27): a wait
@@ -137,4 +142,81 @@ func TestPodClientWaitsBoundedForAMonitor(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitFor(t, "keeper and monitor to exit", func() bool { return len(f.shimPids()) == 0 })
+}
+
+// Whether the node's monitor serves a pod is its own answer, given only
+// once it adopted what its keeper holds: a pod it did not adopt (added,
+// no container held) is lost at once and definitely; a pod it adopted is
+// never given up on, however long the monitor takes to answer (stopped
+// here with the pod's backlog full: the case a timing rule misread).
+func TestPodClientAsksTheMonitorWhetherItServesThePod(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	ctx := context.Background()
+	f.run("sleeper", []string{"sleep", "3600"}, nil)
+	empty, err := shim.Launch(ctx, bundletest.ShimBinary(t), filepath.Join(f.dir, "shims", strings.Repeat("q", 64)), "pod2")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Kill(f.shimPid("monitor"), syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := empty.List(ctx); !errors.Is(err, shim.ErrNoShim) || !strings.Contains(err.Error(), "does not serve it") {
+		t.Fatalf("list of a pod the next monitor did not adopt: %v, want ErrNoShim: does not serve it", err)
+	}
+	if st, err := f.client.State(ctx, "sleeper"); err != nil || st.Status != shim.StatusRunning {
+		t.Fatalf("state of the adopted container: %+v, %v", st, err)
+	}
+
+	// Stop the monitor, fill the pod's backlog, and ask.
+	monitor := f.shimPid("monitor")
+	if err := syscall.Kill(monitor, syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	stopped := true
+	defer func() {
+		if stopped {
+			_ = syscall.Kill(monitor, syscall.SIGCONT)
+		}
+	}()
+	var backlog []net.Conn
+	defer func() {
+		for _, c := range backlog {
+			c.Close()
+		}
+	}()
+	for {
+		var c net.Conn
+		err := proto.WithShortPath(proto.SocketPath(f.client.Dir()), func(p string) (err error) {
+			c, err = net.Dial("unix", p)
+			return err
+		})
+		if err != nil {
+			if !errors.Is(err, syscall.EAGAIN) {
+				t.Fatalf("fill the pod's backlog: %v", err)
+			}
+			break
+		}
+		backlog = append(backlog, c)
+	}
+	asked := make(chan error, 1)
+	go func() {
+		_, err := f.client.State(ctx, "sleeper")
+		asked <- err
+	}()
+	time.Sleep(2 * time.Second) // longer than any grace a timing rule gave: a stimulus, not an assertion
+	for _, c := range backlog {
+		c.Close()
+	}
+	backlog = nil
+	if err := syscall.Kill(monitor, syscall.SIGCONT); err != nil {
+		t.Fatal(err)
+	}
+	stopped = false
+	if err := <-asked; err != nil {
+		t.Fatalf("state while the monitor was stopped with the pod's backlog full: %v", err)
+	}
+	if _, err := f.client.Delete(ctx, "sleeper"); err != nil {
+		t.Fatal(err)
+	}
 }

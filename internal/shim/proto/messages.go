@@ -88,7 +88,7 @@ type Response struct {
 	Error string   // "error": what failed, empty on success
 	Kind  string   // "kind": the error's kind (Kind* constants)
 	State *State   // "state": the container after the op
-	IDs   []string // "ids": the shim's containers (OpPing)
+	IDs   []string // "ids": the pod's containers (OpPing); on node.sock, the dirs of the pods served
 }
 
 // ErrorResponse is the response to a failed op: its message and kind.

@@ -122,6 +122,8 @@ func (n *Node) serveNodeConn(conn *os.File) {
 				resp = proto.ErrorResponse(err)
 			}
 		case proto.OpPing:
+			// The pods served; answered only after Adopt (the socket
+			// listens only then), so a pod not named was not adopted.
 			resp = &proto.Response{IDs: n.podDirs()}
 		case proto.OpShutdown:
 			resp = &proto.Response{}

@@ -61,10 +61,28 @@ func (r *ociRuntime) create(id string, o createOpts) error {
 		return fmt.Errorf("create %s: %w", id, err)
 	}
 	defer closeNull()
-	if err := r.run(id, args, o.stdin, o.stdout, stderr); err != nil {
+	if err := r.runWith(id, args, diesWithMonitor(), o.stdin, o.stdout, stderr); err != nil {
 		return ocicli.WithLogError(err, logPath)
 	}
 	return nil
+}
+
+// diesWithMonitor makes the runtime's create die with the monitor
+// (SIGKILL as the monitor's exit reparents it), so a create the
+// monitor's crash cut cannot finish later: by the time berthd undoes it
+// (after the keeper reaped this monitor: the next one answers, or says it
+// does not serve the pod), the runtime either holds the container, its
+// state saved before its init may run (runc saves state.json before it
+// lets the init go on, runc#2575), or never will; the undo's
+// `delete --force` then finds what there is to find. The signal comes
+// with the death of the thread that forked, and the monitor's threads end
+// only with it (it locks no goroutine to a thread). Not for start, kill
+// or delete: those are asked again, and a start cut is read back from the
+// runtime's state; nor (yet) for restore, whose CRIU outlives runc. The
+// container's init, the runtime's child, does not inherit the setting
+// (fork clears it).
+func diesWithMonitor() *syscall.SysProcAttr {
+	return &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 }
 
 // restore runs a detached `restore` of a checkpoint: the restored init
