@@ -23,20 +23,6 @@ import (
 	"github.com/berthcri/berth/internal/testutil/leakcheck"
 )
 
-// shimPids finds this daemon's berth-shim processes of one mode
-// ("keeper" or "monitor").
-func shimPids(d *berthdtest.Daemon, mode string) []int {
-	var pids []int
-	for _, pid := range berthdtest.PidsMentioning(d.State) {
-		comm, _ := os.ReadFile(fmt.Sprintf("/proc/%d/comm", pid))
-		cmd, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
-		if strings.TrimSpace(string(comm)) == "berth-shim" && strings.Contains(string(cmd), "\x00"+mode+"\x00") {
-			pids = append(pids, pid)
-		}
-	}
-	return pids
-}
-
 // waitUntil polls cond until it holds, failing after a generous bound
 // (the bound is a hang guard, not a timing assertion).
 func waitUntil(t *testing.T, what string, cond func() bool) {
@@ -54,7 +40,7 @@ func waitUntil(t *testing.T, what string, cond func() bool) {
 // keeper's next one (the keeper unchanged); it returns the new pid.
 func killMonitor(t *testing.T, d *berthdtest.Daemon) int {
 	t.Helper()
-	keepers, monitors := shimPids(d, "keeper"), shimPids(d, "monitor")
+	keepers, monitors := berthdtest.ShimPids(d.State, "keeper"), berthdtest.ShimPids(d.State, "monitor")
 	if len(keepers) != 1 || len(monitors) != 1 {
 		t.Fatalf("keepers %v, monitors %v: want one of each", keepers, monitors)
 	}
@@ -63,14 +49,14 @@ func killMonitor(t *testing.T, d *berthdtest.Daemon) int {
 	}
 	var next int
 	waitUntil(t, "the keeper's next monitor", func() bool {
-		m := shimPids(d, "monitor")
+		m := berthdtest.ShimPids(d.State, "monitor")
 		if len(m) == 1 && m[0] != monitors[0] {
 			next = m[0]
 			return true
 		}
 		return false
 	})
-	if k := shimPids(d, "keeper"); !slices.Equal(k, keepers) {
+	if k := berthdtest.ShimPids(d.State, "keeper"); !slices.Equal(k, keepers) {
 		t.Fatalf("keepers %v after the monitor's crash, want %v", k, keepers)
 	}
 	return next
@@ -169,7 +155,7 @@ func TestMonitorCrashKeepsContainersRunning(t *testing.T) {
 		stopRemove(t, e.d, c.env.pod)
 	}
 	waitUntil(t, "keeper and monitor to exit with the last pod", func() bool {
-		return len(shimPids(e.d, "keeper"))+len(shimPids(e.d, "monitor")) == 0
+		return len(berthdtest.ShimPids(e.d.State, "keeper"))+len(berthdtest.ShimPids(e.d.State, "monitor")) == 0
 	})
 	leakcheck.CheckSettled(t, scope, before, leakcheck.Take(t, scope))
 }
@@ -344,7 +330,7 @@ func TestMonitorCrashAmidCreatesAndExits(t *testing.T) {
 	}
 	stopRemove(t, e.d, pe.pod)
 	waitUntil(t, "keeper and monitor to exit with the last pod", func() bool {
-		return len(shimPids(e.d, "keeper"))+len(shimPids(e.d, "monitor")) == 0
+		return len(berthdtest.ShimPids(e.d.State, "keeper"))+len(berthdtest.ShimPids(e.d.State, "monitor")) == 0
 	})
 	stopEvents()
 	<-evDone
@@ -492,7 +478,7 @@ func TestShimFaultMatrix(t *testing.T) {
 			}
 			stopRemove(t, e.d, pe.pod)
 			waitUntil(t, "keepers and monitors to exit with the last pod", func() bool {
-				return len(shimPids(e.d, "keeper"))+len(shimPids(e.d, "monitor")) == 0
+				return len(berthdtest.ShimPids(e.d.State, "keeper"))+len(berthdtest.ShimPids(e.d.State, "monitor")) == 0
 			})
 			leakcheck.CheckSettled(t, scope, before, leakcheck.Take(t, scope))
 		})
@@ -519,7 +505,7 @@ func TestKeeperAndMonitorKilledLeaveNoUnseenProcess(t *testing.T) {
 		id := pe.run(pe.config("logger", "sh", "-c", loggerScript(41)))
 		pods, ctrs, pids = append(pods, pe), append(ctrs, id), append(pids, pe.ctrPid(id))
 	}
-	keepers, monitors := shimPids(e.d, "keeper"), shimPids(e.d, "monitor")
+	keepers, monitors := berthdtest.ShimPids(e.d.State, "keeper"), berthdtest.ShimPids(e.d.State, "monitor")
 	if len(keepers) != 1 || len(monitors) != 1 {
 		t.Fatalf("keepers %v, monitors %v: want one of each", keepers, monitors)
 	}
@@ -548,7 +534,7 @@ func TestKeeperAndMonitorKilledLeaveNoUnseenProcess(t *testing.T) {
 		stopRemove(t, e.d, p.pod)
 	}
 	waitUntil(t, "keepers and monitors to exit with the last pod", func() bool {
-		return len(shimPids(e.d, "keeper"))+len(shimPids(e.d, "monitor")) == 0
+		return len(berthdtest.ShimPids(e.d.State, "keeper"))+len(berthdtest.ShimPids(e.d.State, "monitor")) == 0
 	})
 	leakcheck.CheckSettled(t, scope, before, leakcheck.Take(t, scope))
 }
@@ -567,7 +553,7 @@ func TestRecoveryKillsContainersOfADeadShim(t *testing.T) {
 	id := pe.run(pe.config("logger", "sh", "-c", loggerScript(51)))
 	pid := pe.ctrPid(id)
 	e.d.Kill()
-	keepers, monitors := shimPids(e.d, "keeper"), shimPids(e.d, "monitor")
+	keepers, monitors := berthdtest.ShimPids(e.d.State, "keeper"), berthdtest.ShimPids(e.d.State, "monitor")
 	if len(keepers) != 1 || len(monitors) != 1 {
 		t.Fatalf("keepers %v, monitors %v: want one of each", keepers, monitors)
 	}
@@ -577,7 +563,7 @@ func TestRecoveryKillsContainersOfADeadShim(t *testing.T) {
 		}
 	}
 	waitUntil(t, "keeper and monitor to go", func() bool {
-		return len(shimPids(e.d, "keeper"))+len(shimPids(e.d, "monitor")) == 0
+		return len(berthdtest.ShimPids(e.d.State, "keeper"))+len(berthdtest.ShimPids(e.d.State, "monitor")) == 0
 	})
 	if !processRuns(pid) {
 		t.Fatalf("the container's init %d died with its shim", pid)

@@ -2,7 +2,6 @@ package kubelet
 
 import (
 	"context"
-	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -33,20 +32,6 @@ spec:
       exec: {command: ["true"]}
       periodSeconds: 1
 `
-
-// shimProcs finds the berth-shim processes of one mode ("keeper" or
-// "monitor") serving berthd's state dir.
-func shimProcs(d *berthdtest.Daemon, mode string) []int {
-	var pids []int
-	for _, pid := range berthdtest.PidsMentioning(d.State) {
-		comm, _ := os.ReadFile(fmt.Sprintf("/proc/%d/comm", pid))
-		cmd, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
-		if strings.TrimSpace(string(comm)) == "berth-shim" && strings.Contains(string(cmd), "\x00"+mode+"\x00") {
-			pids = append(pids, pid)
-		}
-	}
-	return pids
-}
 
 // processesWith counts the processes whose command line holds s.
 func processesWith(s string) int {
@@ -96,7 +81,7 @@ func testKubeletShimCrash(t *testing.T, bins, victim string) {
 		}
 	}
 
-	pids := shimProcs(e.d, victim)
+	pids := berthdtest.ShimPids(e.d.State, victim)
 	if len(pids) != 1 {
 		t.Fatalf("%d berth-shim %s processes, want 1", len(pids), victim)
 	}
@@ -105,7 +90,7 @@ func testKubeletShimCrash(t *testing.T, bins, victim string) {
 	}
 	if victim == "monitor" {
 		waitFor(t, "the keeper's next monitor", time.Minute, func() bool {
-			m := shimProcs(e.d, "monitor")
+			m := berthdtest.ShimPids(e.d.State, "monitor")
 			return len(m) == 1 && m[0] != pids[0]
 		})
 	}
@@ -167,7 +152,7 @@ func testKubeletShimCrash(t *testing.T, bins, victim string) {
 				left = append(left, "process of pod "+name)
 			}
 		}
-		if len(shimProcs(e.d, "keeper"))+len(shimProcs(e.d, "monitor")) > 0 {
+		if len(berthdtest.ShimPids(e.d.State, "keeper"))+len(berthdtest.ShimPids(e.d.State, "monitor")) > 0 {
 			left = append(left, "berth-shim processes")
 		}
 		if len(left) == 0 {

@@ -113,6 +113,20 @@ func PidsMentioning(s string) []int {
 	return pids
 }
 
+// ShimPids lists the berth-shim processes of one mode ("keeper" or
+// "monitor") serving the daemon whose state dir is state.
+func ShimPids(state, mode string) []int {
+	var pids []int
+	for _, pid := range PidsMentioning(state) {
+		comm, _ := os.ReadFile(fmt.Sprintf("/proc/%d/comm", pid))
+		cmd, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+		if strings.TrimSpace(string(comm)) == "berth-shim" && strings.Contains(string(cmd), "\x00"+mode+"\x00") {
+			pids = append(pids, pid)
+		}
+	}
+	return pids
+}
+
 // MountsBelow lists mount points at or below dir, deepest first.
 func MountsBelow(dir string) ([]string, error) {
 	f, err := os.Open("/proc/self/mountinfo")
