@@ -5,7 +5,10 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/berthcri/berth/internal/testutil/berthdtest"
 )
@@ -61,6 +64,14 @@ func TestBerthctlDoctorPassesOnThisNode(t *testing.T) {
 	if !strings.Contains(out, "ok    runtime runc") || !strings.Contains(out, "ok    cni plugins") {
 		t.Fatalf("doctor output:\n%s", out)
 	}
+	// On a cgroup v2 node (the guest lane) doctor says what it found there.
+	var fs syscall.Statfs_t
+	if syscall.Statfs("/sys/fs/cgroup", &fs) == nil && fs.Type == unix.CGROUP2_SUPER_MAGIC {
+		if !strings.Contains(out, "cgroup v2") || !strings.Contains(out, "unified hierarchy at /sys/fs/cgroup") {
+			t.Fatalf("doctor on a cgroup v2 node does not report the unified hierarchy:\n%s", out)
+		}
+	}
+	t.Logf("doctor:\n%s", out)
 }
 
 func TestBerthctlDoctorFailsWithHintsOnABadConfig(t *testing.T) {
