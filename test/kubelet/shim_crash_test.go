@@ -32,6 +32,7 @@ spec:
     readinessProbe:
       exec: {command: ["true"]}
       periodSeconds: 1
+      timeoutSeconds: 10
 `
 
 // shimProcs finds the berth-shim processes of one mode ("keeper" or
