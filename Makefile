@@ -7,7 +7,8 @@
 #                     (not part of make test; docs/conformance.md)
 #   make test-kubelet the kubelet test alone (part of make test), verbose
 #   make test-guest   the cgroup v2 lane alone (part of make test): the cgroup
-#                     tests in a qemu guest, cgroupfs and systemd drivers, crun
+#                     tests in a qemu guest, cgroupfs and systemd drivers, crun;
+#                     BERTH_GUEST_KUBELET=1 adds the kubelet test (systemd)
 #   make k8s-bins     build the kubelet, e2e_node.test, agnhost, ginkgo, critest
 #                     and crictl from test/k8s into a cache; prints the directory
 GO        ?= go

@@ -2,23 +2,29 @@
 # The cgroup v2 lane (docs/decisions/2200-cgroup-v2-guest-lane.md): boots a
 # Debian bookworm guest (systemd as PID 1, unified cgroup v2) under qemu and
 # runs the integration tests that touch cgroups there, under the cgroupfs
-# and the systemd driver and with crun. Prints the guest's test output as it
-# comes and ends with one pass/fail line; exits non-zero on any failure or
+# and the systemd driver and with crun, and, with BERTH_GUEST_KUBELET=1,
+# the kubelet test (systemd driver). Prints the guest's test output as it comes and ends with one pass/fail line; exits non-zero on any failure or
 # timeout.
 #   BIN                   where make build put berthd, berth-shim, berth-pause, berthctl
 #   BERTH_GUEST_ACCEL     kvm or tcg (default: kvm where the CPU has VMX/SVM and
 #                         /dev/kvm is the kernel's own, else tcg)
-#   BERTH_GUEST_TIMEOUT   seconds before the guest is killed (default 1800)
-#   BERTH_GUEST_PASSES    override the passes (lines "name driver runtime regex")
+#   BERTH_GUEST_TIMEOUT   seconds before the guest is killed (default 2700)
+#   BERTH_GUEST_KUBELET   1 adds the kubelet pass (systemd driver) to the default
+#                         passes (opt-in: its teardown fails in the guest yet)
+#   BERTH_GUEST_PASSES    override the passes (lines "name driver runtime regex
+#                         [binary [skip]]", binary integration or kubelet, skip
+#                         a -test.skip regex)
 #   BERTH_GUEST_KEEP      a directory to keep the run's logs in
 #   BERTH_GUEST_K8S_DIR   a hack/k8s-bins.sh directory (kubelet, agnhost): the
 #                         kubelet test's binary and these go into the guest too,
 #                         for passes naming "kubelet" as their test binary
+#                         (default: hack/k8s-bins.sh kubelet agnhost, built once,
+#                         when a pass names it)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 root=$PWD
 bin=${BIN:-$root/bin}
-timeout_s=${BERTH_GUEST_TIMEOUT:-1800}
+timeout_s=${BERTH_GUEST_TIMEOUT:-2700}
 
 # The passes, chosen by what they cover per minute of a TCG guest (about
 # 30 s a test there; the lane's budget is 20 minutes with the image build):
@@ -30,10 +36,20 @@ timeout_s=${BERTH_GUEST_TIMEOUT:-1800}
 # container basics.
 cgroupfs_tests='TestContainerOOMKilled|TestContainerUpdateResources|TestUpdatePodSandboxResourcesSetsPodCgroup|TestStatsContainersAndPod|TestSandboxCgroupUnderConfigParent|TestSandboxSharedPIDVisibleInContainer|TestSandboxSharedPIDNamespaceHolder|TestCgroup(SharedPIDPodHolderHasOwnCgroup|UsernsPodHolderHasOwnCgroup|OldLayoutPodTearsDownClean)|TestContainerSurvivesDaemonCrash|TestSandboxCrashMidRunRecovers|TestRecoveryCleansResourcesWithoutRecords|TestUsernsPodContainerSeesMapping|TestHugepageLimitsOnAHostWithoutHugetlbHierarchy'
 systemd_tests='TestSystemdCgroupDriver|TestContainerOOMKilled|TestContainerUpdateResources|TestStatsContainersAndPod|TestSandboxSharedPIDVisibleInContainer|TestCgroupSharedPIDPodHolderHasOwnCgroupSystemd|TestUsernsPodContainerSeesMapping|TestContainerSurvivesDaemonCrash'
+# The kubelet test (test/kubelet, docs/kubelet.md), opt-in: a real kubelet
+# on its defaults for a v2 node, the systemd driver, static pods on berthd;
+# but oomKilled, an open bug there (docs/cgroups.md: the shim misses an
+# OOM kill whose scope systemd removed first).
+kubelet_tests='TestKubeletStaticPodsOnBerth'
+kubelet_skip='TestKubeletStaticPodsOnBerth/oomKilled'
 crun_tests='TestContainerRunLogsExitCodesAndStatus|TestContainerUpdateResources|TestContainerOOMKilled|TestStatsContainersAndPod|TestSandboxSharedPIDVisibleInContainer|TestExecSyncOutputsExitCodesAndErrors'
 default_passes="cgroupfs cgroupfs runc ^($cgroupfs_tests)\$
 systemd systemd runc ^($systemd_tests)\$
 crun cgroupfs crun ^($crun_tests)\$"
+# Opt-in until its teardown passes in the guest (docs/cgroups.md).
+if [ "${BERTH_GUEST_KUBELET:-0}" = 1 ]; then
+  default_passes+=$'\n'"kubelet systemd runc ^($kubelet_tests)\$ kubelet $kubelet_skip"
+fi
 passes=${BERTH_GUEST_PASSES:-$default_passes}
 
 accel=${BERTH_GUEST_ACCEL:-}
@@ -55,6 +71,10 @@ for f in berthd berth-shim berth-pause berthctl; do
 done
 
 t0=$SECONDS
+if [ -z "${BERTH_GUEST_K8S_DIR:-}" ] && awk '$5 == "kubelet" {found=1} END {exit !found}' <<<"$passes"; then
+  BERTH_GUEST_K8S_DIR=$(hack/k8s-bins.sh kubelet agnhost)
+  echo "guest lane: kubelet and agnhost from $BERTH_GUEST_K8S_DIR, ready after $((SECONDS - t0))s"
+fi
 image=$(hack/guest/image.sh)
 echo "guest lane: image $image ($(cat "$image/done")), ready after $((SECONDS - t0))s"
 

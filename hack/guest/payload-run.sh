@@ -27,18 +27,19 @@ if [ -d /payload/k8s ] && ! ip route show default | grep -q .; then
   export BERTH_K8S_BIN_DIR=/payload/k8s
 fi
 
-# PASSES: one line each, "name driver runtime regex [test binary]"; the
-# binary is integration (default) or kubelet.
-while read -r name driver runtime regex suite; do
+# PASSES: one line each, "name driver runtime regex [test binary [skip]]";
+# the binary is integration (default) or kubelet; skip, a -test.skip
+# regex, leaves out tests or subtests the run regex matches.
+while read -r name driver runtime regex suite skip; do
   [ -n "$name" ] || continue
   suite=${suite:-integration}
-  echo "=== pass $name: cgroup driver $driver, runtime $runtime, $suite.test -run '$regex'"
+  echo "=== pass $name: cgroup driver $driver, runtime $runtime, $suite.test -run '$regex'${skip:+ -skip '$skip'}"
   start=$SECONDS
   oci_version=
   [ "$runtime" = crun ] && oci_version=1.0.2 # crun 1.8.1 knows no later ociVersion
   (cd "$suite" && BERTH_TEST_CGROUP_DRIVER=$driver BERTH_TEST_RUNTIME=$runtime BERTH_TEST_OCI_VERSION=$oci_version \
     "./$suite.test" -test.v -test.count=1 -test.timeout "${PASS_TIMEOUT:-20m}" \
-    -test.parallel "${PARALLEL:-2}" -test.run "$regex")
+    -test.parallel "${PARALLEL:-2}" -test.run "$regex" ${skip:+-test.skip "$skip"})
   rc=$?
   echo "=== pass $name: exit $rc in $((SECONDS - start))s"
   [ "$rc" -eq 0 ] || failed+=("$name")

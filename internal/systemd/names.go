@@ -19,12 +19,19 @@ const ScopePrefix = "berth"
 
 // ParentSlice turns a configured or kubelet-given cgroup parent into a
 // slice unit name: "kubepods-burstable-pod1.slice" stays as it is; a bare
-// name such as berth's default "berth" becomes "berth.slice". A cgroupfs
-// path ("/kubepods/pod1") is refused: the kubelet and berth disagree about
-// the driver.
+// name such as berth's default "berth" becomes "berth.slice"; the path of
+// a slice as the kubelet's systemd driver sends it,
+// "/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod1.slice"
+// (the slice's place in the hierarchy), is that slice's name. Any other
+// path, a cgroupfs one ("/kubepods/pod1"), is refused: the kubelet and
+// berth disagree about the driver.
 func ParentSlice(parent string) (string, error) {
 	if parent == "" {
 		return "", fmt.Errorf("empty cgroup parent: %w", errdefs.ErrInvalidArgument)
+	}
+	if base := path.Base(parent); strings.Contains(parent, "/") && strings.HasSuffix(base, ".slice") &&
+		validSlice(base) == nil && expandSlice(base) == strings.TrimSuffix(parent, "/") {
+		parent = base
 	}
 	if strings.Contains(parent, "/") {
 		return "", fmt.Errorf("cgroup parent %q is a cgroupfs path but berth uses the systemd cgroup driver (set the kubelet's cgroupDriver to systemd): %w", parent, errdefs.ErrInvalidArgument)
@@ -37,6 +44,23 @@ func ParentSlice(parent string) (string, error) {
 		return "", err
 	}
 	return slice, nil
+}
+
+// expandSlice is the cgroup path of a (valid) slice unit below the root:
+// a-b.slice → /a.slice/a-b.slice; -.slice → /.
+func expandSlice(slice string) string {
+	name := strings.TrimSuffix(slice, ".slice")
+	if name == "-" {
+		return "/"
+	}
+	var out strings.Builder
+	prefix := ""
+	for _, part := range strings.Split(name, "-") {
+		prefix += part
+		out.WriteString("/" + prefix + ".slice")
+		prefix += "-"
+	}
+	return out.String()
 }
 
 // validSlice checks a slice unit name: dash-separated non-empty parts of

@@ -38,7 +38,18 @@ func TestParentSlice(t *testing.T) {
 			t.Errorf("ParentSlice(%q) = %q, %v; want %q", in, got, err, want)
 		}
 	}
-	for _, bad := range []string{"", "/kubepods/burstable/pod1", "kubepods/x.slice", "-a.slice", "a--b.slice", "a-.slice", "a b.slice", "a@b"} {
+	// The kubelet's systemd driver sends a slice's path: its name.
+	for in, want := range map[string]string{
+		"/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod1_2.slice": "kubepods-burstable-pod1_2.slice",
+		"/kubepods.slice": "kubepods.slice",
+		"/berthkt_1a.slice/berthkt_1a-kubepods.slice/berthkt_1a-kubepods-besteffort.slice": "berthkt_1a-kubepods-besteffort.slice",
+	} {
+		if got, err := ParentSlice(in); err != nil || got != want {
+			t.Errorf("ParentSlice(%q) = %q, %v; want %q", in, got, err, want)
+		}
+	}
+	for _, bad := range []string{"", "/kubepods/burstable/pod1", "kubepods/x.slice", "/x.slice/kubepods-burstable.slice",
+		"/kubepods.slice/kubepods-burstable.slice/other.slice", "/kubepods/pod1.slice", "-a.slice", "a--b.slice", "a-.slice", "a b.slice", "a@b"} {
 		if _, err := ParentSlice(bad); !errors.Is(err, errdefs.ErrInvalidArgument) {
 			t.Errorf("ParentSlice(%q): err %v, want InvalidArgument", bad, err)
 		}

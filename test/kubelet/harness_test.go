@@ -18,6 +18,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"sort"
 	"strings"
 	"syscall"
@@ -123,12 +124,19 @@ exec "$@"`
 // kubelet is one standalone kubelet process (no API server: static pods
 // from Manifests), with everything it writes private to this test.
 type kubelet struct {
-	t                               *testing.T
-	opts                            kubeletOptions
-	RootDir, CertDir, Manifests     string
-	PodLogs, LogFile                string
-	NodeName                        string
-	CgroupRoot                      string // absolute cgroupfs path, e.g. /berthkt-1a2b3c4d
+	t                           *testing.T
+	opts                        kubeletOptions
+	RootDir, CertDir, Manifests string
+	PodLogs, LogFile            string
+	NodeName                    string
+	// CgroupRoot is the kubelet's cgroup root as a path below each
+	// hierarchy: /berthkt-1a2b3c4d (cgroupfs driver), or the slice
+	// /berthkt_1a2b3c4d.slice (systemd driver).
+	CgroupRoot string
+	// cgroupRootConfig is the kubelet's cgroupRoot setting (cgroupfs
+	// form: the kubelet turns /berthkt_1a2b3c4d into its slice itself);
+	// slice is the systemd unit the harness made for it ("" with cgroupfs).
+	cgroupRootConfig, slice         string
 	Port, ReadOnlyPort, HealthzPort int
 
 	client *http.Client
@@ -170,8 +178,17 @@ func startKubelet(t *testing.T, bin string, opts kubeletOptions) *kubelet {
 			t.Fatal(err)
 		}
 	}
-	k.makeCgroupRoot()
+	k.cgroupRootConfig = k.CgroupRoot
+	if opts.CgroupDriver == "systemd" {
+		// With the systemd driver the root is a slice: the kubelet makes
+		// berthkt_<id>-kubepods.slice below it and expects the slice to
+		// exist (a plain directory there is no unit systemd knows).
+		k.cgroupRootConfig = "/berthkt_" + suffix
+		k.slice = "berthkt_" + suffix + ".slice"
+		k.CgroupRoot = "/" + k.slice
+	}
 	t.Cleanup(k.cleanup)
+	k.makeCgroupRoot()
 
 	config := fmt.Sprintf(`apiVersion: kubelet.config.k8s.io/v1beta1
 kind: KubeletConfiguration
@@ -207,7 +224,7 @@ evictionHard:
   nodefs.inodesFree: "1%%"
   imagefs.available: "1%%"
 containerLogMaxSize: 1Mi
-`, k.Manifests, k.Port, k.ReadOnlyPort, k.HealthzPort, opts.CgroupDriver, k.CgroupRoot, k.PodLogs,
+`, k.Manifests, k.Port, k.ReadOnlyPort, k.HealthzPort, opts.CgroupDriver, k.cgroupRootConfig, k.PodLogs,
 		filepath.Join(opts.Dir, "volume-plugins"))
 	configPath := filepath.Join(opts.Dir, "kubelet.yaml")
 	if err := os.WriteFile(configPath, []byte(config), 0o644); err != nil {
@@ -277,15 +294,17 @@ func (k *kubelet) Restart(t *testing.T) {
 	k.start(t)
 }
 
-// makeCgroupRoot creates the kubelet's cgroupRoot in every hierarchy
-// (the kubelet requires it to exist), with the cpuset of its parent.
+// makeCgroupRoot creates the kubelet's cgroupRoot (the kubelet requires
+// it to exist): with the cgroupfs driver a directory in every hierarchy,
+// with the cpuset of its parent; with the systemd driver a slice unit,
+// with the accounting that makes systemd enable the controllers the
+// kubelet checks for in it.
 func (k *kubelet) makeCgroupRoot() {
-	hs, err := cgroupctrl.Hierarchies(k.opts.MountInfo, "")
-	if err != nil {
-		k.t.Fatal(err)
+	if k.slice != "" {
+		k.makeSlice()
+		return
 	}
-	for _, h := range hs {
-		dir := filepath.Join(k.opts.CgroupFS, strings.TrimPrefix(h.Path, cgroupctrl.DefaultRoot), k.CgroupRoot)
+	for _, dir := range k.cgroupRootDirs() {
 		if err := os.Mkdir(dir, 0o755); err != nil {
 			k.t.Fatalf("create the kubelet's cgroup root: %v", err)
 		}
@@ -297,12 +316,82 @@ func (k *kubelet) makeCgroupRoot() {
 	}
 }
 
+// makeSlice starts k.slice, a slice below -.slice known to systemd only
+// at runtime (systemctl --runtime; cleanup stops and reverts it). A v2
+// kubelet wants cpu, cpuset, memory, hugetlb and pids in the slice's
+// cgroup.controllers: the accounting properties and AllowedCPUs make
+// systemd enable the first four in the root's subtree_control, and
+// hugetlb, which systemd does not manage, is enabled there by hand as
+// runc does for its containers.
+func (k *kubelet) makeSlice() {
+	systemctl := func(args ...string) {
+		out, err := exec.Command("systemctl", args...).CombinedOutput()
+		if err != nil {
+			k.t.Fatalf("systemctl %s: %v\n%s", strings.Join(args, " "), err, out)
+		}
+	}
+	systemctl("set-property", "--runtime", k.slice, "CPUAccounting=yes", "MemoryAccounting=yes",
+		"TasksAccounting=yes", fmt.Sprintf("AllowedCPUs=0-%d", runtime.NumCPU()-1))
+	systemctl("start", k.slice)
+	if unifiedCgroups(k.opts.CgroupFS) {
+		ctl := filepath.Join(k.opts.CgroupFS, "cgroup.subtree_control")
+		avail, _ := os.ReadFile(filepath.Join(k.opts.CgroupFS, "cgroup.controllers"))
+		for _, c := range []string{"cpu", "cpuset", "memory", "hugetlb", "pids"} {
+			if slices.Contains(strings.Fields(string(avail)), c) {
+				if err := os.WriteFile(ctl, []byte("+"+c), 0o644); err != nil {
+					k.t.Fatalf("enable %s below the cgroup root: %v", c, err)
+				}
+			}
+		}
+	}
+}
+
+// unifiedCgroups says whether the cgroup filesystem at dir is cgroup v2.
+func unifiedCgroups(dir string) bool {
+	var st unix.Statfs_t
+	return unix.Statfs(dir, &st) == nil && st.Type == unix.CGROUP2_SUPER_MAGIC
+}
+
+// cgroupRootDirs is the kubelet's cgroup root in every hierarchy.
+func (k *kubelet) cgroupRootDirs() []string {
+	hs, err := cgroupctrl.Hierarchies(k.opts.MountInfo, "")
+	if err != nil {
+		k.t.Fatal(err)
+	}
+	var dirs []string
+	for _, h := range hs {
+		dirs = append(dirs, filepath.Join(k.opts.CgroupFS, strings.TrimPrefix(h.Path, cgroupctrl.DefaultRoot), k.CgroupRoot))
+	}
+	return dirs
+}
+
+// qosCgroups are the cgroups the kubelet keeps below its root while it
+// runs (relative to the root): the node allocatable cgroup and the
+// besteffort and burstable QoS classes, in the driver's naming.
+func (k *kubelet) qosCgroups() []string {
+	if k.slice == "" {
+		return []string{"/kubepods", "/kubepods/besteffort", "/kubepods/burstable"}
+	}
+	p := strings.TrimSuffix(k.slice, ".slice") + "-kubepods"
+	return []string{"/" + p + ".slice", "/" + p + ".slice/" + p + "-besteffort.slice", "/" + p + ".slice/" + p + "-burstable.slice"}
+}
+
+// podCgroup is the cgroup of a pod of QoS class qos (a lower-case
+// class below kubepods), relative to the hierarchy's root.
+func (k *kubelet) podCgroup(qos string, uid string) string {
+	if k.slice == "" {
+		return k.CgroupRoot + "/kubepods/" + qos + "/pod" + uid
+	}
+	p := strings.TrimSuffix(k.slice, ".slice") + "-kubepods"
+	return k.CgroupRoot + "/" + p + ".slice/" + p + "-" + qos + ".slice/" + p + "-" + qos + "-pod" +
+		strings.ReplaceAll(uid, "-", "_") + ".slice"
+}
+
 // cgroupDirs lists the cgroups below the kubelet's cgroup root in every
 // hierarchy, deepest first.
 func (k *kubelet) cgroupDirs() []string {
 	var dirs []string
-	roots, _ := filepath.Glob(filepath.Join(k.opts.CgroupFS, "*", k.CgroupRoot))
-	for _, r := range roots {
+	for _, r := range k.cgroupRootDirs() {
 		_ = filepath.WalkDir(r, func(p string, e fs.DirEntry, err error) error {
 			if err == nil && e.IsDir() && p != r {
 				dirs = append(dirs, p)
@@ -342,8 +431,19 @@ func (k *kubelet) cleanup() {
 		k.t.Logf("kubelet log (last 400 lines of %s):\n%s", k.LogFile, k.logTail(400))
 	}
 	k.Stop()
-	roots, _ := filepath.Glob(filepath.Join(k.opts.CgroupFS, "*", k.CgroupRoot))
-	for _, r := range roots {
+	if k.slice != "" {
+		// Stopping the slice stops every unit below it (the kubelet's
+		// slices, berthd's scopes); revert drops its runtime properties.
+		for _, args := range [][]string{{"stop", k.slice}, {"revert", k.slice}} {
+			if out, err := exec.Command("systemctl", args...).CombinedOutput(); err != nil {
+				k.t.Errorf("systemctl %s: %v\n%s", strings.Join(args, " "), err, out)
+			}
+		}
+	}
+	for _, r := range k.cgroupRootDirs() {
+		if _, err := os.Stat(r); err != nil {
+			continue
+		}
 		if err := berthdtest.RemoveCgroupTree(r); err != nil {
 			k.t.Errorf("remove the kubelet's cgroups: %v", err)
 		}

@@ -134,7 +134,7 @@ func (e *env) leaks(before leakcheck.Snapshot) []string {
 	var out []string
 	for _, l := range leakcheck.Diff(before, leakcheck.Take(e.t, e.leakScope())) {
 		qos := false
-		for _, c := range []string{"/kubepods", "/kubepods/besteffort", "/kubepods/burstable"} {
+		for _, c := range e.k.qosCgroups() {
 			qos = qos || strings.HasSuffix(l, e.k.CgroupRoot+c)
 		}
 		// The kubelet itself names the daemon's dir (its own lives there)
@@ -167,7 +167,9 @@ func render(manifest string, vars map[string]string) string {
 	return strings.NewReplacer(pairs...).Replace(manifest)
 }
 
-// Pods running on: probes of every kind and a hostPort.
+// Pods running on: probes of every kind and a hostPort. Every probe has
+// a 10 s timeout (the default is 1 s): under a TCG guest an exec takes
+// seconds, and a liveness probe timing out restarts the container.
 const probesPod = `apiVersion: v1
 kind: Pod
 metadata:
@@ -183,9 +185,11 @@ spec:
     readinessProbe:
       httpGet: {path: /, port: 80}
       periodSeconds: 1
+      timeoutSeconds: 10
     livenessProbe:
       exec: {command: [cat, /www/index.html]}
       periodSeconds: 2
+      timeoutSeconds: 10
       failureThreshold: 5
   - name: tcp
     image: {{BUSYBOX}}
@@ -193,9 +197,11 @@ spec:
     readinessProbe:
       tcpSocket: {port: 8081}
       periodSeconds: 1
+      timeoutSeconds: 10
     livenessProbe:
       tcpSocket: {port: 8081}
       periodSeconds: 2
+      timeoutSeconds: 10
       failureThreshold: 5
   - name: grpc
     image: {{AGNHOST}}
@@ -203,9 +209,11 @@ spec:
     readinessProbe:
       grpc: {port: 5000}
       periodSeconds: 1
+      timeoutSeconds: 10
     livenessProbe:
       grpc: {port: 5000}
       periodSeconds: 2
+      timeoutSeconds: 10
       failureThreshold: 30
 `
 
@@ -261,6 +269,7 @@ spec:
     readinessProbe:
       exec: {command: [cat, /work/poststart]}
       periodSeconds: 1
+      timeoutSeconds: 10
     volumeMounts:
     - {name: work, mountPath: /work}
     - {name: mem, mountPath: /mem}
@@ -307,6 +316,7 @@ spec:
     readinessProbe:
       exec: {command: ["false"]}
       periodSeconds: 1
+      timeoutSeconds: 10
 `
 
 // TestKubeletStaticPodsOnBerth runs static pods through a real kubelet on
@@ -433,22 +443,42 @@ func TestKubeletStaticPodsOnBerth(t *testing.T) {
 	})
 
 	t.Run("cgroupLimits", func(t *testing.T) {
-		for file, want := range map[string]string{
+		// The container sees its own cgroup at /sys/fs/cgroup: v1's
+		// per-controller files, or v2's (cgroup namespace) unified ones;
+		// shares 102 is v2's cpu.weight 4.
+		limits := map[string]string{
 			"/sys/fs/cgroup/memory/memory.limit_in_bytes": "67108864",
 			"/sys/fs/cgroup/cpu/cpu.cfs_quota_us":         "25000",
 			"/sys/fs/cgroup/cpu/cpu.cfs_period_us":        "100000",
 			"/sys/fs/cgroup/cpu/cpu.shares":               "102",
-		} {
+		}
+		v2 := unifiedCgroups(k.opts.CgroupFS)
+		if v2 {
+			limits = map[string]string{
+				"/sys/fs/cgroup/memory.max": "67108864",
+				"/sys/fs/cgroup/cpu.max":    "25000 100000",
+				"/sys/fs/cgroup/cpu.weight": "4",
+			}
+		}
+		for file, want := range limits {
 			if got := strings.TrimSpace(k.MustRun(t, "lifecycle", "main", "cat", file)); got != want {
 				t.Errorf("%s = %q, want %s", file, got, want)
 			}
 		}
 		// The container's cgroup is the kubelet's: below its cgroup root,
-		// in the burstable QoS class, in the pod's cgroup.
-		cg := k.MustRun(t, "lifecycle", "main", "cat", "/proc/self/cgroup")
-		want := fmt.Sprintf(":memory:%s/kubepods/burstable/pod%s/", k.CgroupRoot, lifecycle.UID)
-		if !strings.Contains(cg, want) {
-			t.Errorf("container cgroups lack %s:\n%s", want, cg)
+		// in the burstable QoS class, in the pod's cgroup. On v1 the
+		// container's /proc/self/cgroup names it; on v2 its cgroup
+		// namespace hides it, and the host's view of its processes does.
+		want := k.podCgroup("burstable", string(lifecycle.UID)) + "/"
+		if !v2 {
+			cg := k.MustRun(t, "lifecycle", "main", "cat", "/proc/self/cgroup")
+			if !strings.Contains(cg, ":memory:"+want) {
+				t.Errorf("container cgroups lack :memory:%s:\n%s", want, cg)
+			}
+			return
+		}
+		if n := processesInCgroup("0::" + want); n == 0 {
+			t.Errorf("no process in a cgroup below %s", want)
 		}
 	})
 
@@ -642,6 +672,23 @@ func TestKubeletStaticPodsOnBerth(t *testing.T) {
 			t.Errorf("container log links left: %v", links)
 		}
 	})
+}
+
+// processesInCgroup counts the host's processes with a line of
+// /proc/PID/cgroup starting with prefix.
+func processesInCgroup(prefix string) int {
+	n := 0
+	files, _ := filepath.Glob("/proc/[0-9]*/cgroup")
+	for _, f := range files {
+		data, _ := os.ReadFile(f)
+		for _, l := range strings.Split(string(data), "\n") {
+			if strings.HasPrefix(l, prefix) {
+				n++
+				break
+			}
+		}
+	}
+	return n
 }
 
 // ctrInstance is one run of a container: the same ID and restart count

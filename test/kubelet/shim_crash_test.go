@@ -31,6 +31,7 @@ spec:
     readinessProbe:
       exec: {command: ["true"]}
       periodSeconds: 1
+      timeoutSeconds: 10
 `
 
 // processesWith counts the processes whose command line holds s.
