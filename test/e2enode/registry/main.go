@@ -14,6 +14,7 @@ package main
 import (
 	"flag"
 	"fmt"
+	"io"
 	"log"
 	"net"
 	"net/http"
@@ -134,6 +135,15 @@ func images(src sources) (map[string]v1.Image, error) {
 		return nil, err
 	}
 
+	// pause: sleeps until told to stop.
+	pause, err := testimages.Layer([]testimages.File{{Name: "pause", Mode: 0o755, Data: tools}})
+	if err != nil {
+		return nil, err
+	}
+	if err := add("pause:3.10.2", "pause:3.10.1", "pause:3.10", "pause:3.9", "pause:3.8")(image(v1.Config{Entrypoint: []string{"/pause"}}, pause)); err != nil {
+		return nil, err
+	}
+
 	// agnhost as upstream's Dockerfile builds it: /agnhost and the
 	// agnhost-2 link (entrypoint-tester), porter's certificate and key in
 	// / (HTTPS lifecycle hooks), /uploads (netexec), the user and group
@@ -156,7 +166,14 @@ func images(src sources) (map[string]v1.Image, error) {
 	if err != nil {
 		return nil, err
 	}
-	agLayer, err := testimages.Layer([]testimages.File{
+	// /var/registry: what `agnhost fake-registry-server` serves (the
+	// credential provider spec pulls pause:testing from it), in the
+	// layout of upstream's prepare_registry.sh: pause:3.10.2 as "testing".
+	regFiles, err := registryDir(imgs["pause:3.10.2"], "pause", "testing")
+	if err != nil {
+		return nil, err
+	}
+	agLayer, err := testimages.Layer(append([]testimages.File{
 		{Name: "agnhost", Mode: 0o755, Data: ag},
 		{Name: "agnhost-2", Symlink: "agnhost"},
 		{Name: "localhost.crt", Mode: 0o644, Data: crt},
@@ -167,7 +184,7 @@ func images(src sources) (map[string]v1.Image, error) {
 		// framework's node-to-pod checks run them in a host-network pod.
 		{Name: "usr/bin/curl", Symlink: "/bin/imagetools"},
 		{Name: "usr/bin/nc", Symlink: "/bin/imagetools"},
-	})
+	}, regFiles...))
 	if err != nil {
 		return nil, err
 	}
@@ -235,15 +252,75 @@ func images(src sources) (map[string]v1.Image, error) {
 	if err := add("e2e-test-images/glibc-dns-testing:2.1.1")(image(v1.Config{Cmd: []string{"bash"}}, glBase, glLayer)); err != nil {
 		return nil, err
 	}
-	// pause: sleeps until told to stop.
-	pause, err := testimages.Layer([]testimages.File{{Name: "pause", Mode: 0o755, Data: tools}})
+	return imgs, nil
+}
+
+// registryDir is var/registry/<repo> as agnhost's fake-registry-server
+// reads it: manifests/<tag> holding the manifest's digest, manifests and
+// blobs at <kind>/sha256/<2 hex>/<hex>/data.
+func registryDir(img v1.Image, repo, tag string) ([]testimages.File, error) {
+	if img == nil {
+		return nil, fmt.Errorf("registry dir %s: no image", repo)
+	}
+	base := "var/registry/" + repo
+	dirs := map[string]bool{}
+	var files []testimages.File
+	put := func(kind string, d v1.Hash, data []byte) {
+		dir := fmt.Sprintf("%s/%s/%s/%s/%s", base, kind, d.Algorithm, d.Hex[:2], d.Hex)
+		for x := dir; x != "." && !dirs[x]; x = filepath.Dir(x) {
+			dirs[x] = true
+		}
+		files = append(files, testimages.File{Name: dir + "/data", Mode: 0o644, Data: data})
+	}
+	man, err := img.RawManifest()
 	if err != nil {
 		return nil, err
 	}
-	if err := add("pause:3.10.2", "pause:3.10.1", "pause:3.10", "pause:3.9", "pause:3.8")(image(v1.Config{Entrypoint: []string{"/pause"}}, pause)); err != nil {
+	md, err := img.Digest()
+	if err != nil {
 		return nil, err
 	}
-	return imgs, nil
+	put("manifests", md, man)
+	cfg, err := img.RawConfigFile()
+	if err != nil {
+		return nil, err
+	}
+	cd, err := img.ConfigName()
+	if err != nil {
+		return nil, err
+	}
+	put("blobs", cd, cfg)
+	layers, err := img.Layers()
+	if err != nil {
+		return nil, err
+	}
+	for _, l := range layers {
+		ld, err := l.Digest()
+		if err != nil {
+			return nil, err
+		}
+		rc, err := l.Compressed()
+		if err != nil {
+			return nil, err
+		}
+		b, err := io.ReadAll(rc)
+		rc.Close()
+		if err != nil {
+			return nil, err
+		}
+		put("blobs", ld, b)
+	}
+	files = append(files, testimages.File{Name: base + "/manifests/" + tag, Mode: 0o644, Data: []byte(md.String() + "\n")})
+	ds := make([]string, 0, len(dirs))
+	for d := range dirs {
+		ds = append(ds, d)
+	}
+	sort.Strings(ds)
+	out := make([]testimages.File, 0, len(ds)+len(files))
+	for _, d := range ds {
+		out = append(out, testimages.File{Name: d, Dir: true})
+	}
+	return append(out, files...), nil
 }
 
 // baseLayer is a busybox root filesystem: every applet of the host's

@@ -64,6 +64,18 @@ func TestImages(t *testing.T) {
 			}
 		}
 	}
+	// agnhost's fake-registry-server serves pause:3.10.2 as pause:testing.
+	pd, err := imgs["pause:3.10.2"].Digest()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ag := list(t, imgs["e2e-test-images/agnhost:2.66.1"])
+	for _, f := range []string{"var/registry/pause/manifests/testing",
+		"var/registry/pause/manifests/sha256/" + pd.Hex[:2] + "/" + pd.Hex + "/data"} {
+		if !ag[f] {
+			t.Errorf("agnhost has no %s", f)
+		}
+	}
 	cf, err := imgs["e2e-test-images/agnhost:2.56"].ConfigFile()
 	if err != nil {
 		t.Fatal(err)
