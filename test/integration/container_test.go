@@ -255,6 +255,21 @@ func TestContainerOOMKilled(t *testing.T) {
 	}
 }
 
+// TestContainerOOMKilledAtOnce is killed by one allocation past its limit
+// (the kubelet test's oomKilled container): no memory event comes early
+// enough for the shim to read the kill from a systemd scope that is gone
+// by the time it looks (the guest lane's systemd pass).
+func TestContainerOOMKilledAtOnce(t *testing.T) {
+	t.Parallel()
+	e := newCtrEnv(t)
+	cfg := e.config("oom-at-once", "dd", "if=/dev/zero", "of=/dev/null", "bs=256M", "count=1")
+	cfg.Linux.Resources = &criapi.LinuxContainerResources{MemoryLimitInBytes: 32 << 20}
+	st := e.waitExited(e.run(cfg))
+	if st.Reason != "OOMKilled" || st.ExitCode != 137 {
+		t.Fatalf("status: reason %q exit %d", st.Reason, st.ExitCode)
+	}
+}
+
 func TestContainerRunAsUsers(t *testing.T) {
 	t.Parallel()
 	e := newCtrEnv(t, "busybox:latest", "busybox-user:latest")

@@ -47,7 +47,7 @@ func (s *Server) waitExit(c *container, exitCh <-chan unix.WaitStatus, pidfd *os
 		s.logf("container %s: output not drained after %s", c.id, drainTimeout)
 	}
 	t.Stop()
-	if c.oom.killed() {
+	if c.oom.killed() || (e.Signal == int(unix.SIGKILL) && c.oom.parentKilled(c.memCgroup)) {
 		e.OOMKilled = true
 	}
 	c.oom.stop()
@@ -80,8 +80,14 @@ func writeExit(dir string, e *proto.Exit) error {
 // oomKills reads the cgroup's OOM kill counter (v1 memory.oom_control,
 // v2 memory.events).
 func oomKills(dir string) int {
+	n, _ := readOOMKills(dir)
+	return n
+}
+
+// readOOMKills is oomKills, and whether the cgroup had a counter to read.
+func readOOMKills(dir string) (int, bool) {
 	if dir == "" {
-		return 0
+		return 0, false
 	}
 	for _, name := range []string{"memory.oom_control", "memory.events"} {
 		data, err := os.ReadFile(filepath.Join(dir, name))
@@ -91,9 +97,9 @@ func oomKills(dir string) int {
 		for _, line := range strings.Split(string(data), "\n") {
 			if f := strings.Fields(line); len(f) == 2 && f[0] == "oom_kill" {
 				n, _ := strconv.Atoi(f[1])
-				return n
+				return n, true
 			}
 		}
 	}
-	return 0
+	return 0, false
 }

@@ -17,9 +17,24 @@ import (
 // eventfd on memory.oom_control (cgroup.event_control); v2 watches
 // memory.events with inotify. Each wake-up reads the cgroup while it still
 // exists.
+//
+// On v2 a wake-up can come too late: the kernel sends memory.events
+// notifications at most every 10 ms, so when one allocation takes a
+// container straight from "max" to its kill, the wake-up that reads
+// "oom_kill 0" comes first and the next one after systemd removed the
+// scope. So the watch also keeps the parent's (the pod slice's) oom_kill,
+// which v2 counts for the whole subtree and which outlives the scope,
+// taken anew at every wake-up that still finds the scope with no kill of
+// its own; a parent count above it once the scope is gone is this
+// container's kill (parentKilled). Only a sibling killed between this
+// container's last memory event and its own death could be mistaken for
+// it, and only when this one also died by SIGKILL.
 type oomWatch struct {
 	seen atomic.Bool
 	f    *os.File // eventfd or inotify fd, non-blocking: Close ends the read
+	// parentBase is the parent's oom_kill at the last wake-up that found
+	// the scope without a kill of its own (v2 only; -1: not kept).
+	parentBase atomic.Int64
 }
 
 // watchOOM starts watching the memory cgroup dir; nil when it cannot (the
@@ -33,6 +48,7 @@ func watchOOM(dir string) *oomWatch {
 		return nil
 	}
 	w := &oomWatch{}
+	w.parentBase.Store(-1)
 	if _, err := os.Stat(filepath.Join(dir, "memory.oom_control")); err == nil {
 		if w.f = eventOnOOMControl(dir); w.f == nil {
 			return nil
@@ -47,6 +63,9 @@ func watchOOM(dir string) *oomWatch {
 			return nil
 		}
 		w.f = os.NewFile(uintptr(fd), "inotify")
+		if n, ok := readOOMKills(filepath.Dir(dir)); ok {
+			w.parentBase.Store(int64(n))
+		}
 	}
 	go w.run(dir)
 	return w
@@ -85,10 +104,29 @@ func (w *oomWatch) run(dir string) {
 			}
 			continue
 		}
-		if oomKills(dir) > 0 {
+		parent, parentOK := readOOMKills(filepath.Dir(dir))
+		n, ok := readOOMKills(dir)
+		switch {
+		case ok && n > 0:
 			w.seen.Store(true)
+		case ok && parentOK && w.parentBase.Load() >= 0:
+			w.parentBase.Store(int64(parent))
 		}
 	}
+}
+
+// parentKilled reports, once the container's scope is gone, whether the
+// parent counted an OOM kill since the watch last saw the scope without
+// one (v2; see oomWatch).
+func (w *oomWatch) parentKilled(dir string) bool {
+	if w == nil || w.parentBase.Load() < 0 {
+		return false
+	}
+	if _, err := os.Stat(dir); err == nil {
+		return false // the scope is there: its own count is the answer
+	}
+	n, ok := readOOMKills(filepath.Dir(dir))
+	return ok && int64(n) > w.parentBase.Load()
 }
 
 // killed reports whether an OOM kill was seen.
