@@ -23,6 +23,36 @@ import (
 	"github.com/berthcri/berth/internal/testutil/leakcheck"
 )
 
+// nodeLeakBaseline warms the daemon up (bridge, lock files: its first pod
+// run and removed) and takes the leak snapshot the test ends against.
+func nodeLeakBaseline(t *testing.T, e *ctrEnv) (leakcheck.Scope, leakcheck.Snapshot) {
+	t.Helper()
+	scope := leakcheck.ForDaemon(e.d)
+	scope.Root = e.d.Root
+	stopRemove(t, e.d, e.pod)
+	return scope, leakcheck.Take(t, scope)
+}
+
+// oneKeeperOneMonitor returns the node's keeper and monitor (one pid
+// each), failing when there are not exactly one of each.
+func oneKeeperOneMonitor(t *testing.T, d *berthdtest.Daemon) (keepers, monitors []int) {
+	t.Helper()
+	keepers, monitors = berthdtest.ShimPids(d.State, "keeper"), berthdtest.ShimPids(d.State, "monitor")
+	if len(keepers) != 1 || len(monitors) != 1 {
+		t.Fatalf("keepers %v, monitors %v: want one of each", keepers, monitors)
+	}
+	return keepers, monitors
+}
+
+// waitNodeGone waits for the node's keeper and monitor to exit with its
+// last pod.
+func waitNodeGone(t *testing.T, d *berthdtest.Daemon) {
+	t.Helper()
+	waitUntil(t, "keeper and monitor to exit with the last pod", func() bool {
+		return len(berthdtest.ShimPids(d.State, "keeper"))+len(berthdtest.ShimPids(d.State, "monitor")) == 0
+	})
+}
+
 // waitUntil polls cond until it holds, failing after a generous bound
 // (the bound is a hang guard, not a timing assertion).
 func waitUntil(t *testing.T, what string, cond func() bool) {
@@ -40,10 +70,7 @@ func waitUntil(t *testing.T, what string, cond func() bool) {
 // keeper's next one (the keeper unchanged); it returns the new pid.
 func killMonitor(t *testing.T, d *berthdtest.Daemon) int {
 	t.Helper()
-	keepers, monitors := berthdtest.ShimPids(d.State, "keeper"), berthdtest.ShimPids(d.State, "monitor")
-	if len(keepers) != 1 || len(monitors) != 1 {
-		t.Fatalf("keepers %v, monitors %v: want one of each", keepers, monitors)
-	}
+	keepers, monitors := oneKeeperOneMonitor(t, d)
 	if err := syscall.Kill(monitors[0], syscall.SIGKILL); err != nil {
 		t.Fatalf("kill the monitor: %v", err)
 	}
@@ -87,10 +114,7 @@ func logSize(t *testing.T, path string) int64 {
 func TestMonitorCrashKeepsContainersRunning(t *testing.T) {
 	t.Parallel()
 	e := newCtrEnv(t)
-	scope := leakcheck.ForDaemon(e.d)
-	scope.Root = e.d.Root
-	stopRemove(t, e.d, e.pod) // warm up: bridge, lock files
-	before := leakcheck.Take(t, scope)
+	scope, before := nodeLeakBaseline(t, e)
 
 	type podCtr struct {
 		env  *ctrEnv
@@ -154,9 +178,7 @@ func TestMonitorCrashKeepsContainersRunning(t *testing.T) {
 	for _, c := range ctrs {
 		stopRemove(t, e.d, c.env.pod)
 	}
-	waitUntil(t, "keeper and monitor to exit with the last pod", func() bool {
-		return len(berthdtest.ShimPids(e.d.State, "keeper"))+len(berthdtest.ShimPids(e.d.State, "monitor")) == 0
-	})
+	waitNodeGone(t, e.d)
 	leakcheck.CheckSettled(t, scope, before, leakcheck.Take(t, scope))
 }
 
@@ -240,10 +262,7 @@ func (e *ctrEnv) checkAgrees() {
 func TestMonitorCrashAmidCreatesAndExits(t *testing.T) {
 	t.Parallel()
 	e := newCtrEnv(t)
-	scope := leakcheck.ForDaemon(e.d)
-	scope.Root = e.d.Root
-	stopRemove(t, e.d, e.pod) // warm up: bridge, lock files
-	before := leakcheck.Take(t, scope)
+	scope, before := nodeLeakBaseline(t, e)
 	pe := e.podEnv(podConfig("amid"))
 
 	evCtx, stopEvents := context.WithCancel(context.Background())
@@ -329,9 +348,7 @@ func TestMonitorCrashAmidCreatesAndExits(t *testing.T) {
 		t.Fatalf("logger stopped: exit %d (%s), want 21", st.ExitCode, st.Reason)
 	}
 	stopRemove(t, e.d, pe.pod)
-	waitUntil(t, "keeper and monitor to exit with the last pod", func() bool {
-		return len(berthdtest.ShimPids(e.d.State, "keeper"))+len(berthdtest.ShimPids(e.d.State, "monitor")) == 0
-	})
+	waitNodeGone(t, e.d)
 	stopEvents()
 	<-evDone
 	evMu.Lock()
@@ -431,10 +448,7 @@ func TestShimFaultMatrix(t *testing.T) {
 			faults := filepath.Join(t.TempDir(), "shim-faults")
 			d := berthdtest.Start(t, berthdtest.Options{Env: []string{shimfault.EnvVar + "=" + faults}})
 			e := newCtrEnvOn(t, d)
-			scope := leakcheck.ForDaemon(e.d)
-			scope.Root = e.d.Root
-			stopRemove(t, e.d, e.pod) // warm up: bridge, lock files
-			before := leakcheck.Take(t, scope)
+			scope, before := nodeLeakBaseline(t, e)
 			pe := e.podEnv(podConfig("shim-fault"))
 			logger := pe.run(pe.config("logger", "sh", "-c", loggerScript(31)))
 			logPath := pe.status(logger).LogPath
@@ -477,9 +491,7 @@ func TestShimFaultMatrix(t *testing.T) {
 				t.Fatalf("logger's init %d runs on, exited for berthd", pid)
 			}
 			stopRemove(t, e.d, pe.pod)
-			waitUntil(t, "keepers and monitors to exit with the last pod", func() bool {
-				return len(berthdtest.ShimPids(e.d.State, "keeper"))+len(berthdtest.ShimPids(e.d.State, "monitor")) == 0
-			})
+			waitNodeGone(t, e.d)
 			leakcheck.CheckSettled(t, scope, before, leakcheck.Take(t, scope))
 		})
 	}
@@ -493,10 +505,7 @@ func TestShimFaultMatrix(t *testing.T) {
 func TestKeeperAndMonitorKilledLeaveNoUnseenProcess(t *testing.T) {
 	t.Parallel()
 	e := newCtrEnv(t)
-	scope := leakcheck.ForDaemon(e.d)
-	scope.Root = e.d.Root
-	stopRemove(t, e.d, e.pod) // warm up: bridge, lock files
-	before := leakcheck.Take(t, scope)
+	scope, before := nodeLeakBaseline(t, e)
 	var pods []*ctrEnv
 	var ctrs []string
 	var pids []int
@@ -505,10 +514,7 @@ func TestKeeperAndMonitorKilledLeaveNoUnseenProcess(t *testing.T) {
 		id := pe.run(pe.config("logger", "sh", "-c", loggerScript(41)))
 		pods, ctrs, pids = append(pods, pe), append(ctrs, id), append(pids, pe.ctrPid(id))
 	}
-	keepers, monitors := berthdtest.ShimPids(e.d.State, "keeper"), berthdtest.ShimPids(e.d.State, "monitor")
-	if len(keepers) != 1 || len(monitors) != 1 {
-		t.Fatalf("keepers %v, monitors %v: want one of each", keepers, monitors)
-	}
+	keepers, monitors := oneKeeperOneMonitor(t, e.d)
 	// The keeper first, so that it cannot restart the monitor.
 	for _, pid := range []int{keepers[0], monitors[0]} {
 		if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
@@ -533,9 +539,7 @@ func TestKeeperAndMonitorKilledLeaveNoUnseenProcess(t *testing.T) {
 	for _, p := range pods {
 		stopRemove(t, e.d, p.pod)
 	}
-	waitUntil(t, "keepers and monitors to exit with the last pod", func() bool {
-		return len(berthdtest.ShimPids(e.d.State, "keeper"))+len(berthdtest.ShimPids(e.d.State, "monitor")) == 0
-	})
+	waitNodeGone(t, e.d)
 	leakcheck.CheckSettled(t, scope, before, leakcheck.Take(t, scope))
 }
 
@@ -545,18 +549,12 @@ func TestKeeperAndMonitorKilledLeaveNoUnseenProcess(t *testing.T) {
 func TestRecoveryKillsContainersOfADeadShim(t *testing.T) {
 	t.Parallel()
 	e := newCtrEnv(t)
-	scope := leakcheck.ForDaemon(e.d)
-	scope.Root = e.d.Root
-	stopRemove(t, e.d, e.pod) // warm up: bridge, lock files
-	before := leakcheck.Take(t, scope)
+	scope, before := nodeLeakBaseline(t, e)
 	pe := e.podEnv(podConfig("dead-shim"))
 	id := pe.run(pe.config("logger", "sh", "-c", loggerScript(51)))
 	pid := pe.ctrPid(id)
 	e.d.Kill()
-	keepers, monitors := berthdtest.ShimPids(e.d.State, "keeper"), berthdtest.ShimPids(e.d.State, "monitor")
-	if len(keepers) != 1 || len(monitors) != 1 {
-		t.Fatalf("keepers %v, monitors %v: want one of each", keepers, monitors)
-	}
+	keepers, monitors := oneKeeperOneMonitor(t, e.d)
 	for _, p := range []int{keepers[0], monitors[0]} {
 		if err := syscall.Kill(p, syscall.SIGKILL); err != nil {
 			t.Fatal(err)
