@@ -2,15 +2,15 @@
 # The cgroup v2 lane (docs/decisions/2200-cgroup-v2-guest-lane.md): boots a
 # Debian bookworm guest (systemd as PID 1, unified cgroup v2) under qemu and
 # runs the integration tests that touch cgroups there, under the cgroupfs
-# and the systemd driver and with crun, and, with BERTH_GUEST_KUBELET=1,
-# the kubelet test (systemd driver). Prints the guest's test output as it comes and ends with one pass/fail line; exits non-zero on any failure or
+# and the systemd driver and with crun, and the kubelet test (systemd
+# driver). Prints the guest's test output as it comes and ends with one pass/fail line; exits non-zero on any failure or
 # timeout.
 #   BIN                   where make build put berthd, berth-shim, berth-pause, berthctl
 #   BERTH_GUEST_ACCEL     kvm or tcg (default: kvm where the CPU has VMX/SVM and
 #                         /dev/kvm is the kernel's own, else tcg)
 #   BERTH_GUEST_TIMEOUT   seconds before the guest is killed (default 2700)
-#   BERTH_GUEST_KUBELET   1 adds the kubelet pass (systemd driver) to the default
-#                         passes (opt-in: its teardown fails in the guest yet)
+#   BERTH_GUEST_KUBELET   0 leaves the kubelet pass (systemd driver) out of the
+#                         default passes
 #   BERTH_GUEST_PASSES    override the passes (lines "name driver runtime regex
 #                         [binary [skip]]", binary integration or kubelet, skip
 #                         a -test.skip regex)
@@ -34,21 +34,19 @@ timeout_s=${BERTH_GUEST_TIMEOUT:-2700}
 # test and the limit, update, stats, OOM, shared-PID and userns tests; crun
 # (Debian's refuses v1 hybrid hosts) as the default runtime for the
 # container basics.
-cgroupfs_tests='TestContainerOOMKilled|TestContainerOOMKilledAtOnce|TestContainerUpdateResources|TestUpdatePodSandboxResourcesSetsPodCgroup|TestStatsContainersAndPod|TestSandboxCgroupUnderConfigParent|TestSandboxSharedPIDVisibleInContainer|TestSandboxSharedPIDNamespaceHolder|TestCgroup(SharedPIDPodHolderHasOwnCgroup|UsernsPodHolderHasOwnCgroup|OldLayoutPodTearsDownClean)|TestContainerSurvivesDaemonCrash|TestSandboxCrashMidRunRecovers|TestRecoveryCleansResourcesWithoutRecords|TestUsernsPodContainerSeesMapping|TestHugepageLimitsOnAHostWithoutHugetlbHierarchy'
-systemd_tests='TestSystemdCgroupDriver|TestContainerOOMKilled|TestContainerOOMKilledAtOnce|TestContainerUpdateResources|TestStatsContainersAndPod|TestSandboxSharedPIDVisibleInContainer|TestCgroupSharedPIDPodHolderHasOwnCgroupSystemd|TestUsernsPodContainerSeesMapping|TestContainerSurvivesDaemonCrash'
-# The kubelet test (test/kubelet, docs/kubelet.md), opt-in: a real kubelet
-# on its defaults for a v2 node, the systemd driver, static pods on berthd;
-# but oomKilled (fixed since, docs/cgroups.md; the skip goes once this
-# pass has run it again).
+cgroupfs_tests='TestContainerOOMKilled|TestContainerOOMKilledAtOnce|TestContainerUpdateResources|TestUpdatePodSandboxResourcesSetsPodCgroup|TestStatsContainersAndPod|TestSandboxCgroupUnderConfigParent|TestSandboxSharedPIDVisibleInContainer|TestSandboxSharedPIDNamespaceHolder|TestCgroup(SharedPIDPodHolderHasOwnCgroup|UsernsPodHolderHasOwnCgroup|OldLayoutPodTearsDownClean)|TestContainerSurvivesDaemonCrash|TestSandboxCrashMidRunRecovers|TestRecoveryCleansResourcesWithoutRecords|TestUsernsPodContainerSeesMapping|TestHugepageLimitsOnAHostWithoutHugetlbHierarchy|TestBerthctlDoctorPassesOnThisNode|TestCgroupV2ContainerLimits'
+systemd_tests='TestSystemdCgroupDriver|TestContainerOOMKilled|TestContainerOOMKilledAtOnce|TestContainerUpdateResources|TestStatsContainersAndPod|TestSandboxSharedPIDVisibleInContainer|TestCgroupSharedPIDPodHolderHasOwnCgroupSystemd|TestUsernsPodContainerSeesMapping|TestContainerSurvivesDaemonCrash|TestCgroupV2ContainerLimits'
+# The kubelet test (test/kubelet, docs/kubelet.md): a real kubelet on its
+# defaults for a v2 node, the systemd driver, static pods on berthd.
 kubelet_tests='TestKubeletStaticPodsOnBerth'
-kubelet_skip='TestKubeletStaticPodsOnBerth/oomKilled'
-crun_tests='TestContainerRunLogsExitCodesAndStatus|TestContainerUpdateResources|TestContainerOOMKilled|TestStatsContainersAndPod|TestSandboxSharedPIDVisibleInContainer|TestExecSyncOutputsExitCodesAndErrors'
 default_passes="cgroupfs cgroupfs runc ^($cgroupfs_tests)\$
 systemd systemd runc ^($systemd_tests)\$
-crun cgroupfs crun ^($crun_tests)\$"
-# Opt-in until its teardown passes in the guest (docs/cgroups.md).
-if [ "${BERTH_GUEST_KUBELET:-0}" = 1 ]; then
-  default_passes+=$'\n'"kubelet systemd runc ^($kubelet_tests)\$ kubelet $kubelet_skip"
+crun cgroupfs crun ^($crun_tests)\$
+kubelet systemd runc ^($kubelet_tests)\$ kubelet"
+# BERTH_GUEST_KUBELET=0 leaves the kubelet pass out (a quicker lane while
+# working on the others).
+if [ "${BERTH_GUEST_KUBELET:-1}" = 0 ]; then
+  default_passes=$(grep -v '^kubelet ' <<<"$default_passes")
 fi
 passes=${BERTH_GUEST_PASSES:-$default_passes}
 

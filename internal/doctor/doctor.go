@@ -160,20 +160,58 @@ func findPlugin(dirs []string, name string) string {
 }
 
 func checkOverlay() Result {
+	release := ""
+	if data, err := os.ReadFile("/proc/sys/kernel/osrelease"); err == nil {
+		release = strings.TrimSpace(string(data))
+	}
+	return overlayVerdict("/proc/filesystems", "/sys/module/overlay", filepath.Join("/lib/modules", release))
+}
+
+// overlayVerdict passes a kernel that lists overlay, has its module loaded,
+// or can load it: a freshly booted node loads the module only at the first
+// overlay mount, which berthd's first unpack does (the kernel autoloads
+// "fs-overlay"), so a module the kernel ships is as good as a loaded one.
+func overlayVerdict(filesystems, loadedModule, modulesDir string) Result {
 	r := Result{Name: "overlayfs"}
-	data, err := os.ReadFile("/proc/filesystems")
+	data, err := os.ReadFile(filesystems)
 	if err == nil && strings.Contains(string(data), "\toverlay\n") {
 		r.Level, r.Message = OK, "supported by the kernel"
 		return r
 	}
-	// The module may simply not be loaded yet.
-	if _, err := os.Stat("/sys/module/overlay"); err == nil {
+	if _, err := os.Stat(loadedModule); err == nil {
 		r.Level, r.Message = OK, "module loaded"
 		return r
 	}
-	r.Level, r.Message = Fail, "the kernel does not list overlay in /proc/filesystems"
-	r.Hint = "modprobe overlay (and add it to /etc/modules-load.d)"
+	if modulesListOverlay(modulesDir) {
+		r.Level, r.Message = OK, "module available, loaded at the first overlay mount"
+		return r
+	}
+	r.Level, r.Message = Fail, "the kernel does not list overlay in /proc/filesystems and ships no overlay module"
+	r.Hint = "modprobe overlay (and add it to /etc/modules-load.d), or install the kernel's modules package"
 	return r
+}
+
+// modulesListOverlay reports whether modules.dep (loadable) or
+// modules.builtin under dir names the overlay module (overlay.ko, possibly
+// compressed: overlay.ko.xz, .zst, .gz).
+func modulesListOverlay(dir string) bool {
+	for _, name := range []string{"modules.dep", "modules.builtin"} {
+		f, err := os.Open(filepath.Join(dir, name))
+		if err != nil {
+			continue
+		}
+		sc := bufio.NewScanner(f)
+		for sc.Scan() {
+			path, _, _ := strings.Cut(sc.Text(), ":")
+			base := filepath.Base(path)
+			if base == "overlay.ko" || strings.HasPrefix(base, "overlay.ko.") {
+				f.Close()
+				return true
+			}
+		}
+		f.Close()
+	}
+	return false
 }
 
 // checkCgroupDriver fails the systemd driver on a node where systemd is

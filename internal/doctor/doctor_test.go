@@ -150,3 +150,49 @@ func TestDoctorWarnsAboutABrokenCRIU(t *testing.T) {
 		t.Fatalf("criu check = %+v", r)
 	}
 }
+
+func TestOverlayVerdict(t *testing.T) {
+	dir := t.TempDir()
+	write := func(name, content string) string {
+		p := filepath.Join(dir, name)
+		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(p, []byte(content), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	listed := write("listed/filesystems", "nodev\tsysfs\nnodev\toverlay\n")
+	unlisted := write("unlisted/filesystems", "nodev\tsysfs\n\text4\n")
+	write("mods/modules.dep", "kernel/fs/ext4/ext4.ko.xz: kernel/fs/jbd2/jbd2.ko.xz\nkernel/fs/overlayfs/overlay.ko.xz:\n")
+	write("builtin/modules.builtin", "kernel/fs/overlayfs/overlay.ko\n")
+	write("none/modules.dep", "kernel/fs/ext4/ext4.ko:\n")
+	loaded := filepath.Join(dir, "sys-module-overlay")
+	if err := os.Mkdir(loaded, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	missing := filepath.Join(dir, "absent")
+	for _, tc := range []struct {
+		name                   string
+		fs, module, modulesDir string
+		want                   Level
+	}{
+		{"listed", listed, missing, missing, OK},
+		{"module loaded", unlisted, loaded, missing, OK},
+		// A freshly booted node: not listed, not loaded, but loadable.
+		{"loadable module", unlisted, missing, filepath.Join(dir, "mods"), OK},
+		{"built in", unlisted, missing, filepath.Join(dir, "builtin"), OK},
+		{"no overlay at all", unlisted, missing, filepath.Join(dir, "none"), Fail},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := overlayVerdict(tc.fs, tc.module, tc.modulesDir)
+			if r.Level != tc.want {
+				t.Fatalf("overlayVerdict = %s (%s), want %s", r.Level, r.Message, tc.want)
+			}
+			if r.Level == Fail && r.Hint == "" {
+				t.Fatal("a failure without a hint")
+			}
+		})
+	}
+}

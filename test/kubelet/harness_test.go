@@ -246,8 +246,16 @@ containerLogMaxSize: 1Mi
 		// A mount namespace of its own, but for Dir: a shared mount there
 		// makes the kubelet's volume mounts (below its root dir) reach
 		// the node's namespace, where berthd and runc must see them.
+		// Dir's bind gets a peer group of its own (private, then shared):
+		// on a node whose / is shared (systemd's) a bind of it joins /'s
+		// group, so each volume mount would also land on / beneath the
+		// bind, and a restarted kubelet, whose / is private, would keep
+		// that hidden copy: its rmdir of the volume then fails EBUSY.
 		if err := unix.Mount(opts.Dir, opts.Dir, "", unix.MS_BIND, ""); err != nil {
 			t.Fatalf("bind %s: %v", opts.Dir, err)
+		}
+		if err := unix.Mount("", opts.Dir, "", unix.MS_PRIVATE, ""); err != nil {
+			t.Fatalf("make %s private: %v", opts.Dir, err)
 		}
 		if err := unix.Mount("", opts.Dir, "", unix.MS_SHARED, ""); err != nil {
 			t.Fatalf("make %s shared: %v", opts.Dir, err)
@@ -730,4 +738,53 @@ func terminated(p *corev1.Pod, name string) *corev1.ContainerStateTerminated {
 		return s.State.Terminated
 	}
 	return nil
+}
+
+// mountsByNamespace lists, for every mount namespace on the node, the
+// mountinfo lines whose mount point lies under dir, with the processes in
+// that namespace: which namespace still holds a volume the kubelet could
+// not remove, and with what propagation.
+func mountsByNamespace(dir string) string {
+	type ns struct {
+		pids  []string
+		lines []string
+	}
+	byNS := map[string]*ns{}
+	var order []string
+	procs, _ := filepath.Glob("/proc/[0-9]*")
+	for _, p := range procs {
+		id, err := os.Readlink(p + "/ns/mnt")
+		if err != nil {
+			continue
+		}
+		comm, _ := os.ReadFile(p + "/comm")
+		pid := filepath.Base(p) + ":" + strings.TrimSpace(string(comm))
+		if n, ok := byNS[id]; ok {
+			if len(n.pids) < 8 {
+				n.pids = append(n.pids, pid)
+			}
+			continue
+		}
+		data, err := os.ReadFile(p + "/mountinfo")
+		if err != nil {
+			continue
+		}
+		n := &ns{pids: []string{pid}}
+		for _, l := range strings.Split(string(data), "\n") {
+			if f := strings.Fields(l); len(f) > 4 && strings.HasPrefix(f[4], dir) {
+				n.lines = append(n.lines, l)
+			}
+		}
+		byNS[id] = n
+		order = append(order, id)
+	}
+	var b strings.Builder
+	for _, id := range order {
+		n := byNS[id]
+		if len(n.lines) == 0 {
+			continue
+		}
+		fmt.Fprintf(&b, "%s (%s):\n  %s\n", id, strings.Join(n.pids, " "), strings.Join(n.lines, "\n  "))
+	}
+	return b.String()
 }

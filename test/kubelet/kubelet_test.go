@@ -614,6 +614,7 @@ func TestKubeletStaticPodsOnBerth(t *testing.T) {
 		}
 		exitsBefore := statusSummary(k.Pod(t, "exits").Status.ContainerStatuses)
 		k.Restart(t)
+		t.Logf("mounts under the kubelet's pods dir after its restart, by mount namespace:\n%s", mountsByNamespace(filepath.Join(k.RootDir, "pods")))
 		for name, want := range running {
 			p := k.WaitPod(t, name, "Ready after the kubelet's restart", 2*time.Minute, podReady)
 			if got := instances(p); fmt.Sprint(got) != fmt.Sprint(want) {
@@ -631,6 +632,7 @@ func TestKubeletStaticPodsOnBerth(t *testing.T) {
 	}
 
 	t.Run("teardown", func(t *testing.T) {
+		t.Logf("mounts under the kubelet's pods dir before teardown, by mount namespace:\n%s", mountsByNamespace(filepath.Join(k.RootDir, "pods")))
 		for name := range pods {
 			k.Delete(t, name)
 		}
@@ -663,6 +665,7 @@ func TestKubeletStaticPodsOnBerth(t *testing.T) {
 				break
 			}
 			if time.Now().After(deadline) {
+				t.Logf("mounts under the kubelet's pods dir, by mount namespace:\n%s", mountsByNamespace(filepath.Join(k.RootDir, "pods")))
 				t.Fatalf("left a minute after the pods went:\n%s", strings.Join(left, "\n"))
 			}
 			time.Sleep(300 * time.Millisecond)
