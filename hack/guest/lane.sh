@@ -39,6 +39,7 @@ systemd_tests='TestSystemdCgroupDriver|TestContainerOOMKilled|TestContainerOOMKi
 # The kubelet test (test/kubelet, docs/kubelet.md): a real kubelet on its
 # defaults for a v2 node, the systemd driver, static pods on berthd.
 kubelet_tests='TestKubeletStaticPodsOnBerth'
+crun_tests='TestContainerRunLogsExitCodesAndStatus|TestContainerUpdateResources|TestContainerOOMKilled|TestStatsContainersAndPod|TestSandboxSharedPIDVisibleInContainer|TestExecSyncOutputsExitCodesAndErrors|TestCgroupV2ContainerLimits'
 default_passes="cgroupfs cgroupfs runc ^($cgroupfs_tests)\$
 systemd systemd runc ^($systemd_tests)\$
 crun cgroupfs crun ^($crun_tests)\$
