@@ -120,3 +120,66 @@ func checkCgroupFiles(t *testing.T, dir string, want map[string]string) {
 		}
 	}
 }
+
+// The node e2e's v2-only OOMKiller specs, berth's side: in a container of
+// several processes where one outgrows the limit, memory.oom.group=1 (what
+// the kubelet sends through the unified map unless singleProcessOOMKill)
+// kills the whole container, reported OOMKilled; without it only the
+// greedy process dies and the container keeps running.
+func TestCgroupV2OOMGroupKillsTheWholeContainer(t *testing.T) {
+	if !cgroupV2() {
+		t.Skip("cgroup v2 only: memory.oom.group")
+	}
+	t.Parallel()
+	e := newCtrEnv(t)
+	multi := func(name string, unified map[string]string) *criapi.ContainerConfig {
+		// The init sleeps; a child asks for more than the limit at once.
+		cfg := e.config(name, "sh", "-c", "sleep 3600 & sleep 1; dd if=/dev/zero of=/dev/null bs=128M count=1; wait")
+		cfg.Linux.Resources = &criapi.LinuxContainerResources{MemoryLimitInBytes: 32 << 20, MemorySwapLimitInBytes: 32 << 20, Unified: unified}
+		return cfg
+	}
+	group := e.run(multi("oom-group", map[string]string{"memory.oom.group": "1"}))
+	single := e.run(multi("oom-single", nil))
+
+	if st := e.waitExited(group); st.Reason != "OOMKilled" || st.ExitCode != 137 {
+		t.Errorf("with memory.oom.group=1: reason %q exit %d, want OOMKilled 137", st.Reason, st.ExitCode)
+	}
+	dir := filepath.Join("/sys/fs/cgroup", procCgroup(t, hostProc(containerPid(t, e.d, single)), ""))
+	waitUntil(t, "the single-process kill in "+dir, func() bool {
+		data, _ := os.ReadFile(filepath.Join(dir, "memory.events"))
+		for _, l := range strings.Split(string(data), "\n") {
+			if f := strings.Fields(l); len(f) == 2 && f[0] == "oom_kill" && f[1] != "0" {
+				return true
+			}
+		}
+		return false
+	})
+	if st := e.status(single); st.State != criapi.ContainerState_CONTAINER_RUNNING {
+		t.Errorf("without memory.oom.group the container is %s (reason %q), want it running with only dd killed", st.State, st.Reason)
+	}
+}
+
+// The node e2e's Swap [NodeConformance] specs, berth's side: with the
+// kubelet's default NoSwap on v2 a container without a memory limit gets
+// memory.swap.max=0 through the unified map, and reads it in its own
+// /sys/fs/cgroup (the spec reads it from inside the container).
+func TestCgroupV2NoSwapSeenInTheContainer(t *testing.T) {
+	if !cgroupV2() {
+		t.Skip("cgroup v2 only: memory.swap.max")
+	}
+	t.Parallel()
+	e := newCtrEnv(t)
+	cfg := e.config("noswap", "sleep", "3600")
+	cfg.Linux.Resources = &criapi.LinuxContainerResources{Unified: map[string]string{"memory.swap.max": "0"}}
+	id := e.run(cfg)
+	if got := e.exec(id, "cat", "/sys/fs/cgroup/memory.swap.max"); got != "0" {
+		t.Errorf("memory.swap.max in the container = %q, want 0", got)
+	}
+	// Burstable with a limit: the kubelet sends swap = limit, so none.
+	cfg = e.config("noswap-limit", "sleep", "3600")
+	cfg.Linux.Resources = &criapi.LinuxContainerResources{MemoryLimitInBytes: 64 << 20, MemorySwapLimitInBytes: 64 << 20, Unified: map[string]string{"memory.swap.max": "0"}}
+	id = e.run(cfg)
+	if got := e.exec(id, "cat", "/sys/fs/cgroup/memory.swap.max", "/sys/fs/cgroup/memory.max"); got != "0\n"+strconv.Itoa(64<<20) {
+		t.Errorf("memory.swap.max and memory.max in the container = %q", got)
+	}
+}
