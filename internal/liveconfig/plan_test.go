@@ -89,8 +89,8 @@ func TestPlanHandlers(t *testing.T) {
 		c.RuntimeHandlers["tweak"] = config.RuntimeHandler{Binary: "runc", Options: []string{"--debug"}}
 	})
 	next := validated(t, func(c *config.Config) {
-		delete(c.RuntimeHandlers, "crun")                                      // in use: kept
-		delete(c.RuntimeHandlers, "old")                                       // unused: removed
+		delete(c.RuntimeHandlers, "crun")                                     // in use: kept
+		delete(c.RuntimeHandlers, "old")                                      // unused: removed
 		c.RuntimeHandlers["kata"] = config.RuntimeHandler{Binary: "kata-new"} // in use: kept
 		c.RuntimeHandlers["tweak"] = config.RuntimeHandler{Binary: "runc"}    // unused: changed
 		c.RuntimeHandlers["youki"] = config.RuntimeHandler{Binary: "youki", Options: []string{}}
