@@ -232,3 +232,9 @@ func clone(c *config.Config) *config.Config {
 	}
 	return &out
 }
+
+// SameHandler tells whether two handler entries configure the same
+// runtime (an empty and an absent options list are the same).
+func SameHandler(a, b config.RuntimeHandler) bool {
+	return reflect.DeepEqual(normHandler(a), normHandler(b))
+}
