@@ -1,6 +1,7 @@
 package integration
 
 import (
+	"context"
 	"fmt"
 	"os"
 	"os/exec"
@@ -8,6 +9,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -242,9 +244,9 @@ func TestReloadRuntimeHandlerAddedThenRemovalRefusedWhileInUse(t *testing.T) {
 	if c == nil || c["applied"] != false || !strings.Contains(c["reason"].(string), "in use") || !strings.Contains(c["reason"].(string), pod[:12]) {
 		t.Fatalf("removal of the in-use handler: %+v", last)
 	}
-	if !strings.Contains(d.Logs(), `msg="configuration reload: not applied" component=config key=runtime_handlers.second`) {
-		t.Errorf("refused removal not logged:\n%s", d.Logs())
-	}
+	waitFor(t, func() bool {
+		return strings.Contains(d.Logs(), `msg="configuration reload: not applied" component=config key=runtime_handlers.second`)
+	})
 	if !slices.Contains(handlerNames(t, d), "second") {
 		t.Fatal("in-use handler removed from Status")
 	}
@@ -308,9 +310,10 @@ func TestReloadBadFileKeepsTheConfigInEffect(t *testing.T) {
 			t.Errorf("%s: refused without a reason: %+v", name, last)
 		}
 	}
-	if n := strings.Count(d.Logs(), `msg="configuration reload refused: the configuration in effect stays"`); n != len(bad) {
-		t.Errorf("%d refusals logged, want %d:\n%s", n, len(bad), d.Logs())
-	}
+	// The log is a pipe: wait for the lines to come through.
+	waitFor(t, func() bool {
+		return strings.Count(d.Logs(), `msg="configuration reload refused: the configuration in effect stays"`) == len(bad)
+	})
 	after := d.RunningConfig()
 	if after["generation"] != before["generation"] || after["toml"] != before["toml"] {
 		t.Fatalf("a refused file changed the configuration in effect:\nbefore %v\nafter %v", before["toml"], after["toml"])
@@ -325,7 +328,14 @@ func TestReloadBadFileKeepsTheConfigInEffect(t *testing.T) {
 	wantReloadMetrics(t, d, 1, 0, float64(len(bad)))
 
 	// A key that needs a restart is kept, logged and counted as partial.
-	last := d.Reconfigure(func(c *config.Config) { c.CgroupParent = "elsewhere" })
+	// (A copy: the test's cleanup needs the cgroup parent berthd uses.)
+	moved := *d.Config
+	moved.CgroupParent = "elsewhere"
+	data, err := moved.TOML()
+	if err != nil {
+		t.Fatal(err)
+	}
+	last := d.ReloadFile(data)
 	wantResult(t, last, "partial")
 	if c := lastChanges(t, last)["cgroup_parent"]; c == nil || c["applied"] != false || !strings.Contains(c["reason"].(string), "restart") {
 		t.Fatalf("cgroup_parent change: %+v", last)
@@ -375,4 +385,61 @@ func nthIndex(s, sub string, n int) int {
 		at += 1 + j
 	}
 	return at
+}
+
+// image_pull_progress_timeout set by a reload ends the next stalled pull,
+// while a pull that started without a timeout, stalled all along, is not
+// cancelled and finishes once the registry sends again.
+func TestReloadPullProgressTimeoutAppliesToTheNextPull(t *testing.T) {
+	t.Parallel()
+	reg := testimages.StartRegistry(t)
+	reg.PushStandard(t)
+	d := berthdtest.Start(t, berthdtest.Options{Configure: func(c *config.Config) { c.ImagePullProgressTimeout = 0 }})
+
+	layers, err := mustImage(t, testimages.Busybox).Layers()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ld, err := layers[0].Digest()
+	if err != nil {
+		t.Fatal(err)
+	}
+	holdA := reg.HoldBlob(t, ld.String())
+	errA := make(chan error, 1)
+	go func() {
+		// No deadline of its own, as the kubelet's.
+		_, err := d.Image.PullImage(context.Background(), &criapi.PullImageRequest{Image: &criapi.ImageSpec{Image: reg.Ref(testimages.BusyboxRef)}})
+		errA <- err
+	}()
+	select {
+	case <-holdA.Arrived:
+	case err := <-errA:
+		t.Fatalf("pull ended before reaching the held layer: %v", err)
+	}
+
+	wantResult(t, d.Reconfigure(func(c *config.Config) { c.ImagePullProgressTimeout = config.Duration(time.Second) }), "success")
+	holdB := reg.HoldBlob(t, configDigest(t, mustImage(t, testimages.BusyboxUser)))
+	_, err = d.Image.PullImage(context.Background(), &criapi.PullImageRequest{Image: &criapi.ImageSpec{Image: reg.Ref(testimages.UserRef)}})
+	wantCode(t, err, codes.DeadlineExceeded)
+	if !strings.Contains(err.Error(), "image_pull_progress_timeout") {
+		t.Fatalf("error does not name the setting: %v", err)
+	}
+	select {
+	case <-holdB.Arrived:
+	default:
+		t.Fatal("the second pull never reached its held blob")
+	}
+	// The first pull has been silent longer than the new timeout, but it
+	// runs on the settings it started with.
+	select {
+	case err := <-errA:
+		t.Fatalf("the pull started without a progress timeout ended: %v", err)
+	default:
+	}
+	holdA.Release()
+	if err := <-errA; err != nil {
+		t.Fatalf("the pull started without a progress timeout: %v", err)
+	}
+	holdB.Release()
+	pull(t, d, reg.Ref(testimages.UserRef), nil)
 }

@@ -25,7 +25,9 @@ func (d *Daemon) RunningConfig() map[string]any {
 }
 
 // Reconfigure edits the daemon's configuration (d.Config, then its file)
-// and reloads it with SIGHUP; it returns the reload's "lastReload".
+// and reloads it with SIGHUP; it returns the reload's "lastReload". Keys
+// the test's cleanup reads from d.Config (cgroup_parent, root, state) must
+// not change this way: write such a file with ReloadFile.
 func (d *Daemon) Reconfigure(edit func(*config.Config)) map[string]any {
 	d.t.Helper()
 	edit(d.Config)
