@@ -78,7 +78,7 @@ func (s *Service) createContainer(ctx context.Context, req *runtime.CreateContai
 	// The pod's handler is in effect: a reload keeps a handler that a pod uses.
 	rh, ok := live.Handler(handler)
 	if !ok {
-		return nil, fmt.Errorf("runtime handler %q of pod %s is not configured: %w", handler, sb.ID, errdefs.ErrFailedPrecondition)
+		return nil, toStatus(fmt.Errorf("runtime handler %q of pod %s is not configured: %w", handler, sb.ID, errdefs.ErrFailedPrecondition))
 	}
 
 	var podUserNS *container.UserNS
