@@ -86,7 +86,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 		hup := make(chan os.Signal, 1)
 		signal.Notify(hup, syscall.SIGHUP)
 		defer signal.Stop(hup)
-		cfg, err := loadConfig(args, stderr)
+		cfg, _, err := loadConfig(args, stderr)
 		if err != nil {
 			if err == flag.ErrHelp {
 				return 0
@@ -109,7 +109,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 		}
 		rest = append(rest, a)
 	}
-	cfg, err := loadConfig(rest, stderr)
+	cfg, _, err := loadConfig(rest, stderr)
 	if err != nil {
 		if err == flag.ErrHelp {
 			return 0
@@ -135,7 +135,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 
 // loadConfig layers defaults, the TOML file and then only the flags the user
 // actually set, so a flag's default never overrides a file value.
-func loadConfig(args []string, stderr io.Writer) (*config.Config, error) {
+// It also returns the config file's path.
+func loadConfig(args []string, stderr io.Writer) (*config.Config, string, error) {
 	fs := flag.NewFlagSet("berthd", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	flagCfg := config.Default()
@@ -153,15 +154,15 @@ func loadConfig(args []string, stderr io.Writer) (*config.Config, error) {
 	fs.StringVar(&flagCfg.LogFormat, "log-format", flagCfg.LogFormat, "text or json")
 	fs.StringVar(&flagCfg.CgroupDriver, "cgroup-driver", flagCfg.CgroupDriver, "cgroupfs or systemd (empty: cgroupfs; systemd needs a running systemd)")
 	if err := fs.Parse(args); err != nil {
-		return nil, err
+		return nil, "", err
 	}
 	if fs.NArg() > 0 {
-		return nil, fmt.Errorf("unexpected arguments: %v", fs.Args())
+		return nil, "", fmt.Errorf("unexpected arguments: %v", fs.Args())
 	}
 
 	cfg := config.Default()
 	if err := config.LoadFile(cfg, *configPath); err != nil {
-		return nil, err
+		return nil, "", err
 	}
 	var cniBinDirsSet bool
 	fs.Visit(func(f *flag.Flag) {
@@ -197,9 +198,9 @@ func loadConfig(args []string, stderr io.Writer) (*config.Config, error) {
 		cfg.CNIBinDirs = flagCfg.CNIBinDirs[len(config.DefaultCNIBinDirs):]
 	}
 	if err := cfg.Validate(); err != nil {
-		return nil, err
+		return nil, "", err
 	}
-	return cfg, nil
+	return cfg, *configPath, nil
 }
 
 // stringList is a repeatable, comma-separated list flag that appends.
@@ -230,9 +231,17 @@ func serve(cfg *config.Config, args []string, hup <-chan os.Signal, stderr io.Wr
 	// and the same flags over it.
 	d.EnableReload(func() (*config.Config, error) {
 		var msgs strings.Builder
-		c, err := loadConfig(args, &msgs)
+		c, path, err := loadConfig(args, &msgs)
 		if err != nil && msgs.Len() > 0 {
 			err = fmt.Errorf("%w: %s", err, strings.TrimSpace(msgs.String()))
+		}
+		if err == nil {
+			// At start a missing file means the defaults; at a reload it
+			// is more likely a file being replaced than a wish to go
+			// back to them.
+			if _, serr := os.Stat(path); serr != nil {
+				err = fmt.Errorf("read config %s: %w", path, serr)
+			}
 		}
 		return c, err
 	}, level)

@@ -87,17 +87,6 @@ func (s *Snapshot) HandlerNames() []string {
 	return names
 }
 
-// Runtimes maps each handler's name to its OCI runtime.
-func (s *Snapshot) Runtimes() map[string]*oci.Runtime {
-	out := make(map[string]*oci.Runtime, len(s.handlers))
-	for name, h := range s.handlers {
-		if h.Runtime != nil {
-			out[name] = h.Runtime
-		}
-	}
-	return out
-}
-
 // PullProgressTimeout is image_pull_progress_timeout.
 func (s *Snapshot) PullProgressTimeout() time.Duration {
 	return time.Duration(s.Config.ImagePullProgressTimeout)

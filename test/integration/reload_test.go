@@ -310,9 +310,16 @@ func TestReloadBadFileKeepsTheConfigInEffect(t *testing.T) {
 			t.Errorf("%s: refused without a reason: %+v", name, last)
 		}
 	}
+	// A missing file (being replaced, say) is refused too: at start it
+	// would mean the defaults.
+	if err := os.Remove(d.ConfigPath); err != nil {
+		t.Fatal(err)
+	}
+	wantResult(t, d.Reload(), "failure")
+	refused := len(bad) + 1
 	// The log is a pipe: wait for the lines to come through.
 	waitFor(t, func() bool {
-		return strings.Count(d.Logs(), `msg="configuration reload refused: the configuration in effect stays"`) == len(bad)
+		return strings.Count(d.Logs(), `msg="configuration reload refused: the configuration in effect stays"`) == refused
 	})
 	after := d.RunningConfig()
 	if after["generation"] != before["generation"] || after["toml"] != before["toml"] {
@@ -325,7 +332,7 @@ func TestReloadBadFileKeepsTheConfigInEffect(t *testing.T) {
 	if _, err := d.Runtime.Version(ctxT(t), &criapi.VersionRequest{}); err != nil {
 		t.Fatalf("Version after refused reloads: %v", err)
 	}
-	wantReloadMetrics(t, d, 1, 0, float64(len(bad)))
+	wantReloadMetrics(t, d, 1, 0, float64(refused))
 
 	// A key that needs a restart is kept, logged and counted as partial.
 	// (A copy: the test's cleanup needs the cgroup parent berthd uses.)
@@ -340,7 +347,7 @@ func TestReloadBadFileKeepsTheConfigInEffect(t *testing.T) {
 	if c := lastChanges(t, last)["cgroup_parent"]; c == nil || c["applied"] != false || !strings.Contains(c["reason"].(string), "restart") {
 		t.Fatalf("cgroup_parent change: %+v", last)
 	}
-	wantReloadMetrics(t, d, 1, 1, float64(len(bad)))
+	wantReloadMetrics(t, d, 1, 1, float64(refused))
 }
 
 // log_level changes at the reload: at info the per-request debug lines
