@@ -2,6 +2,10 @@
 //
 //	berthd [flags]          serve CRI on --listen
 //	berthd config [flags]   print the effective configuration as TOML
+//	berthd config --running [flags]
+//	                        print the configuration in effect in the berthd
+//	                        serving --listen (after its reloads), and what
+//	                        its last reload did
 //	berthd version          print the version
 package main
 
@@ -75,12 +79,37 @@ func run(args []string, stdout, stderr io.Writer) int {
 	case "version":
 		fmt.Fprintf(stdout, "berthd %s\n", semver(version))
 		return 0
-	case "serve", "config":
+	case "serve":
+		// At once: SIGHUP's default action would kill berthd, and a
+		// SIGHUP that comes while it starts is a reload to do once it
+		// serves.
+		hup := make(chan os.Signal, 1)
+		signal.Notify(hup, syscall.SIGHUP)
+		defer signal.Stop(hup)
+		cfg, _, err := loadConfig(args, stderr)
+		if err != nil {
+			if err == flag.ErrHelp {
+				return 0
+			}
+			fmt.Fprintf(stderr, "berthd: %v\n", err)
+			return 2
+		}
+		return serve(cfg, args, hup, stderr)
+	case "config":
 	default:
 		fmt.Fprintf(stderr, "berthd: unknown command %q (want serve, config or version)\n", cmd)
 		return 2
 	}
-	cfg, err := loadConfig(args, stderr)
+	running := false
+	rest := args[:0:0]
+	for _, a := range args {
+		if a == "--running" || a == "-running" {
+			running = true
+			continue
+		}
+		rest = append(rest, a)
+	}
+	cfg, _, err := loadConfig(rest, stderr)
 	if err != nil {
 		if err == flag.ErrHelp {
 			return 0
@@ -88,21 +117,26 @@ func run(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "berthd: %v\n", err)
 		return 2
 	}
-	if cmd == "config" {
-		out, err := cfg.TOML()
-		if err != nil {
+	if running {
+		if err := printRunningConfig(cfg.Listen, stdout); err != nil {
 			fmt.Fprintf(stderr, "berthd: %v\n", err)
 			return 1
 		}
-		stdout.Write(out)
 		return 0
 	}
-	return serve(cfg, stderr)
+	out, err := cfg.TOML()
+	if err != nil {
+		fmt.Fprintf(stderr, "berthd: %v\n", err)
+		return 1
+	}
+	stdout.Write(out)
+	return 0
 }
 
 // loadConfig layers defaults, the TOML file and then only the flags the user
 // actually set, so a flag's default never overrides a file value.
-func loadConfig(args []string, stderr io.Writer) (*config.Config, error) {
+// It also returns the config file's path.
+func loadConfig(args []string, stderr io.Writer) (*config.Config, string, error) {
 	fs := flag.NewFlagSet("berthd", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	flagCfg := config.Default()
@@ -120,15 +154,15 @@ func loadConfig(args []string, stderr io.Writer) (*config.Config, error) {
 	fs.StringVar(&flagCfg.LogFormat, "log-format", flagCfg.LogFormat, "text or json")
 	fs.StringVar(&flagCfg.CgroupDriver, "cgroup-driver", flagCfg.CgroupDriver, "cgroupfs or systemd (empty: cgroupfs; systemd needs a running systemd)")
 	if err := fs.Parse(args); err != nil {
-		return nil, err
+		return nil, "", err
 	}
 	if fs.NArg() > 0 {
-		return nil, fmt.Errorf("unexpected arguments: %v", fs.Args())
+		return nil, "", fmt.Errorf("unexpected arguments: %v", fs.Args())
 	}
 
 	cfg := config.Default()
 	if err := config.LoadFile(cfg, *configPath); err != nil {
-		return nil, err
+		return nil, "", err
 	}
 	var cniBinDirsSet bool
 	fs.Visit(func(f *flag.Flag) {
@@ -164,9 +198,9 @@ func loadConfig(args []string, stderr io.Writer) (*config.Config, error) {
 		cfg.CNIBinDirs = flagCfg.CNIBinDirs[len(config.DefaultCNIBinDirs):]
 	}
 	if err := cfg.Validate(); err != nil {
-		return nil, err
+		return nil, "", err
 	}
-	return cfg, nil
+	return cfg, *configPath, nil
 }
 
 // stringList is a repeatable, comma-separated list flag that appends.
@@ -183,8 +217,9 @@ func (l *stringList) Set(v string) error {
 	return nil
 }
 
-func serve(cfg *config.Config, stderr io.Writer) int {
-	log := newLogger(cfg, stderr)
+func serve(cfg *config.Config, args []string, hup <-chan os.Signal, stderr io.Writer) int {
+	level := new(slog.LevelVar)
+	log := newLogger(cfg, level, stderr)
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
 	d, err := daemon.New(ctx, cfg, semver(version), log)
@@ -192,6 +227,35 @@ func serve(cfg *config.Config, stderr io.Writer) int {
 		log.Error("berthd failed to start", "error", err)
 		return 1
 	}
+	// A reload reads the configuration as the start did: the same file
+	// and the same flags over it.
+	d.EnableReload(func() (*config.Config, error) {
+		var msgs strings.Builder
+		c, path, err := loadConfig(args, &msgs)
+		if err != nil && msgs.Len() > 0 {
+			err = fmt.Errorf("%w: %s", err, strings.TrimSpace(msgs.String()))
+		}
+		if err == nil {
+			// At start a missing file means the defaults; at a reload it
+			// is more likely a file being replaced than a wish to go
+			// back to them.
+			if _, serr := os.Stat(path); serr != nil {
+				err = fmt.Errorf("read config %s: %w", path, serr)
+			}
+		}
+		return c, err
+	}, level)
+	go func() {
+		for {
+			select {
+			case <-hup:
+				log.Info("SIGHUP: reloading the configuration")
+				d.Reload(ctx)
+			case <-ctx.Done():
+				return
+			}
+		}
+	}()
 	if err := d.Serve(ctx); err != nil {
 		log.Error("berthd failed", "error", err)
 		return 1
@@ -199,9 +263,12 @@ func serve(cfg *config.Config, stderr io.Writer) int {
 	return 0
 }
 
-func newLogger(cfg *config.Config, w io.Writer) *slog.Logger {
-	var level slog.Level
-	_ = level.UnmarshalText([]byte(cfg.LogLevel))
+// newLogger logs at cfg's level, held in level so that a reload can
+// change it.
+func newLogger(cfg *config.Config, level *slog.LevelVar, w io.Writer) *slog.Logger {
+	var l slog.Level
+	_ = l.UnmarshalText([]byte(cfg.LogLevel))
+	level.Set(l)
 	opts := &slog.HandlerOptions{Level: level}
 	if cfg.LogFormat == "json" {
 		return slog.New(slog.NewJSONHandler(w, opts))

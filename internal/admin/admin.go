@@ -5,6 +5,7 @@
 //
 //	berth.admin.v1.Admin/ImportImage  client stream of BytesValue (archive chunks) → Struct {"images": [{"id", "repoTags", "repoDigests"}]}
 //	berth.admin.v1.Admin/ExportImage  StringValue (image reference) → server stream of BytesValue (docker-archive chunks)
+//	berth.admin.v1.Admin/Config       Empty → Struct {"generation", "toml", "liveKeys", "reloads": {result: n}, "lastReload"}: the configuration in effect
 package admin
 
 import (
@@ -17,6 +18,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/emptypb"
 	"google.golang.org/protobuf/types/known/structpb"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
@@ -31,6 +33,7 @@ const ServiceName = "berth.admin.v1.Admin"
 const (
 	ImportImageMethod = "/" + ServiceName + "/ImportImage"
 	ExportImageMethod = "/" + ServiceName + "/ExportImage"
+	ConfigMethod      = "/" + ServiceName + "/Config"
 )
 
 // chunkSize bounds each streamed message well below gRPC's 4 MiB default.
@@ -40,6 +43,14 @@ const chunkSize = 1 << 20
 type Server struct {
 	images *image.Store
 	log    *slog.Logger
+	config func() (map[string]any, error)
+}
+
+// WithConfig makes Config answer with what fn returns: the configuration
+// in effect and the reloads' results.
+func (s *Server) WithConfig(fn func() (map[string]any, error)) *Server {
+	s.config = fn
+	return s
 }
 
 // New builds the admin service.
@@ -51,11 +62,28 @@ func New(images *image.Store, log *slog.Logger) *Server {
 type adminServer interface {
 	importImage(grpc.ServerStream) error
 	exportImage(*wrapperspb.StringValue, grpc.ServerStream) error
+	configInfo(context.Context, *emptypb.Empty) (*structpb.Struct, error)
 }
 
 var serviceDesc = grpc.ServiceDesc{
 	ServiceName: ServiceName,
 	HandlerType: (*adminServer)(nil),
+	Methods: []grpc.MethodDesc{{
+		MethodName: "Config",
+		Handler: func(srv any, ctx context.Context, dec func(any) error, interceptor grpc.UnaryServerInterceptor) (any, error) {
+			req := new(emptypb.Empty)
+			if err := dec(req); err != nil {
+				return nil, err
+			}
+			call := func(ctx context.Context, req any) (any, error) {
+				return srv.(adminServer).configInfo(ctx, req.(*emptypb.Empty))
+			}
+			if interceptor == nil {
+				return call(ctx, req)
+			}
+			return interceptor(ctx, req, &grpc.UnaryServerInfo{Server: srv, FullMethod: ConfigMethod}, call)
+		},
+	}},
 	Streams: []grpc.StreamDesc{
 		{
 			StreamName:    "ImportImage",
@@ -120,6 +148,21 @@ func (s *Server) importImage(stream grpc.ServerStream) error {
 		return toStatus(fmt.Errorf("encode import result: %w", err))
 	}
 	return stream.SendMsg(res)
+}
+
+func (s *Server) configInfo(context.Context, *emptypb.Empty) (*structpb.Struct, error) {
+	if s.config == nil {
+		return nil, status.Error(codes.Unimplemented, "Config: this berthd does not report its configuration")
+	}
+	m, err := s.config()
+	if err != nil {
+		return nil, toStatus(fmt.Errorf("report the configuration: %w", err))
+	}
+	res, err := structpb.NewStruct(m)
+	if err != nil {
+		return nil, toStatus(fmt.Errorf("encode the configuration: %w", err))
+	}
+	return res, nil
 }
 
 func (s *Server) exportImage(req *wrapperspb.StringValue, stream grpc.ServerStream) error {
@@ -237,4 +280,14 @@ func ExportImage(ctx context.Context, conn grpc.ClientConnInterface, ref string,
 			return fmt.Errorf("write archive: %w", err)
 		}
 	}
+}
+
+// Config asks the daemon for the configuration in effect and what its
+// reloads did (see the Config method above).
+func Config(ctx context.Context, conn grpc.ClientConnInterface) (*structpb.Struct, error) {
+	res := new(structpb.Struct)
+	if err := conn.Invoke(ctx, ConfigMethod, new(emptypb.Empty), res); err != nil {
+		return nil, err
+	}
+	return res, nil
 }

@@ -67,7 +67,7 @@ func (s *Store) Checkpoint(ctx context.Context, dumps []Dump, criu string) (retE
 		case r.Terminal:
 			return fmt.Errorf("container %s has a terminal, which CRIU cannot restore: %w", r.ID, errdefs.ErrFailedPrecondition)
 		}
-		rt, ok := s.opts.Runtimes[r.Runtime]
+		rt, ok := s.runtime(r.Runtime)
 		if !ok {
 			return fmt.Errorf("runtime handler %q is gone from the config: %w", r.Runtime, errdefs.ErrFailedPrecondition)
 		}

@@ -96,7 +96,7 @@ func (s *Store) Prepare(ctx context.Context, req CreateRequest) (_ *Draft, retEr
 	if cfg.GetMetadata().GetName() == "" {
 		return nil, fmt.Errorf("container config needs metadata with a name: %w", errdefs.ErrInvalidArgument)
 	}
-	rt, ok := s.opts.Runtimes[req.Runtime]
+	rt, ok := s.runtime(req.Runtime)
 	if !ok {
 		return nil, fmt.Errorf("runtime handler %q: %w", req.Runtime, errdefs.ErrInvalidArgument)
 	}

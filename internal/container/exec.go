@@ -56,7 +56,7 @@ func (s *Store) Exec(ctx context.Context, id string, o ExecOptions) (int, error)
 	if rec.State != StateRunning {
 		return -1, fmt.Errorf("container %s is %s, not running: %w", rec.ID, rec.State, errdefs.ErrFailedPrecondition)
 	}
-	rt, ok := s.opts.Runtimes[rec.Runtime]
+	rt, ok := s.runtime(rec.Runtime)
 	if !ok {
 		return -1, fmt.Errorf("container %s: runtime handler %q is gone from the config: %w", rec.ID, rec.Runtime, errdefs.ErrFailedPrecondition)
 	}

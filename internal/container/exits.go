@@ -150,7 +150,7 @@ func (s *Store) exitedIfShimGone(e *entry, err error) error {
 		return nil
 	}
 	msg := "the pod's shim is gone"
-	if rt, ok := s.opts.Runtimes[r.Runtime]; ok {
+	if rt, ok := s.runtime(r.Runtime); ok {
 		ctx, cancel := context.WithTimeout(context.Background(), killUnwatchedTimeout)
 		if rst, serr := rt.State(ctx, r.ID); serr == nil && rst.Status != "stopped" {
 			msg = "the pod's shim is gone; its processes were killed"

@@ -198,7 +198,7 @@ func (s *Store) Remove(ctx context.Context, id string) (*Container, error) {
 	case errors.Is(err, errdefs.ErrNotFound), errors.Is(err, shim.ErrNoShim):
 		// No shim holds it (it died, or a crash cut a remove short): make
 		// sure the runtime forgets it too.
-		if rt, ok := s.opts.Runtimes[r.Runtime]; ok {
+		if rt, ok := s.runtime(r.Runtime); ok {
 			if err := rt.Delete(ctx, r.ID, true); err != nil {
 				s.log.Warn("runtime delete", "container", r.ID, "err", err)
 			}
@@ -272,7 +272,7 @@ func (s *Store) UpdateResources(ctx context.Context, id string, res *specs.Linux
 	if r.State == StateExited {
 		return fmt.Errorf("container %s has exited: %w", r.ID, errdefs.ErrFailedPrecondition)
 	}
-	rt, ok := s.opts.Runtimes[r.Runtime]
+	rt, ok := s.runtime(r.Runtime)
 	if !ok {
 		return fmt.Errorf("runtime handler %q is gone from the config: %w", r.Runtime, errdefs.ErrFailedPrecondition)
 	}

@@ -19,13 +19,19 @@ import (
 func Runtimes(cfg *config.Config) map[string]*oci.Runtime {
 	out := make(map[string]*oci.Runtime, len(cfg.RuntimeHandlers))
 	for name, h := range cfg.RuntimeHandlers {
-		root := h.Root
-		if root == "" {
-			root = filepath.Join(cfg.State, "runtime", name)
-		}
-		out[name] = oci.New(h.Binary, root, RuntimeOptions(cfg.CgroupDriver, h.Options))
+		out[name] = NewRuntime(cfg, name, h)
 	}
 	return out
+}
+
+// NewRuntime is the OCI runtime of one handler under cfg's state dir and
+// cgroup driver (a handler a reload adds gets it too).
+func NewRuntime(cfg *config.Config, name string, h config.RuntimeHandler) *oci.Runtime {
+	root := h.Root
+	if root == "" {
+		root = filepath.Join(cfg.State, "runtime", name)
+	}
+	return oci.New(h.Binary, root, RuntimeOptions(cfg.CgroupDriver, h.Options))
 }
 
 // RuntimeOptions are a handler's global runtime arguments under the given
@@ -52,4 +58,13 @@ func ShimBinary() string {
 		return p
 	}
 	return "berth-shim"
+}
+
+// runtime finds the OCI runtime of a runtime handler.
+func (s *Store) runtime(handler string) (*oci.Runtime, bool) {
+	if s.opts.RuntimeFor != nil {
+		return s.opts.RuntimeFor(handler)
+	}
+	rt, ok := s.opts.Runtimes[handler]
+	return rt, ok
 }

@@ -54,6 +54,10 @@ type Options struct {
 	ShimBinary string
 	// Runtimes maps runtime handler names to OCI runtimes.
 	Runtimes map[string]*oci.Runtime
+	// RuntimeFor, if set, finds a handler's runtime instead of Runtimes:
+	// berthd's live configuration, to which a reload may add handlers
+	// (it never removes or changes one that a container uses).
+	RuntimeFor func(handler string) (*oci.Runtime, bool)
 	// Images leases the layers of containers' images and image volumes;
 	// nil: nothing can be created.
 	Images Images

@@ -13,6 +13,7 @@ import (
 
 	"github.com/berthcri/berth/internal/container"
 	"github.com/berthcri/berth/internal/errdefs"
+	"github.com/berthcri/berth/internal/liveconfig"
 	"github.com/berthcri/berth/internal/sandbox"
 	"github.com/berthcri/berth/internal/specgen"
 )
@@ -68,9 +69,16 @@ func (s *Service) createContainer(ctx context.Context, req *runtime.CreateContai
 	if err != nil {
 		return nil, toStatus(err)
 	}
+	// One snapshot of the live configuration for the whole create.
+	live := s.live.Load()
 	handler := sb.RuntimeHandler
 	if handler == "" {
-		handler = s.cfg.DefaultRuntimeHandler
+		handler = live.Config.DefaultRuntimeHandler
+	}
+	// The pod's handler is in effect: a reload keeps a handler that a pod uses.
+	rh, ok := live.Handler(handler)
+	if !ok {
+		return nil, toStatus(fmt.Errorf("runtime handler %q of pod %s is not configured: %w", handler, sb.ID, errdefs.ErrFailedPrecondition))
 	}
 
 	var podUserNS *container.UserNS
@@ -90,7 +98,7 @@ func (s *Service) createContainer(ctx context.Context, req *runtime.CreateContai
 		return nil, toStatus(err)
 	}
 	defer draft.Discard(ctx)
-	spec, err := s.containerSpec(sb, sbCfg, handler, cfg, draft)
+	spec, err := s.containerSpec(sb, sbCfg, rh, cfg, draft)
 	if err != nil {
 		return nil, toStatus(err)
 	}
@@ -117,7 +125,7 @@ func (s *Service) createContainer(ctx context.Context, req *runtime.CreateContai
 }
 
 // containerSpec builds the OCI spec of a prepared container.
-func (s *Service) containerSpec(sb *sandbox.Sandbox, sbCfg *runtime.PodSandboxConfig, handler string, cfg *runtime.ContainerConfig, draft *container.Draft) (*specs.Spec, error) {
+func (s *Service) containerSpec(sb *sandbox.Sandbox, sbCfg *runtime.PodSandboxConfig, handler *liveconfig.Handler, cfg *runtime.ContainerConfig, draft *container.Draft) (*specs.Spec, error) {
 	in := specgen.Input{
 		ContainerID:    draft.ID,
 		Config:         cfg,
@@ -141,7 +149,7 @@ func (s *Service) containerSpec(sb *sandbox.Sandbox, sbCfg *runtime.PodSandboxCo
 	}
 	if s.host != nil {
 		h := *s.host
-		h.RecursiveReadOnly = s.handlerFeatures[handler].RecursiveReadOnly
+		h.RecursiveReadOnly = handler.Features.RecursiveReadOnly
 		in.Host = &h
 	}
 	if cfg.GetLinux().GetSecurityContext().GetNamespaceOptions().GetPid() == runtime.NamespaceMode_TARGET {
@@ -158,7 +166,7 @@ func (s *Service) containerSpec(sb *sandbox.Sandbox, sbCfg *runtime.PodSandboxCo
 	if err != nil {
 		return nil, err
 	}
-	if v := s.cfg.RuntimeHandlers[handler].OCIVersion; v != "" {
+	if v := handler.Config.OCIVersion; v != "" {
 		spec.Version = v
 	}
 	return spec, nil

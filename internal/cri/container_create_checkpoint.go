@@ -53,11 +53,12 @@ func (s *Service) createFromCheckpoint(ctx context.Context, req *runtime.CreateC
 	if err != nil {
 		return nil, toStatus(err)
 	}
+	live := s.live.Load()
 	handler := sb.RuntimeHandler
 	if handler == "" {
-		handler = s.cfg.DefaultRuntimeHandler
+		handler = live.Config.DefaultRuntimeHandler
 	}
-	h, ok := s.cfg.RuntimeHandlers[handler]
+	rh, ok := live.Handler(handler)
 	if !ok {
 		return nil, invalidArgument("CreateContainer: unknown runtime handler %q", handler)
 	}
@@ -69,7 +70,7 @@ func (s *Service) createFromCheckpoint(ctx context.Context, req *runtime.CreateC
 	if err := checkpoint.ExtractArchive(archive, dir); err != nil {
 		return nil, toStatus(err)
 	}
-	in, err := loadRestoreInput(dir, filepath.Base(h.Binary))
+	in, err := loadRestoreInput(dir, filepath.Base(rh.Config.Binary))
 	if err != nil {
 		return nil, toStatus(err)
 	}

@@ -19,14 +19,11 @@ func (s *Service) checkImageHandler(spec *runtime.ImageSpec) error {
 		return nil
 	}
 	var known []string
-	if s.cfg != nil {
-		for name := range s.cfg.RuntimeHandlers {
-			known = append(known, name)
-		}
+	if s.live != nil {
+		known = s.live.Load().HandlerNames()
 	}
 	if slices.Contains(known, h) {
 		return nil
 	}
-	slices.Sort(known)
 	return invalidArgument("image runtime handler %q is not configured (runtime_handlers has %v)", h, known)
 }

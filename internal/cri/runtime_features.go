@@ -3,22 +3,16 @@ package cri
 import (
 	"context"
 	"log/slog"
-	"sort"
 
 	runtime "k8s.io/cri-api/pkg/apis/runtime/v1"
 
+	"github.com/berthcri/berth/internal/liveconfig"
 	"github.com/berthcri/berth/internal/oci"
 )
 
-// HandlerFeatures are what one runtime handler can do, probed once at
-// daemon start (`<binary> features`) rather than on every call.
-type HandlerFeatures struct {
-	// RecursiveReadOnly: the runtime takes the "rro" mount option.
-	RecursiveReadOnly bool
-	// UserNamespaces: the runtime lists the user namespace and the node
-	// can run user namespace pods (sandbox.Store.UserNamespaceSupport).
-	UserNamespaces bool
-}
+// HandlerFeatures are what one runtime handler can do, probed once when
+// the handler appears (`<binary> features`) rather than on every call.
+type HandlerFeatures = liveconfig.Features
 
 // ProbeRuntimeFeatures asks each handler's runtime for its features. A
 // runtime that cannot answer (too old, missing) gets none, with a warning:
@@ -41,11 +35,7 @@ func ProbeRuntimeFeatures(ctx context.Context, runtimes map[string]*oci.Runtime,
 // the default handler again under the name "" (what a sandbox without
 // runtime_handler gets).
 func (s *Service) runtimeHandlers() []*runtime.RuntimeHandler {
-	names := make([]string, 0, len(s.handlerFeatures))
-	for name := range s.handlerFeatures {
-		names = append(names, name)
-	}
-	sort.Strings(names)
+	live := s.live.Load()
 	entry := func(name string, f HandlerFeatures) *runtime.RuntimeHandler {
 		return &runtime.RuntimeHandler{Name: name, Features: &runtime.RuntimeHandlerFeatures{
 			RecursiveReadOnlyMounts: f.RecursiveReadOnly,
@@ -53,11 +43,12 @@ func (s *Service) runtimeHandlers() []*runtime.RuntimeHandler {
 		}}
 	}
 	var out []*runtime.RuntimeHandler
-	if f, ok := s.handlerFeatures[s.cfg.DefaultRuntimeHandler]; ok {
-		out = append(out, entry("", f))
+	if h, ok := live.Handler(""); ok {
+		out = append(out, entry("", h.Features))
 	}
-	for _, name := range names {
-		out = append(out, entry(name, s.handlerFeatures[name]))
+	for _, name := range live.HandlerNames() {
+		h, _ := live.Handler(name)
+		out = append(out, entry(name, h.Features))
 	}
 	return out
 }

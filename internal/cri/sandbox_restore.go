@@ -36,14 +36,16 @@ func (s *Service) RestorePod(ctx context.Context, req *runtime.RestorePodRequest
 	if _, ok := ctx.Deadline(); !ok {
 		return nil, invalidArgument("RestorePod: the caller must set a deadline")
 	}
+	live := s.live.Load()
 	handler := req.GetRuntimeHandler()
 	if handler == "" {
-		handler = s.cfg.DefaultRuntimeHandler
+		handler = live.Config.DefaultRuntimeHandler
 	}
-	h, ok := s.cfg.RuntimeHandlers[handler]
+	rh, ok := live.Handler(handler)
 	if !ok {
 		return nil, invalidArgument("RestorePod: unknown runtime handler %q", handler)
 	}
+	h := rh.Config
 	var m checkpoint.PodManifest
 	if err := checkpoint.ReadJSON(path, checkpoint.PodDump, &m); err != nil {
 		return nil, toStatus(err)

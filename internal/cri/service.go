@@ -19,6 +19,7 @@ import (
 	"github.com/berthcri/berth/internal/container"
 	"github.com/berthcri/berth/internal/events"
 	"github.com/berthcri/berth/internal/image"
+	"github.com/berthcri/berth/internal/liveconfig"
 	"github.com/berthcri/berth/internal/network"
 	"github.com/berthcri/berth/internal/nri"
 	"github.com/berthcri/berth/internal/sandbox"
@@ -50,9 +51,12 @@ type Service struct {
 	apparmor   specgen.AppArmorProfiles
 	criu       *checkpoint.CRIU
 	// host is the machine as specgen sees it, probed once at start.
-	host            *specgen.Host
-	cgroups         *cgroupctrl.Controllers
-	handlerFeatures map[string]HandlerFeatures
+	host    *specgen.Host
+	cgroups *cgroupctrl.Controllers
+	// live is the configuration in effect, which a reload may change
+	// (runtime handlers, the keys Status shows): load it once per request.
+	// cfg is what berthd started with, for the keys read only at start.
+	live *liveconfig.Holder
 
 	// rlimits are every container's default rlimits (default_ulimits).
 	rlimits []specs.POSIXRlimit
@@ -90,8 +94,12 @@ type Options struct {
 	// Cgroups are the host's usable cgroup controllers, detected once at
 	// start (Status shows them); nil → not reported.
 	Cgroups *cgroupctrl.Controllers
-	// HandlerFeatures maps runtime handler names to what they support.
+	// HandlerFeatures maps runtime handler names to what they support,
+	// used only when Live is nil.
 	HandlerFeatures map[string]HandlerFeatures
+	// Live is berthd's live configuration; nil serves Config as it is,
+	// with HandlerFeatures.
+	Live *liveconfig.Holder
 }
 
 // Addresses of berthd's side servers, resolved (port 0 replaced).
@@ -119,9 +127,16 @@ func New(opts Options) *Service {
 		cdi:        opts.CDI,
 		apparmor:   opts.AppArmor,
 
-		host:            opts.Host,
-		cgroups:         opts.Cgroups,
-		handlerFeatures: opts.HandlerFeatures,
+		host:    opts.Host,
+		cgroups: opts.Cgroups,
+		live:    opts.Live,
+	}
+	if s.live == nil && s.cfg != nil {
+		handlers := map[string]*liveconfig.Handler{}
+		for name, h := range s.cfg.RuntimeHandlers {
+			handlers[name] = &liveconfig.Handler{Name: name, Config: h, Features: opts.HandlerFeatures[name]}
+		}
+		s.live = liveconfig.NewHolder(liveconfig.NewSnapshot(1, s.cfg, handlers))
 	}
 	if s.log == nil {
 		s.log = slog.Default()

@@ -42,10 +42,11 @@ func (s *Service) Status(ctx context.Context, req *runtime.StatusRequest) (*runt
 
 func (s *Service) runtimeCondition() *runtime.RuntimeCondition {
 	cond := &runtime.RuntimeCondition{Type: runtime.RuntimeReady, Status: true}
-	if _, err := exec.LookPath(s.cfg.Runtime); err != nil {
+	rt := s.live.Load().Config.Runtime
+	if _, err := exec.LookPath(rt); err != nil {
 		cond.Status = false
 		cond.Reason = "OCIRuntimeNotFound"
-		cond.Message = fmt.Sprintf("OCI runtime %q: %v", s.cfg.Runtime, err)
+		cond.Message = fmt.Sprintf("OCI runtime %q: %v", rt, err)
 	}
 	return cond
 }
@@ -63,7 +64,9 @@ func (s *Service) networkCondition() *runtime.RuntimeCondition {
 }
 
 func (s *Service) statusInfo() (map[string]string, error) {
-	cfgJSON, err := json.Marshal(s.cfg)
+	// The configuration in effect: what the last reload applied.
+	live := s.live.Load()
+	cfgJSON, err := json.Marshal(live.Config)
 	if err != nil {
 		return nil, fmt.Errorf("encode config: %w", err)
 	}

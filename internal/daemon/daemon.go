@@ -30,9 +30,11 @@ import (
 	"github.com/berthcri/berth/internal/events"
 	"github.com/berthcri/berth/internal/fault"
 	"github.com/berthcri/berth/internal/image"
+	"github.com/berthcri/berth/internal/liveconfig"
 	"github.com/berthcri/berth/internal/metrics"
 	"github.com/berthcri/berth/internal/network"
 	"github.com/berthcri/berth/internal/nri"
+	"github.com/berthcri/berth/internal/oci"
 	"github.com/berthcri/berth/internal/sandbox"
 	"github.com/berthcri/berth/internal/specgen"
 	"github.com/berthcri/berth/internal/streaming"
@@ -55,6 +57,12 @@ type Daemon struct {
 	nri      *nri.NRI
 	systemd  *systemd.Units // nil unless cgroup_driver is systemd
 	images   *image.Store
+	// live is the configuration in effect, swapped by Reload.
+	live       *liveconfig.Holder
+	m          *metrics.Metrics
+	sandboxes  *sandbox.Store
+	containers *container.Store
+	reload     reloader
 	// deferred fsyncs the pod start path's records after the replies
 	// (decision 1600); close waits for it.
 	deferred *atomicfile.Deferred
@@ -91,18 +99,25 @@ func New(ctx context.Context, cfg *config.Config, version string, log *slog.Logg
 		return nil, err
 	}
 	m := metrics.New()
+	d.m = m
+	// The first snapshot of the live configuration; its handlers' features
+	// are added once the sandbox store can tell about user namespaces.
+	runtimes := container.Runtimes(cfg)
+	d.live = liveconfig.NewHolder(liveconfig.NewSnapshot(1, cfg, handlersOf(cfg, runtimes, nil)))
 	d.deferred = atomicfile.NewDeferred(func(path string, err error) {
 		log.Warn("background fsync failed; the file may not survive a power loss", "path", path, "err", err)
 	})
 	images, err := image.Open(image.Options{
-		Root:              filepath.Join(cfg.Root, "images"),
-		RegistryConfigDir: cfg.RegistryConfigDir,
-		PinnedImages:      cfg.PinnedImages,
-		Logger:            log.With("component", "image"),
-		Observer:          m,
-		Faults:            faults,
-
-		PullProgressTimeout: time.Duration(cfg.ImagePullProgressTimeout),
+		Root:         filepath.Join(cfg.Root, "images"),
+		PinnedImages: cfg.PinnedImages,
+		Logger:       log.With("component", "image"),
+		Observer:     m,
+		Faults:       faults,
+		// Read by each pull as it starts (decision 2300).
+		Settings: func() image.PullSettings {
+			live := d.live.Load()
+			return image.PullSettings{RegistryConfigDir: live.Config.RegistryConfigDir, ProgressTimeout: live.PullProgressTimeout()}
+		},
 	})
 	if err != nil {
 		return nil, fmt.Errorf("open image store: %w", err)
@@ -132,18 +147,14 @@ func New(ctx context.Context, cfg *config.Config, version string, log *slog.Logg
 	if err != nil {
 		return nil, err
 	}
-	handlers := make([]string, 0, len(cfg.RuntimeHandlers))
-	for name := range cfg.RuntimeHandlers {
-		handlers = append(handlers, name)
-	}
 	// Set once the container store exists (it needs the sandboxes'
 	// recovery first); no pod runs before.
 	var ctrStore atomic.Pointer[container.Store]
 	sandboxes, err := sandbox.New(sandbox.Options{
 		Root: cfg.Root, State: cfg.State,
 		CgroupParent: cfg.CgroupParent, CgroupDriver: cri.CgroupDriver(cfg.CgroupDriver), Systemd: d.systemd,
-		RuntimeHandlers: handlers, DefaultRuntimeHandler: cfg.DefaultRuntimeHandler,
-		Network: netw, Logger: log,
+		Handlers: d.live,
+		Network:  netw, Logger: log,
 		Faults:   faults,
 		Cgroups:  ctrls,
 		Deferred: d.deferred,
@@ -163,11 +174,11 @@ func New(ctx context.Context, cfg *config.Config, version string, log *slog.Logg
 	if err != nil {
 		return nil, err
 	}
+	d.sandboxes = sandboxes
 	sandboxes.CleanOrphans(ctx)
 
 	broker := events.NewBroker()
 	publisher := cri.NewEventPublisher(broker, sandboxes)
-	runtimes := container.Runtimes(cfg)
 	host, err := specgen.ProbeHost()
 	if err != nil {
 		return nil, fmt.Errorf("probe host: %w", err)
@@ -179,18 +190,25 @@ func New(ctx context.Context, cfg *config.Config, version string, log *slog.Logg
 		Dir:        filepath.Join(cfg.Root, "containers"),
 		ShimDir:    filepath.Join(cfg.State, "shims"),
 		ShimBinary: container.ShimBinary(),
-		Runtimes:   runtimes,
-		Images:     images,
-		Logger:     log.With("component", "container"),
-		OnEvent:    func(ev container.Event) { publisher.ContainerEvent(ev); nriRelay.Load().ContainerEvent(ev) },
-		Faults:     faults,
-		Cgroups:    ctrls,
-		Deferred:   d.deferred,
+		RuntimeFor: func(handler string) (*oci.Runtime, bool) {
+			h, ok := d.live.Load().Handler(handler)
+			if !ok || h.Runtime == nil {
+				return nil, false
+			}
+			return h.Runtime, true
+		},
+		Images:   images,
+		Logger:   log.With("component", "container"),
+		OnEvent:  func(ev container.Event) { publisher.ContainerEvent(ev); nriRelay.Load().ContainerEvent(ev) },
+		Faults:   faults,
+		Cgroups:  ctrls,
+		Deferred: d.deferred,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("open container store: %w", err)
 	}
 	ctrStore.Store(containers)
+	d.containers = containers
 	devices := cdi.New(cfg.CDISpecDirs, log.With("component", "cdi"))
 	if d.nri, err = nri.New(nri.Options{
 		Config: cfg.NRI, Name: "berth", Version: version,
@@ -209,6 +227,12 @@ func New(ctx context.Context, cfg *config.Config, version string, log *slog.Logg
 		return nil, err
 	}
 
+	features := cri.ProbeRuntimeFeatures(ctx, runtimes, sandboxes.UserNamespaceSupport(), log)
+	if _, err := d.live.Swap(func(cur *liveconfig.Snapshot, _ func(string) int) (*liveconfig.Snapshot, error) {
+		return liveconfig.NewSnapshot(cur.Generation, cur.Config, handlersOf(cur.Config, runtimes, features)), nil
+	}); err != nil {
+		return nil, err
+	}
 	svc := cri.New(cri.Options{
 		Config:  cfg,
 		Version: version,
@@ -228,9 +252,9 @@ func New(ctx context.Context, cfg *config.Config, version string, log *slog.Logg
 		CDI:        devices,
 		AppArmor:   apparmor.New(apparmor.Options{}),
 
-		Host:            host,
-		Cgroups:         ctrls,
-		HandlerFeatures: cri.ProbeRuntimeFeatures(ctx, runtimes, sandboxes.UserNamespaceSupport(), log),
+		Host:    host,
+		Cgroups: ctrls,
+		Live:    d.live,
 	})
 	d.grpc = grpc.NewServer(
 		// As the kubelet's client: requests up to 16 MiB; responses may
@@ -241,7 +265,7 @@ func New(ctx context.Context, cfg *config.Config, version string, log *slog.Logg
 		grpc.ChainStreamInterceptor(m.StreamInterceptor(), streamLogger(log)),
 	)
 	svc.Register(d.grpc)
-	admin.New(images, log.With("component", "admin")).Register(d.grpc)
+	admin.New(images, log.With("component", "admin")).WithConfig(d.configInfo).Register(d.grpc)
 	if err := d.nri.Start(); err != nil {
 		return nil, err
 	}

@@ -96,8 +96,8 @@ func (w *pullWatch) progress() int64 {
 
 // watch returns ctx cancelled with errStalled once the pull's progress
 // stands still for timeout (0: never), and a func that ends the watch.
-func (s *Store) watch(ctx context.Context) (context.Context, *pullWatch, func()) {
-	w := &pullWatch{board: &s.streams, timeout: s.progressTimeout}
+func (s *Store) watch(ctx context.Context, timeout time.Duration) (context.Context, *pullWatch, func()) {
+	w := &pullWatch{board: &s.streams, timeout: timeout}
 	if w.timeout <= 0 {
 		return ctx, w, func() {}
 	}

@@ -71,8 +71,11 @@ func (s *Store) Pull(ctx context.Context, ref string, auth *Auth) (*Image, error
 	}
 	return s.pulls.Do(ctx, n.String()+"|"+auth.key(), func(ctx context.Context) (*Image, error) {
 		start := time.Now()
-		ctx, w, stop := s.watch(ctx)
-		img, err := s.pull(ctx, n, auth, w)
+		// Read once: the pull finishes on the settings it started with,
+		// whatever a reload changes meanwhile.
+		set := s.settings()
+		ctx, w, stop := s.watch(ctx, set.ProgressTimeout)
+		img, err := s.pull(ctx, n, auth, w, set)
 		stop()
 		err = w.stalledError(ctx, n.String(), err)
 		if err == nil && s.observer != nil {
@@ -87,8 +90,8 @@ func (s *Store) Pull(ctx context.Context, ref string, auth *Auth) (*Image, error
 	})
 }
 
-func (s *Store) pull(ctx context.Context, n Named, auth *Auth, w *pullWatch) (*Image, error) {
-	eps, err := endpoints(s.hostsDir, n.Domain)
+func (s *Store) pull(ctx context.Context, n Named, auth *Auth, w *pullWatch, set PullSettings) (*Image, error) {
+	eps, err := endpoints(set.RegistryConfigDir, n.Domain)
 	if err != nil {
 		return nil, err
 	}

@@ -68,6 +68,24 @@ type Options struct {
 	// PullProgressTimeout cancels a pull that received nothing from the
 	// registry for this long; 0 never does.
 	PullProgressTimeout time.Duration
+	// Settings, if set, gives the live settings each pull starts with
+	// (berthd's reloadable configuration) and overrides RegistryConfigDir
+	// and PullProgressTimeout.
+	Settings func() PullSettings
+}
+
+// PullSettings are what a pull reads from the configuration, once, when it
+// starts: a reload (SIGHUP) changes them for the pulls that start after it
+// while the pulls in flight finish on theirs.
+//
+// The image signature policy (issue 24, part 1) belongs here: the pull
+// checks what it fetched against the policy it started with.
+type PullSettings struct {
+	// RegistryConfigDir holds containerd-style <host>/hosts.toml files.
+	RegistryConfigDir string
+	// ProgressTimeout cancels a pull that received nothing from the
+	// registry for this long; 0 never does.
+	ProgressTimeout time.Duration
 }
 
 // PullObserver is told how many bytes pulls download and how long
@@ -80,7 +98,7 @@ type PullObserver interface {
 // Store holds images on disk. It is safe for concurrent use.
 type Store struct {
 	dir      string
-	hostsDir string
+	settings func() PullSettings
 	unpack   UnpackOptions
 	log      *slog.Logger
 	pinned   []string
@@ -110,8 +128,7 @@ type Store struct {
 	layers flight[struct{}]
 	// streams counts the bytes of the layer streams running now, for the
 	// pulls' progress timeout.
-	streams         layerBytes
-	progressTimeout time.Duration
+	streams layerBytes
 }
 
 // imageMeta is what the store knows about one image, kept as JSON in
@@ -147,7 +164,7 @@ func Open(opts Options) (*Store, error) {
 	}
 	s := &Store{
 		dir:      opts.Root,
-		hostsDir: opts.RegistryConfigDir,
+		settings: opts.Settings,
 		unpack:   opts.Unpack,
 		log:      log,
 		images:   map[string]*imageMeta{},
@@ -155,8 +172,10 @@ func Open(opts Options) (*Store, error) {
 		leases:   map[string]*lease{},
 		observer: opts.Observer,
 		faults:   opts.Faults,
-
-		progressTimeout: opts.PullProgressTimeout,
+	}
+	if s.settings == nil {
+		static := PullSettings{RegistryConfigDir: opts.RegistryConfigDir, ProgressTimeout: opts.PullProgressTimeout}
+		s.settings = func() PullSettings { return static }
 	}
 	for _, p := range opts.PinnedImages {
 		if n, err := ParseReference(p); err == nil {

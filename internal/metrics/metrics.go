@@ -28,7 +28,18 @@ type Metrics struct {
 	PullBytes prometheus.Counter
 	// PullDuration observes whole PullImage calls that fetched something.
 	PullDuration prometheus.Histogram
+	// ConfigReloads counts SIGHUP reloads by result: success (every
+	// change applied), partial (some kept, each logged) or failure (the
+	// file did not load or validate; nothing changed).
+	ConfigReloads *prometheus.CounterVec
 }
+
+// Results of a configuration reload (ConfigReloads' label).
+const (
+	ReloadSuccess = "success"
+	ReloadPartial = "partial"
+	ReloadFailure = "failure"
+)
 
 // New builds the collectors, with Go runtime and process metrics included.
 func New() *Metrics {
@@ -52,8 +63,15 @@ func New() *Metrics {
 			Help:    "Duration of image pulls.",
 			Buckets: prometheus.ExponentialBuckets(0.01, 2, 16),
 		}),
+		ConfigReloads: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: "berth", Subsystem: "config", Name: "reloads_total",
+			Help: "Configuration reloads (SIGHUP) by result: success, partial (some changed keys need a restart or are in use), failure (refused whole).",
+		}, []string{"result"}),
 	}
-	m.Registry.MustRegister(m.rpcDuration, m.rpcErrors, m.PullBytes, m.PullDuration,
+	for _, r := range []string{ReloadSuccess, ReloadPartial, ReloadFailure} {
+		m.ConfigReloads.WithLabelValues(r)
+	}
+	m.Registry.MustRegister(m.rpcDuration, m.rpcErrors, m.PullBytes, m.PullDuration, m.ConfigReloads,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }

@@ -77,7 +77,11 @@ type Options struct {
 	// DefaultRuntimeHandler.
 	RuntimeHandlers       []string
 	DefaultRuntimeHandler string
-	Network               *network.Network
+	// Handlers, if set, admits runtime handlers instead of
+	// RuntimeHandlers and DefaultRuntimeHandler: berthd's live
+	// configuration, whose handlers a reload may add or remove.
+	Handlers HandlerAdmitter
+	Network  *network.Network
 	// PauseBinary is berth-pause; empty looks next to the running
 	// executable, then in PATH, when a pod first needs it.
 	PauseBinary string
@@ -299,6 +303,14 @@ func newID() string {
 	return hex.EncodeToString(b)
 }
 
+// HandlerAdmitter resolves a pod's runtime handler ("" is the default)
+// and keeps it from being removed or changed until release is called (by
+// then the pod is recorded, and so uses it, or gone). An unknown handler
+// is an InvalidArgument error.
+type HandlerAdmitter interface {
+	AdmitHandler(name string) (resolved string, release func(), err error)
+}
+
 // ReadyHook runs once a sandbox is fully set up, before it is READY and
 // visible to Get and List (NRI's RunPodSandbox); an error fails Run.
 type ReadyHook func(ctx context.Context, sb *Sandbox) error
@@ -314,11 +326,20 @@ func (s *Store) Run(ctx context.Context, cfg *runtime.PodSandboxConfig, handler 
 	if dir := cfg.GetLogDirectory(); dir != "" && !filepath.IsAbs(dir) {
 		return nil, fmt.Errorf("log_directory %q is not absolute: %w", dir, errdefs.ErrInvalidArgument)
 	}
-	if handler == "" {
-		handler = s.opts.DefaultRuntimeHandler
-	}
-	if !contains(s.opts.RuntimeHandlers, handler) {
-		return nil, fmt.Errorf("runtime handler %q is not configured (runtime_handlers has %v): %w", handler, s.opts.RuntimeHandlers, errdefs.ErrInvalidArgument)
+	if s.opts.Handlers != nil {
+		resolved, release, err := s.opts.Handlers.AdmitHandler(handler)
+		if err != nil {
+			return nil, err
+		}
+		defer release()
+		handler = resolved
+	} else {
+		if handler == "" {
+			handler = s.opts.DefaultRuntimeHandler
+		}
+		if !contains(s.opts.RuntimeHandlers, handler) {
+			return nil, fmt.Errorf("runtime handler %q is not configured (runtime_handlers has %v): %w", handler, s.opts.RuntimeHandlers, errdefs.ErrInvalidArgument)
+		}
 	}
 	if s.opts.CgroupDriver == "systemd" && s.opts.Systemd == nil {
 		return nil, fmt.Errorf("the systemd cgroup driver has no connection to systemd: %w", errdefs.ErrFailedPrecondition)
