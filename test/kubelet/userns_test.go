@@ -167,14 +167,15 @@ func TestKubeletUserNamespaces(t *testing.T) {
 			ctrs, err2 := e.d.Runtime.ListContainers(context.Background(), &criapi.ListContainersRequest{})
 			return err1 == nil && err2 == nil && len(sbs.Items) == 0 && len(ctrs.Containers) == 0
 		})
-		var left []string
-		waitFor(t, "nothing left of the pods", time.Minute, func() bool {
-			left, _ = filepath.Glob(filepath.Join(k.RootDir, "pods", "*"))
+		for deadline := time.Now().Add(time.Minute); ; time.Sleep(300 * time.Millisecond) {
+			left, _ := filepath.Glob(filepath.Join(k.RootDir, "pods", "*"))
 			left = append(left, e.leaks(before)...)
-			if len(left) > 0 {
-				t.Logf("left so far:\n%s", strings.Join(left, "\n"))
+			if len(left) == 0 {
+				break
 			}
-			return len(left) == 0
-		})
+			if time.Now().After(deadline) {
+				t.Fatalf("left a minute after the pods went:\n%s", strings.Join(left, "\n"))
+			}
+		}
 	})
 }
