@@ -184,6 +184,24 @@ func TestUsernsHostNetwork(t *testing.T) {
 		if out != "0\n0:0\n0:0\n0:0\n0:0\n1\n" {
 			t.Errorf("pid %s: uid, pod files, shm and mqueue: %q", pid, out)
 		}
+		if pid == criapi.NamespaceMode_POD {
+			// A berthd restart keeps the pod: its pins (user, IPC) and
+			// pause process hold, and a new container joins them.
+			userNS := execOut(t, e, id, "readlink", "/proc/self/ns/user")
+			e.d.Restart()
+			if st, _ := podStatus(t, e.d, e.pod); st.State != criapi.PodSandboxState_SANDBOX_READY {
+				t.Fatalf("pod %s after restart", st.State)
+			}
+			c := e.usernsCtrConfig("next", "sleep", "3600")
+			c.Linux.SecurityContext.NamespaceOptions.Network = criapi.NamespaceMode_NODE
+			c.Linux.SecurityContext.NamespaceOptions.Pid = pid
+			next := e.run(c)
+			for _, ctr := range []string{id, next} {
+				if got := execOut(t, e, ctr, "sh", "-c", "readlink /proc/self/ns/user; readlink /proc/self/ns/net"); got != userNS+hostNetNS+"\n" {
+					t.Errorf("after restart, container %s: user and network namespaces %q, want %q and %q", ctr, got, userNS, hostNetNS)
+				}
+			}
+		}
 		stopRemove(t, e.d, e.pod)
 	}
 	leakcheck.CheckSettled(t, scope, before, leakcheck.Take(t, scope))
