@@ -25,9 +25,10 @@ func (s *Service) Status(ctx context.Context, req *runtime.StatusRequest) (*runt
 			// specgen applies Mount.mount_options (noexec, nodev,
 			// nosuid, atime flags) and refuses any other.
 			MountOptions: true,
-			// A pod with its own user namespace cannot share the host's
-			// network (RunPodSandbox refuses it): false, as the proto asks.
-			UserNamespacesHostNetwork: false,
+			// A pod with its own user namespace may use the host's
+			// network (its containers get the host's /sys read-only):
+			// true wherever some handler runs user namespace pods.
+			UserNamespacesHostNetwork: s.anyHandlerUserNamespaces(),
 		},
 	}
 	if req.GetVerbose() {
@@ -38,6 +39,17 @@ func (s *Service) Status(ctx context.Context, req *runtime.StatusRequest) (*runt
 		resp.Info = info
 	}
 	return resp, nil
+}
+
+// anyHandlerUserNamespaces reports whether some handler runs user
+// namespace pods (the node passed the probe and the runtime has them).
+func (s *Service) anyHandlerUserNamespaces() bool {
+	for _, f := range s.handlerFeatures {
+		if f.UserNamespaces {
+			return true
+		}
+	}
+	return false
 }
 
 func (s *Service) runtimeCondition() *runtime.RuntimeCondition {

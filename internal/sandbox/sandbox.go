@@ -354,10 +354,13 @@ func (s *Store) Run(ctx context.Context, cfg *runtime.PodSandboxConfig, handler 
 	}
 	if mapping != nil {
 		// As the kubelet's validation: a pod with its own user namespace
-		// shares none of the host's namespaces, whose owner it could not
-		// use (sysfs, mqueue and /proc mounts would fail).
-		if hostNet || hostIPC || nsOpts.GetPid() == runtime.NamespaceMode_NODE {
-			return nil, fmt.Errorf("a pod with its own user namespace cannot use the host's network, IPC or PID namespace: %w", errdefs.ErrInvalidArgument)
+		// shares neither the host's IPC nor PID namespace, whose owner it
+		// could not use (the container's mqueue and /proc mounts would
+		// fail). The host's network is allowed (KEP-5607): the container
+		// gets the host's /sys bound read-only instead of a sysfs of its
+		// own (specgen), and holds no capability over the host's network.
+		if hostIPC || nsOpts.GetPid() == runtime.NamespaceMode_NODE {
+			return nil, fmt.Errorf("a pod with its own user namespace cannot use the host's IPC or PID namespace (host network is allowed): %w", errdefs.ErrInvalidArgument)
 		}
 		if err := s.UserNamespaceSupport(); err != nil {
 			return nil, fmt.Errorf("user namespace pod: %w: %w", err, errdefs.ErrFailedPrecondition)

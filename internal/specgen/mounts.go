@@ -67,10 +67,29 @@ func defaultMounts(in *Input) []specs.Mount {
 		{Destination: "/dev/pts", Type: "devpts", Source: "devpts", Options: []string{"nosuid", "noexec", "newinstance", "ptmxmode=0666", "mode=0620", "gid=5"}},
 		shmMount(in),
 		{Destination: "/dev/mqueue", Type: "mqueue", Source: "mqueue", Options: []string{"nosuid", "noexec", "nodev"}},
-		{Destination: "/sys", Type: "sysfs", Source: "sysfs", Options: []string{"nosuid", "noexec", "nodev", ro}},
+		sysMount(in, ro),
 		{Destination: "/sys/fs/cgroup", Type: "cgroup", Source: "cgroup", Options: []string{"nosuid", "noexec", "nodev", "relatime", ro}},
 	}
 	return ms
+}
+
+// sysMount is a fresh sysfs, except in a pod with its own user namespace
+// on the host's network: the kernel mounts sysfs only for a user
+// namespace that owns the network namespace (EPERM otherwise), so the
+// container gets the host's /sys bound recursively read-only (as
+// containerd and CRI-O do), privileged or not. Without runtime support
+// for "rro" only the top mount is read-only; the submounts keep the
+// host's flags, and their files belong to host IDs the pod's user
+// namespace does not map.
+func sysMount(in *Input, ro string) specs.Mount {
+	if in.Pod.UserNS == nil || in.Pod.NetNSPath != "" {
+		return specs.Mount{Destination: "/sys", Type: "sysfs", Source: "sysfs", Options: []string{"nosuid", "noexec", "nodev", ro}}
+	}
+	rro := "ro"
+	if in.Host.RecursiveReadOnly {
+		rro = "rro"
+	}
+	return specs.Mount{Destination: "/sys", Type: "bind", Source: "/sys", Options: []string{"rbind", "nosuid", "noexec", "nodev", rro}}
 }
 
 // shmMount is the host's /dev/shm for host IPC (as containerd), the pod's

@@ -3,6 +3,7 @@ package specgen
 import (
 	"os"
 	"path/filepath"
+	"reflect"
 	"slices"
 	"strings"
 	"testing"
@@ -11,6 +12,7 @@ import (
 	runtime "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/berthcri/berth/internal/errdefs"
+	"github.com/berthcri/berth/internal/userns"
 )
 
 // fakeMountinfo writes a mountinfo where dir is its own mount with the
@@ -263,5 +265,56 @@ func TestUnescapeMountinfo(t *testing.T) {
 		if got := unescapeMountinfo(in); got != want {
 			t.Errorf("unescape(%q) = %q, want %q", in, got, want)
 		}
+	}
+}
+
+// A user namespace pod on the host's network cannot mount a sysfs (the
+// kernel wants its user namespace to own the network namespace): its
+// containers get the host's /sys bound recursively read-only, "rro"
+// where the runtime takes it; every other pod a sysfs of its own.
+func TestSysMountUserNamespaceHostNetwork(t *testing.T) {
+	mapping := &userns.Mapping{UID: userns.IDMap{HostID: 1000, Size: 65536}, GID: userns.IDMap{HostID: 1000, Size: 65536}}
+	for _, tc := range []struct {
+		name         string
+		userns       bool
+		hostNet, rro bool
+		privileged   bool
+		want         specs.Mount
+	}{
+		{name: "pod network", want: specs.Mount{Destination: "/sys", Type: "sysfs", Source: "sysfs", Options: []string{"nosuid", "noexec", "nodev", "ro"}}},
+		{name: "host network", hostNet: true, want: specs.Mount{Destination: "/sys", Type: "sysfs", Source: "sysfs", Options: []string{"nosuid", "noexec", "nodev", "ro"}}},
+		{name: "user namespace", userns: true, want: specs.Mount{Destination: "/sys", Type: "sysfs", Source: "sysfs", Options: []string{"nosuid", "noexec", "nodev", "ro"}}},
+		{name: "user namespace host network rro", userns: true, hostNet: true, rro: true,
+			want: specs.Mount{Destination: "/sys", Type: "bind", Source: "/sys", Options: []string{"rbind", "nosuid", "noexec", "nodev", "rro"}}},
+		{name: "user namespace host network privileged", userns: true, hostNet: true, rro: true, privileged: true,
+			want: specs.Mount{Destination: "/sys", Type: "bind", Source: "/sys", Options: []string{"rbind", "nosuid", "noexec", "nodev", "rro"}}},
+		{name: "user namespace host network without rro", userns: true, hostNet: true,
+			want: specs.Mount{Destination: "/sys", Type: "bind", Source: "/sys", Options: []string{"rbind", "nosuid", "noexec", "nodev", "ro"}}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			in := testInput(t)
+			if tc.userns {
+				in.Pod.UserNS, in.Pod.UserNSPath = mapping, "/run/userns/p1"
+			}
+			if tc.hostNet {
+				in.Pod.NetNSPath, in.Pod.UTSNSPath = "", ""
+			}
+			if tc.privileged {
+				sc(&in).Privileged = true
+				in.SandboxConfig.Linux.SecurityContext.Privileged = true
+			}
+			in.Host.RecursiveReadOnly = tc.rro
+			s := &specs.Spec{Linux: &specs.Linux{}}
+			if err := applyMounts(&in, s); err != nil {
+				t.Fatal(err)
+			}
+			want := tc.want
+			if tc.privileged && want.Type == "sysfs" {
+				want.Options[3] = "rw"
+			}
+			if m := findMount(s.Mounts, "/sys"); m == nil || !reflect.DeepEqual(*m, want) {
+				t.Fatalf("/sys = %+v, want %+v", m, want)
+			}
+		})
 	}
 }

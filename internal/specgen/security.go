@@ -137,10 +137,21 @@ func capabilities(c *runtime.Capability, all []string) ([]string, error) {
 }
 
 // applyMaskedPaths uses the CRI lists when given (an empty list masks
-// nothing), else containerd's defaults.
+// nothing). An unset list is ambiguous: protobuf drops an empty repeated
+// field, so the kubelet's procMount: Unmasked (it sends both lists empty)
+// arrives as unset. The kubelet sends the full default lists for every
+// other container, and the API allows Unmasked only with hostUsers:
+// false, so an unset list means "mask nothing" in a pod with its own
+// user namespace (what containerd and CRI-O do for every pod: they start
+// from empty lists) and containerd's default lists elsewhere, so that a
+// client that says nothing (crictl) keeps a masked /proc where its root
+// is the host's.
 func applyMaskedPaths(in *Input, s *specs.Spec) error {
 	sc := in.Config.GetLinux().GetSecurityContext()
 	masked, ro := defaultMaskedPaths, defaultReadonlyPaths
+	if in.Pod.UserNS != nil {
+		masked, ro = []string{}, []string{}
+	}
 	if sc.GetMaskedPaths() != nil {
 		masked = sc.GetMaskedPaths()
 	}

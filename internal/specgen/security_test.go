@@ -13,6 +13,7 @@ import (
 	runtime "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/berthcri/berth/internal/errdefs"
+	"github.com/berthcri/berth/internal/userns"
 )
 
 func TestCapabilities(t *testing.T) {
@@ -61,10 +62,17 @@ func TestMaskedPaths(t *testing.T) {
 	for _, tc := range []struct {
 		name          string
 		masked, ro    []string
+		userns        bool
 		wantM, wantRO []string
 		err           error
 	}{
 		{name: "defaults", wantM: defaultMaskedPaths, wantRO: defaultReadonlyPaths},
+		// The kubelet's procMount: Unmasked: both lists empty, so unset on the wire.
+		{name: "unset in a user namespace pod masks nothing", userns: true, wantM: []string{}, wantRO: []string{}},
+		// The kubelet's default procMount sends its lists in any pod.
+		{name: "given in a user namespace pod", userns: true, masked: []string{"/proc/kcore"}, ro: []string{"/proc/sys"},
+			wantM: []string{"/proc/kcore"}, wantRO: []string{"/proc/sys"}},
+		{name: "one list given in a user namespace pod", userns: true, masked: []string{"/proc/kcore"}, wantM: []string{"/proc/kcore"}, wantRO: []string{}},
 		{name: "override", masked: []string{"/bin/ls"}, ro: []string{"/tmp"}, wantM: []string{"/bin/ls"}, wantRO: []string{"/tmp"}},
 		{name: "empty lists mask nothing", masked: []string{}, ro: []string{}, wantM: []string{}, wantRO: []string{}},
 		{name: "relative", masked: []string{"proc"}, err: errInvalid},
@@ -72,6 +80,9 @@ func TestMaskedPaths(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			in := testInput(t)
 			sc(&in).MaskedPaths, sc(&in).ReadonlyPaths = tc.masked, tc.ro
+			if tc.userns {
+				in.Pod.UserNS = &userns.Mapping{UID: userns.IDMap{HostID: 1000, Size: 65536}, GID: userns.IDMap{HostID: 1000, Size: 65536}}
+			}
 			s := &specs.Spec{Linux: &specs.Linux{}}
 			err := applyMaskedPaths(&in, s)
 			wantErr(t, err, tc.err)

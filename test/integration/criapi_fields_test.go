@@ -84,7 +84,8 @@ func TestStopSignalFromConfigOverridesImage(t *testing.T) {
 }
 
 // RuntimeFeatures says what berth does: mount_options applied,
-// user_namespaces_host_network refused (as RunPodSandbox does).
+// user_namespaces_host_network wherever a handler runs user namespace
+// pods (TestUsernsHostNetwork runs one).
 func TestStatusFeaturesMountOptionsAndUsernsHostNetwork(t *testing.T) {
 	t.Parallel()
 	e := newCtrEnv(t)
@@ -93,8 +94,12 @@ func TestStatusFeaturesMountOptionsAndUsernsHostNetwork(t *testing.T) {
 		t.Fatal(err)
 	}
 	f := resp.GetFeatures()
-	if !f.GetMountOptions() || f.GetUserNamespacesHostNetwork() {
-		t.Fatalf("features %+v, want mount_options=true user_namespaces_host_network=false", f)
+	userns := false
+	for _, h := range resp.GetRuntimeHandlers() {
+		userns = userns || h.GetFeatures().GetUserNamespaces()
+	}
+	if !f.GetMountOptions() || f.GetUserNamespacesHostNetwork() != userns {
+		t.Fatalf("features %+v, want mount_options=true user_namespaces_host_network=%v (as the handlers' user_namespaces)", f, userns)
 	}
 
 	// mount_options reach the mount: noexec stops a binary, nodev a node.
@@ -110,6 +115,11 @@ func TestStatusFeaturesMountOptionsAndUsernsHostNetwork(t *testing.T) {
 		t.Fatalf("exit %d, output:\n%s", st.ExitCode, out)
 	}
 
+	if userns {
+		return // TestUsernsHostNetwork runs such a pod
+	}
+	// Where user namespace pods cannot run, one on the host network is
+	// refused as every other one: FailedPrecondition, naming why.
 	pod := podConfig("userns-hostnet")
 	pod.Linux.SecurityContext.NamespaceOptions.Network = criapi.NamespaceMode_NODE
 	pod.Linux.SecurityContext.NamespaceOptions.UsernsOptions = &criapi.UserNamespace{
@@ -118,7 +128,7 @@ func TestStatusFeaturesMountOptionsAndUsernsHostNetwork(t *testing.T) {
 		Gids: []*criapi.IDMapping{{HostId: 1 << 20, ContainerId: 0, Length: 65536}},
 	}
 	_, err = e.d.Runtime.RunPodSandbox(ctxT(t), &criapi.RunPodSandboxRequest{Config: pod})
-	wantCode(t, err, codes.InvalidArgument)
+	wantCode(t, err, codes.FailedPrecondition)
 }
 
 // default_ulimits set every container's rlimits; one above berthd's own

@@ -309,7 +309,7 @@ func mountedBelow(t *testing.T, dir string) bool {
 // Bad user namespace options are InvalidArgument and leave nothing: more
 // than one mapping, a mapping without container ID 0, modes CONTAINER and
 // TARGET (critest's four), plus mappings with mode NODE, a user namespace
-// with host networking, and a container asking for a user namespace its
+// with host IPC, and a container asking for a user namespace its
 // pod does not have; a pod failing after its namespaces were made. Then a
 // pod whose container create fails (command
 // not found, after its idmapped rootfs and volume were mounted) and a
@@ -340,9 +340,9 @@ func TestUsernsRefusalsAndRemovalLeakNothing(t *testing.T) {
 		t.Logf("%s: %v", name, err)
 		wantCode(t, err, codes.InvalidArgument)
 	}
-	hostNet := usernsPodConfig("refused-hostnet", criapi.NamespaceMode_CONTAINER)
-	hostNet.Linux.SecurityContext.NamespaceOptions.Network = criapi.NamespaceMode_NODE
-	_, err := e.d.Runtime.RunPodSandbox(ctx, &criapi.RunPodSandboxRequest{Config: hostNet})
+	hostIPC := usernsPodConfig("refused-hostipc", criapi.NamespaceMode_CONTAINER)
+	hostIPC.Linux.SecurityContext.NamespaceOptions.Ipc = criapi.NamespaceMode_NODE
+	_, err := e.d.Runtime.RunPodSandbox(ctx, &criapi.RunPodSandboxRequest{Config: hostIPC})
 	wantCode(t, err, codes.InvalidArgument)
 	// Fails after the namespaces were created and pinned (a sysctl value
 	// the kernel rejects), with the holder kept as pause process.

@@ -106,6 +106,8 @@ type kubeletOptions struct {
 	// mount namespace; else it gets one of its own sharing Dir with the
 	// node (see startKubelet).
 	JoinMountNS string
+	// FeatureGates are the kubelet's featureGates (none: its defaults).
+	FeatureGates map[string]bool
 }
 
 // privateDevicePlugins runs (by sh, in the kubelet's mount namespace)
@@ -226,6 +228,14 @@ evictionHard:
 containerLogMaxSize: 1Mi
 `, k.Manifests, k.Port, k.ReadOnlyPort, k.HealthzPort, opts.CgroupDriver, k.cgroupRootConfig, k.PodLogs,
 		filepath.Join(opts.Dir, "volume-plugins"))
+	if len(opts.FeatureGates) > 0 {
+		gates := make([]string, 0, len(opts.FeatureGates))
+		for name, on := range opts.FeatureGates {
+			gates = append(gates, fmt.Sprintf("  %s: %v\n", name, on))
+		}
+		sort.Strings(gates)
+		config += "featureGates:\n" + strings.Join(gates, "")
+	}
 	configPath := filepath.Join(opts.Dir, "kubelet.yaml")
 	if err := os.WriteFile(configPath, []byte(config), 0o644); err != nil {
 		t.Fatal(err)
