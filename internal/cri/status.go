@@ -44,8 +44,9 @@ func (s *Service) Status(ctx context.Context, req *runtime.StatusRequest) (*runt
 // anyHandlerUserNamespaces reports whether some handler runs user
 // namespace pods (the node passed the probe and the runtime has them).
 func (s *Service) anyHandlerUserNamespaces() bool {
-	for _, f := range s.handlerFeatures {
-		if f.UserNamespaces {
+	live := s.live.Load()
+	for _, name := range live.HandlerNames() {
+		if h, ok := live.Handler(name); ok && h.Features.UserNamespaces {
 			return true
 		}
 	}
