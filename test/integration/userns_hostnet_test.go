@@ -94,11 +94,7 @@ func defaultRouteInterface(t *testing.T) string {
 // or PID stay refused. Removing the pods leaves nothing.
 func TestUsernsHostNetwork(t *testing.T) {
 	t.Parallel()
-	e := newUsernsEnv(t, criapi.NamespaceMode_POD)
-	stopRemove(t, e.d, e.pod) // warm up: bridge, lock files
-	scope := leakcheck.ForDaemon(e.d)
-	scope.Root = e.d.Root
-	before := leakcheck.Take(t, scope)
+	e, scope, before := newUsernsLeakEnv(t, criapi.NamespaceMode_POD)
 	ctx := ctxT(t)
 
 	resp, err := e.d.Runtime.Status(ctx, &criapi.StatusRequest{})

@@ -317,11 +317,7 @@ func mountedBelow(t *testing.T, dir string) bool {
 // the namespace pin, the holder and every idmapped mount.
 func TestUsernsRefusalsAndRemovalLeakNothing(t *testing.T) {
 	t.Parallel()
-	e := newUsernsEnv(t, criapi.NamespaceMode_POD)
-	stopRemove(t, e.d, e.pod) // warm up: bridge, lock files
-	scope := leakcheck.ForDaemon(e.d)
-	scope.Root = e.d.Root
-	before := leakcheck.Take(t, scope)
+	e, scope, before := newUsernsLeakEnv(t, criapi.NamespaceMode_POD)
 	ctx := ctxT(t)
 
 	two := []*criapi.IDMapping{usernsMapping[0], {ContainerId: 0, HostId: 2000, Length: 100000}}
@@ -574,4 +570,16 @@ func TestUsernsImageVolumeIsIDMapped(t *testing.T) {
 	if _, err := os.Stat(filepath.Join(e.d.Root, "containers", id)); !os.IsNotExist(err) {
 		t.Fatalf("container dir after removal: %v", err)
 	}
+}
+
+// newUsernsLeakEnv is newUsernsEnv with its first pod gone (the bridge and
+// lock files made) and a leak baseline of the daemon, root included: what
+// the test leaves is checked against it with leakcheck.CheckSettled.
+func newUsernsLeakEnv(t *testing.T, pid criapi.NamespaceMode) (*ctrEnv, leakcheck.Scope, leakcheck.Snapshot) {
+	t.Helper()
+	e := newUsernsEnv(t, pid)
+	stopRemove(t, e.d, e.pod) // warm up: bridge, lock files
+	scope := leakcheck.ForDaemon(e.d)
+	scope.Root = e.d.Root
+	return e, scope, leakcheck.Take(t, scope)
 }
