@@ -390,7 +390,7 @@ var (
 func validatePrefix(p string) error {
 	host, rest, _ := strings.Cut(p, "/")
 	if !hostPattern.MatchString(host) {
-		return fmt.Errorf("%q is not host[:port][/namespace…]", p)
+		return fmt.Errorf("%q is not host[:port][/namespace…] in the fully expanded form (docker.io/library/busybox, not busybox)", p)
 	}
 	if rest == "" {
 		if strings.Contains(p, "/") {
@@ -409,7 +409,7 @@ func validatePrefix(p string) error {
 // a host, a namespace, a repository, or one image (repo:tag, repo@digest),
 // each in the fully expanded form.
 func validateScope(scope string) error {
-	if strings.HasPrefix(scope, "*") {
+	if strings.Contains(scope, "*") {
 		if !wildcardScope.MatchString(scope) {
 			return fmt.Errorf("a wildcard scope is *.domain (like *.example.com)")
 		}
