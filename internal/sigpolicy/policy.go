@@ -17,6 +17,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"hash"
 	"io"
 	"os"
 	"path/filepath"
@@ -56,8 +57,8 @@ const dockerTransport = "docker"
 type Policy struct {
 	// Path is the file it was read from.
 	Path string
-	// Digest is sha256 of the file's bytes: a reload that reads the same
-	// bytes changes nothing.
+	// Digest is sha256 of the file's bytes and of the key files it names:
+	// a reload that reads the same bytes changes nothing.
 	Digest string
 
 	global           []Requirement
@@ -116,8 +117,7 @@ func Load(path string) (*Policy, error) {
 	return p, nil
 }
 
-// DigestOf is the Digest a policy read from path has now, "" for none:
-// what Load would give, without parsing.
+// DigestOf is p's Digest, "" for no policy.
 func DigestOf(p *Policy) string {
 	if p == nil {
 		return ""
@@ -146,14 +146,22 @@ func Parse(data []byte, dir string) (*Policy, error) {
 	if f.Default == nil {
 		return nil, fmt.Errorf(`"default" is required (use [{"type": %q}] to accept images no scope names)`, TypeInsecureAcceptAnything)
 	}
-	sum := sha256.Sum256(data)
-	p := &Policy{Digest: "sha256:" + hex.EncodeToString(sum[:]), scopes: map[string][]Requirement{}}
+	ps := &parser{dir: dir, h: sha256.New()}
+	ps.h.Write(data)
+	p := &Policy{scopes: map[string][]Requirement{}}
 	var err error
-	if p.global, err = parseRequirements(*f.Default, dir); err != nil {
+	if p.global, err = ps.requirements(*f.Default); err != nil {
 		return nil, fmt.Errorf("default: %w", err)
 	}
-	for scope, raw := range f.Transports[dockerTransport] {
-		reqs, err := parseRequirements(raw, dir)
+	scopes := make([]string, 0, len(f.Transports[dockerTransport]))
+	for scope := range f.Transports[dockerTransport] {
+		scopes = append(scopes, scope)
+	}
+	// In order, so that the key files feed the digest in a stable order.
+	sort.Strings(scopes)
+	for _, scope := range scopes {
+		raw := f.Transports[dockerTransport][scope]
+		reqs, err := ps.requirements(raw)
 		if err != nil {
 			return nil, fmt.Errorf("transports.docker[%q]: %w", scope, err)
 		}
@@ -166,16 +174,25 @@ func Parse(data []byte, dir string) (*Policy, error) {
 		}
 		p.scopes[scope] = reqs
 	}
+	p.Digest = "sha256:" + hex.EncodeToString(ps.h.Sum(nil))
 	return p, nil
 }
 
-func parseRequirements(raw []json.RawMessage, dir string) ([]Requirement, error) {
+// parser reads requirements; h hashes the policy file and every key file
+// it names, so that a reload sees a key file replaced under the same
+// policy as a change.
+type parser struct {
+	dir string
+	h   hash.Hash
+}
+
+func (ps *parser) requirements(raw []json.RawMessage) ([]Requirement, error) {
 	if len(raw) == 0 {
 		return nil, fmt.Errorf("a list of requirements must not be empty (use [{\"type\": %q}])", TypeInsecureAcceptAnything)
 	}
 	out := make([]Requirement, 0, len(raw))
 	for i, r := range raw {
-		req, err := parseRequirement(r, dir)
+		req, err := ps.requirement(r)
 		if err != nil {
 			return nil, fmt.Errorf("requirement %d: %w", i, err)
 		}
@@ -205,7 +222,7 @@ type sigstoreSignedJSON struct {
 	RekorPublicKeyDatas []string        `json:"rekorPublicKeyDatas"`
 }
 
-func parseRequirement(data []byte, dir string) (Requirement, error) {
+func (ps *parser) requirement(data []byte) (Requirement, error) {
 	var head struct {
 		Type string `json:"type"`
 	}
@@ -222,7 +239,7 @@ func parseRequirement(data []byte, dir string) (Requirement, error) {
 		}
 		return Requirement{Type: head.Type}, nil
 	case TypeSigstoreSigned:
-		return parseSigstoreSigned(data, dir)
+		return ps.sigstoreSigned(data)
 	case typeSignedBy:
 		return Requirement{}, fmt.Errorf("%s (GPG simple signing) is not supported: berth checks %s (cosign) signatures only", typeSignedBy, TypeSigstoreSigned)
 	case "":
@@ -231,7 +248,7 @@ func parseRequirement(data []byte, dir string) (Requirement, error) {
 	return Requirement{}, fmt.Errorf("unknown requirement type %q (berth knows %s, %s, %s)", head.Type, TypeInsecureAcceptAnything, TypeReject, TypeSigstoreSigned)
 }
 
-func parseSigstoreSigned(data []byte, dir string) (Requirement, error) {
+func (ps *parser) sigstoreSigned(data []byte) (Requirement, error) {
 	var r sigstoreSignedJSON
 	if err := strict(data, &r); err != nil {
 		return Requirement{}, fmt.Errorf("%s: %w", TypeSigstoreSigned, err)
@@ -258,12 +275,13 @@ func parseSigstoreSigned(data []byte, dir string) (Requirement, error) {
 	}
 	for _, p := range paths {
 		if !filepath.IsAbs(p) {
-			p = filepath.Join(dir, p)
+			p = filepath.Join(ps.dir, p)
 		}
 		pemData, err := os.ReadFile(p)
 		if err != nil {
 			return Requirement{}, fmt.Errorf("%s: read key: %w", TypeSigstoreSigned, err)
 		}
+		ps.h.Write(pemData)
 		k, err := parseKey(p, pemData)
 		if err != nil {
 			return Requirement{}, fmt.Errorf("%s: %w", TypeSigstoreSigned, err)
