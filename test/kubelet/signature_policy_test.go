@@ -79,6 +79,7 @@ func TestKubeletSignaturePolicy(t *testing.T) {
 		return cs != nil && cs.State.Waiting != nil && cs.State.Waiting.Reason == "SignatureValidationFailed"
 	})
 	msg := ctrStatus(p, "main").State.Waiting.Message
+	t.Logf("the kubelet shows: SignatureValidationFailed: %s", msg)
 	for _, want := range []string{
 		"image pull failed for " + busyboxImage + " because the signature validation failed",
 		fmt.Sprintf("refused by signature policy scope docker %q", registryHost),
@@ -88,7 +89,8 @@ func TestKubeletSignaturePolicy(t *testing.T) {
 			t.Errorf("waiting message %q lacks %q", msg, want)
 		}
 	}
-	k.WaitPod(t, "signed", "Ready", 3*time.Minute, podReady)
+	p = k.WaitPod(t, "signed", "Ready", 3*time.Minute, podReady)
+	t.Logf("signed pod ready, image %s", ctrStatus(p, "web").ImageID)
 
 	for _, name := range []string{"unsigned", "signed"} {
 		k.Delete(t, name)
