@@ -267,9 +267,9 @@ func (s *Store) pullFrom(ctx context.Context, ep endpoint, n, asked Named, names
 		// layers stored below all hang from it by digest.
 		err := policy.Check(ctx, SignatureCheck{
 			Ref: asked, Digest: desc.Digest.String(),
-			Source: fmt.Sprintf("tag %s:%s on %s", n.Repo(), cosignSignatureTag(desc.Digest.String()), ep),
+			Source: fmt.Sprintf("tag %s:%s and the referrers of %s on %s", n.Repo(), cosignSignatureTag(desc.Digest.String()), desc.Digest, ep),
 			Signatures: func(ctx context.Context) ([]CosignSignature, error) {
-				sigs, err := rc.cosignSignatures(ctx, desc.Digest.String())
+				sigs, err := rc.imageSignatures(ctx, desc.Digest.String())
 				w.step()
 				return sigs, err
 			},

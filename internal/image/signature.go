@@ -4,7 +4,9 @@ import (
 	"bytes"
 	"context"
 	"crypto/sha256"
+	"encoding/base64"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -57,15 +59,28 @@ type SignatureCheck struct {
 	Signatures func(ctx context.Context) ([]CosignSignature, error)
 }
 
-// CosignSignature is one layer of a cosign signature manifest: the
-// simple-signing payload (its digest already checked) and the base64
-// signature over it from the layer's annotation.
+// CosignSignature is one signature of the image: a layer of a cosign
+// signature manifest (the simple-signing payload, its digest already
+// checked, and the base64 signature over it from the layer's
+// annotation), or one signature of the DSSE envelope of a sigstore
+// bundle attached as an OCI 1.1 referrer (Bundle set: Payload is the
+// envelope's payload, an in-toto statement, PayloadType its type, and
+// the signature is over DSSE's pre-authentication encoding of both).
 type CosignSignature struct {
 	Payload   []byte
 	Signature string
-	// LayerDigest names the payload blob, for messages.
+	// LayerDigest names the payload or bundle blob, for messages.
 	LayerDigest string
+	Bundle      bool
+	PayloadType string
 }
+
+// Sigstore bundles as cosign attaches them with --new-bundle-format.
+const (
+	sigstoreBundlePrefix = "application/vnd.dev.sigstore.bundle"
+	ociEmptyMediaType    = "application/vnd.oci.empty.v1+json"
+	maxReferrers         = 16
+)
 
 // SignatureError is a pull or import the signature policy refused.
 type SignatureError struct {
@@ -163,4 +178,98 @@ func (c *repoClient) readSmallBlob(ctx context.Context, digest string, size int6
 		return nil, fmt.Errorf("blob %s: received %d bytes with digest %s: %w", digest, len(body), got, errdefs.ErrInvalidArgument)
 	}
 	return body, nil
+}
+
+// sigstoreBundle is the part of a sigstore bundle (v0.1–v0.3, protobuf
+// JSON) berth reads: the DSSE envelope. A message signature (no
+// envelope) signs a blob, not an image, and is skipped.
+type sigstoreBundle struct {
+	MediaType    string `json:"mediaType"`
+	DSSEEnvelope *struct {
+		Payload     string `json:"payload"`
+		PayloadType string `json:"payloadType"`
+		Signatures  []struct {
+			Sig string `json:"sig"`
+		} `json:"signatures"`
+	} `json:"dsseEnvelope"`
+}
+
+// bundleSignatures reads the sigstore bundles attached to digest as OCI
+// 1.1 referrers (the Referrers API, or its tag fallback): one
+// CosignSignature per signature of each bundle's DSSE envelope.
+func (c *repoClient) bundleSignatures(ctx context.Context, digest string) ([]CosignSignature, error) {
+	d := c.repo.Digest(digest)
+	idx, err := remote.Referrers(d, c.opts...)
+	if err != nil {
+		return nil, fmt.Errorf("list referrers of %s: %w", digest, classify(err))
+	}
+	im, err := idx.IndexManifest()
+	if err != nil {
+		return nil, fmt.Errorf("referrers of %s: %w", digest, err)
+	}
+	var sigs []CosignSignature
+	seen := 0
+	for _, desc := range im.Manifests {
+		// Registries that report the config's media type rather than the
+		// manifest's artifactType show cosign's bundles as the empty type.
+		switch at := desc.ArtifactType; {
+		case at == "", at == ociEmptyMediaType, strings.HasPrefix(at, sigstoreBundlePrefix):
+		default:
+			continue
+		}
+		if seen == maxReferrers {
+			break
+		}
+		seen++
+		got, err := remote.Get(c.repo.Digest(desc.Digest.String()), c.opts...)
+		if err != nil {
+			return nil, fmt.Errorf("referrer %s: %w", desc.Digest, classify(err))
+		}
+		m, err := v1.ParseManifest(bytes.NewReader(got.Manifest))
+		if err != nil {
+			return nil, fmt.Errorf("referrer %s: parse manifest: %w", desc.Digest, err)
+		}
+		for _, l := range m.Layers {
+			if !strings.HasPrefix(string(l.MediaType), sigstoreBundlePrefix) {
+				continue
+			}
+			if l.Size > maxCosignPayloadSize || l.Size < 0 {
+				return nil, fmt.Errorf("referrer %s: bundle %s is %d bytes, more than %d", desc.Digest, l.Digest, l.Size, maxCosignPayloadSize)
+			}
+			body, err := c.readSmallBlob(ctx, l.Digest.String(), l.Size)
+			if err != nil {
+				return nil, fmt.Errorf("referrer %s: %w", desc.Digest, err)
+			}
+			var b sigstoreBundle
+			if err := json.Unmarshal(body, &b); err != nil || b.DSSEEnvelope == nil {
+				continue // not a bundle, or one with a message signature
+			}
+			payload, err := base64.StdEncoding.DecodeString(b.DSSEEnvelope.Payload)
+			if err != nil {
+				continue
+			}
+			for _, sg := range b.DSSEEnvelope.Signatures {
+				if len(sigs) == maxCosignLayers {
+					return sigs, nil
+				}
+				sigs = append(sigs, CosignSignature{Payload: payload, Signature: sg.Sig, LayerDigest: l.Digest.String(), Bundle: true, PayloadType: b.DSSEEnvelope.PayloadType})
+			}
+		}
+	}
+	return sigs, nil
+}
+
+// imageSignatures reads both kinds: the .sig tag, then the referrers. A
+// registry that fails the referrers listing still has its .sig
+// signatures checked.
+func (c *repoClient) imageSignatures(ctx context.Context, digest string) ([]CosignSignature, error) {
+	sigs, err := c.cosignSignatures(ctx, digest)
+	if err != nil {
+		return nil, err
+	}
+	bundles, berr := c.bundleSignatures(ctx, digest)
+	if berr != nil && len(sigs) == 0 {
+		return nil, berr
+	}
+	return append(sigs, bundles...), nil
 }

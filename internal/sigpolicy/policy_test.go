@@ -7,14 +7,15 @@ import (
 	"crypto/rand"
 	"crypto/x509"
 	"encoding/base64"
+	"encoding/json"
 	"encoding/pem"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 
-	"errors"
 	"github.com/berthcri/berth/internal/errdefs"
 	"github.com/berthcri/berth/internal/image"
 	"github.com/berthcri/berth/internal/testutil/testimages"
@@ -282,4 +283,48 @@ func TestIdentityRemapAndExact(t *testing.T) {
 	if err := check(p, ref(t, "mirror.local:5000/pinned:any"), digestA, signed(t, k, "upstream.example.com/pinned", digestA)); err != nil {
 		t.Errorf("exactRepository refused: %v", err)
 	}
+}
+
+// bundled is one DSSE signature by k of a sigstore bundle's statement.
+func bundled(t *testing.T, k *testimages.CosignKey, statement []byte) image.CosignSignature {
+	t.Helper()
+	var b struct {
+		DSSEEnvelope struct {
+			Payload     string `json:"payload"`
+			PayloadType string `json:"payloadType"`
+			Signatures  []struct {
+				Sig string `json:"sig"`
+			} `json:"signatures"`
+		} `json:"dsseEnvelope"`
+	}
+	if err := json.Unmarshal(k.Bundle(t, statement), &b); err != nil {
+		t.Fatal(err)
+	}
+	payload, err := base64.StdEncoding.DecodeString(b.DSSEEnvelope.Payload)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return image.CosignSignature{Payload: payload, Signature: b.DSSEEnvelope.Signatures[0].Sig, LayerDigest: digestB, Bundle: true, PayloadType: b.DSSEEnvelope.PayloadType}
+}
+
+func TestCheckSigstoreBundles(t *testing.T) {
+	k := testimages.NewCosignKey(t, "ecdsa")
+	ed := testimages.NewCosignKey(t, "ed25519")
+	other := testimages.NewCosignKey(t, "ecdsa")
+	p := mustParse(t, fmt.Sprintf(`{"default": [{"type": "sigstoreSigned", "keyDatas": [%q, %q], "signedIdentity": {"type": "matchRepository"}}]}`, keyData(k), keyData(ed)))
+	app := ref(t, "example.com/app:v1")
+	for name, key := range map[string]*testimages.CosignKey{"ecdsa": k, "ed25519": ed} {
+		if err := check(p, app, digestA, bundled(t, key, testimages.BundleStatement(t, "example.com/app", digestA))); err != nil {
+			t.Errorf("%s bundle refused: %v", name, err)
+		}
+	}
+	wantRefused(t, check(p, app, digestA, bundled(t, other, testimages.BundleStatement(t, "example.com/app", digestA))), "default", "does not verify")
+	wantRefused(t, check(p, app, digestA, bundled(t, k, testimages.BundleStatement(t, "example.com/app", digestB))), "default", "digest mismatch")
+	wantRefused(t, check(p, app, digestA, bundled(t, k, testimages.BundleStatement(t, "example.com/else", digestA))), "default", "does not match example.com/app")
+	att := strings.Replace(string(testimages.BundleStatement(t, "example.com/app", digestA)), "https://sigstore.dev/cosign/sign/v1", "https://slsa.dev/provenance/v1", 1)
+	wantRefused(t, check(p, app, digestA, bundled(t, k, []byte(att))), "default", "an attestation of type")
+	// The statement changed after signing.
+	s := bundled(t, k, testimages.BundleStatement(t, "example.com/app", digestB))
+	s.Payload = testimages.BundleStatement(t, "example.com/app", digestA)
+	wantRefused(t, check(p, app, digestA, s), "default", "payload was changed after signing")
 }

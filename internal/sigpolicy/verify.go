@@ -120,9 +120,13 @@ func (r Requirement) verify(s image.CosignSignature, ref image.Named, digest str
 	if err != nil {
 		return fmt.Errorf("the signature annotation is not base64: %w", err)
 	}
+	signed := s.Payload
+	if s.Bundle {
+		signed = pae(s.PayloadType, s.Payload)
+	}
 	var signer *Key
 	for i := range r.Keys {
-		if r.Keys[i].verifier.VerifySignature(bytes.NewReader(raw), bytes.NewReader(s.Payload)) == nil {
+		if r.Keys[i].verifier.VerifySignature(bytes.NewReader(raw), bytes.NewReader(signed)) == nil {
 			signer = &r.Keys[i]
 			break
 		}
@@ -134,21 +138,98 @@ func (r Requirement) verify(s image.CosignSignature, ref image.Named, digest str
 		}
 		return fmt.Errorf("%w(s) %s (signed by another key, or the payload was changed after signing)", errNoKey, strings.Join(names, ", "))
 	}
-	var pl payload
-	dec := json.NewDecoder(bytes.NewReader(s.Payload))
-	if err := dec.Decode(&pl); err != nil {
-		return fmt.Errorf("signed by %s, but the payload does not parse: %w", signer.Name, err)
+	var identity string
+	if s.Bundle {
+		id, err := statementClaims(s, digest)
+		if err != nil {
+			return fmt.Errorf("signed by %s (sigstore bundle), but %w", signer.Name, err)
+		}
+		identity = id
+	} else {
+		var pl payload
+		if err := json.Unmarshal(s.Payload, &pl); err != nil {
+			return fmt.Errorf("signed by %s, but the payload does not parse: %w", signer.Name, err)
+		}
+		if pl.Critical.Type != cosignSignatureType {
+			return fmt.Errorf("signed by %s, but the payload's critical.type is %q, not %q", signer.Name, pl.Critical.Type, cosignSignatureType)
+		}
+		if got := pl.Critical.Image.DockerManifestDigest; got != digest {
+			return fmt.Errorf("digest mismatch: signed by %s for %s, not for the pulled %s", signer.Name, got, digest)
+		}
+		identity = pl.Critical.Identity.DockerReference
 	}
-	if pl.Critical.Type != cosignSignatureType {
-		return fmt.Errorf("signed by %s, but the payload's critical.type is %q, not %q", signer.Name, pl.Critical.Type, cosignSignatureType)
-	}
-	if got := pl.Critical.Image.DockerManifestDigest; got != digest {
-		return fmt.Errorf("digest mismatch: signed by %s for %s, not for the pulled %s", signer.Name, got, digest)
-	}
-	if err := r.Identity.match(pl.Critical.Identity.DockerReference, ref); err != nil {
+	if err := r.Identity.match(identity, ref); err != nil {
 		return fmt.Errorf("signed by %s for %s, but %w", signer.Name, digest, err)
 	}
 	return nil
+}
+
+// In-toto statements in sigstore bundles, as cosign signs images with
+// --new-bundle-format.
+const (
+	inTotoPayloadType     = "application/vnd.in-toto+json"
+	inTotoStatementV1     = "https://in-toto.io/Statement/v1"
+	inTotoStatementV01    = "https://in-toto.io/Statement/v0.1"
+	cosignSignPredicateV1 = "https://sigstore.dev/cosign/sign/v1"
+	dssePAEPrefix         = "DSSEv1"
+	sha256AlgorithmInToto = "sha256"
+	statementDigestPrefix = "sha256:"
+)
+
+// pae is DSSE's pre-authentication encoding, what an envelope's
+// signatures sign.
+func pae(payloadType string, payload []byte) []byte {
+	return fmt.Appendf(nil, "%s %d %s %d %s", dssePAEPrefix, len(payloadType), payloadType, len(payload), payload)
+}
+
+// statement is what berth reads of an in-toto statement.
+type statement struct {
+	Type    string `json:"_type"`
+	Subject []struct {
+		Name   string            `json:"name"`
+		Digest map[string]string `json:"digest"`
+	} `json:"subject"`
+	PredicateType string  `json:"predicateType"`
+	Predicate     payload `json:"predicate"`
+}
+
+// statementClaims checks a verified bundle statement: an in-toto
+// statement with cosign's signature predicate whose subject names the
+// pulled digest; it returns the identity the predicate claims.
+func statementClaims(s image.CosignSignature, digest string) (string, error) {
+	if s.PayloadType != inTotoPayloadType {
+		return "", fmt.Errorf("its payload type is %q, not %q", s.PayloadType, inTotoPayloadType)
+	}
+	var st statement
+	if err := json.Unmarshal(s.Payload, &st); err != nil {
+		return "", fmt.Errorf("its statement does not parse: %w", err)
+	}
+	if st.Type != inTotoStatementV1 && st.Type != inTotoStatementV01 {
+		return "", fmt.Errorf("its statement type is %q", st.Type)
+	}
+	if st.PredicateType != cosignSignPredicateV1 {
+		return "", fmt.Errorf("it is an attestation of type %q, not a signature (%s)", st.PredicateType, cosignSignPredicateV1)
+	}
+	want := strings.TrimPrefix(digest, statementDigestPrefix)
+	var named []string
+	found := false
+	for _, sub := range st.Subject {
+		d := sub.Digest[sha256AlgorithmInToto]
+		named = append(named, statementDigestPrefix+d)
+		if d == want {
+			found = true
+		}
+	}
+	if !found {
+		return "", fmt.Errorf("digest mismatch: its subjects are %v, not the pulled %s", named, digest)
+	}
+	if got := st.Predicate.Critical.Image.DockerManifestDigest; got != "" && got != digest {
+		return "", fmt.Errorf("digest mismatch: its predicate names %s, not the pulled %s", got, digest)
+	}
+	if st.Predicate.Critical.Identity.DockerReference == "" {
+		return "", fmt.Errorf("its predicate claims no identity (critical.identity.docker-reference)")
+	}
+	return st.Predicate.Critical.Identity.DockerReference, nil
 }
 
 // match tells whether a signature claiming identity signed (its

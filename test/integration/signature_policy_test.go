@@ -76,7 +76,8 @@ func wantStoreEmpty(t *testing.T, d *berthdtest.Daemon) {
 // and Ed25519). Unsigned, signed by another key, a signature for another
 // digest and a tampered payload are refused, each with its reason and
 // nothing stored; a repository scope that accepts anything wins over the
-// registry's; images signed by either key are pulled.
+// registry's; images signed by either key are pulled, with the .sig tag
+// or with a sigstore bundle attached as an OCI 1.1 referrer.
 func TestSignaturePolicyCosignSignatures(t *testing.T) {
 	t.Parallel()
 	reg := testimages.StartRegistry(t)
@@ -111,6 +112,13 @@ func TestSignaturePolicyCosignSignatures(t *testing.T) {
 		Payload: testimages.CosignPayload(t, reg.Ref("elsewhere/app"), dg), Signature: sig,
 	})
 	push("open/app")
+	// OCI 1.1 referrers: sigstore bundles, as cosign --new-bundle-format
+	// attaches them.
+	subject := testimages.DescriptorOf(t, img)
+	push("bundled/app")
+	reg.AttachBundle(t, "bundled/app", subject, ec.Bundle(t, testimages.BundleStatement(t, reg.Ref("bundled/app"), dg)))
+	push("bundled-stranger/app")
+	reg.AttachBundle(t, "bundled-stranger/app", subject, stranger.Bundle(t, testimages.BundleStatement(t, reg.Ref("bundled-stranger/app"), dg)))
 
 	dir := t.TempDir()
 	policy := filepath.Join(dir, "policy.json")
@@ -127,11 +135,12 @@ func TestSignaturePolicyCosignSignatures(t *testing.T) {
 	wantSignatureRefused(t, d, reg.Ref("strangers/app:v1"), scope, "does not verify with the trusted key", "ec.pub")
 	wantSignatureRefused(t, d, reg.Ref("swapped/app:v1"), scope, "digest mismatch", otherDigest.String())
 	wantSignatureRefused(t, d, reg.Ref("tampered/app:v1"), scope, "payload was changed after signing")
+	wantSignatureRefused(t, d, reg.Ref("bundled-stranger/app:v1"), scope, "does not verify with the trusted key")
 	wantSignatureRefused(t, d, "quay.io/berth-test/app:v1", "scope default", "rejects every image")
 	wantStoreEmpty(t, d)
 
 	id := configDigest(t, img)
-	for _, ref := range []string{reg.Ref("signed/ec:v1"), reg.Ref("signed/ed:v1"), reg.Ref("signed/ec@" + dg), reg.Ref("open/app:v1")} {
+	for _, ref := range []string{reg.Ref("signed/ec:v1"), reg.Ref("signed/ed:v1"), reg.Ref("signed/ec@" + dg), reg.Ref("open/app:v1"), reg.Ref("bundled/app:v1")} {
 		if got := pull(t, d, ref, nil); got != id {
 			t.Errorf("pull %s: %s, want %s", ref, got, id)
 		}

@@ -11,11 +11,15 @@ import (
 	"encoding/base64"
 	"encoding/json"
 	"encoding/pem"
+	"fmt"
 	"strings"
 	"testing"
 
+	"github.com/google/go-containerregistry/pkg/name"
+	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/google/go-containerregistry/pkg/v1/empty"
 	"github.com/google/go-containerregistry/pkg/v1/mutate"
+	"github.com/google/go-containerregistry/pkg/v1/remote"
 	"github.com/google/go-containerregistry/pkg/v1/static"
 	"github.com/google/go-containerregistry/pkg/v1/types"
 )
@@ -135,4 +139,95 @@ func (r *Registry) SignCosign(t testing.TB, key *CosignKey, repo, digest string)
 	t.Helper()
 	payload := CosignPayload(t, r.Ref(repo), digest)
 	r.PushCosignSignatures(t, repo, digest, CosignLayer{Payload: payload, Signature: key.Sign(t, payload)})
+}
+
+// SigstoreBundleMediaType is a sigstore bundle v0.3, as cosign attaches
+// one (--new-bundle-format) as an OCI 1.1 referrer.
+const SigstoreBundleMediaType = "application/vnd.dev.sigstore.bundle.v0.3+json"
+
+// BundleStatement is the in-toto statement cosign signs into a bundle
+// for an image: its digest as the subject, cosign's signature predicate
+// holding the simple-signing claims (identity: the repository).
+func BundleStatement(t testing.TB, identity, digest string) []byte {
+	t.Helper()
+	var claims map[string]any
+	if err := json.Unmarshal(CosignPayload(t, identity, digest), &claims); err != nil {
+		t.Fatal(err)
+	}
+	st := map[string]any{
+		"_type":         "https://in-toto.io/Statement/v1",
+		"subject":       []any{map[string]any{"name": identity, "digest": map[string]string{"sha256": strings.TrimPrefix(digest, "sha256:")}}},
+		"predicateType": "https://sigstore.dev/cosign/sign/v1",
+		"predicate":     claims,
+	}
+	b, err := json.Marshal(st)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+// Bundle wraps statement in a sigstore bundle with one DSSE signature
+// by k (a key-based bundle: no certificate, no transparency log entry).
+func (k *CosignKey) Bundle(t testing.TB, statement []byte) []byte {
+	t.Helper()
+	const payloadType = "application/vnd.in-toto+json"
+	pae := fmt.Appendf(nil, "DSSEv1 %d %s %d %s", len(payloadType), payloadType, len(statement), statement)
+	b, err := json.Marshal(map[string]any{
+		"mediaType":            SigstoreBundleMediaType,
+		"verificationMaterial": map[string]any{"publicKey": map[string]string{"hint": "test"}},
+		"dsseEnvelope": map[string]any{
+			"payload":     base64.StdEncoding.EncodeToString(statement),
+			"payloadType": payloadType,
+			"signatures":  []any{map[string]string{"sig": k.Sign(t, pae)}},
+		},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+// AttachBundle pushes bundle as an OCI 1.1 referrer of the manifest
+// subject (repo relative to this registry), by digest, as cosign does.
+// The in-process registry lists a referrer's config media type as its
+// artifactType, so the config carries the bundle type.
+func (r *Registry) AttachBundle(t testing.TB, repo string, subject v1.Descriptor, bundle []byte) {
+	t.Helper()
+	img := mutate.MediaType(empty.Image, types.OCIManifestSchema1)
+	img = mutate.ConfigMediaType(img, SigstoreBundleMediaType)
+	img, err := mutate.Append(img, mutate.Addendum{Layer: static.NewLayer(bundle, SigstoreBundleMediaType)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	img = mutate.Subject(img, subject).(v1.Image)
+	d, err := img.Digest()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ref, err := name.NewDigest(r.Ref(repo)+"@"+d.String(), name.Insecure)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := remote.Write(ref, img, r.remoteOptions()...); err != nil {
+		t.Fatalf("push referrer of %s: %v", subject.Digest, err)
+	}
+}
+
+// DescriptorOf is the descriptor of img's manifest, to attach referrers to.
+func DescriptorOf(t testing.TB, img v1.Image) v1.Descriptor {
+	t.Helper()
+	raw, err := img.RawManifest()
+	if err != nil {
+		t.Fatal(err)
+	}
+	mt, err := img.MediaType()
+	if err != nil {
+		t.Fatal(err)
+	}
+	d, err := img.Digest()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return v1.Descriptor{MediaType: mt, Digest: d, Size: int64(len(raw))}
 }
