@@ -266,6 +266,11 @@ func (d *Daemon) configInfo() (map[string]any, error) {
 		"toml":       string(text),
 		"liveKeys":   toAny(liveconfig.LiveKeys()),
 	}
+	sp := map[string]any{"path": live.Config.SignaturePolicy, "digest": sigpolicy.DigestOf(live.SignaturePolicy), "scopes": []any{}}
+	if live.SignaturePolicy != nil {
+		sp["scopes"] = toAny(live.SignaturePolicy.Scopes())
+	}
+	out["signaturePolicy"] = sp
 	d.reload.statusMu.Lock()
 	defer d.reload.statusMu.Unlock()
 	counts := map[string]any{}

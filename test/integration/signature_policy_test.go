@@ -3,6 +3,7 @@ package integration
 import (
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -171,6 +172,10 @@ func TestSignaturePolicyReloadTightens(t *testing.T) {
 		t.Fatalf("signature_policy change: %+v", last)
 	}
 	wantSignatureRefused(t, d, reg.Ref("app:v2"), "scope default", "no signature")
+	out, err := exec.Command(berthdtest.Binary(t), "config", "--running", "--listen", "unix://"+d.Socket).CombinedOutput()
+	if err != nil || !strings.Contains(string(out), fmt.Sprintf("# signature policy: %s (sha256:", d.Config.SignaturePolicy)) {
+		t.Errorf("berthd config --running does not show the policy in effect (%v):\n%s", err, out)
+	}
 
 	writePolicy(t, d.Config.SignaturePolicy, `{"default": [{"type": "insecureAcceptAnything"}], "oops"}`)
 	last = d.Reload()
