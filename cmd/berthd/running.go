@@ -31,6 +31,13 @@ func printRunningConfig(listen string, w io.Writer) error {
 	}
 	m := res.AsMap()
 	fmt.Fprintf(w, "# configuration in effect in the berthd at %s (generation %v)\n", listen, m["generation"])
+	if sp, ok := m["signaturePolicy"].(map[string]any); ok {
+		if d, _ := sp["digest"].(string); d != "" {
+			fmt.Fprintf(w, "# signature policy: %v (%s), scopes %v\n", sp["path"], d, sp["scopes"])
+		} else {
+			fmt.Fprintf(w, "# signature policy: none at %v, every image is accepted\n", sp["path"])
+		}
+	}
 	if r, ok := m["reloads"].(map[string]any); ok {
 		fmt.Fprintf(w, "# reloads (SIGHUP): %v success, %v partial, %v failure\n", r["success"], r["partial"], r["failure"])
 	}

@@ -31,6 +31,7 @@ const (
 	DefaultLogFormat         = "text"
 	DefaultCgroupParent      = "berth"
 	DefaultRuntimeHandler    = "runc"
+	DefaultSignaturePolicy   = "/etc/berth/policy.json"
 )
 
 // DefaultImagePullProgressTimeout cancels a pull that received nothing for
@@ -65,6 +66,10 @@ type Config struct {
 	CNIBinDirs []string `toml:"cni_bin_dirs" json:"cni_bin_dirs"`
 	// RegistryConfigDir holds containerd-style <host>/hosts.toml files.
 	RegistryConfigDir string `toml:"registry_config_dir" json:"registry_config_dir"`
+	// SignaturePolicy is the image signature policy, a containers/image
+	// policy.json (docs/signature-policy.md); an absent file or "" accepts
+	// every image.
+	SignaturePolicy string `toml:"signature_policy" json:"signature_policy"`
 	// StreamingAddress is where exec/attach/port-forward are served.
 	StreamingAddress string `toml:"streaming_address" json:"streaming_address"`
 	// StreamingTLSCert and StreamingTLSKey, both set, serve the streaming
@@ -209,6 +214,7 @@ func Default() *Config {
 		CNIConfDir:            DefaultCNIConfDir,
 		CNIBinDirs:            append([]string(nil), DefaultCNIBinDirs...),
 		RegistryConfigDir:     DefaultRegistryConfigDir,
+		SignaturePolicy:       DefaultSignaturePolicy,
 		StreamingAddress:      DefaultStreamingAddress,
 		MetricsAddress:        "",
 		LogLevel:              DefaultLogLevel,
@@ -316,6 +322,9 @@ func (c *Config) Validate() error {
 	}
 	if c.PinnedImages == nil {
 		c.PinnedImages = []string{}
+	}
+	if c.SignaturePolicy != "" && !filepath.IsAbs(c.SignaturePolicy) {
+		return fmt.Errorf("signature_policy %q must be an absolute path (or empty: no policy)", c.SignaturePolicy)
 	}
 	if c.ImagePullProgressTimeout < 0 {
 		return fmt.Errorf("image_pull_progress_timeout must not be negative")

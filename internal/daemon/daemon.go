@@ -36,6 +36,7 @@ import (
 	"github.com/berthcri/berth/internal/nri"
 	"github.com/berthcri/berth/internal/oci"
 	"github.com/berthcri/berth/internal/sandbox"
+	"github.com/berthcri/berth/internal/sigpolicy"
 	"github.com/berthcri/berth/internal/specgen"
 	"github.com/berthcri/berth/internal/streaming"
 	"github.com/berthcri/berth/internal/systemd"
@@ -103,7 +104,14 @@ func New(ctx context.Context, cfg *config.Config, version string, log *slog.Logg
 	// The first snapshot of the live configuration; its handlers' features
 	// are added once the sandbox store can tell about user namespaces.
 	runtimes := container.Runtimes(cfg)
-	d.live = liveconfig.NewHolder(liveconfig.NewSnapshot(1, cfg, handlersOf(cfg, runtimes, nil)))
+	policy, err := sigpolicy.Load(cfg.SignaturePolicy)
+	if err != nil {
+		return nil, err
+	}
+	logPolicy(log, policy, cfg.SignaturePolicy)
+	first := liveconfig.NewSnapshot(1, cfg, handlersOf(cfg, runtimes, nil))
+	first.SignaturePolicy = policy
+	d.live = liveconfig.NewHolder(first)
 	d.deferred = atomicfile.NewDeferred(func(path string, err error) {
 		log.Warn("background fsync failed; the file may not survive a power loss", "path", path, "err", err)
 	})
@@ -116,7 +124,11 @@ func New(ctx context.Context, cfg *config.Config, version string, log *slog.Logg
 		// Read by each pull as it starts (decision 2300).
 		Settings: func() image.PullSettings {
 			live := d.live.Load()
-			return image.PullSettings{RegistryConfigDir: live.Config.RegistryConfigDir, ProgressTimeout: live.PullProgressTimeout()}
+			return image.PullSettings{
+				RegistryConfigDir: live.Config.RegistryConfigDir,
+				ProgressTimeout:   live.PullProgressTimeout(),
+				SignaturePolicy:   live.ImageSignaturePolicy(),
+			}
 		},
 	})
 	if err != nil {
@@ -229,7 +241,9 @@ func New(ctx context.Context, cfg *config.Config, version string, log *slog.Logg
 
 	features := cri.ProbeRuntimeFeatures(ctx, runtimes, sandboxes.UserNamespaceSupport(), log)
 	if _, err := d.live.Swap(func(cur *liveconfig.Snapshot, _ func(string) int) (*liveconfig.Snapshot, error) {
-		return liveconfig.NewSnapshot(cur.Generation, cur.Config, handlersOf(cur.Config, runtimes, features)), nil
+		next := liveconfig.NewSnapshot(cur.Generation, cur.Config, handlersOf(cur.Config, runtimes, features))
+		next.SignaturePolicy = cur.SignaturePolicy
+		return next, nil
 	}); err != nil {
 		return nil, err
 	}

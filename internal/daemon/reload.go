@@ -15,6 +15,7 @@ import (
 	"github.com/berthcri/berth/internal/liveconfig"
 	"github.com/berthcri/berth/internal/metrics"
 	"github.com/berthcri/berth/internal/oci"
+	"github.com/berthcri/berth/internal/sigpolicy"
 )
 
 // reloader is what Reload needs besides the components, and what the
@@ -95,6 +96,13 @@ func (d *Daemon) reloadLocked(ctx context.Context) ReloadStatus {
 		log.Error("configuration reload refused: the configuration in effect stays", "generation", cur.Generation, "error", err)
 		return ReloadStatus{Result: metrics.ReloadFailure, Error: err.Error(), Generation: cur.Generation}
 	}
+	// The signature policy is read now, whole: a file that does not parse
+	// refuses the reload like a config file that does not.
+	policy, err := sigpolicy.Load(next.SignaturePolicy)
+	if err != nil {
+		log.Error("configuration reload refused: the configuration in effect stays", "generation", cur.Generation, "error", err)
+		return ReloadStatus{Result: metrics.ReloadFailure, Error: err.Error(), Generation: cur.Generation}
+	}
 	// Handlers the file adds or changes get their runtime and features
 	// now, outside the holder's lock that starting pods take. Reloads are
 	// serialised, so cur is still in effect when Swap runs.
@@ -111,6 +119,9 @@ func (d *Daemon) reloadLocked(ctx context.Context) ReloadStatus {
 	snap, err := d.live.Swap(func(cur *liveconfig.Snapshot, starting func(string) int) (*liveconfig.Snapshot, error) {
 		var eff *config.Config
 		eff, changes = liveconfig.Plan(cur.Config, next, d.handlerUse(starting))
+		if c, changed := policyChange(cur, next.SignaturePolicy, policy); changed {
+			changes = mergePolicyChange(changes, c)
+		}
 		if !anyApplied(changes) {
 			return nil, nil
 		}
@@ -122,7 +133,9 @@ func (d *Daemon) reloadLocked(ctx context.Context) ReloadStatus {
 			}
 			handlers[name] = &liveconfig.Handler{Name: name, Config: hc, Runtime: fresh[name], Features: features[name]}
 		}
-		return liveconfig.NewSnapshot(cur.Generation+1, eff, handlers), nil
+		snap := liveconfig.NewSnapshot(cur.Generation+1, eff, handlers)
+		snap.SignaturePolicy = policy
+		return snap, nil
 	})
 	if err != nil { // fn returns none; kept for the signature
 		log.Error("configuration reload refused: the configuration in effect stays", "error", err)
@@ -149,6 +162,48 @@ func (d *Daemon) reloadLocked(ctx context.Context) ReloadStatus {
 		}
 	}
 	return st
+}
+
+// policyChange tells whether the policy read by a reload differs from
+// the one in effect: another file, or the same file with other bytes.
+// Its Old and New name the file and its content's digest.
+func policyChange(cur *liveconfig.Snapshot, path string, next *sigpolicy.Policy) (liveconfig.Change, bool) {
+	was, now := sigpolicy.DigestOf(cur.SignaturePolicy), sigpolicy.DigestOf(next)
+	if cur.Config.SignaturePolicy == path && was == now {
+		return liveconfig.Change{}, false
+	}
+	describe := func(path, digest string) string {
+		if digest == "" {
+			digest = "absent: accept anything"
+		}
+		return fmt.Sprintf("%q (%s)", path, digest)
+	}
+	return liveconfig.Change{
+		Key: "signature_policy", Old: describe(cur.Config.SignaturePolicy, was), New: describe(path, now), Applied: true,
+	}, true
+}
+
+// mergePolicyChange puts the policy's change in place of Plan's entry for
+// the key (which only saw the path), keeping the list sorted.
+func mergePolicyChange(changes []liveconfig.Change, c liveconfig.Change) []liveconfig.Change {
+	for i := range changes {
+		if changes[i].Key == c.Key {
+			changes[i] = c
+			return changes
+		}
+	}
+	changes = append(changes, c)
+	sort.Slice(changes, func(i, j int) bool { return changes[i].Key < changes[j].Key })
+	return changes
+}
+
+// logPolicy says at start which signature policy is in effect.
+func logPolicy(log *slog.Logger, p *sigpolicy.Policy, path string) {
+	if p == nil {
+		log.Info("image signature policy: none, every image is accepted", "signature_policy", path)
+		return
+	}
+	log.Info("image signature policy loaded", "signature_policy", path, "digest", p.Digest, "scopes", p.Scopes())
 }
 
 func anyApplied(changes []liveconfig.Change) bool {
@@ -211,6 +266,11 @@ func (d *Daemon) configInfo() (map[string]any, error) {
 		"toml":       string(text),
 		"liveKeys":   toAny(liveconfig.LiveKeys()),
 	}
+	sp := map[string]any{"path": live.Config.SignaturePolicy, "digest": sigpolicy.DigestOf(live.SignaturePolicy), "scopes": []any{}}
+	if live.SignaturePolicy != nil {
+		sp["scopes"] = toAny(live.SignaturePolicy.Scopes())
+	}
+	out["signaturePolicy"] = sp
 	d.reload.statusMu.Lock()
 	defer d.reload.statusMu.Unlock()
 	counts := map[string]any{}

@@ -135,7 +135,12 @@ func (s *Store) importDockerArchive(ctx context.Context, archive string) ([]*Ima
 	if err != nil {
 		return nil, fmt.Errorf("docker-archive manifest.json: %w: %w", err, errdefs.ErrInvalidArgument)
 	}
-	var out []*Image
+	policy := s.settings().SignaturePolicy
+	type pending struct {
+		img   v1.Image
+		names []string
+	}
+	var todo []pending
 	for i, d := range m {
 		var tag *name.Tag
 		if len(d.RepoTags) > 0 {
@@ -152,20 +157,57 @@ func (s *Store) importDockerArchive(ctx context.Context, archive string) ([]*Ima
 			return nil, fmt.Errorf("docker-archive image %d: %w: %w", i, err, errdefs.ErrInvalidArgument)
 		}
 		var names []string
+		var refs []Named
 		for _, t := range d.RepoTags {
 			n, err := ParseReference(t)
 			if err != nil {
 				return nil, err
 			}
 			names = append(names, n.TagRef())
+			refs = append(refs, n)
 		}
-		stored, err := s.commit(ctx, img, names, nil, nil)
+		if err := checkImport(ctx, policy, refs, img); err != nil {
+			return nil, fmt.Errorf("import docker-archive image %d: %w", i, err)
+		}
+		todo = append(todo, pending{img, names})
+	}
+	// Every image passed the policy before the first is stored.
+	var out []*Image
+	for i, p := range todo {
+		stored, err := s.commit(ctx, p.img, p.names, nil, nil)
 		if err != nil {
 			return nil, fmt.Errorf("import docker-archive image %d: %w", i, err)
 		}
 		out = append(out, stored)
 	}
 	return out, nil
+}
+
+// checkImport applies the signature policy to an imported image under
+// each of its names (the defaults when it has none). An archive carries
+// no signature berth reads, so only scopes that accept anything let it
+// in (docs/signature-policy.md).
+func checkImport(ctx context.Context, policy SignaturePolicy, refs []Named, img v1.Image) error {
+	if policy == nil {
+		return nil
+	}
+	d, err := img.Digest()
+	if err != nil {
+		return fmt.Errorf("manifest digest: %w", err)
+	}
+	if len(refs) == 0 {
+		refs = []Named{{}}
+	}
+	for _, n := range refs {
+		err := policy.Check(ctx, SignatureCheck{
+			Ref: n, Digest: d.String(),
+			Source: "an imported archive: berthctl image import reads no signatures",
+		})
+		if err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 func (s *Store) importLayout(ctx context.Context, dir string) ([]*Image, error) {
@@ -177,7 +219,13 @@ func (s *Store) importLayout(ctx context.Context, dir string) ([]*Image, error) 
 	if err != nil {
 		return nil, fmt.Errorf("OCI layout index.json: %w: %w", err, errdefs.ErrInvalidArgument)
 	}
-	var out []*Image
+	policy := s.settings().SignaturePolicy
+	type pending struct {
+		img   v1.Image
+		names []string
+		desc  v1.Descriptor
+	}
+	var todo []pending
 	for _, desc := range im.Manifests {
 		var img v1.Image
 		switch {
@@ -205,15 +253,24 @@ func (s *Store) importLayout(ctx context.Context, dir string) ([]*Image, error) 
 			continue
 		}
 		var names []string
+		var refs []Named
 		if n, ok := layoutName(desc.Annotations); ok {
 			if n.Tag != "" {
 				names = append(names, n.TagRef())
 			}
 			names = append(names, n.Repo()+"@"+desc.Digest.String())
+			refs = append(refs, n)
 		}
-		stored, err := s.commit(ctx, img, names, nil, nil)
-		if err != nil {
+		if err := checkImport(ctx, policy, refs, img); err != nil {
 			return nil, fmt.Errorf("import OCI layout image %s: %w", desc.Digest, err)
+		}
+		todo = append(todo, pending{img, names, desc})
+	}
+	var out []*Image
+	for _, p := range todo {
+		stored, err := s.commit(ctx, p.img, p.names, nil, nil)
+		if err != nil {
+			return nil, fmt.Errorf("import OCI layout image %s: %w", p.desc.Digest, err)
 		}
 		out = append(out, stored)
 	}

@@ -91,6 +91,12 @@ func (s *Store) Pull(ctx context.Context, ref string, auth *Auth) (*Image, error
 }
 
 func (s *Store) pull(ctx context.Context, n Named, auth *Auth, w *pullWatch, set PullSettings) (*Image, error) {
+	policy := set.SignaturePolicy
+	if policy != nil {
+		if err := policy.Precheck(n); err != nil {
+			return nil, fmt.Errorf("pull %s: %w", n, err)
+		}
+	}
 	eps, err := endpoints(set.RegistryConfigDir, n.Domain)
 	if err != nil {
 		return nil, err
@@ -100,6 +106,7 @@ func (s *Store) pull(ctx context.Context, n Named, auth *Auth, w *pullWatch, set
 		names = append(names, n.TagRef())
 	}
 	var errs []error
+	var refused *SignatureError
 	target := n
 	if n.Digest == "" && slices.ContainsFunc(eps, func(e endpoint) bool { return e.pull && !e.resolve }) {
 		// Pull-only hosts (untrusted mirrors) may serve content but never
@@ -127,7 +134,7 @@ func (s *Store) pull(ctx context.Context, n Named, auth *Auth, w *pullWatch, set
 		if !ep.pull || (target.Digest == "" && !ep.resolve) {
 			continue
 		}
-		img, err := s.pullFrom(ctx, ep, target, names, auth, w)
+		img, err := s.pullFrom(ctx, ep, target, n, names, auth, w, policy)
 		if err == nil {
 			s.log.Info("image pulled", "image", n.String(), "id", img.ID, "from", ep.String())
 			return img, nil
@@ -136,7 +143,15 @@ func (s *Store) pull(ctx context.Context, n Named, auth *Auth, w *pullWatch, set
 			return nil, fmt.Errorf("pull %s: %w", n, ctxErr)
 		}
 		s.log.Warn("pull from endpoint failed", "image", n.String(), "endpoint", ep.String(), "error", err)
+		if se, ok := AsSignatureError(err); ok && refused == nil {
+			refused = se
+		}
 		errs = append(errs, fmt.Errorf("%s: %w", ep, err))
+	}
+	if refused != nil {
+		// The policy's verdict is the answer, whatever the other hosts
+		// said (each is in the log above).
+		return nil, fmt.Errorf("pull %s: %w", n, refused)
 	}
 	if len(errs) == 0 {
 		return nil, fmt.Errorf("pull %s: no registry host may pull it: %w", n, errdefs.ErrFailedPrecondition)
@@ -149,6 +164,7 @@ func (s *Store) pull(ctx context.Context, n Named, auth *Auth, w *pullWatch, set
 // with the endpoint's TLS, headers and registry auth for layer blobs, which
 // berth streams itself.
 type repoClient struct {
+	repo    name.Repository
 	ref     name.Reference
 	opts    []remote.Option
 	http    *http.Client
@@ -183,7 +199,8 @@ func remoteRef(ctx context.Context, ep endpoint, n Named, auth *Auth) (*repoClie
 		return nil, classify(err)
 	}
 	return &repoClient{
-		ref: gref,
+		repo: repo,
+		ref:  gref,
 		opts: []remote.Option{
 			remote.WithContext(ctx),
 			remote.WithTransport(authed),
@@ -229,8 +246,11 @@ func (s *Store) resolve(ctx context.Context, ep endpoint, n Named, auth *Auth) (
 }
 
 // pullFrom pulls n (by digest when it has one) from one endpoint and
-// stores it under names plus repo@digest.
-func (s *Store) pullFrom(ctx context.Context, ep endpoint, n Named, names []string, auth *Auth, w *pullWatch) (*Image, error) {
+// stores it under names plus repo@digest. asked is the reference as the
+// caller gave it (n may carry a digest resolved from its tag). When a
+// signature policy is set, the image must pass it before anything of it
+// is stored.
+func (s *Store) pullFrom(ctx context.Context, ep endpoint, n, asked Named, names []string, auth *Auth, w *pullWatch, policy SignaturePolicy) (*Image, error) {
 	rc, err := remoteRef(ctx, ep, n, auth)
 	if err != nil {
 		return nil, err
@@ -241,6 +261,23 @@ func (s *Store) pullFrom(ctx context.Context, ep endpoint, n Named, names []stri
 		return nil, classify(err)
 	}
 	w.step()
+	if policy != nil {
+		// desc.Digest is computed from the manifest received (and, by
+		// digest, checked against it): the index, manifest, config and
+		// layers stored below all hang from it by digest.
+		err := policy.Check(ctx, SignatureCheck{
+			Ref: asked, Digest: desc.Digest.String(),
+			Source: fmt.Sprintf("tag %s:%s and the referrers of %s on %s", n.Repo(), cosignSignatureTag(desc.Digest.String()), desc.Digest, ep),
+			Signatures: func(ctx context.Context) ([]CosignSignature, error) {
+				sigs, err := rc.imageSignatures(ctx, desc.Digest.String())
+				w.step()
+				return sigs, err
+			},
+		})
+		if err != nil {
+			return nil, err
+		}
+	}
 	var img v1.Image
 	if desc.MediaType.IsIndex() {
 		idx, err := desc.ImageIndex()

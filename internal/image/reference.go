@@ -59,6 +59,17 @@ func (n Named) TagRef() string {
 // Docker do: a missing registry is docker.io, a one-component Hub name gets
 // library/, a missing tag and digest means :latest.
 func ParseReference(ref string) (Named, error) {
+	return parseReference(ref, true)
+}
+
+// ParseName normalizes a reference like ParseReference but adds no tag:
+// "example.com/app" stays a bare repository (Tag and Digest empty), as
+// signature identities and policy scopes name them.
+func ParseName(ref string) (Named, error) {
+	return parseReference(ref, false)
+}
+
+func parseReference(ref string, withDefaultTag bool) (Named, error) {
 	var n Named
 	orig := ref
 	if ref == "" {
@@ -101,7 +112,7 @@ func ParseReference(ref string) (Named, error) {
 			return n, fmt.Errorf("image reference %q: bad repository component %q: %w", orig, c, errdefs.ErrInvalidArgument)
 		}
 	}
-	if n.Tag == "" && n.Digest == "" {
+	if withDefaultTag && n.Tag == "" && n.Digest == "" {
 		n.Tag = defaultTag
 	}
 	return n, nil

@@ -78,14 +78,17 @@ type Options struct {
 // starts: a reload (SIGHUP) changes them for the pulls that start after it
 // while the pulls in flight finish on theirs.
 //
-// The image signature policy (issue 24, part 1) belongs here: the pull
-// checks what it fetched against the policy it started with.
+// The signature policy is one of them: a pull checks what it fetched
+// against the policy it started with.
 type PullSettings struct {
 	// RegistryConfigDir holds containerd-style <host>/hosts.toml files.
 	RegistryConfigDir string
 	// ProgressTimeout cancels a pull that received nothing from the
 	// registry for this long; 0 never does.
 	ProgressTimeout time.Duration
+	// SignaturePolicy, if set, decides which images may be stored
+	// (pulls and imports); nil accepts every image.
+	SignaturePolicy SignaturePolicy
 }
 
 // PullObserver is told how many bytes pulls download and how long

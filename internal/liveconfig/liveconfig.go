@@ -16,7 +16,9 @@ import (
 
 	"github.com/berthcri/berth/internal/config"
 	"github.com/berthcri/berth/internal/errdefs"
+	"github.com/berthcri/berth/internal/image"
 	"github.com/berthcri/berth/internal/oci"
+	"github.com/berthcri/berth/internal/sigpolicy"
 )
 
 // Features are what one runtime handler can do, probed once when the
@@ -49,6 +51,11 @@ type Snapshot struct {
 	// Config is the whole effective configuration: the keys a reload
 	// applied and, for the others, what berthd started with. Read only.
 	Config *config.Config
+	// SignaturePolicy is the policy read from Config.SignaturePolicy when
+	// the snapshot was made (at start, or by the reload that made it);
+	// nil: no policy file, every image is accepted. Set it before the
+	// snapshot is published.
+	SignaturePolicy *sigpolicy.Policy
 	// handlers are Config.RuntimeHandlers with their runtimes and features.
 	handlers map[string]*Handler
 }
@@ -85,6 +92,15 @@ func (s *Snapshot) HandlerNames() []string {
 	}
 	sort.Strings(names)
 	return names
+}
+
+// ImageSignaturePolicy is the policy pulls check images against, nil for
+// none (as an interface: a nil *sigpolicy.Policy is no policy).
+func (s *Snapshot) ImageSignaturePolicy() image.SignaturePolicy {
+	if s.SignaturePolicy == nil {
+		return nil
+	}
+	return s.SignaturePolicy
 }
 
 // PullProgressTimeout is image_pull_progress_timeout.

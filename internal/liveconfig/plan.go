@@ -32,16 +32,16 @@ type InUse func(handler string) string
 // liveKeys are the scalar keys a reload applies as they are, each with
 // how to copy it from the new file into the effective configuration.
 // The components read them from the snapshot at the start of each request.
-//
-// Seam for the image signature policy (issue 24, part 1): its key goes
-// here, the image store reads it from the pull's settings
-// (image.PullSettings, taken once per pull) like the two registry keys, so
-// a policy tightened by SIGHUP applies from the next pull on and a pull in
-// flight finishes under the policy it started with.
+// signature_policy is the policy file's path; the policy itself is read
+// by the reload into the snapshot (Snapshot.SignaturePolicy), and the
+// image store takes it once per pull with the two registry keys
+// (image.PullSettings), so a policy tightened by SIGHUP applies from the
+// next pull on and a pull in flight finishes under the one it started with.
 var liveKeys = map[string]func(eff, next *config.Config){
 	"log_level":                   func(eff, next *config.Config) { eff.LogLevel = next.LogLevel },
 	"registry_config_dir":         func(eff, next *config.Config) { eff.RegistryConfigDir = next.RegistryConfigDir },
 	"image_pull_progress_timeout": func(eff, next *config.Config) { eff.ImagePullProgressTimeout = next.ImagePullProgressTimeout },
+	"signature_policy":            func(eff, next *config.Config) { eff.SignaturePolicy = next.SignaturePolicy },
 }
 
 // LiveKeys lists the keys a reload may apply, sorted; runtime_handlers.*
@@ -60,7 +60,8 @@ func LiveKeys() []string {
 // effect, a new value that shares nothing with cur, with one Change per
 // key that differs, sorted by key:
 //
-//   - log_level, registry_config_dir, image_pull_progress_timeout apply;
+//   - log_level, registry_config_dir, image_pull_progress_timeout,
+//     signature_policy apply;
 //   - a runtime handler that is added applies; one removed or changed
 //     applies only when nothing uses it (inUse), else it is kept as it
 //     is, since the containers it runs need the same runtime and --root

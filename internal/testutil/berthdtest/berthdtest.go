@@ -101,6 +101,8 @@ func Start(t testing.TB, opts Options) *Daemon {
 	cfg.State = d.State
 	cfg.CNIConfDir = filepath.Join(dir, "net.d")
 	cfg.RegistryConfigDir = filepath.Join(dir, "certs.d")
+	// Never the node's /etc/berth/policy.json; absent: accept anything.
+	cfg.SignaturePolicy = filepath.Join(dir, "policy.json")
 	cfg.LogLevel = "debug"
 	cfg.CgroupParent = "berthtest-" + filepath.Base(dir)
 	// A bridge and subnet of its own for the embedded default network, so
