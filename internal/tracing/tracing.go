@@ -82,8 +82,15 @@ func exporter(ctx context.Context, cfg config.Tracing) (*otlptrace.Exporter, err
 	ep := cfg.Endpoint
 	isURL := strings.Contains(ep, "://")
 	if isURL {
-		if _, err := url.Parse(ep); err != nil {
+		u, err := url.Parse(ep)
+		if err != nil {
 			return nil, fmt.Errorf("tracing.endpoint %q: %w", ep, err)
+		}
+		if cfg.Protocol == config.TracingProtocolHTTP && strings.Trim(u.Path, "/") == "" {
+			// As OTEL_EXPORTER_OTLP_ENDPOINT: a base URL gets the
+			// signal's path (the exporter would post to "/").
+			u.Path = "/v1/traces"
+			ep = u.String()
 		}
 	}
 	switch cfg.Protocol {
