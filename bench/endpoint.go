@@ -77,6 +77,10 @@ func startOtherBerthd(tb testing.TB, bin string) *Endpoint {
 	tb.Helper()
 	d := berthdtest.Start(tb, berthdtest.Options{StartProcess: func(cmd *exec.Cmd) error {
 		cmd.Path, cmd.Args[0] = bin, bin
+		// A build older than a config table refuses it as unknown keys.
+		if err := dropTable(cmd.Args[2], "tracing"); err != nil {
+			return err
+		}
 		return cmd.Start()
 	}})
 	return &Endpoint{
@@ -244,4 +248,25 @@ func PSSKiB(pids []int) uint64 {
 		}
 	}
 	return total
+}
+
+// dropTable removes the TOML table [name] from the config file at path, so
+// that a berthd built before that table existed (BENCH_REF_BERTHD) reads
+// the file; its defaults are what that build does anyway.
+func dropTable(path, name string) error {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return fmt.Errorf("read config for the reference berthd: %w", err)
+	}
+	var out []string
+	skip := false
+	for _, line := range strings.Split(string(data), "\n") {
+		if t := strings.TrimSpace(line); strings.HasPrefix(t, "[") {
+			skip = t == "["+name+"]" || strings.HasPrefix(t, "["+name+".")
+		}
+		if !skip {
+			out = append(out, line)
+		}
+	}
+	return os.WriteFile(path, []byte(strings.Join(out, "\n")), 0o600)
 }

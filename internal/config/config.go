@@ -104,7 +104,36 @@ type Config struct {
 	// CDISpecDirs hold Container Device Interface specs, lowest priority
 	// first (a later directory's device of the same name wins).
 	CDISpecDirs []string `toml:"cdi_spec_dirs" json:"cdi_spec_dirs"`
+	// Tracing exports OpenTelemetry spans of CRI requests over OTLP
+	// (docs/tracing.md). Off by default; read at start only.
+	Tracing Tracing `toml:"tracing" json:"tracing"`
 }
+
+// Tracing configures OpenTelemetry tracing.
+type Tracing struct {
+	// Enable turns span export on.
+	Enable bool `toml:"enable" json:"enable"`
+	// Endpoint is the OTLP collector: host:port (plain text) or a URL
+	// (http:// or https://; for http/protobuf the path defaults to
+	// /v1/traces).
+	Endpoint string `toml:"endpoint" json:"endpoint"`
+	// Protocol is "grpc" or "http/protobuf".
+	Protocol string `toml:"protocol" json:"protocol"`
+	// SamplingRate is the ratio of new traces sampled, 0 to 1; a caller's
+	// sampled flag wins (parent-based).
+	SamplingRate float64 `toml:"sampling_rate" json:"sampling_rate"`
+	// ServiceName is the service.name resource attribute.
+	ServiceName string `toml:"service_name" json:"service_name"`
+}
+
+// Tracing protocols and defaults.
+const (
+	TracingProtocolGRPC        = "grpc"
+	TracingProtocolHTTP        = "http/protobuf"
+	DefaultTracingEndpoint     = "127.0.0.1:4317"
+	DefaultTracingServiceName  = "berth"
+	DefaultTracingSamplingRate = 1.0
+)
 
 // DefaultCDISpecDirs are the CDI specification's (and containerd's and
 // CRI-O's) spec directories: static, then generated at run time.
@@ -233,6 +262,10 @@ func Default() *Config {
 		},
 
 		ImagePullProgressTimeout: Duration(DefaultImagePullProgressTimeout),
+		Tracing: Tracing{
+			Endpoint: DefaultTracingEndpoint, Protocol: TracingProtocolGRPC,
+			SamplingRate: DefaultTracingSamplingRate, ServiceName: DefaultTracingServiceName,
+		},
 	}
 }
 
@@ -290,6 +323,9 @@ func (c *Config) Validate() error {
 	}
 	if c.Runtime == "" {
 		return fmt.Errorf("runtime must name an OCI runtime binary")
+	}
+	if err := c.Tracing.validate(); err != nil {
+		return err
 	}
 	if c.RuntimeHandlers == nil {
 		c.RuntimeHandlers = map[string]RuntimeHandler{}
@@ -366,4 +402,25 @@ func (c *Config) TOML() ([]byte, error) {
 		return nil, fmt.Errorf("encode config: %w", err)
 	}
 	return buf.Bytes(), nil
+}
+
+func (t *Tracing) validate() error {
+	if t.Protocol == "" {
+		t.Protocol = TracingProtocolGRPC
+	}
+	if t.ServiceName == "" {
+		t.ServiceName = DefaultTracingServiceName
+	}
+	if t.Endpoint == "" {
+		t.Endpoint = DefaultTracingEndpoint
+	}
+	switch t.Protocol {
+	case TracingProtocolGRPC, TracingProtocolHTTP:
+	default:
+		return fmt.Errorf("tracing.protocol %q: want %s or %s", t.Protocol, TracingProtocolGRPC, TracingProtocolHTTP)
+	}
+	if t.SamplingRate < 0 || t.SamplingRate > 1 || t.SamplingRate != t.SamplingRate {
+		return fmt.Errorf("tracing.sampling_rate %v: want a ratio from 0 to 1", t.SamplingRate)
+	}
+	return nil
 }

@@ -41,3 +41,26 @@ func TestReferenceDocumentsEveryKey(t *testing.T) {
 		}
 	}
 }
+
+func TestTracingValidation(t *testing.T) {
+	for _, c := range []struct {
+		t  Tracing
+		ok bool
+	}{
+		{Default().Tracing, true},
+		{Tracing{Enable: true, Protocol: TracingProtocolHTTP, SamplingRate: 0.5}, true},
+		{Tracing{Protocol: "udp"}, false},
+		{Tracing{SamplingRate: 1.5}, false},
+		{Tracing{SamplingRate: -0.1}, false},
+	} {
+		cfg := Default()
+		cfg.Tracing = c.t
+		err := cfg.Validate()
+		if (err == nil) != c.ok {
+			t.Errorf("%+v: Validate() = %v", c.t, err)
+		}
+		if err == nil && (cfg.Tracing.Endpoint == "" || cfg.Tracing.ServiceName == "" || cfg.Tracing.Protocol == "") {
+			t.Errorf("%+v: defaults not filled: %+v", c.t, cfg.Tracing)
+		}
+	}
+}

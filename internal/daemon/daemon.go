@@ -40,6 +40,7 @@ import (
 	"github.com/berthcri/berth/internal/specgen"
 	"github.com/berthcri/berth/internal/streaming"
 	"github.com/berthcri/berth/internal/systemd"
+	"github.com/berthcri/berth/internal/tracing"
 )
 
 // shutdownGrace bounds how long in-flight RPCs may run after SIGTERM.
@@ -67,6 +68,9 @@ type Daemon struct {
 	// deferred fsyncs the pod start path's records after the replies
 	// (decision 1600); close waits for it.
 	deferred *atomicfile.Deferred
+	// tracing exports the CRI requests' spans; off unless [tracing]
+	// enable (decision 2500).
+	tracing *tracing.Provider
 }
 
 // New takes the root lock, prepares directories and the socket, and builds
@@ -270,14 +274,23 @@ func New(ctx context.Context, cfg *config.Config, version string, log *slog.Logg
 		Cgroups: ctrls,
 		Live:    d.live,
 	})
-	d.grpc = grpc.NewServer(
+	if d.tracing, err = tracing.New(ctx, cfg.Tracing, version); err != nil {
+		return nil, err
+	}
+	unary := []grpc.UnaryServerInterceptor{m.UnaryInterceptor(), unaryLogger(log)}
+	if d.tracing.Enabled() {
+		unary = append(unary, tracing.UnaryInterceptor())
+		log.Info("tracing on", "endpoint", cfg.Tracing.Endpoint, "protocol", cfg.Tracing.Protocol,
+			"sampling_rate", cfg.Tracing.SamplingRate, "service_name", cfg.Tracing.ServiceName)
+	}
+	d.grpc = grpc.NewServer(append([]grpc.ServerOption{
 		// As the kubelet's client: requests up to 16 MiB; responses may
 		// carry ExecSync's two 16 MiB outputs.
-		grpc.MaxRecvMsgSize(16<<20),
-		grpc.MaxSendMsgSize(40<<20),
-		grpc.ChainUnaryInterceptor(m.UnaryInterceptor(), unaryLogger(log)),
+		grpc.MaxRecvMsgSize(16 << 20),
+		grpc.MaxSendMsgSize(40 << 20),
+		grpc.ChainUnaryInterceptor(unary...),
 		grpc.ChainStreamInterceptor(m.StreamInterceptor(), streamLogger(log)),
-	)
+	}, d.tracing.ServerOptions()...)...)
 	svc.Register(d.grpc)
 	admin.New(images, log.With("component", "admin")).WithConfig(d.configInfo).Register(d.grpc)
 	if err := d.nri.Start(); err != nil {
@@ -358,6 +371,14 @@ func (d *Daemon) close() {
 	}
 	// Before the lock goes: the next daemon finds every record durable.
 	d.deferred.Flush()
+	if d.tracing != nil {
+		// Bounded: a collector that is gone must not hold the exit.
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		if err := d.tracing.Shutdown(ctx); err != nil {
+			d.log.Warn("spans not exported at exit", "err", err)
+		}
+		cancel()
+	}
 	if d.lock != nil {
 		d.lock.Close()
 	}

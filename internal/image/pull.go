@@ -31,6 +31,7 @@ import (
 
 	"github.com/berthcri/berth/internal/errdefs"
 	"github.com/berthcri/berth/internal/fault"
+	"github.com/berthcri/berth/internal/tracing"
 )
 
 // Auth is registry credentials, as the CRI AuthConfig carries them.
@@ -604,11 +605,13 @@ func (s *Store) layerPresent(lr layerMeta) bool {
 	return err == nil
 }
 
-func (s *Store) fetchLayer(ctx context.Context, lr layerMeta, open blobOpener) error {
+func (s *Store) fetchLayer(ctx context.Context, lr layerMeta, open blobOpener) (err error) {
 	if s.layerPresent(lr) {
 		return nil
 	}
-	_, err := s.layers.Do(ctx, lr.ChainID, func(ctx context.Context) (struct{}, error) {
+	ctx, span := tracing.Start(ctx, "image.layer.fetch", tracing.AttrLayer.String(lr.Digest))
+	defer func() { tracing.End(span, err) }()
+	_, err = s.layers.Do(ctx, lr.ChainID, func(ctx context.Context) (struct{}, error) {
 		if s.layerPresent(lr) {
 			return struct{}{}, nil
 		}
@@ -680,7 +683,9 @@ func (s *Store) streamLayer(ctx context.Context, lr layerMeta, open blobOpener) 
 		if err := os.MkdirAll(filepath.Join(tmpLayer, "diff"), 0o755); err != nil {
 			return err
 		}
+		_, span := tracing.Start(ctx, "image.layer.unpack", tracing.AttrLayer.String(lr.Digest))
 		err = s.unpackStream(r, lr, filepath.Join(tmpLayer, "diff"))
+		tracing.End(span, err)
 	}
 	if err == nil {
 		// What the decompressor left unread (the whole blob when only the

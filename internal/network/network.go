@@ -21,6 +21,7 @@ import (
 	current "github.com/containernetworking/cni/pkg/types/100"
 
 	"github.com/berthcri/berth/internal/errdefs"
+	"github.com/berthcri/berth/internal/tracing"
 )
 
 // IfName is the pod's interface name, as in every other CRI runtime.
@@ -378,7 +379,9 @@ func (n *Network) Attach(ctx context.Context, pod Pod, att *Attachment) error {
 	if err != nil {
 		return fmt.Errorf("pod network config: %w", err)
 	}
+	ctx, span := tracing.Start(ctx, "cni.add", tracing.AttrPodID.String(pod.ID))
 	res, err := n.cni.AddNetworkList(ctx, list, runtimeConf(pod))
+	tracing.End(span, err)
 	if err != nil {
 		return fmt.Errorf("CNI ADD %s for pod %s: %w", list.Name, pod.ID, err)
 	}
@@ -426,7 +429,9 @@ func (n *Network) Detach(ctx context.Context, pod Pod, att *Attachment) error {
 // fails; then every plugin is deleted on its own, in reverse order, so one
 // broken or missing plugin never strands what the others allocated. A
 // plugin that is not installed cannot have added anything and is skipped.
-func (n *Network) del(ctx context.Context, list *libcni.NetworkConfigList, rt *libcni.RuntimeConf) error {
+func (n *Network) del(ctx context.Context, list *libcni.NetworkConfigList, rt *libcni.RuntimeConf) (retErr error) {
+	ctx, span := tracing.Start(ctx, "cni.del", tracing.AttrPodID.String(rt.ContainerID))
+	defer func() { tracing.End(span, retErr) }()
 	err := n.cni.DelNetworkList(ctx, list, rt)
 	if err == nil {
 		return nil

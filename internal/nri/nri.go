@@ -25,6 +25,7 @@ import (
 	"github.com/berthcri/berth/internal/container"
 	"github.com/berthcri/berth/internal/errdefs"
 	"github.com/berthcri/berth/internal/sandbox"
+	"github.com/berthcri/berth/internal/tracing"
 )
 
 // Options configure NRI.
@@ -209,6 +210,8 @@ func (n *NRI) RunPodSandbox(ctx context.Context, sb *sandbox.Sandbox) (*SyncBloc
 	if !n.Enabled() {
 		return nil, nil
 	}
+	ctx, span := tracing.Start(ctx, "nri.RunPodSandbox")
+	defer span.End()
 	block := n.a.BlockPluginSync()
 	n.mu.Lock()
 	defer n.mu.Unlock()
@@ -226,6 +229,8 @@ func (n *NRI) StopPodSandbox(ctx context.Context, sb *sandbox.Sandbox) error {
 	if !n.Enabled() {
 		return nil
 	}
+	ctx, span := tracing.Start(ctx, "nri.StopPodSandbox")
+	defer span.End()
 	defer n.a.BlockPluginSync().Unblock()
 	n.mu.Lock()
 	defer n.mu.Unlock()
@@ -246,6 +251,8 @@ func (n *NRI) UpdatePodSandbox(ctx context.Context, sb *sandbox.Sandbox, overhea
 	if !n.Enabled() {
 		return nil
 	}
+	ctx, span := tracing.Start(ctx, "nri.UpdatePodSandbox")
+	defer span.End()
 	defer n.a.BlockPluginSync().Unblock()
 	n.mu.Lock()
 	defer n.mu.Unlock()
@@ -276,6 +283,8 @@ func (n *NRI) RemovePodSandbox(ctx context.Context, sb *sandbox.Sandbox) error {
 	if !n.Enabled() {
 		return nil
 	}
+	ctx, span := tracing.Start(ctx, "nri.RemovePodSandbox")
+	defer span.End()
 	defer n.a.BlockPluginSync().Unblock()
 	n.mu.Lock()
 	defer n.mu.Unlock()
@@ -306,6 +315,8 @@ func (n *NRI) CreateContainer(ctx context.Context, sb *sandbox.Sandbox, c *conta
 	if !n.Enabled() {
 		return nil, nil
 	}
+	ctx, span := tracing.Start(ctx, "nri.CreateContainer")
+	defer span.End()
 	block := n.a.BlockPluginSync()
 	n.mu.Lock()
 	ctr := containerToNRI(c, spec)
@@ -413,6 +424,8 @@ func (n *NRI) StartContainer(ctx context.Context, c *container.Container) error 
 	if !n.Enabled() {
 		return nil
 	}
+	ctx, span := tracing.Start(ctx, "nri.StartContainer")
+	defer span.End()
 	defer n.a.BlockPluginSync().Unblock()
 	n.mu.Lock()
 	defer n.mu.Unlock()
@@ -480,6 +493,8 @@ func (n *NRI) UpdateContainer(ctx context.Context, c *container.Container, res *
 	if !n.Enabled() {
 		return res, nil
 	}
+	ctx, span := tracing.Start(ctx, "nri.UpdateContainer")
+	defer span.End()
 	defer n.a.BlockPluginSync().Unblock()
 	n.mu.Lock()
 	t := n.view(c)
@@ -524,6 +539,8 @@ func (n *NRI) StopContainer(ctx context.Context, c *container.Container) error {
 	if !n.Enabled() {
 		return nil
 	}
+	ctx, span := tracing.Start(ctx, "nri.StopContainer")
+	defer span.End()
 	defer n.a.BlockPluginSync().Unblock()
 	n.mu.Lock()
 	updates, err := n.stopLocked(ctx, c)
@@ -576,6 +593,8 @@ func (n *NRI) RemoveContainer(ctx context.Context, c *container.Container) error
 	if !n.Enabled() {
 		return nil
 	}
+	ctx, span := tracing.Start(ctx, "nri.RemoveContainer")
+	defer span.End()
 	defer n.a.BlockPluginSync().Unblock()
 	n.mu.Lock()
 	updates, err := n.stopLocked(ctx, c)

@@ -21,6 +21,7 @@ import (
 
 	"github.com/berthcri/berth/internal/errdefs"
 	"github.com/berthcri/berth/internal/oci/ocicli"
+	"github.com/berthcri/berth/internal/tracing"
 )
 
 // Runner runs the runtime binary with args and the given stdio (nil means
@@ -75,7 +76,9 @@ func (r *Runtime) run(ctx context.Context, id string, args []string, stdin, stdo
 	if runner == nil {
 		runner = execRunner{}
 	}
+	ctx, span := tracing.Start(ctx, "oci."+ocicli.Subcommand(args), tracing.AttrContainerID.String(id))
 	errOut, err := runner.Run(ctx, args, stdin, stdout, stderr)
+	tracing.End(span, err)
 	if err != nil {
 		return ocicli.Error(args, id, errOut, err)
 	}
@@ -202,13 +205,16 @@ func (r *Runtime) Checkpoint(ctx context.Context, id string, o CheckpointOpts) e
 		args = append(args, "--leave-running")
 	}
 	args = append(args, id)
+	ctx, span := tracing.Start(ctx, "criu.checkpoint", tracing.AttrContainerID.String(id))
 	cmd := exec.CommandContext(ctx, args[0], args[1:]...)
 	var errBuf bytes.Buffer
 	cmd.Stderr = &errBuf
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
 	cmd.WaitDelay = 5 * time.Second
-	if err := cmd.Run(); err != nil {
+	err := cmd.Run()
+	tracing.End(span, err)
+	if err != nil {
 		if ctx.Err() != nil {
 			return fmt.Errorf("checkpoint %s: %w", id, ctx.Err())
 		}

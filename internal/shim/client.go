@@ -17,6 +17,7 @@ import (
 	"github.com/berthcri/berth/internal/errdefs"
 	"github.com/berthcri/berth/internal/shim/proto"
 	"github.com/berthcri/berth/internal/shim/shimfault"
+	"github.com/berthcri/berth/internal/tracing"
 )
 
 // Client talks to one pod's shim. It dials per call, so it survives the
@@ -118,7 +119,13 @@ func idempotent(op string) bool {
 // keeper lives waits for the next monitor and asks again: at once when
 // the request was never delivered or is idempotent, otherwise not at all
 // (ErrMonitorCut).
-func (c *Client) call(ctx context.Context, req *proto.Request) (*proto.Response, error) {
+func (c *Client) call(ctx context.Context, req *proto.Request) (_ *proto.Response, retErr error) {
+	ctx, span := tracing.Start(ctx, "shim."+req.Op, tracing.AttrContainerID.String(req.ID))
+	if req.Create != nil && req.Create.Restore != "" {
+		// A create from a checkpoint: runc restore runs CRIU.
+		span.SetName("shim.create.restore")
+	}
+	defer func() { tracing.End(span, retErr) }()
 	var since time.Time
 	for {
 		resp, err := c.callOnce(ctx, req)

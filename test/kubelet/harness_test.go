@@ -108,6 +108,9 @@ type kubeletOptions struct {
 	JoinMountNS string
 	// FeatureGates are the kubelet's featureGates (none: its defaults).
 	FeatureGates map[string]bool
+	// ExtraConfig is appended to the KubeletConfiguration (YAML, top-level
+	// fields), e.g. a tracing block.
+	ExtraConfig string
 }
 
 // privateDevicePlugins runs (by sh, in the kubelet's mount namespace)
@@ -236,6 +239,7 @@ containerLogMaxSize: 1Mi
 		sort.Strings(gates)
 		config += "featureGates:\n" + strings.Join(gates, "")
 	}
+	config += opts.ExtraConfig
 	configPath := filepath.Join(opts.Dir, "kubelet.yaml")
 	if err := os.WriteFile(configPath, []byte(config), 0o644); err != nil {
 		t.Fatal(err)

@@ -112,6 +112,9 @@ func Message(s string) string {
 	return strings.Join(msgs, "; ")
 }
 
+// Subcommand is the runtime subcommand args run ("?" when none is known).
+func Subcommand(args []string) string { return subcommand(args) }
+
 func subcommand(args []string) string {
 	for _, a := range args[1:] {
 		switch a {
