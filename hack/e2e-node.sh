@@ -47,7 +47,7 @@ cgroup_mounts() {
 # new mount and cgroup namespaces rooted at that cgroup, and clean up.
 if [ -z "${BERTH_E2E_NODE_INNER:-}" ]; then
 	hack/install-deps.sh e2e-node
-	bins=$(hack/k8s-bins.sh e2e_node.test ginkgo agnhost kubelet crictl)
+	bins=$(hack/k8s-bins.sh e2e_node.test ginkgo agnhost kubelet crictl sample-device-plugin)
 	make build >&2
 	# The kubelet root the suite hard-codes must exist to be mounted over.
 	mkdir -p /var/lib/kubelet
@@ -170,7 +170,7 @@ kmod=$(cd test/k8s && go list -m -f '{{.Dir}}' k8s.io/kubernetes)
 CGO_ENABLED=0 go build -o "$work/imagetools" ./test/e2enode/imagetools
 go build -o "$work/registry" ./test/e2enode/registry
 "$work/registry" -addr 127.0.0.1:0 -agnhost "$bins/agnhost" -imagetools "$work/imagetools" \
-	-porter-dir "$kmod/test/images/agnhost/porter" >"$out/registry.log" 2>&1 &
+	-porter-dir "$kmod/test/images/agnhost/porter" -sample-device-plugin "$bins/sample-device-plugin" >"$out/registry.log" 2>&1 &
 registry_pid=$!
 for _ in $(seq 1 600); do
 	grep -qs '^READY' "$out/registry.log" && break
