@@ -17,6 +17,9 @@
 #     systemd-run whenever it finds it, which fails without systemd as PID 1;
 #     /usr/bin/systemctl is a stand-in that stops and restarts the suite's
 #     kubelet (hack/e2e-node-systemctl.sh), as the [Serial] specs ask;
+#     /run/systemd/private is test/e2enode/fakesystemd's socket, a stand-in
+#     for systemd's D-Bus API that runs berthd as berthd.service (a
+#     [Serial] spec stops and starts the runtime's unit over D-Bus);
 #   - a cgroup namespace rooted at a cgroup of the run's own, so that the
 #     kubelet's cgroup root "/" (kubepods, /kubelet, /system) is private.
 #
@@ -47,7 +50,7 @@ cgroup_mounts() {
 # new mount and cgroup namespaces rooted at that cgroup, and clean up.
 if [ -z "${BERTH_E2E_NODE_INNER:-}" ]; then
 	hack/install-deps.sh e2e-node
-	bins=$(hack/k8s-bins.sh e2e_node.test ginkgo agnhost kubelet crictl)
+	bins=$(hack/k8s-bins.sh e2e_node.test ginkgo agnhost kubelet crictl sample-device-plugin)
 	make build >&2
 	# The kubelet root the suite hard-codes must exist to be mounted over.
 	mkdir -p /var/lib/kubelet
@@ -169,8 +172,9 @@ fi
 kmod=$(cd test/k8s && go list -m -f '{{.Dir}}' k8s.io/kubernetes)
 CGO_ENABLED=0 go build -o "$work/imagetools" ./test/e2enode/imagetools
 go build -o "$work/registry" ./test/e2enode/registry
+go build -o "$work/fakesystemd" ./test/e2enode/fakesystemd
 "$work/registry" -addr 127.0.0.1:0 -agnhost "$bins/agnhost" -imagetools "$work/imagetools" \
-	-porter-dir "$kmod/test/images/agnhost/porter" >"$out/registry.log" 2>&1 &
+	-porter-dir "$kmod/test/images/agnhost/porter" -sample-device-plugin "$bins/sample-device-plugin" >"$out/registry.log" 2>&1 &
 registry_pid=$!
 for _ in $(seq 1 600); do
 	grep -qs '^READY' "$out/registry.log" && break
@@ -211,10 +215,14 @@ cgroup_parent = "berth"
 EOF
 cp "$work/berth.toml" "$out/berth.toml"
 
-bin/berthd --config "$work/berth.toml" >"$out/berthd.log" 2>&1 &
-berthd_pid=$!
-# The runtime's cgroup, which the kubelet reports as the "runtime" system
-# container.
+# berthd runs under fakesystemd, a stand-in for systemd's private D-Bus
+# socket in this namespace (/run/systemd/private), as the unit
+# berthd.service: the spec whose container runtime is down during pod
+# termination stops and starts the runtime's unit over D-Bus. Both run in
+# the runtime's cgroup, which the kubelet reports as the "runtime" system
+# container: fakesystemd is put there before it starts berthd, so
+# berthd, its restarts and the shims it starts are there from the start.
+cgprocs=()
 for h in /sys/fs/cgroup/*/; do
 	[ -f "${h}cgroup.procs" ] || continue
 	mkdir -p "${h}berthd"
@@ -222,8 +230,15 @@ for h in /sys/fs/cgroup/*/; do
 		cat "${h}cpuset.cpus" >"${h}berthd/cpuset.cpus"
 		cat "${h}cpuset.mems" >"${h}berthd/cpuset.mems"
 	fi
-	echo "$berthd_pid" >"${h}berthd/cgroup.procs"
+	cgprocs+=("${h}berthd/cgroup.procs")
 done
+mkdir -p /run/systemd "$work/run-systemd"
+mount --bind "$work/run-systemd" /run/systemd
+bash -c 'n=$1; shift; for f in "${@:1:n}"; do echo $$ >"$f"; done; shift "$n"; exec "$@"' \
+	sh ${#cgprocs[@]} "${cgprocs[@]}" "$work/fakesystemd" \
+	-socket /run/systemd/private -unit berthd.service -pidfile "$work/berthd.pid" -stop-timeout 60s \
+	-- bin/berthd --config "$work/berth.toml" >"$out/berthd.log" 2>&1 &
+berthd_pid=$!
 wait_berthd e2e-node
 bin/berthd version >"$out/berthd-version.txt" 2>&1 || true
 
@@ -271,6 +286,9 @@ suite_flags=(
 	--kubelet-flags "--runtime-cgroups=/berthd"
 	--prepull-images=false
 	--system-spec-name=
+	# The runtime's unit is found by berthd's pid (fakesystemd above).
+	--container-runtime-process-name berthd
+	--container-runtime-pid-file "$work/berthd.pid"
 	--node-name "$(hostname)"
 	${E2E_NODE_ARGS:-}
 )

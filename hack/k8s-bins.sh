@@ -3,7 +3,7 @@
 # pinned in test/k8s (and test/k8s/critest), into a cache directory that
 # later runs reuse, and prints that directory.
 #
-#   hack/k8s-bins.sh                  # all: kubelet e2e_node.test agnhost ginkgo critest crictl
+#   hack/k8s-bins.sh                  # all: kubelet e2e_node.test agnhost ginkgo critest crictl sample-device-plugin
 #   hack/k8s-bins.sh kubelet agnhost  # only these (others already there stay)
 #   BIN=$(hack/k8s-bins.sh kubelet) && "$BIN/kubelet" --version
 #
@@ -16,7 +16,7 @@ set -euo pipefail
 
 cd "$(dirname "$(readlink -f "$0")")/.."
 GO=${GO:-go}
-ALL=(kubelet e2e_node.test agnhost ginkgo critest crictl)
+ALL=(kubelet e2e_node.test agnhost ginkgo critest crictl sample-device-plugin)
 want=("$@")
 [ ${#want[@]} -gt 0 ] || want=("${ALL[@]}")
 for w in "${want[@]}"; do
@@ -88,6 +88,9 @@ for w in "${todo[@]}"; do
 	kubelet) mains+=(k8s.io/kubernetes/cmd/kubelet) ;;
 	agnhost) mains+=(k8s.io/kubernetes/test/images/agnhost) ;;
 	ginkgo) mains+=(github.com/onsi/ginkgo/v2/ginkgo) ;;
+	# The node e2e suite's device plugin (the image
+	# e2e-test-images/sample-device-plugin runs it).
+	sample-device-plugin) mains+=(k8s.io/kubernetes/test/images/sample-device-plugin) ;;
 	esac
 done
 if [ ${#mains[@]} -gt 0 ]; then

@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
+	"strings"
 	"time"
 
 	specs "github.com/opencontainers/runtime-spec/specs-go"
@@ -123,12 +125,7 @@ func newRecord(id string, req CreateRequest, img *image.Image, vols []imageVolum
 		Terminal:  cfg.GetTty(), Stdin: cfg.GetStdin(), StdinOnce: cfg.GetStdinOnce(),
 		State: StateCreated, CreatedAt: createdAt, Restored: req.Restore != nil,
 	}
-	if len(img.RepoTags) > 0 {
-		c.ImageName = img.RepoTags[0]
-	}
-	if len(img.RepoDigests) > 0 {
-		c.ImageRef = img.RepoDigests[0]
-	}
+	c.ImageName, c.ImageRef = statusImage(img, cfg.GetImage().GetUserSpecifiedImage(), c.Image)
 	// KEP-4960: the config's stop signal, else the image's.
 	if c.StopSignal = req.StopSignal; c.StopSignal == "" && img.Config != nil {
 		c.StopSignal = img.Config.Config.StopSignal
@@ -215,4 +212,44 @@ func writeRecord(dir string, c *Container, write func(string, []byte, os.FileMod
 		return fmt.Errorf("encode container %s: %w", c.ID, err)
 	}
 	return write(recordPath(dir), data, 0o600)
+}
+
+// statusImage is the repo tag and repo digest status reports for a
+// container of img: the tag the user asked for (the kubelet's
+// user_specified_image, else the config's image) when it is one of the
+// image's tags, else the image's first tag (else the config's image); the
+// repo digest in that tag's repository, else the first (else the image
+// ID). An image stored under several tags of one digest reports the tag
+// its pod names, as containerd's first tag does not (kubernetes#51017);
+// the node e2e suite checks that an updated sidecar reports its new image.
+func statusImage(img *image.Image, asked ...string) (name, ref string) {
+	name, ref = asked[len(asked)-1], img.ID
+	if len(img.RepoTags) > 0 {
+		name = img.RepoTags[0]
+	}
+	for _, a := range asked {
+		if a == "" {
+			continue
+		}
+		n, err := image.ParseReference(a)
+		if err != nil || n.Tag == "" {
+			continue
+		}
+		if slices.Contains(img.RepoTags, n.TagRef()) {
+			name = n.TagRef()
+			break
+		}
+	}
+	if len(img.RepoDigests) > 0 {
+		ref = img.RepoDigests[0]
+		if n, err := image.ParseReference(name); err == nil {
+			for _, d := range img.RepoDigests {
+				if strings.HasPrefix(d, n.Repo()+"@") {
+					ref = d
+					break
+				}
+			}
+		}
+	}
+	return name, ref
 }

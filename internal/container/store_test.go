@@ -45,6 +45,11 @@ func (l *layers) Acquire(_ context.Context, ref, owner string) (*image.Image, []
 	if ref == usr1Image {
 		img.Config.Config.StopSignal = "SIGUSR1"
 	}
+	if ref == multiTagImageID {
+		img.ID = multiTagImageID
+		img.RepoTags = []string{"registry.k8s.io/e2e/agnhost:2.55", "registry.k8s.io/e2e/agnhost:2.66.1", "example.com/agnhost:1"}
+		img.RepoDigests = []string{"example.com/agnhost@sha256:" + strings.Repeat("1", 64), "registry.k8s.io/e2e/agnhost@sha256:" + strings.Repeat("2", 64)}
+	}
 	return img, []string{l.lower}, nil
 }
 
@@ -68,6 +73,10 @@ func (l *layers) Owners() ([]string, error) {
 
 // usr1Image is an image whose config says SIGUSR1 stops it.
 const usr1Image = "busybox-usr1"
+
+// multiTagImageID is an image (asked for by ID, as the kubelet does) with
+// three tags and two repo digests.
+const multiTagImageID = "sha256:3333333333333333333333333333333333333333333333333333333333333333"
 
 type fixture struct {
 	t      *testing.T

@@ -7,6 +7,8 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
+	"strings"
 	"testing"
 
 	specs "github.com/opencontainers/runtime-spec/specs-go"
@@ -446,5 +448,31 @@ func TestUnitRecoveryFoldsInWhatTheShimsSay(t *testing.T) {
 	}
 	if _, ok := u.shims.running["pod2"]; ok {
 		t.Fatal("the dead shim's state was kept")
+	}
+}
+
+// Status names the tag the pod asked for (the kubelet's
+// user_specified_image) when the image has it among several tags of one
+// digest, else the image's first tag; and the repo digest in the named
+// tag's repository.
+func TestUnitCreateRecordsTheAskedTag(t *testing.T) {
+	u := newUnitStore(t)
+	for _, tc := range []struct {
+		asked, name, ref string
+	}{
+		{"registry.k8s.io/e2e/agnhost:2.66.1", "registry.k8s.io/e2e/agnhost:2.66.1", "registry.k8s.io/e2e/agnhost@sha256:" + strings.Repeat("2", 64)},
+		{"example.com/agnhost:1", "example.com/agnhost:1", "example.com/agnhost@sha256:" + strings.Repeat("1", 64)},
+		{"", "registry.k8s.io/e2e/agnhost:2.55", "registry.k8s.io/e2e/agnhost@sha256:" + strings.Repeat("2", 64)},
+		{"registry.k8s.io/e2e/agnhost:2.0", "registry.k8s.io/e2e/agnhost:2.55", "registry.k8s.io/e2e/agnhost@sha256:" + strings.Repeat("2", 64)},
+	} {
+		req := u.request("pod1", "c"+strconv.Itoa(len(tc.asked)))
+		req.Config.Image = &runtime.ImageSpec{Image: multiTagImageID, UserSpecifiedImage: tc.asked}
+		c, err := u.create(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if c.ImageName != tc.name || c.ImageRef != tc.ref || c.Image != multiTagImageID || c.ImageID != multiTagImageID {
+			t.Errorf("asked %q: image %q, name %q, ref %q, id %q; want name %q, ref %q", tc.asked, c.Image, c.ImageName, c.ImageRef, c.ImageID, tc.name, tc.ref)
+		}
 	}
 }

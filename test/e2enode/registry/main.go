@@ -1,11 +1,13 @@
 // Command registry serves, on loopback, stand-ins for the images the
 // Kubernetes node e2e suite pulls ([NodeConformance] specs), built from the
 // host's busybox-static, bash, the real agnhost binary (hack/k8s-bins.sh)
-// and imagetools (nmeter, nnp, pause). make e2e-node (hack/e2e-node.sh)
+// and imagetools (nmeter, nnp, pause), the sample device plugin
+// (hack/k8s-bins.sh sample-device-plugin). make e2e-node (hack/e2e-node.sh)
 // points berthd's registry mirrors for registry.k8s.io, gcr.io, docker.io
 // and quay.io at it. A test fixture, not part of berth.
 //
-//	registry -addr 127.0.0.1:0 -agnhost /path/agnhost -imagetools /path/imagetools
+//	registry -addr 127.0.0.1:0 -agnhost /path/agnhost -imagetools /path/imagetools \
+//		-porter-dir DIR -sample-device-plugin /path/sample-device-plugin
 //
 // prints "listening HOST:PORT", one "pushed REF DIGEST" per image, then
 // READY, and serves until killed.
@@ -42,11 +44,12 @@ func main() {
 	agnhost := flag.String("agnhost", "", "the agnhost binary (hack/k8s-bins.sh agnhost)")
 	tools := flag.String("imagetools", "", "the imagetools binary (test/e2enode/imagetools, static)")
 	porter := flag.String("porter-dir", "", "directory with agnhost's porter/localhost.crt and localhost.key (from the k8s.io/kubernetes module)")
+	sdp := flag.String("sample-device-plugin", "", "the sample device plugin binary (hack/k8s-bins.sh sample-device-plugin)")
 	flag.Parse()
-	if *agnhost == "" || *tools == "" || *porter == "" {
-		log.Fatal("need -agnhost, -imagetools and -porter-dir")
+	if *agnhost == "" || *tools == "" || *porter == "" || *sdp == "" {
+		log.Fatal("need -agnhost, -imagetools, -porter-dir and -sample-device-plugin")
 	}
-	imgs, err := images(sources{agnhost: *agnhost, tools: *tools, porter: *porter})
+	imgs, err := images(sources{agnhost: *agnhost, tools: *tools, porter: *porter, devicePlugin: *sdp})
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -82,7 +85,7 @@ func main() {
 	select {}
 }
 
-type sources struct{ agnhost, tools, porter string }
+type sources struct{ agnhost, tools, porter, devicePlugin string }
 
 const path = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
@@ -250,6 +253,21 @@ func images(src sources) (map[string]v1.Image, error) {
 		return nil, err
 	}
 	if err := add("e2e-test-images/glibc-dns-testing:2.1.1")(image(v1.Config{Cmd: []string{"bash"}}, glBase, glLayer)); err != nil {
+		return nil, err
+	}
+	// sample-device-plugin: upstream's Dockerfile adds the plugin, built
+	// from the same module, as /sampledeviceplugin to Alpine; the busybox
+	// base stands in for Alpine (the Device Plugin specs run only the
+	// plugin in it).
+	dp, err := os.ReadFile(src.devicePlugin)
+	if err != nil {
+		return nil, err
+	}
+	dpLayer, err := testimages.Layer([]testimages.File{{Name: "sampledeviceplugin", Mode: 0o755, Data: dp}})
+	if err != nil {
+		return nil, err
+	}
+	if err := add("e2e-test-images/sample-device-plugin:1.8.0", "e2e-test-images/sample-device-plugin:1.7")(image(v1.Config{Entrypoint: []string{"/sampledeviceplugin", "-alsologtostderr"}}, base, dpLayer)); err != nil {
 		return nil, err
 	}
 	return imgs, nil

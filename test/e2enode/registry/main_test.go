@@ -29,7 +29,7 @@ func TestImages(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	imgs, err := images(sources{agnhost: self, tools: self, porter: dir})
+	imgs, err := images(sources{agnhost: self, tools: self, porter: dir, devicePlugin: self})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -43,14 +43,15 @@ func TestImages(t *testing.T) {
 		"e2e-test-images/httpd:2.4.38-4":   {"usr/local/apache2/htdocs/index.html"},
 		"pause:3.10.1":                     {"pause"},
 		// The tags of v1.37's e2e_node.test --list-images.
-		"e2e-test-images/busybox:1.37.0-2":        {"bin/sh", "bin/nmeter"},
-		"e2e-test-images/agnhost:2.66.1":          {"agnhost", "agnhost-2", "bin/bash"},
-		"e2e-test-images/nginx:1.27.0-2":          {"usr/share/nginx/html/index.html"},
-		"e2e-test-images/nginx:1.28.0-2":          {"usr/share/nginx/html/index.html"},
-		"e2e-test-images/nonewprivs:1.4":          {"usr/local/bin/nnp"},
-		"e2e-test-images/nonroot:1.5":             {"bin/sh"},
-		"e2e-test-images/glibc-dns-testing:2.1.1": {"bin/sh", "bin/bash", "bin/hostname", "etc/nsswitch.conf", "lib64/ld-linux-x86-64.so.2"},
-		"pause:3.10.2":                            {"pause"},
+		"e2e-test-images/busybox:1.37.0-2":           {"bin/sh", "bin/nmeter"},
+		"e2e-test-images/agnhost:2.66.1":             {"agnhost", "agnhost-2", "bin/bash"},
+		"e2e-test-images/nginx:1.27.0-2":             {"usr/share/nginx/html/index.html"},
+		"e2e-test-images/nginx:1.28.0-2":             {"usr/share/nginx/html/index.html"},
+		"e2e-test-images/nonewprivs:1.4":             {"usr/local/bin/nnp"},
+		"e2e-test-images/nonroot:1.5":                {"bin/sh"},
+		"e2e-test-images/glibc-dns-testing:2.1.1":    {"bin/sh", "bin/bash", "bin/hostname", "etc/nsswitch.conf", "lib64/ld-linux-x86-64.so.2"},
+		"pause:3.10.2":                               {"pause"},
+		"e2e-test-images/sample-device-plugin:1.8.0": {"sampledeviceplugin", "bin/sh"},
 	} {
 		img, ok := imgs[ref]
 		if !ok {
