@@ -117,7 +117,10 @@ func TestUsernsHostNetwork(t *testing.T) {
 		wantCode(t, err, codes.InvalidArgument)
 	}
 
-	hostNetNS, err := os.Readlink("/proc/self/ns/net")
+	// The host's network namespace is berthd's: not /proc/self's, whose
+	// main thread a parallel test may have moved into a pod's namespace
+	// (inNamespace) for a moment.
+	hostNetNS, err := os.Readlink(fmt.Sprintf("/proc/%d/ns/net", e.d.Pid()))
 	if err != nil {
 		t.Fatal(err)
 	}
