@@ -3,6 +3,7 @@ package integration
 import (
 	"fmt"
 	"os"
+	"runtime"
 	"strings"
 	"testing"
 
@@ -117,10 +118,12 @@ func TestUsernsHostNetwork(t *testing.T) {
 		wantCode(t, err, codes.InvalidArgument)
 	}
 
-	// The host's network namespace is berthd's: not /proc/self's, whose
-	// main thread a parallel test may have moved into a pod's namespace
-	// (inNamespace) for a moment.
-	hostNetNS, err := os.Readlink(fmt.Sprintf("/proc/%d/ns/net", e.d.Pid()))
+	// The host's network namespace, read from this goroutine's own thread:
+	// /proc/self names the main thread, which a parallel test may have
+	// moved into a pod's namespace (inNamespace) for a moment; berthd's
+	// pid may be one of a PID namespace of its own (the systemd driver's
+	// harness).
+	hostNetNS, err := threadNetNS()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -211,4 +214,12 @@ func TestUsernsHostNetwork(t *testing.T) {
 		}
 		t.Fatalf("namespace pins left: %q", names)
 	}
+}
+
+// threadNetNS is the network namespace of the calling goroutine's thread,
+// held for the read.
+func threadNetNS() (string, error) {
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	return os.Readlink("/proc/thread-self/ns/net")
 }
