@@ -13,6 +13,7 @@ import (
 	criapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/berthcri/berth/internal/oci"
+	"github.com/berthcri/berth/internal/oci/ocicli"
 	"github.com/berthcri/berth/internal/testutil/berthdtest"
 	"github.com/berthcri/berth/internal/testutil/testimages"
 )
@@ -82,10 +83,10 @@ func BenchmarkContainerCRI(b *testing.B) {
 			b.Fatal(err)
 		}
 		t0 := time.Now()
-		if err := runc.Create(ctx, id, oci.CreateOpts{Bundle: bundle, PidFile: filepath.Join(bundle, "pid")}); err != nil {
+		if err := runc.CLI().Create(ctx, id, ocicli.CreateOpts{Bundle: bundle, PidFile: filepath.Join(bundle, "pid")}); err != nil {
 			b.Fatal(err)
 		}
-		if err := runc.Start(ctx, id); err != nil {
+		if err := runc.CLI().Start(ctx, id); err != nil {
 			b.Fatal(err)
 		}
 		runcBoth.Samples = append(runcBoth.Samples, time.Since(t0))

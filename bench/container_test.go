@@ -16,6 +16,7 @@ import (
 	"github.com/berthcri/berth/internal/container"
 	"github.com/berthcri/berth/internal/image"
 	"github.com/berthcri/berth/internal/oci"
+	"github.com/berthcri/berth/internal/oci/ocicli"
 	"github.com/berthcri/berth/internal/shim/proto"
 	"github.com/berthcri/berth/internal/testutil/berthdtest"
 	"github.com/berthcri/berth/internal/testutil/bundletest"
@@ -155,11 +156,11 @@ func BenchmarkContainerLifecycle(b *testing.B) {
 			b.Fatal(err)
 		}
 		t0 = time.Now()
-		if err := cb.runc.Create(ctx, id, oci.CreateOpts{Bundle: bundle, PidFile: filepath.Join(bundle, "pid")}); err != nil {
+		if err := cb.runc.CLI().Create(ctx, id, ocicli.CreateOpts{Bundle: bundle, PidFile: filepath.Join(bundle, "pid")}); err != nil {
 			b.Fatal(err)
 		}
 		runcCreate.Samples = append(runcCreate.Samples, time.Since(t0))
-		if err := cb.runc.Start(ctx, id); err != nil {
+		if err := cb.runc.CLI().Start(ctx, id); err != nil {
 			b.Fatal(err)
 		}
 		runcStart.Samples = append(runcStart.Samples, time.Since(t0))

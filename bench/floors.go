@@ -18,6 +18,7 @@ import (
 
 	"github.com/berthcri/berth/internal/network"
 	"github.com/berthcri/berth/internal/oci"
+	"github.com/berthcri/berth/internal/oci/ocicli"
 	"github.com/berthcri/berth/internal/testutil/berthdtest"
 	"github.com/berthcri/berth/internal/testutil/bundletest"
 )
@@ -178,10 +179,10 @@ func podStartFloor(tb testing.TB, d *berthdtest.Daemon, image string) (*Floor, e
 			if out, err := RunBridgePlugin(cniBin, "ADD", id, "/run/netns/"+ns, conf); err != nil {
 				return 0, fmt.Errorf("bridge ADD: %v: %s", err, out)
 			}
-			if err := runc.Create(ctx, id, oci.CreateOpts{Bundle: bundle, PidFile: filepath.Join(bundle, "pid")}); err != nil {
+			if err := runc.CLI().Create(ctx, id, ocicli.CreateOpts{Bundle: bundle, PidFile: filepath.Join(bundle, "pid")}); err != nil {
 				return 0, err
 			}
-			if err := runc.Start(ctx, id); err != nil {
+			if err := runc.CLI().Start(ctx, id); err != nil {
 				return 0, err
 			}
 			return time.Since(start), nil
@@ -240,7 +241,7 @@ func (r *runcBundles) create(ctx context.Context, id string, args []string) erro
 	if err := os.WriteFile(filepath.Join(bundle, "config.json"), data, 0o600); err != nil {
 		return err
 	}
-	return r.runc.Create(ctx, id, oci.CreateOpts{Bundle: bundle, PidFile: filepath.Join(bundle, "pid")})
+	return r.runc.CLI().Create(ctx, id, ocicli.CreateOpts{Bundle: bundle, PidFile: filepath.Join(bundle, "pid")})
 }
 
 func (r *runcBundles) remove(ctx context.Context, id string) {
@@ -279,7 +280,7 @@ func runcFloors(tb testing.TB) (start, execFloor *Floor, err error) {
 			t0 := time.Now()
 			err := r.create(ctx, id, sleep)
 			if err == nil {
-				err = r.runc.Start(ctx, id)
+				err = r.runc.CLI().Start(ctx, id)
 			}
 			took := time.Since(t0)
 			r.remove(ctx, id)
@@ -293,7 +294,7 @@ func runcFloors(tb testing.TB) (start, execFloor *Floor, err error) {
 				r.remove(ctx, "exec")
 				return nil, err
 			}
-			if err := r.runc.Start(ctx, "exec"); err != nil {
+			if err := r.runc.CLI().Start(ctx, "exec"); err != nil {
 				r.remove(ctx, "exec")
 				return nil, err
 			}

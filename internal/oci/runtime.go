@@ -1,58 +1,38 @@
-// Package oci drives an OCI runtime CLI (runc, crun): create, start, kill,
-// delete, state, update and exec, each with the runtime's own --root.
-// berth-shim has its own smaller copy of create/start/kill/delete
-// (internal/shim/server) to stay lean; both read the runtime's errors
-// through internal/oci/ocicli.
+// Package oci is berthd's OCI runtime (runc, crun): the calls berthd
+// itself runs (state, delete, update, pause, resume, checkpoint, exec,
+// features), each with the runtime's own --root and os/exec. The
+// runtime's command line is package ocicli's, the one place that builds
+// create, start, kill, delete, restore and state (decision 2800); the
+// monitor (internal/shim/monitor) drives the same ocicli with its own
+// reaper-aware runner.
 package oci
 
 import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"os"
 	"os/exec"
-	"strconv"
 	"syscall"
 	"time"
 
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
-	"github.com/berthcri/berth/internal/errdefs"
 	"github.com/berthcri/berth/internal/oci/ocicli"
 	"github.com/berthcri/berth/internal/tracing"
 )
-
-// Runner runs the runtime binary with args and the given stdio (nil means
-// /dev/null) and returns what it wrote to stderr. berth-shim supplies its own
-// because, as a subreaper, it reaps every child itself.
-type Runner interface {
-	Run(ctx context.Context, argv []string, stdin, stdout, stderr *os.File) (errOut []byte, err error)
-}
 
 // Runtime is one OCI runtime: a binary, its state root and global options.
 type Runtime struct {
 	Binary  string
 	Root    string
 	Options []string
-	// Runner defaults to os/exec.
-	Runner Runner
 }
 
 // New returns a runtime rooted at root (created on first use).
 func New(binary, root string, options []string) *Runtime {
 	return &Runtime{Binary: binary, Root: root, Options: options}
-}
-
-// CreateOpts are the arguments of Create.
-type CreateOpts struct {
-	Bundle  string
-	PidFile string
-	// ConsoleSocket receives the pty master when the spec asks for a terminal.
-	ConsoleSocket string
-	// Stdio of the runtime and so of the container's init (nil → /dev/null).
-	Stdin, Stdout, Stderr *os.File
 }
 
 // State is what `runtime state` reports.
@@ -64,85 +44,32 @@ type State struct {
 	Created time.Time `json:"created"`
 }
 
+// CLI is r's command line run with os/exec, each call traced: what
+// berthd's calls go through, and what tests and benchmarks create, start
+// and kill containers with.
+func (r *Runtime) CLI() *ocicli.Runtime {
+	return &ocicli.Runtime{Binary: r.Binary, Root: r.Root, Options: r.Options, Run: Exec}
+}
+
 func (r *Runtime) args(sub ...string) []string {
 	return ocicli.Args(r.Binary, r.Root, r.Options, sub...)
 }
 
 func (r *Runtime) run(ctx context.Context, id string, args []string, stdin, stdout, stderr *os.File) error {
-	if err := os.MkdirAll(r.Root, 0o700); err != nil {
-		return fmt.Errorf("create runtime root %s: %w", r.Root, err)
-	}
-	runner := r.Runner
-	if runner == nil {
-		runner = execRunner{}
-	}
-	ctx, span := tracing.Start(ctx, "oci."+ocicli.Subcommand(args), tracing.AttrContainerID.String(id))
-	errOut, err := runner.Run(ctx, args, stdin, stdout, stderr)
-	tracing.End(span, err)
-	if err != nil {
-		return ocicli.Error(args, id, errOut, err)
-	}
-	return nil
-}
-
-// Create runs `create`: the container's init waits for Start.
-func (r *Runtime) Create(ctx context.Context, id string, o CreateOpts) error {
-	args, logPath := ocicli.CreateArgs(r.args(), o.Bundle, o.PidFile, o.ConsoleSocket, id)
-	_ = os.Remove(logPath)
-	stderr, closeNull, err := ocicli.OrDevNull(o.Stderr)
-	if err != nil {
-		return fmt.Errorf("create %s: %w", id, err)
-	}
-	defer closeNull()
-	if err := r.run(ctx, id, args, o.Stdin, o.Stdout, stderr); err != nil {
-		return ocicli.WithLogError(err, logPath)
-	}
-	return nil
-}
-
-// Start lets a created container's init exec the process.
-func (r *Runtime) Start(ctx context.Context, id string) error {
-	return r.run(ctx, id, r.args("start", id), nil, nil, nil)
-}
-
-// Kill sends sig to the container's init (all its processes when all).
-func (r *Runtime) Kill(ctx context.Context, id string, sig syscall.Signal, all bool) error {
-	args := r.args("kill")
-	if all {
-		args = append(args, "--all")
-	}
-	args = append(args, id, strconv.Itoa(int(sig)))
-	return r.run(ctx, id, args, nil, nil, nil)
+	return r.CLI().Call(ctx, &ocicli.Cmd{ID: id, Args: args, Stdin: stdin, Stdout: stdout, Stderr: stderr})
 }
 
 // Delete removes the container from the runtime; force kills it first.
 // A container the runtime does not know is not an error.
 func (r *Runtime) Delete(ctx context.Context, id string, force bool) error {
-	args := r.args("delete")
-	if force {
-		args = append(args, "--force")
-	}
-	err := r.run(ctx, id, append(args, id), nil, nil, nil)
-	if errors.Is(err, errdefs.ErrNotFound) {
-		return nil
-	}
-	return err
+	return r.CLI().Delete(ctx, id, force)
 }
 
 // State reports the runtime's view of the container.
 func (r *Runtime) State(ctx context.Context, id string) (*State, error) {
-	out, err := os.CreateTemp("", "berth-state-")
+	data, err := r.CLI().State(ctx, id)
 	if err != nil {
-		return nil, fmt.Errorf("state %s: %w", id, err)
-	}
-	defer os.Remove(out.Name())
-	defer out.Close()
-	if err := r.run(ctx, id, r.args("state", id), nil, out, nil); err != nil {
 		return nil, err
-	}
-	data, err := os.ReadFile(out.Name())
-	if err != nil {
-		return nil, fmt.Errorf("state %s: %w", id, err)
 	}
 	var st State
 	if err := json.Unmarshal(data, &st); err != nil {
@@ -259,23 +186,25 @@ func (r *Runtime) Exec(ctx context.Context, id string, proc *specs.Process, o Ex
 	return r.run(ctx, id, append(args, id), o.Stdin, o.Stdout, o.Stderr)
 }
 
-// execRunner runs the runtime with os/exec, keeping stderr for errors.
-type execRunner struct{}
-
-func (execRunner) Run(ctx context.Context, argv []string, stdin, stdout, stderr *os.File) ([]byte, error) {
-	cmd := exec.CommandContext(ctx, argv[0], argv[1:]...)
+// Exec is the ocicli.Runner berthd runs the runtime with: os/exec, the
+// runtime's stderr kept for errors, each call a trace span.
+func Exec(ctx context.Context, c *ocicli.Cmd) ([]byte, error) {
+	ctx, span := tracing.Start(ctx, "oci."+ocicli.Subcommand(c.Args), tracing.AttrContainerID.String(c.ID))
+	cmd := exec.CommandContext(ctx, c.Args[0], c.Args[1:]...)
+	cmd.SysProcAttr = c.Sys
 	var errBuf bytes.Buffer
-	if stdin != nil {
-		cmd.Stdin = stdin
+	if c.Stdin != nil {
+		cmd.Stdin = c.Stdin
 	}
-	if stdout != nil {
-		cmd.Stdout = stdout
+	if c.Stdout != nil {
+		cmd.Stdout = c.Stdout
 	}
-	if stderr != nil {
-		cmd.Stderr = stderr
+	if c.Stderr != nil {
+		cmd.Stderr = c.Stderr
 	} else {
 		cmd.Stderr = &errBuf
 	}
 	err := cmd.Run()
+	tracing.End(span, err)
 	return errBuf.Bytes(), err
 }

@@ -16,6 +16,7 @@ import (
 
 	"github.com/berthcri/berth/internal/errdefs"
 	"github.com/berthcri/berth/internal/oci"
+	"github.com/berthcri/berth/internal/oci/ocicli"
 	"github.com/berthcri/berth/internal/testutil/berthdtest"
 	"github.com/berthcri/berth/internal/testutil/bundletest"
 )
@@ -46,14 +47,14 @@ func TestRuncLifecycleUpdateExecAndErrors(t *testing.T) {
 	ctx := context.Background()
 	rt := oci.New("runc", filepath.Join(dir, "runtime", "runc"), nil)
 
-	if err := rt.Create(ctx, "c1", oci.CreateOpts{Bundle: bundle, PidFile: filepath.Join(bundle, "pid")}); err != nil {
+	if err := rt.CLI().Create(ctx, "c1", ocicli.CreateOpts{Bundle: bundle, PidFile: filepath.Join(bundle, "pid")}); err != nil {
 		t.Fatal(err)
 	}
 	st, err := rt.State(ctx, "c1")
 	if err != nil || st.Status != "created" || st.Pid <= 0 {
 		t.Fatalf("state after create: %+v %v", st, err)
 	}
-	if err := rt.Start(ctx, "c1"); err != nil {
+	if err := rt.CLI().Start(ctx, "c1"); err != nil {
 		t.Fatal(err)
 	}
 	if st, _ = rt.State(ctx, "c1"); st.Status != "running" {
@@ -82,15 +83,15 @@ func TestRuncLifecycleUpdateExecAndErrors(t *testing.T) {
 		t.Fatalf("exec output %q", data)
 	}
 	// Errors carry the runtime's own message; unknown IDs are NotFound.
-	err = rt.Start(ctx, "nope")
+	err = rt.CLI().Start(ctx, "nope")
 	if !errors.Is(err, errdefs.ErrNotFound) || !strings.Contains(err.Error(), "nope") {
 		t.Fatalf("start unknown: %v", err)
 	}
-	err = rt.Create(ctx, "c1", oci.CreateOpts{Bundle: bundle})
+	err = rt.CLI().Create(ctx, "c1", ocicli.CreateOpts{Bundle: bundle})
 	if err == nil || !strings.Contains(err.Error(), "already exists") {
 		t.Fatalf("create twice: %v", err)
 	}
-	if err := rt.Kill(ctx, "c1", syscall.SIGKILL, false); err != nil {
+	if err := rt.CLI().Kill(ctx, "c1", syscall.SIGKILL, false); err != nil {
 		t.Fatal(err)
 	}
 	deadline := time.Now().Add(10 * time.Second)

@@ -169,24 +169,6 @@ func DecodeExit(body []byte) (*Exit, error) {
 	return e, nil
 }
 
-// StringFields calls fn with each string-valued key of the JSON object
-// obj (other values are skipped); the shim reads the runtime's JSON log
-// lines with it.
-func StringFields(obj []byte, fn func(key, value string)) error {
-	return decodeDocument(obj, func(d *decoder) error {
-		return d.object(func(key string) error {
-			if d.peek() != '"' {
-				return d.skip()
-			}
-			v, err := d.str()
-			if err == nil {
-				fn(key, v)
-			}
-			return err
-		})
-	})
-}
-
 func decodeDocument(body []byte, value func(*decoder) error) error {
 	d := &decoder{b: body}
 	if d.peek() != '{' {

@@ -199,17 +199,6 @@ func TestErrorKindsRoundTrip(t *testing.T) {
 	}
 }
 
-func TestStringFields(t *testing.T) {
-	got := map[string]string{}
-	err := StringFields([]byte(`{"level":"error","n":1,"msg":"exec: \"nope\"","x":{"msg":"inner"}}`), func(k, v string) { got[k] = v })
-	if err != nil || len(got) != 2 || got["level"] != "error" || got["msg"] != `exec: "nope"` {
-		t.Fatalf("%v, %v", got, err)
-	}
-	if StringFields([]byte(`not json`), func(string, string) {}) == nil {
-		t.Fatal("no error for garbage")
-	}
-}
-
 // FuzzDecodeRequest: the decoder never panics, and what it accepts
 // survives a round trip (what berthd writes, the shim reads the same).
 func FuzzDecodeRequest(f *testing.F) {

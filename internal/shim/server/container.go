@@ -5,6 +5,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/berthcri/berth/internal/oci/ocicli"
 	"github.com/berthcri/berth/internal/shim/proto"
 )
 
@@ -51,7 +52,7 @@ func (p phase) status() string {
 type container struct {
 	id        string
 	bundle    string
-	rt        *ociRuntime
+	rt        *ocicli.Runtime
 	stdinOnce bool
 	logf      func(format string, args ...any)
 	exited    chan struct{} // closed when phase becomes exited
@@ -75,7 +76,7 @@ type container struct {
 	oom       *oomWatch
 }
 
-func newContainer(id string, cr *proto.CreateRequest, rt *ociRuntime, logf func(string, ...any)) *container {
+func newContainer(id string, cr *proto.CreateRequest, rt *ocicli.Runtime, logf func(string, ...any)) *container {
 	return &container{
 		id:        id,
 		bundle:    cr.Bundle,

@@ -1,6 +1,7 @@
 package server
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -214,7 +215,7 @@ func (n *Node) adopt(m *proto.KeeperMsg, fds []int) error {
 	n.mu.Unlock()
 
 	cr := req.Create
-	rt := &ociRuntime{binary: cr.Runtime.Binary, root: cr.Runtime.Root, options: cr.Runtime.Options, reaper: n.reaper}
+	rt := n.reaper.ociRuntime(cr.Runtime)
 	c := newContainer(m.ID, cr, rt, s.logf)
 	if cr.Restore != "" {
 		c.restore = cr
@@ -242,7 +243,7 @@ func (n *Node) adopt(m *proto.KeeperMsg, fds []int) error {
 	} else if m.Pid > 0 && !m.Exited {
 		// The monitor before may have died between the runtime's start
 		// and telling the keeper: the runtime knows.
-		if st, err := rt.status(c.id); err == nil && st != "created" {
+		if st, err := rt.Status(context.Background(), c.id); err == nil && st != "created" {
 			ph = phaseRunning
 			n.startedAtAdopt = append(n.startedAtAdopt, c.id)
 		}

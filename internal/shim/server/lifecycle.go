@@ -1,6 +1,7 @@
 package server
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"os"
@@ -11,16 +12,10 @@ import (
 	"time"
 
 	"github.com/berthcri/berth/internal/errdefs"
+	"github.com/berthcri/berth/internal/oci/ocicli"
 	"github.com/berthcri/berth/internal/shim/proto"
 	"github.com/berthcri/berth/internal/shim/shimfault"
 )
-
-// runtimeStep runs the OCI runtime to make a container's init process:
-// `create` (ociRuntime.create), or at the start of a container restored
-// from a checkpoint a closure over the checkpoint's paths calling
-// `restore --detach` (restoreStep). The runtime forks the init with o's stdio (or hands its pty to
-// o.consoleSocket) and writes its pid to o.pidFile.
-type runtimeStep func(rt *ociRuntime, id string, o createOpts) error
 
 // create adds a container the runtime creates (OpCreate); its init waits
 // for start.
@@ -39,7 +34,7 @@ func (s *Server) create(req *proto.Request) (retErr error) {
 			s.unregister(c)
 		}
 	}()
-	return s.launch(c, req.Create, (*ociRuntime).create, phaseCreated)
+	return s.launch(c, req.Create, createStep, phaseCreated)
 }
 
 // register checks a request that adds a container, reserves its ID (the
@@ -49,7 +44,7 @@ func (s *Server) register(req *proto.Request) (*container, error) {
 	if req.ID == "" || cr == nil || cr.Bundle == "" || cr.Runtime.Binary == "" {
 		return nil, fmt.Errorf("%s needs an id, a bundle and a runtime: %w", req.Op, errdefs.ErrInvalidArgument)
 	}
-	rt := &ociRuntime{binary: cr.Runtime.Binary, root: cr.Runtime.Root, options: cr.Runtime.Options, reaper: s.reaper}
+	rt := s.reaper.ociRuntime(cr.Runtime)
 	c := newContainer(req.ID, cr, rt, s.logf)
 	if cr.Restore != "" {
 		if cr.Terminal {
@@ -90,18 +85,18 @@ func (s *Server) launch(c *container, cr *proto.CreateRequest, step runtimeStep,
 		return err
 	}
 	// From here on the runtime holds the container: undo with delete.
-	pid, err := readPidFile(lio.opts.pidFile)
+	pid, err := readPidFile(lio.opts.PidFile)
 	if err != nil {
-		_ = c.rt.delete(c.id, true)
+		_ = c.rt.Delete(context.Background(), c.id, true)
 		return err
 	}
 	exitCh, pidfd, err := s.reaper.watch(pid)
 	if err != nil {
-		_ = c.rt.delete(c.id, true)
+		_ = c.rt.Delete(context.Background(), c.id, true)
 		return err
 	}
 	if err := lio.takeConsole(c); err != nil {
-		_ = c.rt.delete(c.id, true)
+		_ = c.rt.Delete(context.Background(), c.id, true)
 		if pidfd != nil {
 			// The reaper still collects the init's exit.
 			pidfd.Close()
@@ -110,7 +105,7 @@ func (s *Server) launch(c *container, cr *proto.CreateRequest, step runtimeStep,
 	}
 	shimfault.Hit(shimfault.MonitorMidCreateUnheld, s.node.dir, s.logf)
 	if err := s.node.keeper.register(s, c, cr, pid, then == phaseRunning, lio.outputs, lio.stdin, lio.console); err != nil {
-		_ = c.rt.delete(c.id, true)
+		_ = c.rt.Delete(context.Background(), c.id, true)
 		if pidfd != nil {
 			pidfd.Close()
 		}
@@ -140,7 +135,7 @@ type output struct {
 // launch succeeded), and the console socket a terminal container's pty
 // comes over.
 type launchIO struct {
-	opts    createOpts
+	opts    ocicli.CreateOpts
 	outputs []output   // includes the pty master, once received
 	theirs  []*os.File // the container's ends, closed once the runtime has them
 	stdin   *os.File   // the write end of the container's stdin
@@ -155,7 +150,7 @@ type launchIO struct {
 // prepareIO makes pipes for the container's stdio, or for a terminal a
 // console socket its runtime sends the pty master over.
 func (s *Server) prepareIO(c *container, cr *proto.CreateRequest) (_ *launchIO, retErr error) {
-	l := &launchIO{opts: createOpts{bundle: cr.Bundle, pidFile: filepath.Join(cr.Bundle, "init.pid")}}
+	l := &launchIO{opts: ocicli.CreateOpts{Bundle: cr.Bundle, PidFile: filepath.Join(cr.Bundle, "init.pid")}}
 	defer func() {
 		if retErr != nil {
 			l.release(true)
@@ -176,7 +171,7 @@ func (s *Server) prepareIO(c *container, cr *proto.CreateRequest) (_ *launchIO, 
 		if l.consoleDir, err = os.Open(s.dir); err != nil {
 			return nil, fmt.Errorf("console socket: %w", err)
 		}
-		l.opts.consoleSocket = "/proc/" + strconv.Itoa(os.Getpid()) + "/fd/" + strconv.Itoa(int(l.consoleDir.Fd())) + "/" + filepath.Base(sock)
+		l.opts.ConsoleSocket = "/proc/" + strconv.Itoa(os.Getpid()) + "/fd/" + strconv.Itoa(int(l.consoleDir.Fd())) + "/" + filepath.Base(sock)
 		return l, nil
 	}
 	for _, name := range []string{"stdout", "stderr"} {
@@ -187,9 +182,9 @@ func (s *Server) prepareIO(c *container, cr *proto.CreateRequest) (_ *launchIO, 
 		l.theirs = append(l.theirs, w)
 		l.outputs = append(l.outputs, output{r, name})
 		if name == "stdout" {
-			l.opts.stdout = w
+			l.opts.Stdout = w
 		} else {
-			l.opts.stderr = w
+			l.opts.Stderr = w
 		}
 	}
 	if cr.Stdin {
@@ -198,7 +193,7 @@ func (s *Server) prepareIO(c *container, cr *proto.CreateRequest) (_ *launchIO, 
 			return nil, fmt.Errorf("create stdin pipe: %w", err)
 		}
 		l.theirs = append(l.theirs, r)
-		l.opts.stdin = r
+		l.opts.Stdin = r
 		l.stdin = w
 	}
 	return l, nil
@@ -295,20 +290,13 @@ func (s *Server) start(c *container) error {
 	if c.awaitsRestore() {
 		return s.launch(c, c.restore, restoreStep(c.restore), phaseRunning)
 	}
-	if err := c.rt.start(c.id); err != nil {
+	if err := c.rt.Start(context.Background(), c.id); err != nil {
 		return err
 	}
 	shimfault.Hit(shimfault.MonitorMidStart, s.node.dir, s.logf)
 	c.started()
 	s.node.keeper.note(proto.KeeperStarted, c.id)
 	return nil
-}
-
-// restoreStep restores the checkpoint cr names with `restore --detach`.
-func restoreStep(cr *proto.CreateRequest) runtimeStep {
-	return func(rt *ociRuntime, id string, o createOpts) error {
-		return rt.restore(id, o, cr.Restore, cr.CRIU)
-	}
 }
 
 // exitUnrestored records the exit of a restored container that never
@@ -334,7 +322,7 @@ func (s *Server) kill(c *container, sig syscall.Signal, all bool) error {
 		s.exitUnrestored(c, sig)
 		return nil
 	}
-	err := c.rt.kill(c.id, sig, all)
+	err := c.rt.Kill(context.Background(), c.id, sig, all)
 	if err != nil {
 		// It may have exited meanwhile: that is what was asked.
 		t := time.NewTimer(100 * time.Millisecond)
@@ -357,7 +345,7 @@ func (s *Server) delete(c *container) error {
 	if c.awaitsRestore() {
 		s.exitUnrestored(c, 0)
 	}
-	if err := c.rt.delete(c.id, true); err != nil {
+	if err := c.rt.Delete(context.Background(), c.id, true); err != nil {
 		return err
 	}
 	t := time.NewTimer(10 * time.Second)

@@ -1,70 +1,47 @@
 package server
 
 import (
-	"bytes"
-	"errors"
-	"fmt"
-	"os"
-	"path/filepath"
-	"strconv"
-	"strings"
+	"context"
 	"syscall"
 
-	"github.com/berthcri/berth/internal/errdefs"
 	"github.com/berthcri/berth/internal/oci/ocicli"
+	"github.com/berthcri/berth/internal/shim/proto"
 )
 
-// ociRuntime drives the OCI runtime CLI (runc, crun) for the shim: create,
-// start, kill and delete. It mirrors internal/oci (which berthd uses) but
-// runs everything through the shim's reaper and needs no encoding/json,
-// os/exec or runtime-spec types.
-type ociRuntime struct {
-	binary  string
-	root    string
-	options []string
-	reaper  *reaper
+// ociRuntime is the OCI runtime (runc, crun) a create request names: the
+// command line is package ocicli's, the one berthd also drives (decision
+// 2800); every call runs through the node's reaper.
+func (r *reaper) ociRuntime(rt proto.Runtime) *ocicli.Runtime {
+	return &ocicli.Runtime{Binary: rt.Binary, Root: rt.Root, Options: rt.Options, Run: r.runCmd}
 }
 
-func (r *ociRuntime) args(sub ...string) []string {
-	return ocicli.Args(r.binary, r.root, r.options, sub...)
+// runCmd is the ocicli.Runner of the monitor: fork and exec, and wait
+// through the reaper (never os/exec, which the monitor does not link).
+func (r *reaper) runCmd(_ context.Context, c *ocicli.Cmd) ([]byte, error) {
+	return r.run(c.Args, c.Sys, c.Stdin, c.Stdout, c.Stderr)
 }
 
-func (r *ociRuntime) run(id string, args []string, stdin, stdout, stderr *os.File) error {
-	return r.runWith(id, args, nil, stdin, stdout, stderr)
+// runtimeStep runs the OCI runtime to make a container's init process:
+// `create` (createStep), or at the start of a container restored from a
+// checkpoint `restore --detach` (restoreStep). The runtime forks the init
+// with o's stdio (or hands its pty to o.ConsoleSocket) and writes its pid
+// to o.PidFile.
+type runtimeStep func(rt *ocicli.Runtime, id string, o ocicli.CreateOpts) error
+
+// createStep runs `create`; the runtime dies with the monitor.
+func createStep(rt *ocicli.Runtime, id string, o ocicli.CreateOpts) error {
+	o.Sys = diesWithMonitor()
+	return rt.Create(context.Background(), id, o)
 }
 
-// runWith is run with process attributes for the runtime's process.
-func (r *ociRuntime) runWith(id string, args []string, sys *syscall.SysProcAttr, stdin, stdout, stderr *os.File) error {
-	if err := os.MkdirAll(r.root, 0o700); err != nil {
-		return fmt.Errorf("create runtime root %s: %w", r.root, err)
+// restoreStep restores the checkpoint cr names with `restore --detach`.
+func restoreStep(cr *proto.CreateRequest) runtimeStep {
+	return func(rt *ocicli.Runtime, id string, o ocicli.CreateOpts) error {
+		return rt.Restore(context.Background(), id, ocicli.RestoreOpts{
+			Bundle: o.Bundle, PidFile: o.PidFile, ImagePath: cr.Restore, CRIU: cr.CRIU,
+			Stdin: o.Stdin, Stdout: o.Stdout, Stderr: o.Stderr,
+		})
 	}
-	errOut, err := r.reaper.run(args, sys, stdin, stdout, stderr)
-	if err != nil {
-		return ocicli.Error(args, id, errOut, err)
-	}
-	return nil
-}
-
-// createOpts are the arguments of create.
-type createOpts struct {
-	bundle, pidFile, consoleSocket string
-	// Stdio of the runtime and so of the container's init (nil → /dev/null).
-	stdin, stdout, stderr *os.File
-}
-
-// create runs `create`: the container's init waits for start.
-func (r *ociRuntime) create(id string, o createOpts) error {
-	args, logPath := ocicli.CreateArgs(r.args(), o.bundle, o.pidFile, o.consoleSocket, id)
-	_ = os.Remove(logPath)
-	stderr, closeNull, err := ocicli.OrDevNull(o.stderr)
-	if err != nil {
-		return fmt.Errorf("create %s: %w", id, err)
-	}
-	defer closeNull()
-	if err := r.runWith(id, args, diesWithMonitor(), o.stdin, o.stdout, stderr); err != nil {
-		return ocicli.WithLogError(err, logPath)
-	}
-	return nil
 }
 
 // diesWithMonitor makes the runtime's create die with the monitor
@@ -83,127 +60,4 @@ func (r *ociRuntime) create(id string, o createOpts) error {
 // (fork clears it).
 func diesWithMonitor() *syscall.SysProcAttr {
 	return &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-}
-
-// restore runs a detached `restore` of a checkpoint: the restored init
-// runs at once, with o's stdio standing in for the checkpointed pipes.
-func (r *ociRuntime) restore(id string, o createOpts, imagePath, criu string) error {
-	work := filepath.Join(o.bundle, "restore-work")
-	if err := os.MkdirAll(work, 0o700); err != nil {
-		return fmt.Errorf("restore %s: %w", id, err)
-	}
-	args, logPath := ocicli.RestoreArgs(r.args(), criu, o.bundle, imagePath, work, o.pidFile, id)
-	_ = os.Remove(logPath)
-	stderr, closeNull, err := ocicli.OrDevNull(o.stderr)
-	if err != nil {
-		return fmt.Errorf("restore %s: %w", id, err)
-	}
-	defer closeNull()
-	// CRIU mounts a "cgroup yard" of every controller (hugetlb too, which
-	// this node may not mount) under the work path while it restores. In
-	// the node's mount namespace other runtimes' runc and kubelets would
-	// see those mounts and create cgroups in them: so runc and CRIU run in
-	// a private copy of it (Go makes / rprivate in the child).
-	private := &syscall.SysProcAttr{Unshareflags: syscall.CLONE_NEWNS}
-	if err := r.runWith(id, args, private, o.stdin, o.stdout, stderr); err != nil {
-		return fmt.Errorf("%w (criu log %s: %s)", ocicli.WithLogError(err, logPath), filepath.Join(work, "restore.log"), criuErrors(filepath.Join(work, "restore.log")))
-	}
-	return nil
-}
-
-// criuErrors is what a CRIU log says went wrong: its "Error" lines (the
-// last few), else its end.
-func criuErrors(path string) string {
-	data, err := os.ReadFile(path)
-	if err != nil {
-		return err.Error()
-	}
-	var errs []string
-	for _, line := range strings.Split(string(data), "\n") {
-		if strings.Contains(line, "Error") {
-			errs = append(errs, strings.TrimSpace(line))
-		}
-	}
-	if len(errs) > 4 {
-		errs = errs[len(errs)-4:]
-	}
-	if len(errs) > 0 {
-		return strings.Join(errs, "; ")
-	}
-	if len(data) > 400 {
-		data = data[len(data)-400:]
-	}
-	return string(data)
-}
-
-// status is the runtime's word on the container's state (created,
-// running, stopped, …), read from `state`'s JSON without a JSON package
-// (the shim stays lean, decision 1700).
-func (r *ociRuntime) status(id string) (string, error) {
-	f, err := os.CreateTemp("", "berth-shim-state-")
-	if err != nil {
-		return "", fmt.Errorf("state %s: %w", id, err)
-	}
-	defer os.Remove(f.Name())
-	defer f.Close()
-	if err := r.run(id, r.args("state", id), nil, f, nil); err != nil {
-		return "", err
-	}
-	data, err := os.ReadFile(f.Name())
-	if err != nil {
-		return "", fmt.Errorf("state %s: %w", id, err)
-	}
-	return jsonString(data, "status"), nil
-}
-
-// jsonString finds the string value of key in a flat JSON object ("" if
-// none): enough for the runtime's state, whose values hold no quotes.
-func jsonString(data []byte, key string) string {
-	i := bytes.Index(data, []byte(`"`+key+`"`))
-	if i < 0 {
-		return ""
-	}
-	rest := data[i+len(key)+2:]
-	colon := bytes.IndexByte(rest, ':')
-	if colon < 0 {
-		return ""
-	}
-	rest = bytes.TrimLeft(rest[colon+1:], " \t\r\n")
-	if len(rest) == 0 || rest[0] != '"' {
-		return ""
-	}
-	end := bytes.IndexByte(rest[1:], '"')
-	if end < 0 {
-		return ""
-	}
-	return string(rest[1 : 1+end])
-}
-
-// start lets a created container's init exec the process.
-func (r *ociRuntime) start(id string) error {
-	return r.run(id, r.args("start", id), nil, nil, nil)
-}
-
-// kill sends sig to the container's init (all its processes when all).
-func (r *ociRuntime) kill(id string, sig syscall.Signal, all bool) error {
-	args := r.args("kill")
-	if all {
-		args = append(args, "--all")
-	}
-	args = append(args, id, strconv.Itoa(int(sig)))
-	return r.run(id, args, nil, nil, nil)
-}
-
-// delete removes the container from the runtime; force kills it first.
-// A container the runtime does not know is not an error.
-func (r *ociRuntime) delete(id string, force bool) error {
-	args := r.args("delete")
-	if force {
-		args = append(args, "--force")
-	}
-	err := r.run(id, append(args, id), nil, nil, nil)
-	if errors.Is(err, errdefs.ErrNotFound) {
-		return nil
-	}
-	return err
 }

@@ -309,16 +309,3 @@ func TestLookPath(t *testing.T) {
 		t.Fatal("found a missing tool")
 	}
 }
-
-func TestJSONString(t *testing.T) {
-	state := []byte("{\n  \"ociVersion\": \"1.2.0\",\n  \"id\": \"c1\",\n  \"pid\": 42,\n  \"status\": \"running\",\n  \"bundle\": \"/b\"\n}")
-	if got := jsonString(state, "status"); got != "running" {
-		t.Fatalf("status %q", got)
-	}
-	if got := jsonString(state, "pid"); got != "" {
-		t.Fatalf("pid %q, want none (not a string)", got)
-	}
-	if got := jsonString([]byte(`{"status":"created"}`), "status"); got != "created" {
-		t.Fatalf("compact: %q", got)
-	}
-}
