@@ -20,6 +20,7 @@ import (
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	runtime "k8s.io/cri-api/pkg/apis/runtime/v1"
 
+	"github.com/berthcri/berth/internal/oci"
 	"github.com/berthcri/berth/internal/testutil/testimages"
 )
 
@@ -207,7 +208,7 @@ func TestRuncRunsBuiltSpec(t *testing.T) {
 			}
 			state := filepath.Join(tmp, "runc-root")
 			t.Cleanup(func() {
-				_ = exec.Command(runc, "--root", state, "delete", "--force", id).Run()
+				_ = oci.New(runc, state, nil).Delete(context.Background(), id, true)
 			})
 
 			ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
