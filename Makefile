@@ -84,7 +84,7 @@ test-kubelet: test-deps build
 # the package's testdata/fuzz as a regression test.
 fuzz:
 	$(GO) test -run '^$$' -fuzz '^FuzzBuild$$' -fuzztime $(FUZZTIME) ./internal/specgen/
-	$(GO) test -run '^$$' -fuzz '^FuzzLineSplitter$$' -fuzztime $(FUZZTIME) ./internal/shim/server/
+	$(GO) test -run '^$$' -fuzz '^FuzzLineSplitter$$' -fuzztime $(FUZZTIME) ./internal/shim/monitor/
 	$(GO) test -run '^$$' -fuzz '^FuzzDecodeRequest$$' -fuzztime $(FUZZTIME) ./internal/shim/proto/
 	$(GO) test -run '^$$' -fuzz '^FuzzDecodeResponse$$' -fuzztime $(FUZZTIME) ./internal/shim/proto/
 

@@ -25,7 +25,7 @@ import (
 
 	"github.com/berthcri/berth/internal/shim/keeper"
 	"github.com/berthcri/berth/internal/shim/proto"
-	"github.com/berthcri/berth/internal/shim/server"
+	"github.com/berthcri/berth/internal/shim/monitor"
 )
 
 func main() {
@@ -98,16 +98,16 @@ func runKeeper(dir string, logf func(string, ...any)) int {
 }
 
 func runMonitor(dir string, logf func(string, ...any)) int {
-	n := server.NewNode(dir, logf, keeper.LinkFd)
+	m := monitor.New(dir, logf, keeper.LinkFd)
 	// Adopt, then Listen: berthd takes a ping on node.sock that does not
 	// name a pod as "this pod was not adopted, its containers are lost"
 	// (shim.Client.podServed), so node.sock must not answer before every
 	// container the keeper holds is adopted.
-	if err := n.Adopt(); err != nil {
+	if err := m.Adopt(); err != nil {
 		logf("%v", err)
 		return 1
 	}
-	if err := n.Listen(); err != nil {
+	if err := m.Listen(); err != nil {
 		logf("%v", err)
 		return 1
 	}
@@ -129,10 +129,10 @@ func runMonitor(dir string, logf func(string, ...any)) int {
 	go func() {
 		<-terms
 		logf("SIGTERM: handing over to a new monitor")
-		n.HandOver(2 * time.Second)
+		m.HandOver(2 * time.Second)
 		os.Exit(proto.MonitorHandedOver)
 	}()
-	n.Serve()
+	m.Serve()
 	logf("no pods left; exiting")
 	return 0
 }

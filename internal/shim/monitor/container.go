@@ -1,4 +1,4 @@
-package server
+package monitor
 
 import (
 	"os"
@@ -14,7 +14,7 @@ type phase uint8
 
 const (
 	// phaseCreating: reserved by a create still running; other ops do
-	// not see it yet (Server.get).
+	// not see it yet (Pod.get).
 	phaseCreating phase = iota
 	// phaseCreated: the runtime created it, its pid is known, its init
 	// waits for start; or it is restored at its start (restore set) and
@@ -48,7 +48,7 @@ func (p phase) status() string {
 //   - memCgroup and oom belong to the create until it starts waitExit,
 //     then to waitExit.
 //
-// Lock order: Server.mu, then mu, then log's, stdio's or attaches' own.
+// Lock order: Pod.mu, then mu, then log's, stdio's or attaches' own.
 type container struct {
 	id        string
 	bundle    string

@@ -1,4 +1,4 @@
-package server
+package monitor
 
 import (
 	"encoding/binary"
@@ -16,8 +16,8 @@ import (
 
 // attach serves one attach connection: it answers the request, then relays
 // output frames to the client and its stdin/resize frames to the container.
-func (s *Server) attach(conn *os.File, req *proto.Request) {
-	c, err := s.get(req.ID)
+func (p *Pod) attach(conn *os.File, req *proto.Request) {
+	c, err := p.get(req.ID)
 	if err != nil {
 		_ = proto.WriteResponse(conn, proto.ErrorResponse(err))
 		return
@@ -37,7 +37,7 @@ func (s *Server) attach(conn *os.File, req *proto.Request) {
 	defer func() {
 		c.attaches.remove(a)
 		if req.Stdin && c.stdinOnce && c.stdio.closeStdin() {
-			s.node.keeper.note(proto.KeeperCloseStdin, c.id)
+			p.mon.keeper.note(proto.KeeperCloseStdin, c.id)
 		}
 	}()
 	buf := make([]byte, 0, 4096)
@@ -55,7 +55,7 @@ func (s *Server) attach(conn *os.File, req *proto.Request) {
 			// The client's input ended: that ends the container's stdin
 			// only for stdin_once containers (as in containerd).
 			if req.Stdin && c.stdinOnce && c.stdio.closeStdin() {
-				s.node.keeper.note(proto.KeeperCloseStdin, c.id)
+				p.mon.keeper.note(proto.KeeperCloseStdin, c.id)
 			}
 		case proto.FrameResize:
 			if len(payload) == 4 {

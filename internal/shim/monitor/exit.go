@@ -1,4 +1,4 @@
-package server
+package monitor
 
 import (
 	"os"
@@ -20,8 +20,8 @@ const drainTimeout = 2 * time.Second
 // waitExit waits for the container's init to be reaped, then records the
 // exit (decision 0301): the output drained and the OOM kill counted before
 // recordExit.
-func (s *Server) waitExit(c *container, exitCh <-chan unix.WaitStatus, pidfd *os.File) {
-	ws := s.reaper.waitInit(exitCh, pidfd)
+func (p *Pod) waitExit(c *container, exitCh <-chan unix.WaitStatus, pidfd *os.File) {
+	ws := p.reaper.waitInit(exitCh, pidfd)
 	c.mu.Lock()
 	e := &proto.Exit{Version: proto.ExitVersion, ID: c.id, Pid: c.pid, At: time.Now().UTC()}
 	c.mu.Unlock()
@@ -44,23 +44,23 @@ func (s *Server) waitExit(c *container, exitCh <-chan unix.WaitStatus, pidfd *os
 	select {
 	case <-drained:
 	case <-t.C:
-		s.logf("container %s: output not drained after %s", c.id, drainTimeout)
+		p.logf("container %s: output not drained after %s", c.id, drainTimeout)
 	}
 	t.Stop()
 	if c.oom.killed() || (e.Signal == int(unix.SIGKILL) && c.oom.parentKilled(c.memCgroup)) {
 		e.OOMKilled = true
 	}
 	c.oom.stop()
-	s.recordExit(c, e)
+	p.recordExit(c, e)
 }
 
 // recordExit makes c exited with e: persisted first, then visible, then
 // its waits answered and its attach streams ended. It runs once per
 // container: from waitExit, or for a container that never ran a process
 // (one restored at start and deleted before it).
-func (s *Server) recordExit(c *container, e *proto.Exit) {
-	if err := writeExit(s.dir, e); err != nil {
-		s.logf("container %s: persist exit: %v", c.id, err)
+func (p *Pod) recordExit(c *container, e *proto.Exit) {
+	if err := writeExit(p.dir, e); err != nil {
+		p.logf("container %s: persist exit: %v", c.id, err)
 	}
 	c.mu.Lock()
 	c.exit, c.phase = e, phaseExited
@@ -68,7 +68,7 @@ func (s *Server) recordExit(c *container, e *proto.Exit) {
 	c.waiters = nil
 	c.mu.Unlock()
 	close(c.exited)
-	s.answerWaiters(c, waiters)
+	p.answerWaiters(c, waiters)
 	c.attaches.closeAll()
 }
 

@@ -13,7 +13,7 @@
 // lifecycle.go create/start/kill/delete, exit.go reaping and persisting an
 // exit, wait.go parked waits, logs.go CRI logs, attach.go attach streams and
 // stdio, housekeeping.go the periodic chores and memory trimming.
-package server
+package monitor
 
 import (
 	"fmt"
@@ -27,12 +27,12 @@ import (
 	"github.com/berthcri/berth/internal/shim/proto"
 )
 
-// Server is one pod the monitor serves: its containers, its socket and
+// Pod is one pod the monitor serves: its containers, its socket and
 // its directory (exits, console sockets).
-type Server struct {
+type Pod struct {
 	dir    string
 	logf   func(format string, args ...any)
-	node   *Node
+	mon    *Monitor
 	reaper *reaper // the node's
 
 	// mu guards the registry: ctrs and closing. Lock order: s.mu before a
@@ -44,96 +44,96 @@ type Server struct {
 	ln *os.File
 }
 
-// newServer prepares the pod whose state dir is dir.
-func newServer(dir string, n *Node, logf func(string, ...any)) *Server {
-	return &Server{dir: dir, logf: logf, node: n, reaper: n.reaper, ctrs: map[string]*container{}}
+// newPod prepares the pod whose state dir is dir.
+func newPod(dir string, m *Monitor, logf func(string, ...any)) *Pod {
+	return &Pod{dir: dir, logf: logf, mon: m, reaper: m.reaper, ctrs: map[string]*container{}}
 }
 
 // Listen creates the pod's socket; berthd reaches the pod there once
 // OpAddPod answered.
-func (s *Server) Listen() error {
-	if err := os.MkdirAll(filepath.Join(s.dir, "exits"), 0o700); err != nil {
+func (p *Pod) Listen() error {
+	if err := os.MkdirAll(filepath.Join(p.dir, "exits"), 0o700); err != nil {
 		return fmt.Errorf("create shim dir: %w", err)
 	}
-	_ = os.Remove(proto.SocketPath(s.dir))
-	ln, err := listenUnix(proto.SocketPath(s.dir))
+	_ = os.Remove(proto.SocketPath(p.dir))
+	ln, err := listenUnix(proto.SocketPath(p.dir))
 	if err != nil {
-		return fmt.Errorf("listen on %s: %w", proto.SocketPath(s.dir), err)
+		return fmt.Errorf("listen on %s: %w", proto.SocketPath(p.dir), err)
 	}
-	s.ln = ln
+	p.ln = ln
 	return nil
 }
 
 // Serve answers the pod's connections until the pod has no containers
 // left.
-func (s *Server) Serve() {
-	serveAccepted(s.ln, s.isClosing, s.logf, s.serveConn)
+func (p *Pod) Serve() {
+	serveAccepted(p.ln, p.isClosing, p.logf, p.serveConn)
 }
 
 // exitIfEmpty ends the pod when it holds no containers: it removes its
 // socket and directory first, under the lock, so a create racing with
 // it is refused and berthd adds the pod afresh. The node learns of it
 // after the pod's lock is released (lock order).
-func (s *Server) exitIfEmpty() bool {
-	s.mu.Lock()
-	if len(s.ctrs) > 0 || s.closing {
-		s.mu.Unlock()
+func (p *Pod) exitIfEmpty() bool {
+	p.mu.Lock()
+	if len(p.ctrs) > 0 || p.closing {
+		p.mu.Unlock()
 		return false
 	}
-	s.closing = true
+	p.closing = true
 	// Directory (and socket file) first: from then on berthd's dial fails
 	// with ENOENT and it adds the pod again, with a directory this
 	// removal can no longer touch. Closing the listener first would open
 	// a window where the new directory is deleted under it.
-	if err := os.RemoveAll(s.dir); err != nil {
-		s.logf("remove shim dir: %v", err)
+	if err := os.RemoveAll(p.dir); err != nil {
+		p.logf("remove shim dir: %v", err)
 	}
-	s.ln.Close()
-	s.mu.Unlock()
-	s.node.podGone(s)
+	p.ln.Close()
+	p.mu.Unlock()
+	p.mon.podGone(p)
 	return true
 }
 
-func (s *Server) isClosing() bool {
-	s.mu.Lock()
-	v := s.closing
-	s.mu.Unlock()
+func (p *Pod) isClosing() bool {
+	p.mu.Lock()
+	v := p.closing
+	p.mu.Unlock()
 	return v
 }
 
 // reserve publishes c, still being created, under its ID: the ID is
 // taken and the shim does not exit while the create runs, but no other op
 // sees c until it is created (get).
-func (s *Server) reserve(c *container) error {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.closing {
+func (p *Pod) reserve(c *container) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closing {
 		return fmt.Errorf("pod's shim is exiting: %w", errdefs.ErrUnavailable)
 	}
-	if s.node.keeper.lost() {
+	if p.mon.keeper.lost() {
 		return fmt.Errorf("the node's keeper is gone, no container can be started here: %w", errdefs.ErrUnavailable)
 	}
-	if _, ok := s.ctrs[c.id]; ok {
+	if _, ok := p.ctrs[c.id]; ok {
 		return fmt.Errorf("container %s: %w", c.id, errdefs.ErrAlreadyExists)
 	}
-	s.ctrs[c.id] = c
+	p.ctrs[c.id] = c
 	return nil
 }
 
 // forget removes container id from the registry.
-func (s *Server) forget(id string) {
-	s.mu.Lock()
-	delete(s.ctrs, id)
-	s.mu.Unlock()
+func (p *Pod) forget(id string) {
+	p.mu.Lock()
+	delete(p.ctrs, id)
+	p.mu.Unlock()
 }
 
 // get returns a created container. One still being created is not there
 // yet for other ops: berthd serialises calls per container, so only a
 // confused client asks.
-func (s *Server) get(id string) (*container, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	c, ok := s.ctrs[id]
+func (p *Pod) get(id string) (*container, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	c, ok := p.ctrs[id]
 	if !ok {
 		return nil, fmt.Errorf("container %s: %w", id, errdefs.ErrNotFound)
 	}
@@ -144,18 +144,18 @@ func (s *Server) get(id string) (*container, error) {
 }
 
 // ids lists the containers the shim holds, also those being created.
-func (s *Server) ids() []string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return slices.Collect(maps.Keys(s.ctrs))
+func (p *Pod) ids() []string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return slices.Collect(maps.Keys(p.ctrs))
 }
 
 // each calls fn for every container, under the registry lock (fn may
 // take the container's lock, never the registry's).
-func (s *Server) each(fn func(*container)) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	for _, c := range s.ctrs {
+func (p *Pod) each(fn func(*container)) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, c := range p.ctrs {
 		fn(c)
 	}
 }

@@ -1,4 +1,4 @@
-package server
+package monitor
 
 import (
 	"os"
@@ -34,10 +34,10 @@ const trimMinGrowth = 256 << 10
 
 // startHousekeeping runs housekeep every housekeepingInterval until the
 // returned stop is called. A timer, not a goroutine: nothing waits.
-func (n *Node) startHousekeeping() (stop func()) {
+func (m *Monitor) startHousekeeping() (stop func()) {
 	var t *time.Timer
 	t = time.AfterFunc(housekeepingInterval, func() {
-		n.housekeep()
+		m.housekeep()
 		t.Reset(housekeepingInterval)
 	})
 	return func() { t.Stop() }
@@ -46,27 +46,27 @@ func (n *Node) startHousekeeping() (stop func()) {
 // housekeep is one round of the periodic chores. It allocates nothing
 // (TestHousekeepingAllocatesNothingAndDropsGoneWaits): it runs for the
 // shim's whole life, and garbage would end in a GC.
-func (n *Node) housekeep() {
-	n.reaper.reap()
-	n.eachPod((*Server).dropGoneWaiters)
-	n.mu.Lock()
+func (m *Monitor) housekeep() {
+	m.reaper.reap()
+	m.eachPod((*Pod).dropGoneWaiters)
+	m.mu.Lock()
 	// Once it had pods, losing the last closed it already (podGone): only
 	// a node that never got one is left to time out.
-	if len(n.pods) == 0 && time.Since(n.started) > idleExitAfter {
-		n.closeLocked("idle")
+	if len(m.pods) == 0 && time.Since(m.started) > idleExitAfter {
+		m.closeLocked("idle")
 	}
-	n.mu.Unlock()
-	n.trimNow()
+	m.mu.Unlock()
+	m.trimNow()
 }
 
-func (n *Node) scheduleTrim() {
-	n.trimMu.Lock()
-	defer n.trimMu.Unlock()
-	if n.trim == nil {
-		n.trim = time.AfterFunc(trimDelay, n.trimNow)
+func (m *Monitor) scheduleTrim() {
+	m.trimMu.Lock()
+	defer m.trimMu.Unlock()
+	if m.trim == nil {
+		m.trim = time.AfterFunc(trimDelay, m.trimNow)
 		return
 	}
-	n.trim.Reset(trimDelay)
+	m.trim.Reset(trimDelay)
 }
 
 // trimNow collects and returns free memory when the shim's anonymous
@@ -76,23 +76,23 @@ func (n *Node) scheduleTrim() {
 // flushes every cached span into the central span sets, which allocates
 // their blocks for each size class in use (~0.3 MiB that stay resident),
 // the very cost a GC has.
-func (n *Node) trimNow() {
-	n.trimMu.Lock()
-	defer n.trimMu.Unlock()
-	anon, ok := n.statm.anonResident()
+func (m *Monitor) trimNow() {
+	m.trimMu.Lock()
+	defer m.trimMu.Unlock()
+	anon, ok := m.statm.anonResident()
 	if ok {
 		switch {
-		case n.trimmedAt == 0:
-			n.trimmedAt = anon
-		case anon >= n.trimmedAt+trimMinGrowth:
+		case m.trimmedAt == 0:
+			m.trimmedAt = anon
+		case anon >= m.trimmedAt+trimMinGrowth:
 			debug.FreeOSMemory()
-			if anon, ok = n.statm.anonResident(); ok {
-				n.trimmedAt = anon
+			if anon, ok = m.statm.anonResident(); ok {
+				m.trimmedAt = anon
 			}
 		}
 	}
 	if os.Getenv("BERTH_SHIM_MEMSTATS") != "" {
-		n.logMemStats(anon)
+		m.logMemStats(anon)
 	}
 }
 
@@ -161,7 +161,7 @@ func parseStatm(b []byte) (uint64, bool) {
 // 1700). It reads nothing from the runtime that would change what it
 // measures; hack/go-heap-spans.py (gdb) splits a live shim's heap by size
 // class and stack.
-func (n *Node) logMemStats(anon uint64) {
+func (m *Monitor) logMemStats(anon uint64) {
 	task, _ := os.ReadDir("/proc/self/task")
-	n.logf("memstats anon_resident_kib=%d threads=%d goroutines=%d", anon>>10, len(task), runtime.NumGoroutine())
+	m.logf("memstats anon_resident_kib=%d threads=%d goroutines=%d", anon>>10, len(task), runtime.NumGoroutine())
 }

@@ -1,4 +1,4 @@
-package server
+package monitor
 
 import (
 	"bytes"
@@ -36,13 +36,13 @@ func TestWriteExitIsReadBack(t *testing.T) {
 }
 
 // testContainer is a container as launch leaves it, without a process.
-// testServer is a pod of a node without a keeper, registered with the
+// testPod is a pod of a node without a keeper, registered with the
 // node as addPod would.
-func testServer(t *testing.T) *Server {
+func testPod(t *testing.T) *Pod {
 	root := t.TempDir()
-	n := NewNode(filepath.Join(root, ".node"), t.Logf, -1)
+	n := New(filepath.Join(root, ".node"), t.Logf, -1)
 	dir := filepath.Join(root, "pod")
-	s := newServer(dir, n, t.Logf)
+	s := newPod(dir, n, t.Logf)
 	n.pods[dir] = s
 	return s
 }
@@ -155,7 +155,7 @@ func TestHousekeepingAllocatesNothingAndDropsGoneWaits(t *testing.T) {
 		}
 		return os.NewFile(uintptr(fds[0]), "shim"), os.NewFile(uintptr(fds[1]), "client")
 	}
-	s := testServer(t)
+	s := testPod(t)
 	c := testContainer(t, "c1", t.Logf)
 	if err := s.reserve(c); err != nil {
 		t.Fatal(err)
@@ -168,8 +168,8 @@ func TestHousekeepingAllocatesNothingAndDropsGoneWaits(t *testing.T) {
 			t.Fatalf("wait: parked %v, %v", parked, err)
 		}
 	}
-	s.node.trimNow() // the first check takes the baseline
-	allocs := testing.AllocsPerRun(50, s.node.housekeep)
+	s.mon.trimNow() // the first check takes the baseline
+	allocs := testing.AllocsPerRun(50, s.mon.housekeep)
 	if allocs != 0 {
 		t.Errorf("%v allocations per housekeeping round", allocs)
 	}
@@ -186,7 +186,7 @@ func TestHousekeepingAllocatesNothingAndDropsGoneWaits(t *testing.T) {
 // A container being created is reserved (its ID is taken, the shim stays)
 // but no other op sees it before its pid is known.
 func TestContainerBeingCreatedIsNotVisible(t *testing.T) {
-	s := testServer(t)
+	s := testPod(t)
 	c := newContainer("c1", &proto.CreateRequest{}, nil, t.Logf)
 	if err := s.reserve(c); err != nil {
 		t.Fatal(err)
@@ -266,8 +266,8 @@ func TestTrimFollowsAnonymousResidentGrowth(t *testing.T) {
 			t.Errorf("parseStatm(%q) = %d, %v; want %d, %v", tc.in, got, ok, tc.want, tc.ok)
 		}
 	}
-	s := testServer(t)
-	n := s.node
+	s := testPod(t)
+	n := s.mon
 	n.trimNow()
 	base := n.trimmedAt
 	if base == 0 {

@@ -1,4 +1,4 @@
-package server
+package monitor
 
 import (
 	"os"
@@ -44,8 +44,8 @@ func (w *waiter) clientGone() bool { return w.rc.Read(w.peek) != nil || w.gone }
 
 // wait answers at once when the container has exited, or parks conn on
 // it (parked: the container now owns conn).
-func (s *Server) wait(conn *os.File, req *proto.Request) (parked bool, err error) {
-	c, err := s.get(req.ID)
+func (p *Pod) wait(conn *os.File, req *proto.Request) (parked bool, err error) {
+	c, err := p.get(req.ID)
 	if err != nil {
 		return false, proto.WriteResponse(conn, proto.ErrorResponse(err))
 	}
@@ -65,7 +65,7 @@ func (s *Server) wait(conn *os.File, req *proto.Request) (parked bool, err error
 
 // answerWaiters tells the parked waits of c that it exited and serves
 // their connections on.
-func (s *Server) answerWaiters(c *container, ws []*waiter) {
+func (p *Pod) answerWaiters(c *container, ws []*waiter) {
 	if len(ws) == 0 {
 		return
 	}
@@ -78,12 +78,12 @@ func (s *Server) answerWaiters(c *container, ws []*waiter) {
 			continue
 		}
 		_ = w.conn.SetWriteDeadline(time.Time{})
-		go s.serveConn(w.conn)
+		go p.serveConn(w.conn)
 	}
 }
 
 // dropGoneWaiters closes the parked waits whose clients went away.
-func (s *Server) dropGoneWaiters() { s.each((*container).dropGoneWaiters) }
+func (p *Pod) dropGoneWaiters() { p.each((*container).dropGoneWaiters) }
 
 func (c *container) dropGoneWaiters() {
 	c.mu.Lock()

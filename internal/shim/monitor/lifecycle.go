@@ -1,4 +1,4 @@
-package server
+package monitor
 
 import (
 	"context"
@@ -19,8 +19,8 @@ import (
 
 // create adds a container the runtime creates (OpCreate); its init waits
 // for start.
-func (s *Server) create(req *proto.Request) (retErr error) {
-	c, err := s.register(req)
+func (p *Pod) create(req *proto.Request) (retErr error) {
+	c, err := p.register(req)
 	if err != nil {
 		return err
 	}
@@ -31,40 +31,40 @@ func (s *Server) create(req *proto.Request) (retErr error) {
 	}
 	defer func() {
 		if retErr != nil {
-			s.unregister(c)
+			p.unregister(c)
 		}
 	}()
-	return s.launch(c, req.Create, createStep, phaseCreated)
+	return p.launch(c, req.Create, createStep, phaseCreated)
 }
 
 // register checks a request that adds a container, reserves its ID (the
 // container is creating) and opens its CRI log.
-func (s *Server) register(req *proto.Request) (*container, error) {
+func (p *Pod) register(req *proto.Request) (*container, error) {
 	cr := req.Create
 	if req.ID == "" || cr == nil || cr.Bundle == "" || cr.Runtime.Binary == "" {
 		return nil, fmt.Errorf("%s needs an id, a bundle and a runtime: %w", req.Op, errdefs.ErrInvalidArgument)
 	}
-	rt := s.reaper.ociRuntime(cr.Runtime)
-	c := newContainer(req.ID, cr, rt, s.logf)
+	rt := p.reaper.ociRuntime(cr.Runtime)
+	c := newContainer(req.ID, cr, rt, p.logf)
 	if cr.Restore != "" {
 		if cr.Terminal {
 			return nil, fmt.Errorf("a terminal container cannot be restored: %w", errdefs.ErrInvalidArgument)
 		}
 		c.restore = cr
 	}
-	if err := s.reserve(c); err != nil {
+	if err := p.reserve(c); err != nil {
 		return nil, err
 	}
 	if err := c.log.open(); err != nil {
-		s.forget(c.id)
+		p.forget(c.id)
 		return nil, err
 	}
 	return c, nil
 }
 
 // unregister undoes register (and what a failed launch left open).
-func (s *Server) unregister(c *container) {
-	s.forget(c.id)
+func (p *Pod) unregister(c *container) {
+	p.forget(c.id)
 	c.closeIO()
 }
 
@@ -74,8 +74,8 @@ func (s *Server) unregister(c *container) {
 // then (created, or running for a process that runs at once) with its
 // stdio, and start its output copiers and its exit waiter. A failure
 // undoes every step of launch before it; the container stays registered.
-func (s *Server) launch(c *container, cr *proto.CreateRequest, step runtimeStep, then phase) (retErr error) {
-	lio, err := s.prepareIO(c, cr)
+func (p *Pod) launch(c *container, cr *proto.CreateRequest, step runtimeStep, then phase) (retErr error) {
+	lio, err := p.prepareIO(c, cr)
 	if err != nil {
 		return err
 	}
@@ -90,7 +90,7 @@ func (s *Server) launch(c *container, cr *proto.CreateRequest, step runtimeStep,
 		_ = c.rt.Delete(context.Background(), c.id, true)
 		return err
 	}
-	exitCh, pidfd, err := s.reaper.watch(pid)
+	exitCh, pidfd, err := p.reaper.watch(pid)
 	if err != nil {
 		_ = c.rt.Delete(context.Background(), c.id, true)
 		return err
@@ -103,16 +103,16 @@ func (s *Server) launch(c *container, cr *proto.CreateRequest, step runtimeStep,
 		}
 		return err
 	}
-	shimfault.Hit(shimfault.MonitorMidCreateUnheld, s.node.dir, s.logf)
-	if err := s.node.keeper.register(s, c, cr, pid, then == phaseRunning, lio.outputs, lio.stdin, lio.console); err != nil {
+	shimfault.Hit(shimfault.MonitorMidCreateUnheld, p.mon.dir, p.logf)
+	if err := p.mon.keeper.register(p, c, cr, pid, then == phaseRunning, lio.outputs, lio.stdin, lio.console); err != nil {
 		_ = c.rt.Delete(context.Background(), c.id, true)
 		if pidfd != nil {
 			pidfd.Close()
 		}
 		return err
 	}
-	shimfault.Hit(shimfault.MonitorMidCreate, s.node.dir, s.logf)
-	s.watchCgroups(c, pid)
+	shimfault.Hit(shimfault.MonitorMidCreate, p.mon.dir, p.logf)
+	p.watchCgroups(c, pid)
 	c.stdio.set(lio.stdin, lio.console)
 	c.setProcess(pid, then)
 	for _, o := range lio.outputs {
@@ -120,7 +120,7 @@ func (s *Server) launch(c *container, cr *proto.CreateRequest, step runtimeStep,
 	}
 	// The container owns them now.
 	lio.outputs, lio.stdin, lio.console = nil, nil, nil
-	go s.waitExit(c, exitCh, pidfd)
+	go p.waitExit(c, exitCh, pidfd)
 	return nil
 }
 
@@ -149,7 +149,7 @@ type launchIO struct {
 
 // prepareIO makes pipes for the container's stdio, or for a terminal a
 // console socket its runtime sends the pty master over.
-func (s *Server) prepareIO(c *container, cr *proto.CreateRequest) (_ *launchIO, retErr error) {
+func (p *Pod) prepareIO(c *container, cr *proto.CreateRequest) (_ *launchIO, retErr error) {
 	l := &launchIO{opts: ocicli.CreateOpts{Bundle: cr.Bundle, PidFile: filepath.Join(cr.Bundle, "init.pid")}}
 	defer func() {
 		if retErr != nil {
@@ -157,7 +157,7 @@ func (s *Server) prepareIO(c *container, cr *proto.CreateRequest) (_ *launchIO, 
 		}
 	}()
 	if cr.Terminal {
-		sock := filepath.Join(s.dir, "console-"+shortID(c.id)+".sock")
+		sock := filepath.Join(p.dir, "console-"+shortID(c.id)+".sock")
 		_ = os.Remove(sock)
 		ln, err := listenUnix(sock)
 		if err != nil {
@@ -168,7 +168,7 @@ func (s *Server) prepareIO(c *container, cr *proto.CreateRequest) (_ *launchIO, 
 		go func() { l.consoleCh <- receiveConsole(ln) }()
 		// The runtime dials this path itself: keep it short through our
 		// /proc fd link to the directory.
-		if l.consoleDir, err = os.Open(s.dir); err != nil {
+		if l.consoleDir, err = os.Open(p.dir); err != nil {
 			return nil, fmt.Errorf("console socket: %w", err)
 		}
 		l.opts.ConsoleSocket = "/proc/" + strconv.Itoa(os.Getpid()) + "/fd/" + strconv.Itoa(int(l.consoleDir.Fd())) + "/" + filepath.Base(sock)
@@ -264,23 +264,23 @@ func readPidFile(path string) (int, error) {
 // watchCgroups finds the init's memory cgroup (for OOM kills) and, under
 // the systemd driver, keeps it in its scope's devices cgroup. Failures
 // are logged: the container runs either way.
-func (s *Server) watchCgroups(c *container, pid int) {
+func (p *Pod) watchCgroups(c *container, pid int) {
 	pc, err := readProcCgroups(pid)
 	if err != nil {
-		s.logf("container %s: read cgroups: %v", c.id, err)
+		p.logf("container %s: read cgroups: %v", c.id, err)
 		return
 	}
 	if moved, err := keepDevicesCgroup(pid, pc); err != nil {
-		s.logf("container %s: keep devices cgroup: %v", c.id, err)
+		p.logf("container %s: keep devices cgroup: %v", c.id, err)
 	} else if moved {
-		s.logf("container %s: moved init back into its scope's devices cgroup", c.id)
+		p.logf("container %s: moved init back into its scope's devices cgroup", c.id)
 	}
 	c.memCgroup = pc.memoryDir()
 	c.oom = watchOOM(c.memCgroup)
 }
 
 // start lets a created container's init run its process.
-func (s *Server) start(c *container) error {
+func (p *Pod) start(c *container) error {
 	switch c.currentPhase() {
 	case phaseExited:
 		return fmt.Errorf("container %s has exited: %w", c.id, errdefs.ErrFailedPrecondition)
@@ -288,30 +288,30 @@ func (s *Server) start(c *container) error {
 		return fmt.Errorf("container %s already started: %w", c.id, errdefs.ErrFailedPrecondition)
 	}
 	if c.awaitsRestore() {
-		return s.launch(c, c.restore, restoreStep(c.restore), phaseRunning)
+		return p.launch(c, c.restore, restoreStep(c.restore), phaseRunning)
 	}
 	if err := c.rt.Start(context.Background(), c.id); err != nil {
 		return err
 	}
-	shimfault.Hit(shimfault.MonitorMidStart, s.node.dir, s.logf)
+	shimfault.Hit(shimfault.MonitorMidStart, p.mon.dir, p.logf)
 	c.started()
-	s.node.keeper.note(proto.KeeperStarted, c.id)
+	p.mon.keeper.note(proto.KeeperStarted, c.id)
 	return nil
 }
 
 // exitUnrestored records the exit of a restored container that never
 // ran (killed or deleted before its start): there is no process to reap.
-func (s *Server) exitUnrestored(c *container, sig syscall.Signal) {
+func (p *Pod) exitUnrestored(c *container, sig syscall.Signal) {
 	e := &proto.Exit{Version: proto.ExitVersion, ID: c.id, At: time.Now().UTC()}
 	if sig != 0 {
 		e.Signal, e.Code = int(sig), 128+int(sig)
 	}
-	s.recordExit(c, e)
+	p.recordExit(c, e)
 }
 
 // kill signals the container's init (every process with all); an exited
 // container is not an error.
-func (s *Server) kill(c *container, sig syscall.Signal, all bool) error {
+func (p *Pod) kill(c *container, sig syscall.Signal, all bool) error {
 	if c.hasExited() {
 		return nil
 	}
@@ -319,7 +319,7 @@ func (s *Server) kill(c *container, sig syscall.Signal, all bool) error {
 		sig = syscall.SIGTERM
 	}
 	if c.awaitsRestore() {
-		s.exitUnrestored(c, sig)
+		p.exitUnrestored(c, sig)
 		return nil
 	}
 	err := c.rt.Kill(context.Background(), c.id, sig, all)
@@ -341,9 +341,9 @@ func (s *Server) kill(c *container, sig syscall.Signal, all bool) error {
 
 // delete removes the container from the runtime (killing it), waits for
 // its exit, and forgets it with its exit file.
-func (s *Server) delete(c *container) error {
+func (p *Pod) delete(c *container) error {
 	if c.awaitsRestore() {
-		s.exitUnrestored(c, 0)
+		p.exitUnrestored(c, 0)
 	}
 	if err := c.rt.Delete(context.Background(), c.id, true); err != nil {
 		return err
@@ -356,8 +356,8 @@ func (s *Server) delete(c *container) error {
 		return fmt.Errorf("container %s did not exit after delete --force", c.id)
 	}
 	c.closeIO()
-	s.forget(c.id)
-	s.node.keeper.note(proto.KeeperForget, c.id)
-	_ = os.Remove(proto.ExitPath(s.dir, c.id))
+	p.forget(c.id)
+	p.mon.keeper.note(proto.KeeperForget, c.id)
+	_ = os.Remove(proto.ExitPath(p.dir, c.id))
 	return nil
 }

@@ -1,4 +1,4 @@
-package server
+package monitor
 
 import (
 	"context"
@@ -19,16 +19,16 @@ import (
 // keeperLink is the monitor's end of its link to the keeper (decision
 // 1701): it registers each container's init and stdio with the keeper,
 // and delivers the exits the keeper reaps. Its methods are no-ops on a nil
-// link (unit tests run a Node without a keeper).
+// link (unit tests run a Monitor without a keeper).
 type keeperLink struct {
 	fd     int
 	r      *proto.KeeperReader // used by Adopt, then by serve
-	node   *Node
+	mon    *Monitor
 	isLost atomic.Bool
 }
 
-func newKeeperLink(fd int, n *Node) *keeperLink {
-	return &keeperLink{fd: fd, r: proto.NewKeeperReader(fd), node: n}
+func newKeeperLink(fd int, m *Monitor) *keeperLink {
+	return &keeperLink{fd: fd, r: proto.NewKeeperReader(fd), mon: m}
 }
 
 // lost reports whether the keeper is gone.
@@ -46,11 +46,11 @@ func (k *keeperLink) send(m *proto.KeeperMsg, fds []int) error {
 
 // register hands the keeper c's init (pid) and a copy of its stdio: the
 // output pipes' read ends, the stdin write end, or the pty master.
-func (k *keeperLink) register(s *Server, c *container, cr *proto.CreateRequest, pid int, running bool, outputs []output, stdin, console *os.File) error {
+func (k *keeperLink) register(p *Pod, c *container, cr *proto.CreateRequest, pid int, running bool, outputs []output, stdin, console *os.File) error {
 	if k == nil {
 		return nil
 	}
-	m := &proto.KeeperMsg{Op: proto.KeeperRegister, ID: c.id, Dir: s.dir, Pid: pid, Running: running,
+	m := &proto.KeeperMsg{Op: proto.KeeperRegister, ID: c.id, Dir: p.dir, Pid: pid, Running: running,
 		Create: string(proto.AppendRequest(nil, &proto.Request{Op: proto.OpCreate, ID: c.id, Create: cr}))}
 	var fds []int
 	defer func() { proto.CloseFds(fds) }()
@@ -101,7 +101,7 @@ func (k *keeperLink) register(s *Server, c *container, cr *proto.CreateRequest, 
 // view of that container.
 func (k *keeperLink) note(op, id string) {
 	if err := k.send(&proto.KeeperMsg{Op: op, ID: id}, nil); err != nil && k != nil {
-		k.node.logf("tell the keeper %s %s: %v", op, id, err)
+		k.mon.logf("tell the keeper %s %s: %v", op, id, err)
 	}
 }
 
@@ -112,19 +112,19 @@ func (k *keeperLink) serve() {
 		proto.CloseFds(fds)
 		if err != nil {
 			if !errors.Is(err, io.EOF) {
-				k.node.logf("keeper link: %v", err)
+				k.mon.logf("keeper link: %v", err)
 			}
-			k.node.logf("the keeper is gone: exits of running containers will be unknown")
+			k.mon.logf("the keeper is gone: exits of running containers will be unknown")
 			k.isLost.Store(true)
-			k.node.reaper.keeperGone()
-			k.node.keeperLost()
+			k.mon.reaper.keeperGone()
+			k.mon.keeperLost()
 			return
 		}
 		if m.Op == proto.KeeperExit {
-			k.node.reaper.deliver(m.Pid, unix.WaitStatus(m.Status))
+			k.mon.reaper.deliver(m.Pid, unix.WaitStatus(m.Status))
 			continue
 		}
-		k.node.logf("unexpected keeper message %q", m.Op)
+		k.mon.logf("unexpected keeper message %q", m.Op)
 	}
 }
 
@@ -132,43 +132,43 @@ func (k *keeperLink) serve() {
 // after a crash or an upgrade): each pod is served again on its socket,
 // each container with its stdio, its exit watched or recorded. It reads
 // the keeper's adopt list up to its end.
-func (n *Node) Adopt() error {
-	if n.keeper == nil {
+func (m *Monitor) Adopt() error {
+	if m.keeper == nil {
 		return nil
 	}
 	count := 0
 	for {
-		m, fds, err := n.keeper.r.Recv()
+		msg, fds, err := m.keeper.r.Recv()
 		if err != nil {
 			return fmt.Errorf("read the keeper's adopt list: %w", err)
 		}
-		switch m.Op {
+		switch msg.Op {
 		case proto.KeeperAdopted:
 			proto.CloseFds(fds)
 			// Told once the keeper's list is read: the link's buffers
 			// are not filled from both ends at once.
-			for _, id := range n.startedAtAdopt {
-				n.keeper.note(proto.KeeperStarted, id)
+			for _, id := range m.startedAtAdopt {
+				m.keeper.note(proto.KeeperStarted, id)
 			}
-			n.startedAtAdopt = nil
-			for _, s := range n.adoptedPods {
-				go s.Serve()
+			m.startedAtAdopt = nil
+			for _, p := range m.adoptedPods {
+				go p.Serve()
 			}
-			n.adoptedPods = nil
+			m.adoptedPods = nil
 			if count > 0 {
-				n.logf("adopted %d containers from the keeper", count)
+				m.logf("adopted %d containers from the keeper", count)
 			}
 			return nil
 		case proto.KeeperExit:
 			proto.CloseFds(fds)
-			n.reaper.deliver(m.Pid, unix.WaitStatus(m.Status))
+			m.reaper.deliver(msg.Pid, unix.WaitStatus(msg.Status))
 		case proto.KeeperAdopt:
-			if err := n.adopt(m, fds); err != nil {
-				n.logf("adopt container %s: %v", m.ID, err)
+			if err := m.adopt(msg, fds); err != nil {
+				m.logf("adopt container %s: %v", msg.ID, err)
 				continue
 			}
 			count++
-			shimfault.Hit(shimfault.MonitorMidAdopt, n.dir, n.logf)
+			shimfault.Hit(shimfault.MonitorMidAdopt, m.dir, m.logf)
 		default:
 			proto.CloseFds(fds)
 		}
@@ -176,11 +176,11 @@ func (n *Node) Adopt() error {
 }
 
 // adopt rebuilds one container from the keeper's entry and serves its pod.
-func (n *Node) adopt(m *proto.KeeperMsg, fds []int) error {
-	names := m.StreamNames()
+func (m *Monitor) adopt(msg *proto.KeeperMsg, fds []int) error {
+	names := msg.StreamNames()
 	if len(names) != len(fds) {
 		proto.CloseFds(fds)
-		return fmt.Errorf("%d fds for streams %q", len(fds), m.Streams)
+		return fmt.Errorf("%d fds for streams %q", len(fds), msg.Streams)
 	}
 	files := make([]*os.File, len(fds))
 	for i, fd := range fds {
@@ -193,16 +193,16 @@ func (n *Node) adopt(m *proto.KeeperMsg, fds []int) error {
 			f.Close()
 		}
 	}
-	req, err := proto.DecodeRequest([]byte(m.Create))
-	if err != nil || req.Create == nil || req.ID != m.ID {
+	req, err := proto.DecodeRequest([]byte(msg.Create))
+	if err != nil || req.Create == nil || req.ID != msg.ID {
 		closeFiles()
-		return fmt.Errorf("bad create request %q: %v", m.Create, err)
+		return fmt.Errorf("bad create request %q: %v", msg.Create, err)
 	}
-	n.mu.Lock()
-	s := n.pods[m.Dir]
-	if s == nil {
-		if s, err = n.newPodLocked(m.Dir); err != nil {
-			n.mu.Unlock()
+	m.mu.Lock()
+	p := m.pods[msg.Dir]
+	if p == nil {
+		if p, err = m.newPodLocked(msg.Dir); err != nil {
+			m.mu.Unlock()
 			closeFiles()
 			return err
 		}
@@ -210,18 +210,18 @@ func (n *Node) adopt(m *proto.KeeperMsg, fds []int) error {
 		// request for a container adopted later must not find it
 		// missing (berthd's client, waiting for this monitor, dials
 		// as soon as the socket listens).
-		n.adoptedPods = append(n.adoptedPods, s)
+		m.adoptedPods = append(m.adoptedPods, p)
 	}
-	n.mu.Unlock()
+	m.mu.Unlock()
 
 	cr := req.Create
-	rt := n.reaper.ociRuntime(cr.Runtime)
-	c := newContainer(m.ID, cr, rt, s.logf)
+	rt := m.reaper.ociRuntime(cr.Runtime)
+	c := newContainer(msg.ID, cr, rt, p.logf)
 	if cr.Restore != "" {
 		c.restore = cr
 	}
 	if err := c.log.open(); err != nil {
-		s.logf("container %s: reopen its log: %v", c.id, err)
+		p.logf("container %s: reopen its log: %v", c.id, err)
 	}
 	var outputs []output
 	var stdin, console *os.File
@@ -238,29 +238,29 @@ func (n *Node) adopt(m *proto.KeeperMsg, fds []int) error {
 	}
 	c.stdio.set(stdin, console)
 	ph := phaseCreated
-	if m.Running {
+	if msg.Running {
 		ph = phaseRunning
-	} else if m.Pid > 0 && !m.Exited {
+	} else if msg.Pid > 0 && !msg.Exited {
 		// The monitor before may have died between the runtime's start
 		// and telling the keeper: the runtime knows.
 		if st, err := rt.Status(context.Background(), c.id); err == nil && st != "created" {
 			ph = phaseRunning
-			n.startedAtAdopt = append(n.startedAtAdopt, c.id)
+			m.startedAtAdopt = append(m.startedAtAdopt, c.id)
 		}
 	}
-	c.setProcess(m.Pid, ph)
-	s.mu.Lock()
-	s.ctrs[c.id] = c
-	s.mu.Unlock()
+	c.setProcess(msg.Pid, ph)
+	p.mu.Lock()
+	p.ctrs[c.id] = c
+	p.mu.Unlock()
 	for _, o := range outputs {
 		c.startCopier(o, o.r != console)
 	}
-	if m.Pid == 0 {
+	if msg.Pid == 0 {
 		// A restored container not started yet: nothing runs.
 		return nil
 	}
-	if m.Exited {
-		if data, err := os.ReadFile(proto.ExitPath(s.dir, c.id)); err == nil {
+	if msg.Exited {
+		if data, err := os.ReadFile(proto.ExitPath(p.dir, c.id)); err == nil {
 			if e, err := proto.DecodeExit(data); err == nil {
 				// The monitor before recorded it.
 				c.mu.Lock()
@@ -271,16 +271,16 @@ func (n *Node) adopt(m *proto.KeeperMsg, fds []int) error {
 			}
 		}
 		ch := make(chan unix.WaitStatus, 1)
-		ch <- unix.WaitStatus(m.Status)
-		go s.waitExit(c, ch, nil)
+		ch <- unix.WaitStatus(msg.Status)
+		go p.waitExit(c, ch, nil)
 		return nil
 	}
-	exitCh, pidfd, err := n.reaper.watch(m.Pid)
+	exitCh, pidfd, err := m.reaper.watch(msg.Pid)
 	if err != nil {
 		return err
 	}
-	s.watchCgroups(c, m.Pid)
-	go s.waitExit(c, exitCh, pidfd)
+	p.watchCgroups(c, msg.Pid)
+	go p.waitExit(c, exitCh, pidfd)
 	return nil
 }
 
@@ -289,14 +289,14 @@ func (n *Node) adopt(m *proto.KeeperMsg, fds []int) error {
 // reading and writes the line it holds as a P record, so what the
 // containers wrote is either in their logs or still in their pipes, for
 // the next monitor. Attaches and requests in flight are cut.
-func (n *Node) HandOver(timeout time.Duration) {
-	n.mu.Lock()
-	n.closing = true // no new pods; the socket stays for the successor to replace
+func (m *Monitor) HandOver(timeout time.Duration) {
+	m.mu.Lock()
+	m.closing = true // no new pods; the socket stays for the successor to replace
 	var ctrs []*container
-	for _, s := range n.pods {
-		s.each(func(c *container) { ctrs = append(ctrs, c) })
+	for _, p := range m.pods {
+		p.each(func(c *container) { ctrs = append(ctrs, c) })
 	}
-	n.mu.Unlock()
+	m.mu.Unlock()
 	for _, c := range ctrs {
 		c.stopCopiers()
 	}
@@ -307,8 +307,8 @@ func (n *Node) HandOver(timeout time.Duration) {
 		select {
 		case <-done:
 		case <-time.After(time.Until(deadline)):
-			n.logf("container %s: output copiers still running at hand-over", c.id)
+			m.logf("container %s: output copiers still running at hand-over", c.id)
 		}
 	}
-	n.logf("handed over %d containers", len(ctrs))
+	m.logf("handed over %d containers", len(ctrs))
 }

@@ -1,4 +1,4 @@
-package server
+package monitor
 
 import (
 	"fmt"
@@ -12,7 +12,7 @@ import (
 // serveConn answers the requests on one connection. Two ops take the
 // connection over: attach turns it into a frame stream, and a wait on a
 // running container parks it on the container (wait.go).
-func (s *Server) serveConn(conn *os.File) {
+func (p *Pod) serveConn(conn *os.File) {
 	parked := false // a wait holds the connection now
 	defer func() {
 		if !parked {
@@ -26,23 +26,23 @@ func (s *Server) serveConn(conn *os.File) {
 		}
 		switch req.Op {
 		case proto.OpAttach:
-			s.attach(conn, req)
+			p.attach(conn, req)
 			return
 		case proto.OpWait:
 			var err error
-			if parked, err = s.wait(conn, req); parked || err != nil {
+			if parked, err = p.wait(conn, req); parked || err != nil {
 				return
 			}
 			continue
 		}
-		s.node.answering.Add(1)
-		resp, exit := s.handle(req)
+		p.mon.answering.Add(1)
+		resp, exit := p.handle(req)
 		err := proto.WriteResponse(conn, resp)
-		s.node.answering.Add(-1)
+		p.mon.answering.Add(-1)
 		if err != nil {
 			return
 		}
-		s.node.scheduleTrim()
+		p.mon.scheduleTrim()
 		if exit {
 			// The pod is gone; its last response is out.
 			return
@@ -69,23 +69,23 @@ func readRequest(conn *os.File) (req *proto.Request, ok bool) {
 // handle runs one op; exit is true when the shim should now exit. A new
 // op is a case here; one that adds a container registers it and launches
 // it with its own runtime step (lifecycle.go).
-func (s *Server) handle(req *proto.Request) (resp *proto.Response, exit bool) {
+func (p *Pod) handle(req *proto.Request) (resp *proto.Response, exit bool) {
 	switch req.Op {
 	case proto.OpPing:
-		return &proto.Response{IDs: s.ids()}, false
+		return &proto.Response{IDs: p.ids()}, false
 	case proto.OpShutdown:
-		if !s.exitIfEmpty() {
+		if !p.exitIfEmpty() {
 			return proto.ErrorResponse(fmt.Errorf("shim holds containers: %w", errdefs.ErrFailedPrecondition)), false
 		}
 		return &proto.Response{}, true
 	case proto.OpCreate:
-		if err := s.create(req); err != nil {
+		if err := p.create(req); err != nil {
 			// A shim whose first create failed has nothing to hold.
-			return proto.ErrorResponse(err), s.exitIfEmpty()
+			return proto.ErrorResponse(err), p.exitIfEmpty()
 		}
 		return &proto.Response{}, false
 	}
-	c, err := s.get(req.ID)
+	c, err := p.get(req.ID)
 	if err != nil {
 		return proto.ErrorResponse(err), false
 	}
@@ -93,14 +93,14 @@ func (s *Server) handle(req *proto.Request) (resp *proto.Response, exit bool) {
 	case proto.OpState:
 		// The state below is the answer.
 	case proto.OpStart:
-		err = s.start(c)
+		err = p.start(c)
 	case proto.OpKill:
-		err = s.kill(c, syscall.Signal(req.Signal), req.All)
+		err = p.kill(c, syscall.Signal(req.Signal), req.All)
 	case proto.OpReopenLog:
 		err = c.reopenLog()
 	case proto.OpDelete:
-		if err = s.delete(c); err == nil {
-			return &proto.Response{State: c.state()}, s.exitIfEmpty()
+		if err = p.delete(c); err == nil {
+			return &proto.Response{State: c.state()}, p.exitIfEmpty()
 		}
 	default:
 		err = fmt.Errorf("unknown op %q: %w", req.Op, errdefs.ErrInvalidArgument)

@@ -1,4 +1,4 @@
-package server
+package monitor
 
 import (
 	"fmt"
@@ -14,12 +14,12 @@ import (
 	"github.com/berthcri/berth/internal/shim/proto"
 )
 
-// Node is the monitor process: one per node (decision 1701), serving every
+// Monitor is the monitor process: one per node (decision 1701), serving every
 // pod on the pod's own socket (<shims>/<pod-id>/shim.sock, as a per-pod
 // shim did) and taking new pods on its own (<shims>/.node/node.sock). It
 // is the keeper's child, not a subreaper: container inits reparent to the
 // keeper, which reaps them and tells the monitor (keeperLink).
-type Node struct {
+type Monitor struct {
 	dir    string
 	logf   func(format string, args ...any)
 	reaper *reaper
@@ -29,15 +29,15 @@ type Node struct {
 	// told once the adopt list is read.
 	startedAtAdopt []string
 	// adoptedPods: pods Adopt made, served once it is done.
-	adoptedPods []*Server
+	adoptedPods []*Pod
 
 	// mu guards pods, closing and the listener's life. Lock
-	// order: Node.mu before a pod's Server.mu; a pod calls the node only
+	// order: Monitor.mu before a pod's Pod.mu; a pod calls the node only
 	// after releasing its own.
 	mu      sync.Mutex
-	pods    map[string]*Server // by pod dir
-	closing bool               // no more pods: the monitor exits once they are gone
-	started time.Time          // a node given no pod by idleExitAfter exits
+	pods    map[string]*Pod // by pod dir
+	closing bool            // no more pods: the monitor exits once they are gone
+	started time.Time       // a node given no pod by idleExitAfter exits
 	ln      *os.File
 	done    chan struct{} // closed once closing and no pod is left
 
@@ -52,54 +52,54 @@ type Node struct {
 	statm     statm  // reused: reading it allocates nothing
 }
 
-// NewNode prepares the monitor of the node dir dir; keeperFd is its link
+// New prepares the monitor of the node dir dir; keeperFd is its link
 // to the keeper (-1: none, in tests).
-func NewNode(dir string, logf func(string, ...any), keeperFd int) *Node {
-	n := &Node{dir: dir, logf: logf, reaper: newReaper(), pods: map[string]*Server{}, done: make(chan struct{}), started: time.Now()}
+func New(dir string, logf func(string, ...any), keeperFd int) *Monitor {
+	m := &Monitor{dir: dir, logf: logf, reaper: newReaper(), pods: map[string]*Pod{}, done: make(chan struct{}), started: time.Now()}
 	if keeperFd >= 0 {
-		n.keeper = newKeeperLink(keeperFd, n)
-		n.reaper.external = true
+		m.keeper = newKeeperLink(keeperFd, m)
+		m.reaper.external = true
 	}
-	return n
+	return m
 }
 
 // Listen creates the node's socket; call it after Adopt and before telling
 // berthd the monitor is ready.
-func (n *Node) Listen() error {
-	if err := os.MkdirAll(n.dir, 0o700); err != nil {
+func (m *Monitor) Listen() error {
+	if err := os.MkdirAll(m.dir, 0o700); err != nil {
 		return fmt.Errorf("create node dir: %w", err)
 	}
-	path := proto.NodeSocketPath(n.dir)
+	path := proto.NodeSocketPath(m.dir)
 	_ = os.Remove(path)
 	ln, err := listenUnix(path)
 	if err != nil {
 		return fmt.Errorf("listen on %s: %w", path, err)
 	}
-	n.mu.Lock()
-	n.ln = ln
-	n.mu.Unlock()
+	m.mu.Lock()
+	m.ln = ln
+	m.mu.Unlock()
 	// The trim's baseline is the monitor before any new container.
-	n.trimMu.Lock()
-	n.trimmedAt, _ = n.statm.anonResident()
-	n.trimMu.Unlock()
+	m.trimMu.Lock()
+	m.trimmedAt, _ = m.statm.anonResident()
+	m.trimMu.Unlock()
 	return nil
 }
 
 // Serve takes new pods and serves the pods' sockets until the node has no
 // pod left after it stopped taking new ones (or was idle for
 // idleExitAfter), then waits for the last answers.
-func (n *Node) Serve() {
-	stop := n.startHousekeeping()
+func (m *Monitor) Serve() {
+	stop := m.startHousekeeping()
 	defer stop()
-	if n.keeper != nil {
-		go n.keeper.serve()
+	if m.keeper != nil {
+		go m.keeper.serve()
 	}
-	n.mu.Lock()
-	ln := n.ln
-	n.mu.Unlock()
-	go serveAccepted(ln, n.isClosing, n.logf, n.serveNodeConn)
-	<-n.done
-	n.waitAnswers(5 * time.Second)
+	m.mu.Lock()
+	ln := m.ln
+	m.mu.Unlock()
+	go serveAccepted(ln, m.isClosing, m.logf, m.serveNodeConn)
+	<-m.done
+	m.waitAnswers(5 * time.Second)
 }
 
 // idleExitAfter is how long a monitor with no pod stays for one to come
@@ -107,7 +107,7 @@ func (n *Node) Serve() {
 const idleExitAfter = 30 * time.Second
 
 // serveNodeConn answers requests on the node's socket.
-func (n *Node) serveNodeConn(conn *os.File) {
+func (m *Monitor) serveNodeConn(conn *os.File) {
 	defer conn.Close()
 	for {
 		req, ok := readRequest(conn)
@@ -118,16 +118,16 @@ func (n *Node) serveNodeConn(conn *os.File) {
 		switch req.Op {
 		case proto.OpAddPod:
 			resp = &proto.Response{}
-			if err := n.addPod(req.Dir); err != nil {
+			if err := m.addPod(req.Dir); err != nil {
 				resp = proto.ErrorResponse(err)
 			}
 		case proto.OpPing:
 			// The pods served; answered only after Adopt (the socket
 			// listens only then), so a pod not named was not adopted.
-			resp = &proto.Response{IDs: n.podDirs()}
+			resp = &proto.Response{IDs: m.podDirs()}
 		case proto.OpShutdown:
 			resp = &proto.Response{}
-			if err := n.shutdownIfIdle(); err != nil {
+			if err := m.shutdownIfIdle(); err != nil {
 				resp = proto.ErrorResponse(err)
 			}
 		default:
@@ -141,57 +141,57 @@ func (n *Node) serveNodeConn(conn *os.File) {
 
 // addPod serves the pod whose state dir is dir (a no-op when it is
 // served).
-func (n *Node) addPod(dir string) error {
-	if dir == "" || !filepath.IsAbs(dir) || filepath.Dir(dir) != filepath.Dir(n.dir) {
-		return fmt.Errorf("pod dir %q is not beside the node's %s: %w", dir, n.dir, errdefs.ErrInvalidArgument)
+func (m *Monitor) addPod(dir string) error {
+	if dir == "" || !filepath.IsAbs(dir) || filepath.Dir(dir) != filepath.Dir(m.dir) {
+		return fmt.Errorf("pod dir %q is not beside the node's %s: %w", dir, m.dir, errdefs.ErrInvalidArgument)
 	}
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	if n.closing {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.closing {
 		return fmt.Errorf("monitor is exiting: %w", errdefs.ErrUnavailable)
 	}
-	if s := n.pods[dir]; s != nil && !s.isClosing() {
+	if p := m.pods[dir]; p != nil && !p.isClosing() {
 		return nil
 	}
-	s, err := n.newPodLocked(dir)
+	p, err := m.newPodLocked(dir)
 	if err != nil {
 		return err
 	}
-	go s.Serve()
+	go p.Serve()
 	return nil
 }
 
 // newPodLocked makes and listens the pod of dir, not yet serving.
-func (n *Node) newPodLocked(dir string) (*Server, error) {
+func (m *Monitor) newPodLocked(dir string) (*Pod, error) {
 	pod := filepath.Base(dir)
-	s := newServer(dir, n, func(format string, args ...any) { n.logf("pod=%s "+format, append([]any{pod}, args...)...) })
-	if err := s.Listen(); err != nil {
+	p := newPod(dir, m, func(format string, args ...any) { m.logf("pod=%s "+format, append([]any{pod}, args...)...) })
+	if err := p.Listen(); err != nil {
 		return nil, err
 	}
-	n.pods[dir] = s
-	return s, nil
+	m.pods[dir] = p
+	return p, nil
 }
 
 // shutdownIfIdle stops the node if it serves no pod.
-func (n *Node) shutdownIfIdle() error {
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	if len(n.pods) > 0 {
-		return fmt.Errorf("the monitor serves %d pods: %w", len(n.pods), errdefs.ErrFailedPrecondition)
+func (m *Monitor) shutdownIfIdle() error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if len(m.pods) > 0 {
+		return fmt.Errorf("the monitor serves %d pods: %w", len(m.pods), errdefs.ErrFailedPrecondition)
 	}
-	n.closeLocked("asked to, with no pod")
+	m.closeLocked("asked to, with no pod")
 	return nil
 }
 
 // podGone drops the pod s, which closed; the node stops once it has none.
-func (n *Node) podGone(s *Server) {
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	if n.pods[s.dir] == s {
-		delete(n.pods, s.dir)
+func (m *Monitor) podGone(p *Pod) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.pods[p.dir] == p {
+		delete(m.pods, p.dir)
 	}
-	if len(n.pods) == 0 {
-		n.closeLocked("no pods left")
+	if len(m.pods) == 0 {
+		m.closeLocked("no pods left")
 	}
 }
 
@@ -199,22 +199,22 @@ func (n *Node) podGone(s *Server) {
 // lock, log) goes first, so berthd's dial fails from then on and it
 // launches a new monitor, whose directory this removal can no longer
 // touch; then the listener. Once no pod is left, done closes.
-func (n *Node) closeLocked(why string) {
-	if !n.closing {
-		n.closing = true
-		n.logf("taking no new pods: %s", why)
-		if err := os.RemoveAll(n.dir); err != nil {
-			n.logf("remove node dir: %v", err)
+func (m *Monitor) closeLocked(why string) {
+	if !m.closing {
+		m.closing = true
+		m.logf("taking no new pods: %s", why)
+		if err := os.RemoveAll(m.dir); err != nil {
+			m.logf("remove node dir: %v", err)
 		}
-		if n.ln != nil {
-			n.ln.Close()
+		if m.ln != nil {
+			m.ln.Close()
 		}
 	}
-	if len(n.pods) == 0 {
+	if len(m.pods) == 0 {
 		select {
-		case <-n.done:
+		case <-m.done:
 		default:
-			close(n.done)
+			close(m.done)
 		}
 	}
 }
@@ -223,39 +223,39 @@ func (n *Node) closeLocked(why string) {
 // above it the monitor can start no container whose exit it would see,
 // so it takes no new pods (berthd starts a new keeper and monitor for
 // them) and serves the ones it has until they are gone.
-func (n *Node) keeperLost() {
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	n.closeLocked("the keeper is gone")
+func (m *Monitor) keeperLost() {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.closeLocked("the keeper is gone")
 }
 
-func (n *Node) isClosing() bool {
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	return n.closing
+func (m *Monitor) isClosing() bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.closing
 }
 
-func (n *Node) podDirs() []string {
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	return slices.Collect(maps.Keys(n.pods))
+func (m *Monitor) podDirs() []string {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return slices.Collect(maps.Keys(m.pods))
 }
 
 // eachPod calls fn for every pod, under the node's lock.
-func (n *Node) eachPod(fn func(*Server)) {
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	for _, s := range n.pods {
-		fn(s)
+func (m *Monitor) eachPod(fn func(*Pod)) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for _, p := range m.pods {
+		fn(p)
 	}
 }
 
 // waitAnswers waits, at most max, for the responses still being written:
 // a client that stopped reading must not keep the monitor alive.
-func (n *Node) waitAnswers(max time.Duration) {
-	for deadline := time.Now().Add(max); n.answering.Load() > 0; time.Sleep(time.Millisecond) {
+func (m *Monitor) waitAnswers(max time.Duration) {
+	for deadline := time.Now().Add(max); m.answering.Load() > 0; time.Sleep(time.Millisecond) {
 		if time.Now().After(deadline) {
-			n.logf("exiting with responses unsent after %v", max)
+			m.logf("exiting with responses unsent after %v", max)
 			return
 		}
 	}
