@@ -24,8 +24,8 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/berthcri/berth/internal/shim/keeper"
-	"github.com/berthcri/berth/internal/shim/proto"
 	"github.com/berthcri/berth/internal/shim/monitor"
+	"github.com/berthcri/berth/internal/shim/proto"
 )
 
 func main() {

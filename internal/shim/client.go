@@ -20,9 +20,10 @@ import (
 	"github.com/berthcri/berth/internal/tracing"
 )
 
-// Client talks to one pod's shim. It dials per call, so it survives the
-// shim's restarts of berthd. A pod's client also rides out the node
-// monitor's restarts (decision 1701): a call that finds no monitor, or
+// Client talks to one pod the node's monitor serves, on the pod's socket.
+// It dials per call, so it survives restarts of berthd (the keeper and
+// the monitor outlive it). A pod's client also rides out the monitor's
+// restarts (decision 1701): a call that finds no monitor, or
 // loses it mid-request, while the node's keeper lives waits for the
 // keeper's next monitor to serve the pod again (at most
 // MonitorRestartTimeout without one) and asks again; only a request that
@@ -35,7 +36,8 @@ type Client struct {
 	ridesRestarts bool
 }
 
-// NewClient returns a client for the shim whose state dir is dir.
+// NewClient returns a client for the pod whose shim state dir is dir
+// (<shims>/<pod-id>).
 func NewClient(dir string) *Client {
 	return &Client{dir: dir, socket: proto.SocketPath(dir), ridesRestarts: true}
 }
@@ -45,10 +47,10 @@ func nodeClient(nodeDir string) *Client {
 	return &Client{dir: nodeDir, socket: proto.NodeSocketPath(nodeDir)}
 }
 
-// Dir is the shim's state directory.
+// Dir is the pod's shim state directory.
 func (c *Client) Dir() string { return c.dir }
 
-// ErrNoShim means no shim listens for the pod, and none will: no keeper
+// ErrNoShim means no monitor serves the pod, and none will: no keeper
 // restarts its monitor, the pod is not served any more, or the monitor
 // did not come back within MonitorRestartTimeout.
 var ErrNoShim = fmt.Errorf("no shim running: %w", errdefs.ErrUnavailable)
@@ -263,7 +265,7 @@ func (c *Client) callOnce(ctx context.Context, req *proto.Request) (*proto.Respo
 		return nil, err
 	}
 	defer conn.Close()
-	// Unblock a call waiting on the shim when ctx is cancelled.
+	// Unblock a call waiting on the monitor when ctx is cancelled.
 	stop := context.AfterFunc(ctx, func() { _ = conn.SetDeadline(time.Unix(1, 0)) })
 	defer stop()
 	if err := proto.WriteRequest(conn, req); err != nil {
@@ -284,7 +286,7 @@ func (c *Client) callOnce(ctx context.Context, req *proto.Request) (*proto.Respo
 	return resp, resp.Err()
 }
 
-// Create asks the shim to create container id from a bundle.
+// Create asks the monitor to create container id from a bundle in the pod.
 func (c *Client) Create(ctx context.Context, id string, cr *CreateRequest) error {
 	_, err := c.call(ctx, &proto.Request{Op: proto.OpCreate, ID: id, Create: cr})
 	return err
@@ -336,7 +338,7 @@ func (c *Client) Wait(ctx context.Context, id string) (*State, error) {
 	return r.State, nil
 }
 
-// Delete removes the container from the runtime (killing it) and the shim.
+// Delete removes the container from the runtime (killing it) and the pod.
 func (c *Client) Delete(ctx context.Context, id string) (*State, error) {
 	r, err := c.call(ctx, &proto.Request{Op: proto.OpDelete, ID: id})
 	if err != nil {
@@ -351,7 +353,7 @@ func (c *Client) ReopenLog(ctx context.Context, id string) error {
 	return err
 }
 
-// List returns the IDs of the containers the shim holds.
+// List returns the IDs of the containers the pod holds.
 func (c *Client) List(ctx context.Context) ([]string, error) {
 	r, err := c.call(ctx, &proto.Request{Op: proto.OpPing})
 	if err != nil {
@@ -360,8 +362,9 @@ func (c *Client) List(ctx context.Context) ([]string, error) {
 	return r.IDs, nil
 }
 
-// Shutdown makes a shim that holds no container exit; one that holds
-// containers refuses (FailedPrecondition).
+// Shutdown ends a pod that holds no container (the monitor stops serving
+// it, removing its socket and dir); one that holds containers refuses
+// (FailedPrecondition).
 func (c *Client) Shutdown(ctx context.Context) error {
 	_, err := c.call(ctx, &proto.Request{Op: proto.OpShutdown})
 	return err

@@ -1,8 +1,11 @@
 // Package shim is the client berthd uses to talk to berth-shim, and how it
-// launches one. The shim process itself (one per pod, holding its
-// containers' stdio, writing CRI logs, reaping exits) is package
-// shim/server; the protocol both speak, its messages and their one codec,
-// is package shim/proto (decision 0300).
+// launches it. berth-shim runs as two processes per node (decision 1701):
+// the keeper (package shim/keeper: the subreaper every container init
+// reparents to, holding a copy of each container's stdio) and its child
+// the monitor (package shim/monitor: one process serving every pod on the
+// pod's own socket, writing CRI logs, persisting exits). A Client talks
+// to one pod the monitor serves; the protocol, its messages and their one
+// codec, is package shim/proto (decision 0300).
 package shim
 
 import (
@@ -21,9 +24,9 @@ type (
 	Runtime = proto.Runtime
 	// CreateRequest is what Create needs.
 	CreateRequest = proto.CreateRequest
-	// State is a container as the shim sees it.
+	// State is a container as the monitor sees it.
 	State = proto.State
-	// Exit is a container's exit, as the shim persists it.
+	// Exit is a container's exit, as the monitor persists it.
 	Exit = proto.Exit
 )
 
@@ -37,7 +40,8 @@ const (
 	FrameStderr = proto.FrameStderr
 )
 
-// ReadExit reads the exit the shim in dir persisted for container id; ok
+// ReadExit reads the exit the monitor persisted for container id in the
+// pod dir dir; ok
 // is false when there is none (the container has not exited, or is gone).
 func ReadExit(dir, id string) (*Exit, bool, error) {
 	data, err := os.ReadFile(proto.ExitPath(dir, id))
@@ -65,7 +69,8 @@ func dialUnix(path string) (*net.UnixConn, error) {
 	return c, err
 }
 
-// isGone reports whether a dial error means no shim is listening.
+// isGone reports whether a dial error means no monitor is listening
+// (on the pod's socket or the node's).
 func isGone(err error) bool {
 	return errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, syscall.ENOENT)
 }

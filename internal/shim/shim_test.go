@@ -24,7 +24,8 @@ import (
 	"github.com/berthcri/berth/internal/testutil/bundletest"
 )
 
-// fixture is a shim with a directory for bundles.
+// fixture is a pod the node's monitor serves, with a directory for
+// bundles.
 type fixture struct {
 	t      *testing.T
 	dir    string
@@ -262,7 +263,7 @@ func TestShimKillAndDeleteExitsShim(t *testing.T) {
 	if _, err := f.client.Delete(ctx, "sleeper"); err != nil {
 		t.Fatal(err)
 	}
-	// Last container gone: the shim exits and removes its directory.
+	// Last container gone: the pod ends, its directory removed.
 	deadline := time.Now().Add(5 * time.Second)
 	for {
 		_, err := os.Stat(f.client.Dir())
@@ -378,7 +379,7 @@ func TestShimCreateFailureCarriesRuntimeError(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t)
 	ctx := context.Background()
-	// Keep one container so the shim stays up after the failure.
+	// Keep one container so the pod stays up after the failure.
 	f.run("keep", []string{"sleep", "1000"}, nil)
 	b := f.bundle("bad", []string{"/no/such/binary"}, nil)
 	err := f.client.Create(ctx, "bad", &shim.CreateRequest{Bundle: b, Runtime: f.rt})
@@ -455,7 +456,7 @@ func TestShimShutdownOnlyWhenEmpty(t *testing.T) {
 		t.Fatal(err)
 	}
 	f.wait("sleeper")
-	// A delete that empties the shim makes it exit; start a fresh, empty
+	// A delete that empties the pod ends it; start a fresh, empty
 	// one instead to test Shutdown itself.
 	empty, err := shim.Launch(ctx, bundletest.ShimBinary(t), filepath.Join(f.dir, "shims", strings.Repeat("q", 64)), "pod2")
 	if err != nil {
@@ -480,7 +481,7 @@ func TestShimShutdownOnlyWhenEmpty(t *testing.T) {
 	}
 }
 
-// A CRI log on a full disk: the shim counts the records it could not
+// A CRI log on a full disk: the monitor counts the records it could not
 // write and reports them in the container's state, and the container
 // itself runs on unharmed.
 func TestShimLogOnFullDiskIsReported(t *testing.T) {

@@ -1,6 +1,6 @@
 // Package keeper is berth-shim's keeper mode (decision 1701): the node's
 // child subreaper and the custodian of what its containers must not lose
-// when the monitor (package shim/server, the keeper's child) dies. It is
+// when the monitor (package shim/monitor, the keeper's child) dies. It is
 // the parent of every container init (each reparents to it when the
 // runtime's create exits), reaps them and hands each exit to the monitor;
 // it holds a duplicate of every container's stdio (the output pipes' read

@@ -121,7 +121,7 @@ func (s *attachSet) fanout(kind byte, data []byte) {
 	}
 }
 
-// stdio is what the shim holds of a container's input: the write end of
+// stdio is what the monitor holds of a container's input: the write end of
 // its stdin pipe, or the pty master of a terminal container. Its own lock:
 // a write to a container that does not read its stdin parks until it does,
 // and must not hold up anything but other writes.

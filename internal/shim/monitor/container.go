@@ -9,7 +9,7 @@ import (
 	"github.com/berthcri/berth/internal/shim/proto"
 )
 
-// phase is where a container is in its life, as the shim sees it.
+// phase is where a container is in its life, as the monitor sees it.
 type phase uint8
 
 const (
@@ -37,7 +37,7 @@ func (p phase) status() string {
 	}
 }
 
-// container is one container the shim holds. Who owns what:
+// container is one container a pod holds. Who owns what:
 //   - the fields before mu are set before the container is published and
 //     never change;
 //   - mu guards its life: phase, pid, exit and the parked waits; phase
@@ -144,7 +144,7 @@ func (c *container) hasExited() bool {
 	}
 }
 
-// closeIO closes what the shim holds open for the container: its stdin,
+// closeIO closes what the monitor holds open for the container: its stdin,
 // its pty and its log file.
 func (c *container) closeIO() {
 	c.stdio.close()

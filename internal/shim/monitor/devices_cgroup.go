@@ -8,7 +8,7 @@ import (
 	"strings"
 )
 
-// procCgroups are the cgroup paths of one process that the shim needs,
+// procCgroups are the cgroup paths of one process that the monitor needs,
 // parsed from one read of /proc/<pid>/cgroup.
 type procCgroups struct {
 	memory  string // v1 memory hierarchy path
@@ -18,7 +18,7 @@ type procCgroups struct {
 }
 
 // readProcCgroups reads and parses /proc/<pid>/cgroup. It allocates only
-// the paths it returns: the shim runs no GC until garbage piles up, so
+// the paths it returns: the monitor runs no GC until garbage piles up, so
 // every create's garbage stays resident until then (decision 0303).
 func readProcCgroups(pid int) (procCgroups, error) {
 	f, err := os.Open("/proc/" + strconv.Itoa(pid) + "/cgroup")

@@ -66,7 +66,7 @@ func readRequest(conn *os.File) (req *proto.Request, ok bool) {
 	return req, true
 }
 
-// handle runs one op; exit is true when the shim should now exit. A new
+// handle runs one op; exit is true when the pod should now end. A new
 // op is a case here; one that adds a container registers it and launches
 // it with its own runtime step (lifecycle.go).
 func (p *Pod) handle(req *proto.Request) (resp *proto.Response, exit bool) {
@@ -75,12 +75,12 @@ func (p *Pod) handle(req *proto.Request) (resp *proto.Response, exit bool) {
 		return &proto.Response{IDs: p.ids()}, false
 	case proto.OpShutdown:
 		if !p.exitIfEmpty() {
-			return proto.ErrorResponse(fmt.Errorf("shim holds containers: %w", errdefs.ErrFailedPrecondition)), false
+			return proto.ErrorResponse(fmt.Errorf("the pod holds containers: %w", errdefs.ErrFailedPrecondition)), false
 		}
 		return &proto.Response{}, true
 	case proto.OpCreate:
 		if err := p.create(req); err != nil {
-			// A shim whose first create failed has nothing to hold.
+			// A pod whose first create failed has nothing to hold.
 			return proto.ErrorResponse(err), p.exitIfEmpty()
 		}
 		return &proto.Response{}, false

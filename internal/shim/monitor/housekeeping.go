@@ -9,27 +9,27 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// housekeepingInterval is how often the shim reaps orphans (children it
+// housekeepingInterval is how often the monitor reaps orphans (children it
 // never started, reparented to it), drops waits whose clients went away
 // and checks whether its memory grew enough to call for a trim.
 const housekeepingInterval = 5 * time.Second
 
-// trimDelay is how long after the last request the shim gives its free
-// heap back: an idle shim should hold only what it uses (PSS is the cost
-// per pod), and a burst of requests should not pay for a GC each.
+// trimDelay is how long after the last request the monitor gives its free
+// heap back: an idle monitor should hold only what it uses (its PSS,
+// shared by the node's pods, is what it costs), and a burst of requests should not pay for a GC each.
 const trimDelay = 500 * time.Millisecond
 
-// trimMinGrowth is how much the shim's anonymous resident memory must have
+// trimMinGrowth is how much the monitor's anonymous resident memory must have
 // grown since the last trim (or since Listen, before any container) for a
-// trim to be worth it. A shim's first GC cycle alone makes ~0.3 MiB of runtime
+// trim to be worth it. The monitor's first GC cycle alone makes ~0.3 MiB of runtime
 // metadata resident for good (span set blocks for every size class in use,
 // mark bit arenas: decision 0303), more than a pod's worth of garbage, so
-// the shim collects only once real growth piled up: a pod with a few
+// the monitor collects only once real growth piled up: a pod with a few
 // containers never pays for a GC, a pod whose containers keep restarting is
 // bounded at ~this much garbage. Growth, not allocation, is the measure
 // (decision 1700): garbage that lands in pages already resident costs
 // nothing, and reading the kernel's counter keeps runtime/metrics (and the
-// ~30-60 KiB its tables make resident) out of the shim.
+// ~30-60 KiB its tables make resident) out of the monitor.
 const trimMinGrowth = 256 << 10
 
 // startHousekeeping runs housekeep every housekeepingInterval until the
@@ -45,7 +45,7 @@ func (m *Monitor) startHousekeeping() (stop func()) {
 
 // housekeep is one round of the periodic chores. It allocates nothing
 // (TestHousekeepingAllocatesNothingAndDropsGoneWaits): it runs for the
-// shim's whole life, and garbage would end in a GC.
+// monitor's whole life, and garbage would end in a GC.
 func (m *Monitor) housekeep() {
 	m.reaper.reap()
 	m.eachPod((*Pod).dropGoneWaiters)
@@ -69,7 +69,7 @@ func (m *Monitor) scheduleTrim() {
 	m.trim.Reset(trimDelay)
 }
 
-// trimNow collects and returns free memory when the shim's anonymous
+// trimNow collects and returns free memory when the monitor's anonymous
 // resident memory grew by trimMinGrowth since the last trim, or since
 // Listen (which takes the baseline before any container; without it the
 // first call does). It never calls runtime.ReadMemStats: that
@@ -106,7 +106,7 @@ type statm struct {
 }
 
 // open opens the file once; Listen's first read opens it, so that the
-// shim's fds are all open by the time it serves.
+// monitor's fds are all open by the time it serves.
 func (m *statm) open() {
 	if m.opened {
 		return
@@ -159,7 +159,7 @@ func parseStatm(b []byte) (uint64, bool) {
 
 // logMemStats is a debugging aid for the memory budget (decisions 0303,
 // 1700). It reads nothing from the runtime that would change what it
-// measures; hack/go-heap-spans.py (gdb) splits a live shim's heap by size
+// measures; hack/go-heap-spans.py (gdb) splits a live monitor's heap by size
 // class and stack.
 func (m *Monitor) logMemStats(anon uint64) {
 	task, _ := os.ReadDir("/proc/self/task")

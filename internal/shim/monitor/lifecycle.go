@@ -124,14 +124,14 @@ func (p *Pod) launch(c *container, cr *proto.CreateRequest, step runtimeStep, th
 	return nil
 }
 
-// output is one stream of a container the shim reads.
+// output is one stream of a container the monitor reads.
 type output struct {
 	r    *os.File
 	name string
 }
 
 // launchIO is the stdio of a launch: what the runtime gets (opts), the
-// ends the shim keeps (outputs, stdin, the pty: the container's once the
+// ends the monitor keeps (outputs, stdin, the pty: the container's once the
 // launch succeeded), and the console socket a terminal container's pty
 // comes over.
 type launchIO struct {
@@ -144,7 +144,7 @@ type launchIO struct {
 	consoleLn  *os.File
 	consoleCh  chan consoleResult
 	consoleSoc string   // the socket's path
-	consoleDir *os.File // the shim dir, through which the runtime dials
+	consoleDir *os.File // the pod's dir, through which the runtime dials
 }
 
 // prepareIO makes pipes for the container's stdio, or for a terminal a
@@ -216,7 +216,7 @@ func (l *launchIO) takeConsole(c *container) error {
 }
 
 // release closes the container's ends and the console socket; after a
-// failed launch also the shim's ends (a successful one handed them on).
+// failed launch also the monitor's ends (a successful one handed them on).
 func (l *launchIO) release(failed bool) {
 	for _, f := range l.theirs {
 		f.Close()

@@ -151,7 +151,7 @@ func (l *logSink) writeErrors() (uint64, string) {
 }
 
 // writeLog writes one record and reports the start and the end of a run
-// of failures in the shim's log (allocating only then).
+// of failures in the monitor's log (allocating only then).
 func (c *container) writeLog(stream, tag string, msg []byte) {
 	switch c.log.write(stream, tag, msg) {
 	case logWriteFailed:

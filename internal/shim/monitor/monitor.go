@@ -14,11 +14,12 @@ import (
 	"github.com/berthcri/berth/internal/shim/proto"
 )
 
-// Monitor is the monitor process: one per node (decision 1701), serving every
-// pod on the pod's own socket (<shims>/<pod-id>/shim.sock, as a per-pod
-// shim did) and taking new pods on its own (<shims>/.node/node.sock). It
-// is the keeper's child, not a subreaper: container inits reparent to the
-// keeper, which reaps them and tells the monitor (keeperLink).
+// Monitor is the monitor process, one per node (decision 1701): it serves
+// every pod (a Pod) on the pod's own socket (<shims>/<pod-id>/shim.sock,
+// where berthd found a per-pod shim before 1701) and takes new pods on
+// its own (<shims>/.node/node.sock). It is the keeper's child, not a
+// subreaper: container inits reparent to the keeper, which reaps them and
+// tells the monitor (keeperLink).
 type Monitor struct {
 	dir    string
 	logf   func(format string, args ...any)
@@ -32,7 +33,7 @@ type Monitor struct {
 	adoptedPods []*Pod
 
 	// mu guards pods, closing and the listener's life. Lock
-	// order: Monitor.mu before a pod's Pod.mu; a pod calls the node only
+	// order: Monitor.mu before a Pod.mu; a pod calls the monitor only
 	// after releasing its own.
 	mu      sync.Mutex
 	pods    map[string]*Pod // by pod dir

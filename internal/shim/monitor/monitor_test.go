@@ -54,7 +54,7 @@ func testContainer(t *testing.T, id string, logf func(string, ...any)) *containe
 }
 
 // The log path runs for every chunk a container writes: it must not
-// allocate, or a chatty container would make the shim collect garbage.
+// allocate, or a chatty container would make the monitor collect garbage.
 func TestLogPathAllocatesNothing(t *testing.T) {
 	c := testContainer(t, "c1", t.Logf)
 	c.log.path = filepath.Join(t.TempDir(), "0.log")
@@ -84,9 +84,9 @@ func TestLogPathAllocatesNothing(t *testing.T) {
 	}
 }
 
-// A log the shim cannot write is counted, reported in the container's
-// state and in the shim's log, once when it starts failing; failing
-// writes allocate nothing either (a full disk must not make the shim
+// A log the monitor cannot write is counted, reported in the container's
+// state and in the monitor's log, once when it starts failing; failing
+// writes allocate nothing either (a full disk must not make the monitor
 // collect garbage).
 func TestLogWriteErrorsAreCountedAndReported(t *testing.T) {
 	var logged []string
@@ -106,7 +106,7 @@ func TestLogWriteErrorsAreCountedAndReported(t *testing.T) {
 		t.Fatalf("state: %d errors (%q), want 22 (%q)", st.LogWriteErrors, st.LogWriteError, unix.ENOSPC.Error())
 	}
 	if len(logged) != 1 || !strings.Contains(logged[0], "write failed") {
-		t.Fatalf("shim log: %q, want one line for the run of failures", logged)
+		t.Fatalf("monitor log: %q, want one line for the run of failures", logged)
 	}
 	// The disk has room again: the next record is written, the resumption
 	// logged, and the count kept.
@@ -116,7 +116,7 @@ func TestLogWriteErrorsAreCountedAndReported(t *testing.T) {
 	}
 	c.writeLog("stdout", "F", []byte("back"))
 	if len(logged) != 2 || !strings.Contains(logged[1], "resumed") {
-		t.Fatalf("shim log: %q", logged)
+		t.Fatalf("monitor log: %q", logged)
 	}
 	if st := c.state(); st.LogWriteErrors != 22 {
 		t.Fatalf("count after resuming: %d", st.LogWriteErrors)
@@ -143,8 +143,8 @@ func TestTornRecordEndsItsLine(t *testing.T) {
 	}
 }
 
-// The housekeeping runs every few seconds for the shim's whole life: it
-// must not allocate, or an idle shim would pile up garbage until a GC
+// The housekeeping runs every few seconds for the monitor's whole life: it
+// must not allocate, or an idle monitor would pile up garbage until a GC
 // (which costs it ~0.4 MiB for good, decision 0303). It must also drop a
 // parked wait whose client went away, and only that one.
 func TestHousekeepingAllocatesNothingAndDropsGoneWaits(t *testing.T) {
@@ -183,7 +183,7 @@ func TestHousekeepingAllocatesNothingAndDropsGoneWaits(t *testing.T) {
 	}
 }
 
-// A container being created is reserved (its ID is taken, the shim stays)
+// A container being created is reserved (its ID is taken, the pod stays)
 // but no other op sees it before its pid is known.
 func TestContainerBeingCreatedIsNotVisible(t *testing.T) {
 	s := testPod(t)
@@ -208,7 +208,8 @@ func TestContainerBeingCreatedIsNotVisible(t *testing.T) {
 	}
 }
 
-// The shim's memory budget depends on what it links (decision 0303).
+// The memory budget of berth-shim (keeper and monitor: one binary)
+// depends on what it links (decision 0303).
 func TestShimLinksNoHeavyPackages(t *testing.T) {
 	out, err := exec.Command("go", "list", "-deps", "github.com/berthcri/berth/cmd/berth-shim").CombinedOutput()
 	if err != nil {

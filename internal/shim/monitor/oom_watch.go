@@ -42,7 +42,7 @@ type oomWatch struct {
 func watchOOM(dir string) *oomWatch {
 	// Only a systemd scope vanishes with its last process; a cgroupfs
 	// cgroup stays until the runtime deletes it, so the counter read at
-	// exit suffices there and the shim keeps no goroutine, fd and buffer
+	// exit suffices there and the monitor keeps no goroutine, fd and buffer
 	// per container for it (decision 0303).
 	if dir == "" || !strings.HasSuffix(dir, ".scope") {
 		return nil

@@ -6,7 +6,7 @@ import (
 	"testing"
 )
 
-// A scope that systemd removed before the shim read its kill: the pod
+// A scope that systemd removed before the monitor read its kill: the pod
 // slice's hierarchical oom_kill, above the count kept while the scope was
 // there, is the container's kill; an unchanged one, or a scope still
 // there, is not.

@@ -1,18 +1,3 @@
-// Package server is berth-shim's monitor: the process, one per node
-// (decision 1701), that creates every pod's containers through the OCI
-// runtime, copies their output into CRI logs and persists their exits.
-// Its parent, the keeper (package shim/keeper), reaps the containers and
-// keeps a copy of their stdio, and restarts the monitor if it dies. It speaks the protocol of
-// package shim/proto (decision 0300) and is built to stay small (decision
-// 0303): no encoding/json, net, os/exec or os/signal, no thread parked in
-// the kernel, nothing allocated per log line.
-//
-// Files by concern: node.go the process and its pods, keeper.go the link
-// to the keeper and adoption, server.go a pod and its registry of containers,
-// dispatch.go the connections and ops, container.go a container's state,
-// lifecycle.go create/start/kill/delete, exit.go reaping and persisting an
-// exit, wait.go parked waits, logs.go CRI logs, attach.go attach streams and
-// stdio, housekeeping.go the periodic chores and memory trimming.
 package monitor
 
 import (
@@ -53,7 +38,7 @@ func newPod(dir string, m *Monitor, logf func(string, ...any)) *Pod {
 // OpAddPod answered.
 func (p *Pod) Listen() error {
 	if err := os.MkdirAll(filepath.Join(p.dir, "exits"), 0o700); err != nil {
-		return fmt.Errorf("create shim dir: %w", err)
+		return fmt.Errorf("create pod dir: %w", err)
 	}
 	_ = os.Remove(proto.SocketPath(p.dir))
 	ln, err := listenUnix(proto.SocketPath(p.dir))
@@ -86,7 +71,7 @@ func (p *Pod) exitIfEmpty() bool {
 	// removal can no longer touch. Closing the listener first would open
 	// a window where the new directory is deleted under it.
 	if err := os.RemoveAll(p.dir); err != nil {
-		p.logf("remove shim dir: %v", err)
+		p.logf("remove pod dir: %v", err)
 	}
 	p.ln.Close()
 	p.mu.Unlock()
@@ -102,13 +87,13 @@ func (p *Pod) isClosing() bool {
 }
 
 // reserve publishes c, still being created, under its ID: the ID is
-// taken and the shim does not exit while the create runs, but no other op
+// taken and the pod does not end while the create runs, but no other op
 // sees c until it is created (get).
 func (p *Pod) reserve(c *container) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.closing {
-		return fmt.Errorf("pod's shim is exiting: %w", errdefs.ErrUnavailable)
+		return fmt.Errorf("the pod is ending: %w", errdefs.ErrUnavailable)
 	}
 	if p.mon.keeper.lost() {
 		return fmt.Errorf("the node's keeper is gone, no container can be started here: %w", errdefs.ErrUnavailable)
@@ -143,7 +128,7 @@ func (p *Pod) get(id string) (*container, error) {
 	return c, nil
 }
 
-// ids lists the containers the shim holds, also those being created.
+// ids lists the containers the pod holds, also those being created.
 func (p *Pod) ids() []string {
 	p.mu.Lock()
 	defer p.mu.Unlock()

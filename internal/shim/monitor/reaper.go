@@ -16,16 +16,16 @@ import (
 	"github.com/berthcri/berth/internal/shim/exits"
 )
 
-// reaper collects every child of the shim (a subreaper: container inits
-// reparent to it) and hands each exit status to whoever waits for that pid.
-// Nothing else in the shim may call wait, so the runtime CLI runs through
-// reaper.run instead of os/exec.
+// reaper collects every child of the monitor and hands each exit status
+// to whoever waits for that pid. Nothing else in the monitor may call
+// wait, so the runtime CLI runs through reaper.run (the monitor's
+// ocicli.Runner, runtime.go) instead of os/exec.
 //
 // It learns of exits from pidfds in the runtime's poller, not from SIGCHLD:
 // os/signal parks a thread in the kernel for good (two threads more, each
-// with its stacks, in every shim). Children nobody waits for (orphans
-// reparented to the shim, such as the leftovers of a host-PID container)
-// are reaped whenever a watched child exits and on the server's periodic
+// with its stacks, in the monitor). Children nobody waits for (orphans
+// reparented to the monitor when no keeper runs it, such as the leftovers of a host-PID container)
+// are reaped whenever a watched child exits and on the monitor's periodic
 // housekeeping.
 //
 // Under a keeper (decision 1701, external set) the container inits are the
@@ -124,7 +124,8 @@ func pollPidfd(pidfd *os.File) {
 	}
 }
 
-// watchLocked registers a waiter for pid, a child of the shim, and returns
+// watchLocked registers a waiter for pid, a child of the monitor (or,
+// under a keeper, an init the keeper reaps), and returns
 // its channel and a pidfd that becomes readable when pid exits (nil when
 // the exit is already in the channel). r.mu must be held, so pid cannot be
 // reaped before its pidfd exists.
@@ -192,7 +193,7 @@ func (r *reaper) watch(pid int) (<-chan unix.WaitStatus, *os.File, error) {
 // every runtime call, so it stats into a stack Stat_t rather than through
 // os.Stat and walks PATH without splitting it: each os.Stat result is a
 // 208-byte object, and a lookup through a long PATH made enough of them to
-// keep a span of that size class resident in every shim (decision 1700).
+// keep a span of that size class resident in the monitor (decision 1700).
 func lookPath(bin string) (string, error) {
 	if strings.Contains(bin, "/") {
 		return bin, nil

@@ -9,7 +9,7 @@ import (
 	"github.com/berthcri/berth/internal/shim/proto"
 )
 
-// The shim serves its unix sockets without package net: a non-blocking
+// The monitor serves its unix sockets without package net: a non-blocking
 // socket wrapped in an *os.File is served by the runtime's poller (reads,
 // writes and deadlines park the goroutine, not a thread), and net's init,
 // resolver and connection types are not worth their memory here.

@@ -14,7 +14,7 @@ import (
 // waiter is a connection waiting for a container's exit. No goroutine
 // holds it (each would keep a stack for as long as the container runs):
 // waitExit answers it, and the housekeeping drops it once its client went
-// away (a killed berthd's), so waits do not pile up in the shim.
+// away (a killed berthd's), so waits do not pile up in the monitor.
 type waiter struct {
 	conn  *os.File
 	rc    syscall.RawConn
@@ -32,7 +32,7 @@ func newWaiter(conn *os.File) (*waiter, error) {
 	w.peek = func(fd uintptr) bool {
 		// Nothing may arrive while waiting: data (n > 0), EOF (n == 0)
 		// and errors other than "nothing yet" all mean the client gave
-		// up. Peeking allocates nothing, so an idle shim makes no garbage.
+		// up. Peeking allocates nothing, so an idle monitor makes no garbage.
 		_, _, errno := unix.Syscall6(unix.SYS_RECVFROM, fd, uintptr(unsafe.Pointer(&w.probe[0])), 1, unix.MSG_PEEK|unix.MSG_DONTWAIT, 0, 0)
 		w.gone = errno != unix.EAGAIN && errno != unix.EINTR
 		return true

@@ -11,7 +11,7 @@ import (
 // The codec: each message is a 4-byte big-endian length and a JSON object
 // (decision 0300). It is written by hand, for both sides, rather than with
 // encoding/json: the messages have a few fixed shapes, and encoding/json
-// (its reflection, caches and imports) would cost every pod's shim memory
+// (its reflection, caches and imports) would cost berth-shim memory
 // for nothing (decision 0303). The JSON it writes is what encoding/json
 // wrote for berthd before (but for the escaping of <, >, & and invalid
 // UTF-8: the same JSON either way), so shims and berthds of either
@@ -151,7 +151,7 @@ func DecodeRequest(body []byte) (*Request, error) {
 }
 
 // DecodeResponse parses a response. Unknown keys are skipped (a newer
-// shim's).
+// monitor's).
 func DecodeResponse(body []byte) (*Response, error) {
 	r := &Response{}
 	if err := decodeDocument(body, func(d *decoder) error { return d.response(r) }); err != nil {

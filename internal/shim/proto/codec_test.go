@@ -15,9 +15,9 @@ import (
 var testAt = time.Date(2026, 11, 22, 6, 45, 1, 123456789, time.UTC)
 
 // The bytes each side wrote before the codec was shared (berthd with
-// encoding/json, the shim with its own codec). A shim outlives the berthd
-// that started it, so an upgraded berthd talks to shims of the previous
-// version and reads their exit files: these bytes must still mean the
+// encoding/json, the shim with its own codec). berth-shim outlives the berthd
+// that started it, so an upgraded berthd talks to a monitor of the
+// previous version and reads its exit files: these bytes must still mean the
 // same, both ways.
 var wireRequests = []struct {
 	json string
@@ -49,7 +49,7 @@ var wireResponses = []struct {
 	{`{"state":{"id":"c1","pid":42,"status":"exited","exit":{"version":1,"id":"c1","pid":42,"exit_code":137,"signal":9,"oom_killed":true,"exited_at":"2026-11-22T06:45:01.123456789Z"}}}`,
 		Response{State: &State{ID: "c1", Pid: 42, Status: StatusExited,
 			Exit: &Exit{Version: 1, ID: "c1", Pid: 42, Code: 137, Signal: 9, OOMKilled: true, At: testAt}}}},
-	// Added since: a shim of the previous version leaves them out.
+	// Added since: a monitor of the previous version leaves them out.
 	{`{"state":{"id":"c1","pid":42,"status":"running","log_write_errors":3,"log_write_error":"no space left on device"}}`,
 		Response{State: &State{ID: "c1", Pid: 42, Status: StatusRunning, LogWriteErrors: 3, LogWriteError: "no space left on device"}}},
 	{`{"error":"container c1: already exists","kind":"already_exists"}`,
@@ -200,7 +200,7 @@ func TestErrorKindsRoundTrip(t *testing.T) {
 }
 
 // FuzzDecodeRequest: the decoder never panics, and what it accepts
-// survives a round trip (what berthd writes, the shim reads the same).
+// survives a round trip (what berthd writes, the monitor reads the same).
 func FuzzDecodeRequest(f *testing.F) {
 	for _, tc := range wireRequests {
 		f.Add([]byte(tc.json))
@@ -226,7 +226,7 @@ func FuzzDecodeRequest(f *testing.F) {
 	})
 }
 
-// FuzzDecodeResponse: berthd decodes what a shim sends; a bad shim must
+// FuzzDecodeResponse: berthd decodes what the monitor sends; a bad one must
 // not crash it.
 func FuzzDecodeResponse(f *testing.F) {
 	for _, tc := range wireResponses {

@@ -112,7 +112,7 @@ func appendString(b []byte, s string) []byte {
 
 var errSyntax = errors.New("malformed JSON")
 
-// decoder reads the few JSON shapes the shim receives: objects of strings,
+// decoder reads the few JSON shapes the protocol carries: objects of strings,
 // integers, booleans, string arrays and nested objects; any other value is
 // skipped.
 type decoder struct {

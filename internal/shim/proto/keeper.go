@@ -58,7 +58,7 @@ const MaxKeeperFds = 3
 type KeeperMsg struct {
 	Op      string // "op"
 	ID      string // "id": the container
-	Dir     string // "dir": its pod's shim dir
+	Dir     string // "dir": its pod's dir
 	Pid     int    // "pid": its init (0: a restored container not started)
 	Running bool   // "running": started
 	// Exited and Status: the init was reaped with this wait status.

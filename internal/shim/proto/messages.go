@@ -8,12 +8,13 @@ import (
 	"github.com/berthcri/berth/internal/errdefs"
 )
 
-// The protocol's messages, one definition for berthd's client and the
-// shim. Each is encoded as a JSON object by this package's codec
+// The protocol's messages, one definition for berthd's client and
+// berth-shim. Each is encoded as a JSON object by this package's codec
 // (codec.go); the JSON key of each field is given beside it. A key that is
 // absent decodes as the zero value and a zero value is left out when it
 // does not mean something (omitempty), so either side may be older than
-// the other: a shim outlives the berthd that started it.
+// the other: the keeper and monitor outlive the berthd that started
+// them.
 
 // Runtime names the OCI runtime a container runs with.
 type Runtime struct {
@@ -55,8 +56,8 @@ type Request struct {
 	Stderr bool // "stderr"
 }
 
-// Exit is a container's exit, as the shim persists it under
-// <shim dir>/exits/<id>.json (decision 0301) and reports it in a State.
+// Exit is a container's exit, as the monitor persists it under
+// <pod dir>/exits/<id>.json (decision 0301) and reports it in a State.
 type Exit struct {
 	Version   int       // "version": ExitVersion when written
 	ID        string    // "id"
@@ -65,18 +66,18 @@ type Exit struct {
 	Signal    int       // "signal"
 	OOMKilled bool      // "oom_killed"
 	At        time.Time // "exited_at", RFC 3339 with nanoseconds
-	// Unknown is set by berthd, never the shim, for an exit nobody saw;
+	// Unknown is set by berthd, never the monitor, for an exit nobody saw;
 	// it is never encoded.
 	Unknown string
 }
 
-// State is a container as the shim sees it.
+// State is a container as the monitor sees it.
 type State struct {
 	ID     string // "id"
 	Pid    int    // "pid"
 	Status string // "status": StatusCreated, StatusRunning or StatusExited
 	Exit   *Exit  // "exit", once exited
-	// LogWriteErrors counts the CRI log records the shim failed to write
+	// LogWriteErrors counts the CRI log records the monitor failed to write
 	// (in full) since the container was created: a full or failing disk.
 	LogWriteErrors uint64 // "log_write_errors"
 	// LogWriteError is the last such failure.

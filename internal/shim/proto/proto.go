@@ -2,9 +2,9 @@
 // their one codec, and what else berth-shim and its client (package shim)
 // must agree on: operation names, error kinds, statuses, attach frames and
 // file paths. Both sides build on it, so the two cannot drift apart. It
-// imports nothing heavy (no net, no encoding/json) because the shim binary
-// does (decision 0303: every package's init and data cost each pod's shim
-// memory).
+// imports nothing heavy (no net, no encoding/json) because the berth-shim
+// binary does (decision 0303: every package's init and data cost the
+// node's keeper and monitor memory, shared by every pod).
 package proto
 
 import (
@@ -27,8 +27,9 @@ const (
 	OpReopenLog = "reopen-log"
 	OpAttach    = "attach"
 	OpPing      = "ping"
-	// OpShutdown asks a shim that holds no container to exit (berthd's
-	// recovery uses it for a shim launched just before a crash).
+	// OpShutdown, on a pod's socket, ends a pod that holds no container;
+	// on the node's, stops a monitor that serves no pod (berthd's
+	// recovery uses both for what a launch just before a crash left).
 	OpShutdown = "shutdown"
 	// OpAddPod, on the node's socket, makes the monitor serve the pod
 	// whose state dir is the request's dir on that dir's own socket
@@ -46,7 +47,7 @@ const (
 	KindInvalidArgument    = "invalid_argument"
 )
 
-// Container states the shim reports.
+// Container states the monitor reports.
 const (
 	StatusCreated = "created"
 	StatusRunning = "running"
@@ -87,10 +88,12 @@ func LaunchLockPath(nodeDir string) string { return filepath.Join(nodeDir, "laun
 // starting a second keeper there.
 func KeeperLockPath(nodeDir string) string { return filepath.Join(nodeDir, "keeper.lock") }
 
-// SocketPath is the shim's socket in its directory.
+// SocketPath is a pod's socket in the pod's dir (<shims>/<pod-id>), on
+// which the node's monitor serves it.
 func SocketPath(dir string) string { return filepath.Join(dir, "shim.sock") }
 
-// ExitPath is where the shim persists a container's exit.
+// ExitPath is where the monitor persists a container's exit, in its
+// pod's dir.
 func ExitPath(dir, id string) string { return filepath.Join(dir, "exits", id+".json") }
 
 // WriteFrame writes one attach frame.
