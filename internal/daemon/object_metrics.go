@@ -13,9 +13,10 @@ import (
 )
 
 // registerObjectCounts adds the scrape-time metrics over the stores: pods
-// and containers by state, running shims (one per pod that has
-// containers; a shim exits with its pod's last container), and the CRI
-// log records each container's shim could not write.
+// and containers by state, the pods the node's monitor serves (pods with
+// containers; one keeper and one monitor serve them all, decision 1701,
+// and a pod leaves the monitor with its last container), and the CRI log
+// records the monitor could not write for each container.
 func registerObjectCounts(m *metrics.Metrics, sandboxes *sandbox.Store, containers *container.Store) {
 	m.CountFunc("berth_pods", "Pod sandboxes by state.", "state", func() map[string]float64 {
 		out := map[string]float64{"ready": 0, "notready": 0}
