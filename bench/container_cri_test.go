@@ -53,7 +53,8 @@ func BenchmarkContainerCRI(b *testing.B) {
 			}},
 		}
 	}
-	// Keep the pod's shim up, as a pod's long-lived first container does.
+	// Keep the pod on the node's monitor, as a pod's long-lived first
+	// container does.
 	keep, err := d.Runtime.CreateContainer(ctx, &criapi.CreateContainerRequest{PodSandboxId: pod.PodSandboxId, Config: cfg("keep"), SandboxConfig: podCfg})
 	if err != nil {
 		b.Fatal(err)

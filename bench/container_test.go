@@ -90,13 +90,14 @@ func (cb *containerBench) create(ctx context.Context, pod, name string, args []s
 }
 
 // BenchmarkContainerLifecycle measures the container store's create,
-// start and stop+remove through the pod's shim, and `runc create` + `runc
+// start and stop+remove through the node's monitor, and `runc create` + `runc
 // start` of the same kind of bundle in the same run.
 func BenchmarkContainerLifecycle(b *testing.B) {
 	cb := newContainerBench(b)
 	ctx := context.Background()
 	const n = 30
-	// A container that keeps each pod's shim up, as a pod's first one would.
+	// A container that keeps the pod on the node's monitor, as a pod's first
+	// one would.
 	keep, err := cb.create(ctx, "pod", "keep", []string{"sleep", "100000"})
 	if err != nil {
 		b.Fatal(err)

@@ -47,8 +47,9 @@ const (
 	// ContainerAfterImageVolumeMount: the container's image volumes are
 	// mounted and their images leased (<id>.vol<n>) too; no record.
 	ContainerAfterImageVolumeMount Point = "after-image-volume-mount"
-	// ContainerAfterShimStart: the pod's shim runs (launched for this
-	// create if it is the pod's first container) but holds no container.
+	// ContainerAfterShimStart: the node's monitor serves the pod (keeper
+	// and monitor launched for this create if none ran) but the pod holds
+	// no container.
 	ContainerAfterShimStart Point = "after-shim-start"
 	// ContainerAfterRuncCreate: the shim created the container, no record.
 	ContainerAfterRuncCreate Point = "after-runc-create"

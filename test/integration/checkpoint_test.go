@@ -191,7 +191,7 @@ func TestCheckpointRestorePod(t *testing.T) {
 		t.Fatalf("RestorePod changed the checkpoint: %v", err)
 	}
 	// A berthd restart between RestorePod and StartContainer loses
-	// nothing: the pod's shim holds the containers to restore.
+	// nothing: the node's monitor holds the containers to restore.
 	e.d.Restart()
 	for _, name := range []string{"counter", "server"} {
 		if st := e.status(ids[name]); st.State != criapi.ContainerState_CONTAINER_CREATED {

@@ -1,6 +1,7 @@
 // Package errgrpc maps errdefs kinds to gRPC status codes. It is apart from
 // errdefs so that berth-shim, which uses errdefs, links no gRPC or protobuf
-// (their package init and data cost every pod's shim memory).
+// (their package init and data would cost the node's keeper and monitor
+// memory).
 package errgrpc
 
 import (

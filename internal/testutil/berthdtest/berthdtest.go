@@ -366,7 +366,7 @@ func BuildCommand(dir, name string) (string, error) {
 }
 
 // BuildShim builds ./cmd/berth-shim into dir without cgo: a static binary
-// maps no libc and starts no pthreads, which keeps the per-pod shim small.
+// maps no libc and starts no pthreads, which keeps the node's keeper and monitor small.
 func BuildShim(dir string) (string, error) {
 	out := filepath.Join(dir, "berth-shim")
 	cmd := exec.Command("go", "build", "-o", out, "./cmd/berth-shim")
