@@ -44,7 +44,9 @@ type Runtime struct {
 	Binary  string
 	Root    string
 	Options []string
-	Run     Runner
+	// Run runs every call; it must be set (oci.Exec in berthd, the
+	// reaper's runner in the monitor).
+	Run Runner
 }
 
 // Args is the command line of one runtime call: the binary, its state
