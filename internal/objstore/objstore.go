@@ -163,6 +163,17 @@ func (s *Store[T, E]) Has(id string) bool {
 	return ok
 }
 
+// IDs lists the IDs indexed, in no order.
+func (s *Store[T, E]) IDs() []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	ids := make([]string, 0, len(s.byID))
+	for id := range s.byID {
+		ids = append(ids, id)
+	}
+	return ids
+}
+
 // Len is the number of objects indexed.
 func (s *Store[T, E]) Len() int {
 	s.mu.Lock()

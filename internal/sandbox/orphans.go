@@ -18,12 +18,10 @@ import (
 // own ordering (checkpoint first, removed last) never makes these; a lost
 // or unreadable checkpoint does. Call it once on start, before serving.
 func (s *Store) CleanOrphans(ctx context.Context) {
-	s.mu.Lock()
-	known := make(map[string]bool, len(s.byID))
-	for id := range s.byID {
+	known := map[string]bool{}
+	for _, id := range s.objs.IDs() {
 		known[id] = true
 	}
-	s.mu.Unlock()
 	// A sandbox dir whose checkpoint could not be read was skipped with a
 	// warning: what it owns is left alone, not guessed at.
 	if dirs, err := os.ReadDir(s.sandboxesDir()); err == nil {
