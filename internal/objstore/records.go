@@ -28,6 +28,9 @@ type Records[R any] struct {
 	// them when File is missing and renames it to File (a node upgraded
 	// in place keeps its objects).
 	Legacy []string
+	// Renamed, if set, hears of each record Load renamed from a Legacy
+	// name.
+	Renamed func(id, legacy string)
 	// Indent writes records indented, for people reading them.
 	Indent bool
 	// Deferred writes SaveSoon's records (decision 1600); nil writes them
@@ -90,6 +93,9 @@ func (r *Records[R]) Load(id string) (*R, error) {
 		}
 		if err := r.migrate(old, r.Path(id)); err != nil {
 			return nil, err
+		}
+		if r.Renamed != nil {
+			r.Renamed(id, name)
 		}
 		return rec, nil
 	}

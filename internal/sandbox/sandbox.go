@@ -165,6 +165,9 @@ func New(opts Options) (*Store, error) {
 	s.records = objstore.Records[record]{
 		Dir: s.sandboxesDir(), File: recordFile, Legacy: []string{legacyRecordFile},
 		Indent: true, Deferred: opts.Deferred,
+		Renamed: func(id, legacy string) {
+			log.Info("sandbox record renamed", "pod", id, "from", legacy, "to", recordFile)
+		},
 	}
 	for _, dir := range []string{s.sandboxesDir(), s.netnsDir(), filepath.Join(opts.State, "sandboxes")} {
 		if err := os.MkdirAll(dir, 0o711); err != nil {
