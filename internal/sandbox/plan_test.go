@@ -1,9 +1,11 @@
 package sandbox
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io/fs"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -280,5 +282,28 @@ func TestPlanPodRefuses(t *testing.T) {
 			}
 			t.Log(err)
 		})
+	}
+}
+
+// A draft undoes its steps last first, once, and not at all once
+// committed.
+func TestDraftDiscardOrder(t *testing.T) {
+	var got []int
+	d := &podDraft{}
+	for i := range 3 {
+		d.done(func(context.Context) { got = append(got, i) })
+	}
+	d.discard(t.Context())
+	d.discard(t.Context())
+	if !slices.Equal(got, []int{2, 1, 0}) {
+		t.Errorf("undo order %v, want [2 1 0]", got)
+	}
+	got = nil
+	d = &podDraft{}
+	d.done(func(context.Context) { got = append(got, 0) })
+	d.committed = true
+	d.discard(t.Context())
+	if got != nil {
+		t.Errorf("a committed draft was undone: %v", got)
 	}
 }
