@@ -147,9 +147,6 @@ func (w *ingest) Write(p []byte) (int, error) {
 	return n, err
 }
 
-// written is how many bytes were written so far.
-func (w *ingest) written() int64 { return w.n }
-
 // sum is the digest of what was written so far.
 func (w *ingest) sum() string { return "sha256:" + hex.EncodeToString(w.h.Sum(nil)) }
 
