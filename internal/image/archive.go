@@ -402,3 +402,28 @@ func (c *ctxWriter) Write(p []byte) (int, error) {
 	}
 	return c.w.Write(p)
 }
+
+// copyCtx is io.Copy with a context check between chunks.
+func copyCtx(ctx context.Context, dst io.Writer, src io.Reader) (int64, error) {
+	buf := make([]byte, 256<<10)
+	var n int64
+	for {
+		if err := ctx.Err(); err != nil {
+			return n, err
+		}
+		m, rerr := src.Read(buf)
+		if m > 0 {
+			w, werr := dst.Write(buf[:m])
+			n += int64(w)
+			if werr != nil {
+				return n, werr
+			}
+		}
+		if errors.Is(rerr, io.EOF) {
+			return n, nil
+		}
+		if rerr != nil {
+			return n, rerr
+		}
+	}
+}
