@@ -21,11 +21,11 @@ import (
 // neither written nor counted as downloaded.
 //
 // Issue #26 (parallel HTTP range requests within one large layer) goes
-// here, in startBlobFetch and blobFetch alone: the opener would issue
-// ranged GETs that write into the ingest file at their offsets, and r
-// would read the contiguous prefix written so far, so that the unpacker
-// and the digest still see the blob once, in order. Nothing outside this
-// file needs to change for it (decision 2900).
+// here, in startBlobFetch and blobFetch: ranged GETs that write into the
+// ingest file at their offsets, and r reading the contiguous prefix
+// written so far, so that the unpacker and the digest still see the blob
+// once, in order. Beyond this file only the opener changes (a ranged open
+// beside blobOpener's plain one; decision 2900).
 //
 // A blobFetch is used by one goroutine.
 type blobFetch struct {
