@@ -62,26 +62,30 @@ type Daemon struct {
 	live   *liveconfig.Holder
 	reload reloader
 
-	// What the node offers, probed once at start (wire.go: probeNode).
-	faults  *fault.Injector
-	systemd *systemd.Units // nil unless cgroup_driver is systemd
-	cgroups *cgroupctrl.Controllers
-	host    *hostprobe.Host
-	network *network.Network
+	// faults are the test-only fault points the stores honour.
+	faults *fault.Injector
 	// runtimes are the configured handlers' runtimes at start.
 	runtimes map[string]*oci.Runtime
 
-	// The domain, built in dependency order (wire.go).
+	// What the node offers, asked once at start (wire.go: probeNode).
+	systemd *systemd.Units // nil unless cgroup_driver is systemd
+	cgroups *cgroupctrl.Controllers
+	devices *cdi.Registry
+	host    *hostprobe.Host
+	network *network.Network
+
+	// The domain, built in this order (wire.go).
 	images     *image.Store
 	containers *container.Store
 	sandboxes  *sandbox.Store
 	nri        *nri.NRI
-	// events is the one list of the container store's event subscribers.
-	events    lifecycle.Subscribers
-	broker    *events.Broker
-	devices   *cdi.Registry
-	stats     *stats.Collector
-	lifecycle *lifecycle.Service
+	lifecycle  *lifecycle.Service
+	stats      *stats.Collector
+	// events is the one list of the container store's event subscribers
+	// (the CRI event publisher, then NRI); broker serves
+	// GetContainerEvents.
+	events lifecycle.Subscribers
+	broker *events.Broker
 }
 
 // New takes the root lock, prepares directories and the socket, and builds
@@ -97,11 +101,11 @@ func New(ctx context.Context, cfg *config.Config, version string, log *slog.Logg
 	// In dependency order: each step uses only what the steps above it built.
 	for _, step := range []func(context.Context) error{
 		d.openRoot,       // directories, root lock, CRI socket
-		d.loadFaults,     // BERTH_FAULTS, for the stores
+		d.loadFaults,     // fault points, for the stores
 		d.openLiveConfig, // signature policy, live snapshot, deferred fsyncs
 		d.openImages,     // image store
 		d.listenMetrics,  // metrics server
-		d.probeNode,      // systemd, cgroup controllers, host facts, CNI
+		d.probeNode,      // systemd, cgroup controllers, CDI, host facts, CNI
 		d.openContainers, // container store, publishing to d.events
 		d.openSandboxes,  // sandbox store, warming the container store's shims
 		d.openNRI,        // NRI over both stores, subscribed to d.events
