@@ -60,7 +60,8 @@ lint:
 # hugepages case, which criu in the checkpoint tests then walks) and loads
 # both cores for minutes.
 test: test-deps lint build
-	PATH="$(TEST_PATH)" BERTHD_BIN=$(BIN)/berthd BERTH_BIN_DIR=$(BIN) $(GO) test -count=1 -timeout 60m $(TESTFLAGS) $$($(GO) list ./... | grep -v '/test/kubelet$$')
+	cosign=$$(hack/cosign-bins.sh) && PATH="$(TEST_PATH)" BERTHD_BIN=$(BIN)/berthd BERTH_BIN_DIR=$(BIN) BERTH_COSIGN_DIR=$$cosign \
+	  $(GO) test -count=1 -timeout 60m $(TESTFLAGS) $$($(GO) list ./... | grep -v '/test/kubelet$$')
 	PATH="$(TEST_PATH)" BERTHD_BIN=$(BIN)/berthd BERTH_BIN_DIR=$(BIN) $(GO) test -count=1 -timeout 30m $(TESTFLAGS) ./test/kubelet/
 	cd bench && $(GO) test -count=1 $(TESTFLAGS) ./...
 	$(MAKE) fuzz

@@ -226,7 +226,7 @@ func (d *Draft) Commit(ctx context.Context, spec *specs.Spec, resources *runtime
 		rec.Pid = st.Pid
 	}
 
-	if err := s.saveRecordSoon(d.dir, rec); err != nil {
+	if err := s.saveRecordSoon(rec); err != nil {
 		return nil, err
 	}
 	s.opts.Faults.Hit(fault.ContainerAfterRecordWrite, "pod", rec.PodID, "container", rec.ID)

@@ -127,7 +127,7 @@ func (s *Store) setExited(e *entry, ex *shim.Exit) {
 	default:
 		r.Reason = ReasonError
 	}
-	if err := saveRecord(s.dir(r.ID), r); err != nil {
+	if err := s.saveRecord(r); err != nil {
 		s.log.Warn("save exited record", "container", r.ID, "err", err)
 	}
 	s.emit(EventStopped, e)

@@ -74,7 +74,7 @@ func (s *Store) saveStarted(r *Container) error {
 	if err := s.opts.Faults.Fail(fault.ContainerFailStartRecordWrite); err != nil {
 		return err
 	}
-	return s.saveRecordSoon(s.dir(r.ID), r)
+	return s.saveRecordSoon(r)
 }
 
 // killUnrecorded kills a container whose start could not be recorded and
@@ -96,7 +96,7 @@ func (s *Store) killUnrecorded(ctx context.Context, sh Shim, id string) {
 func (s *Store) failStart(e *entry, msg string) {
 	r := e.rec
 	r.State, r.FinishedAt, r.ExitCode, r.Reason, r.Message = StateExited, time.Now().UTC(), 128, ReasonStart, msg
-	if err := saveRecord(s.dir(r.ID), r); err != nil {
+	if err := s.saveRecord(r); err != nil {
 		s.log.Warn("save the record of a failed start", "container", r.ID, "err", err)
 	}
 	s.emit(EventStopped, e)
@@ -281,7 +281,7 @@ func (s *Store) UpdateResources(ctx context.Context, id string, res *specs.Linux
 		return fmt.Errorf("update container %s: %w", r.ID, err)
 	}
 	r.Resources = cri
-	return saveRecord(s.dir(r.ID), r)
+	return s.saveRecord(r)
 }
 
 // dropLimits removes limits of missing cgroup controllers from res. The

@@ -91,7 +91,7 @@ func (s *Store) reapOrphans(ctx context.Context) {
 			continue
 		}
 		for _, id := range ids {
-			if _, ok := s.ctrs[id]; ok {
+			if s.objs.Has(id) {
 				continue
 			}
 			s.log.Warn("deleting a container without a record from its shim", "pod", pod, "container", id)

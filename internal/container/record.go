@@ -3,10 +3,7 @@ package container
 import (
 	"crypto/rand"
 	"encoding/hex"
-	"encoding/json"
 	"fmt"
-	"os"
-	"path/filepath"
 	"slices"
 	"strings"
 	"time"
@@ -14,7 +11,6 @@ import (
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	runtime "k8s.io/cri-api/pkg/apis/runtime/v1"
 
-	"github.com/berthcri/berth/internal/atomicfile"
 	"github.com/berthcri/berth/internal/image"
 )
 
@@ -173,26 +169,25 @@ func newID() string {
 	return hex.EncodeToString(b[:])
 }
 
-func recordPath(dir string) string { return filepath.Join(dir, "container.json") }
+// recordFile is a container's record in its directory.
+const recordFile = "container.json"
 
-func loadRecord(dir string) (*Container, error) {
-	data, err := os.ReadFile(recordPath(dir))
+// loadRecord reads container id's record.
+func (s *Store) loadRecord(id string) (*Container, error) {
+	c, err := s.records.Load(id)
 	if err != nil {
 		return nil, err
 	}
-	var c Container
-	if err := json.Unmarshal(data, &c); err != nil {
-		return nil, fmt.Errorf("parse %s: %w", recordPath(dir), err)
-	}
 	if c.Version != recordVersion {
-		return nil, fmt.Errorf("%s: unsupported record version %d", recordPath(dir), c.Version)
+		return nil, fmt.Errorf("%s: unsupported record version %d", s.records.Path(id), c.Version)
 	}
-	return &c, nil
+	return c, nil
 }
 
 // saveRecord writes the record durably.
-func saveRecord(dir string, c *Container) error {
-	return writeRecord(dir, c, atomicfile.Write)
+func (s *Store) saveRecord(c *Container) error {
+	c.Version = recordVersion
+	return s.records.Save(c.ID, c)
 }
 
 // saveRecordSoon writes the record at once and has it fsynced right
@@ -201,17 +196,9 @@ func saveRecord(dir string, c *Container) error {
 // container, and an older, missing or empty record of a container that
 // no longer runs is recovered as such (a directory without a valid
 // record is removed, a created record whose shim is gone is exited).
-func (s *Store) saveRecordSoon(dir string, c *Container) error {
-	return writeRecord(dir, c, s.opts.Deferred.Write)
-}
-
-func writeRecord(dir string, c *Container, write func(string, []byte, os.FileMode) error) error {
+func (s *Store) saveRecordSoon(c *Container) error {
 	c.Version = recordVersion
-	data, err := json.Marshal(c)
-	if err != nil {
-		return fmt.Errorf("encode container %s: %w", c.ID, err)
-	}
-	return write(recordPath(dir), data, 0o600)
+	return s.records.SaveSoon(c.ID, c)
 }
 
 // statusImage is the repo tag and repo digest status reports for a

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"time"
@@ -20,36 +19,30 @@ import (
 // gone without an exit is marked exited (unknown). What a create cut short
 // left without a record is undone (orphans.go).
 func (s *Store) recover(ctx context.Context) error {
-	dirs, err := os.ReadDir(s.opts.Dir)
+	ids, err := s.records.IDs()
 	if err != nil {
-		return fmt.Errorf("read %s: %w", s.opts.Dir, err)
+		return err
 	}
 	kept := map[string]bool{}            // container IDs whose directory stays
 	live := map[string]map[string]bool{} // pod → container IDs its shim holds
-	for _, d := range dirs {
-		if !d.IsDir() {
-			continue
-		}
-		dir := filepath.Join(s.opts.Dir, d.Name())
-		rec, err := loadRecord(dir)
+	for _, id := range ids {
+		rec, err := s.loadRecord(id)
 		if err != nil {
-			if !s.removeUnrecorded(dir, err) {
-				kept[d.Name()] = true
+			if !s.removeUnrecorded(s.dir(id), err) {
+				kept[id] = true
 			}
 			continue
 		}
 		kept[rec.ID] = true
 		e := newEntry(rec)
-		s.mu.Lock()
 		s.index(e)
-		s.mu.Unlock()
 		e.mu.Lock()
 		s.reconcile(ctx, e, live)
 		e.unlock()
 	}
 	s.releaseOrphanLeases(kept)
 	s.reapOrphans(ctx)
-	s.log.Info("containers recovered", "count", len(s.ctrs))
+	s.log.Info("containers recovered", "count", s.objs.Len())
 	return nil
 }
 
@@ -111,7 +104,7 @@ func (s *Store) rollForwardStart(ctx context.Context, e *entry) {
 		_ = os.RemoveAll(restoreImages(s.dir(r.ID))) // restored: not needed again
 	}
 	s.log.Warn("container was started just before berthd stopped; recording it running", "pod", r.PodID, "container", r.ID)
-	if err := saveRecord(s.dir(r.ID), r); err != nil {
+	if err := s.saveRecord(r); err != nil {
 		s.log.Warn("save started record", "container", r.ID, "err", err)
 	}
 	s.emit(EventStarted, e)

@@ -16,7 +16,7 @@ func (s *Store) ShimState(ctx context.Context, id string) (*shim.State, error) {
 	if err != nil {
 		return nil, err
 	}
-	r := e.snap.Load()
+	r := e.Published()
 	st, err := s.shims.Pod(r.PodID).State(ctx, r.ID)
 	if err != nil {
 		return nil, fmt.Errorf("shim state of %s: %w", r.ID, err)

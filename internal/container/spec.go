@@ -16,7 +16,7 @@ func (s *Store) Spec(id string) (*specs.Spec, error) {
 	if err != nil {
 		return nil, err
 	}
-	return readSpec(s.dir(e.snap.Load().ID)) // never waits on a busy container
+	return readSpec(s.dir(e.Published().ID)) // never waits on a busy container
 }
 
 // readSpec reads the bundle's config.json in a container's directory.

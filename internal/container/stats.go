@@ -42,7 +42,7 @@ func (s *Store) CgroupsPath(id string) (string, error) {
 	// container runs, its init's /proc/<pid>/cgroup says where systemd put
 	// it (below its own root when systemd runs in a container).
 	if strings.Count(p, ":") == 2 {
-		if snap := e.snap.Load(); snap != nil && snap.State == StateRunning && snap.Pid > 0 {
+		if snap := e.Published(); snap != nil && snap.State == StateRunning && snap.Pid > 0 {
 			// The scope's name guards against a reused pid.
 			parts := strings.Split(p, ":")
 			if group, err := stats.ProcessGroup("/proc", snap.Pid); err == nil && path.Base(group) == parts[1]+"-"+parts[2]+".scope" {

@@ -13,21 +13,20 @@ package container
 import (
 	"context"
 	"fmt"
+	"iter"
 	"log/slog"
 	"os"
-	"path/filepath"
-	"sort"
 	"strconv"
 	"sync"
-	"sync/atomic"
+	"time"
 
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
 	"github.com/berthcri/berth/internal/atomicfile"
 	"github.com/berthcri/berth/internal/errdefs"
 	"github.com/berthcri/berth/internal/fault"
-	"github.com/berthcri/berth/internal/idprefix"
 	"github.com/berthcri/berth/internal/image"
+	"github.com/berthcri/berth/internal/objstore"
 	"github.com/berthcri/berth/internal/oci"
 )
 
@@ -94,11 +93,13 @@ type Store struct {
 	mounts Mounter
 	images Images
 
-	mu    sync.Mutex
-	ctrs  map[string]*entry
-	pods  map[string]map[string]*entry // pod ID → its containers by ID
-	names map[string]string            // pod/name/attempt → ID
+	// objs indexes the containers by ID, by pod and by reserved name
+	// (pod/name/attempt); records keeps each one's container.json.
+	objs    *objstore.Store[Container, *entry]
+	records objstore.Records[Container]
 
+	// mu guards warming.
+	mu sync.Mutex
 	// warming holds the pods whose shim WarmShim is launching; the channel
 	// closes when the launch is over (shims.go).
 	warming map[string]chan struct{}
@@ -120,10 +121,11 @@ type entry struct {
 	// removed is set, under mu, once Remove deleted the container: an
 	// operation that looked the entry up before then finds it gone.
 	removed bool
-	// snap is a copy of rec taken at every unlock and transition. List
-	// reads it without taking mu, so a StopContainer waiting out a grace
-	// period under mu never stalls the kubelet's ListContainers relist.
-	snap atomic.Pointer[Container]
+	// View is a copy of rec published at every unlock and transition.
+	// List reads it without taking mu, so a StopContainer waiting out a
+	// grace period under mu never stalls the kubelet's ListContainers
+	// relist.
+	objstore.View[Container]
 }
 
 func newEntry(rec *Container) *entry {
@@ -133,7 +135,16 @@ func newEntry(rec *Container) *entry {
 }
 
 // publish makes the record as it is now what List and Get see.
-func (e *entry) publish() { e.snap.Store(e.rec.clone()) }
+func (e *entry) publish() { e.Publish(e.rec.clone()) }
+
+// containers is the kind a Store indexes: copies are clones, grouped by
+// pod.
+var containers = objstore.Kind[Container]{
+	Name:    "container",
+	Clone:   (*Container).clone,
+	Created: func(c *Container) time.Time { return c.CreatedAt },
+	Group:   func(c *Container) string { return c.PodID },
+}
 
 // unlock publishes the record and releases mu.
 func (e *entry) unlock() {
@@ -154,7 +165,8 @@ func Open(ctx context.Context, opts Options) (*Store, error) {
 	}
 	s := &Store{
 		opts: opts, log: opts.Logger, shims: opts.Shims, mounts: opts.Mounter, images: opts.Images,
-		ctrs: map[string]*entry{}, pods: map[string]map[string]*entry{}, names: map[string]string{},
+		objs:    objstore.New[Container, *entry](containers),
+		records: objstore.Records[Container]{Dir: opts.Dir, File: recordFile, Deferred: opts.Deferred},
 		warming: map[string]chan struct{}{},
 	}
 	s.watching, s.stop = context.WithCancel(context.WithoutCancel(ctx))
@@ -190,7 +202,7 @@ func (noImages) Acquire(_ context.Context, ref, _ string) (*image.Image, []strin
 func (noImages) Release(string) error      { return nil }
 func (noImages) Owners() ([]string, error) { return nil, nil }
 
-func (s *Store) dir(id string) string { return filepath.Join(s.opts.Dir, id) }
+func (s *Store) dir(id string) string { return s.records.ObjectDir(id) }
 
 func nameKey(podID, name string, attempt uint32) string {
 	return podID + "/" + name + "/" + strconv.FormatUint(uint64(attempt), 10)
@@ -200,28 +212,15 @@ func nameKey(podID, name string, attempt uint32) string {
 // its container is removed or the draft discarded.
 func (s *Store) reserveName(d *Draft) error {
 	md := d.req.Config.GetMetadata()
-	d.nameKey = nameKey(d.req.PodID, md.GetName(), md.GetAttempt())
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if other, ok := s.names[d.nameKey]; ok {
-		key := d.nameKey
-		d.nameKey = ""
-		return fmt.Errorf("container name %q attempt %d in pod %s is reserved for %s (%s): %w", md.GetName(), md.GetAttempt(), d.req.PodID, other, key, errdefs.ErrAlreadyExists)
+	key := nameKey(d.req.PodID, md.GetName(), md.GetAttempt())
+	if err := s.objs.Reserve(key, d.ID); err != nil {
+		return fmt.Errorf("container name %q attempt %d in pod %s: %w", md.GetName(), md.GetAttempt(), d.req.PodID, err)
 	}
-	s.names[d.nameKey] = d.ID
+	d.nameKey = key
 	return nil
 }
 
-func (s *Store) releaseName(d *Draft) {
-	if d.nameKey == "" {
-		return
-	}
-	s.mu.Lock()
-	if s.names[d.nameKey] == d.ID {
-		delete(s.names, d.nameKey)
-	}
-	s.mu.Unlock()
-}
+func (s *Store) releaseName(d *Draft) { s.objs.Release(d.nameKey, d.ID) }
 
 // add makes a created container visible, tells listeners and watches
 // for its exit. Its lock is held throughout, so nothing else about it is
@@ -229,45 +228,25 @@ func (s *Store) releaseName(d *Draft) {
 func (s *Store) add(rec *Container) {
 	e := newEntry(rec)
 	e.mu.Lock()
-	s.mu.Lock()
 	s.index(e)
-	s.mu.Unlock()
 	s.emit(EventCreated, e)
 	e.unlock()
 	s.startWatch(e)
 }
 
-// index puts e in the maps. Caller holds s.mu.
+// index puts e in the store under its ID, pod and name.
 func (s *Store) index(e *entry) {
 	r := e.rec
-	s.ctrs[r.ID] = e
-	if s.pods[r.PodID] == nil {
-		s.pods[r.PodID] = map[string]*entry{}
-	}
-	s.pods[r.PodID][r.ID] = e
-	s.names[nameKey(r.PodID, r.Name, r.Attempt)] = r.ID
+	s.objs.Add(r.ID, nameKey(r.PodID, r.Name, r.Attempt), e)
 }
 
-// forget takes a removed container out of the maps and frees its name.
+// forget takes a removed container out of the store and frees its name.
 func (s *Store) forget(r *Container) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	delete(s.ctrs, r.ID)
-	delete(s.pods[r.PodID], r.ID)
-	if len(s.pods[r.PodID]) == 0 {
-		delete(s.pods, r.PodID)
-	}
-	if s.names[nameKey(r.PodID, r.Name, r.Attempt)] == r.ID {
-		delete(s.names, nameKey(r.PodID, r.Name, r.Attempt))
-	}
+	s.objs.Delete(r.ID, nameKey(r.PodID, r.Name, r.Attempt))
 }
 
-func (s *Store) entry(id string) (*entry, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	// Full ID or unique prefix, as crictl passes.
-	return idprefix.Resolve(s.ctrs, "container", id, nil)
-}
+// entry resolves a full ID or unique prefix, as crictl passes.
+func (s *Store) entry(id string) (*entry, error) { return s.objs.Lookup(id) }
 
 // lock resolves id and locks its entry; a container removed meanwhile is
 // NotFound. The caller unlocks with e.unlock.
@@ -293,7 +272,7 @@ func (s *Store) Get(id string) (*Container, error) {
 		return nil, err
 	}
 	if !e.mu.TryLock() {
-		return e.snap.Load().clone(), nil
+		return e.Published().clone(), nil
 	}
 	defer e.unlock()
 	s.foldExit(e)
@@ -301,36 +280,18 @@ func (s *Store) Get(id string) (*Container, error) {
 }
 
 // List returns every container, oldest first.
-func (s *Store) List() []*Container {
-	s.mu.Lock()
-	entries := make([]*entry, 0, len(s.ctrs))
-	for _, e := range s.ctrs {
-		entries = append(entries, e)
-	}
-	s.mu.Unlock()
-	// No foldExit here: every container has a watcher that records its
-	// exit as it happens, and ListContainers runs every second per
-	// kubelet, so reading each container's exit file on it would be I/O
-	// for nothing. Get (ContainerStatus) still folds in a persisted exit.
-	return snapshots(entries)
-}
+//
+// No foldExit here: every container has a watcher that records its exit
+// as it happens, and ListContainers runs every second per kubelet, so
+// reading each container's exit file on it would be I/O for nothing. Get
+// (ContainerStatus) still folds in a persisted exit.
+func (s *Store) List() []*Container { return s.objs.List() }
 
 // ListPod returns the pod's containers, oldest first, as List sees them.
-func (s *Store) ListPod(podID string) []*Container {
-	s.mu.Lock()
-	entries := make([]*entry, 0, len(s.pods[podID]))
-	for _, e := range s.pods[podID] {
-		entries = append(entries, e)
-	}
-	s.mu.Unlock()
-	return snapshots(entries)
-}
+func (s *Store) ListPod(podID string) []*Container { return s.objs.ListGroup(podID) }
 
-func snapshots(entries []*entry) []*Container {
-	out := make([]*Container, 0, len(entries))
-	for _, e := range entries {
-		out = append(out, e.snap.Load().clone())
-	}
-	sort.Slice(out, func(i, j int) bool { return out[i].CreatedAt.Before(out[j].CreatedAt) })
-	return out
-}
+// All yields every container, oldest first, as List orders them, copying
+// one record at a time: a caller that streams thousands of containers
+// never holds a copy of all of them. The set is the one at the call; a
+// container removed meanwhile is still yielded, once.
+func (s *Store) All() iter.Seq[*Container] { return s.objs.All() }

@@ -30,15 +30,17 @@ type Point string
 const (
 	// SandboxAfterNetnsCreate: namespaces pinned, pod cgroup made, no CNI.
 	SandboxAfterNetnsCreate Point = "after-netns-create"
-	// SandboxAfterCNIAdd: veth, IP and port rules exist; checkpoint NOTREADY.
+	// SandboxAfterCNIAdd: veth, IP and port rules exist; record NOTREADY.
 	SandboxAfterCNIAdd Point = "after-cni-add"
-	// SandboxAfterCheckpointWrite: READY checkpoint written, RPC not answered.
+	// SandboxAfterCheckpointWrite: READY record (sandbox.json) written, RPC
+	// not answered. Named before the sandbox's checkpoint.json became its
+	// record (decision 2600); the name stays, tests and CI arm it.
 	SandboxAfterCheckpointWrite Point = "after-checkpoint-write"
-	// SandboxMidStop: CNI DEL done; namespaces still pinned, checkpoint
+	// SandboxMidStop: CNI DEL done; namespaces still pinned, record
 	// still READY with its attachment.
 	SandboxMidStop Point = "mid-sandbox-stop"
 	// SandboxMidRemove: CNI DEL and namespace teardown done, cgroup, files
-	// and checkpoint still there.
+	// and record still there.
 	SandboxMidRemove Point = "mid-sandbox-remove"
 
 	// ContainerAfterOverlayMount: dir and overlay mount, layers leased, no

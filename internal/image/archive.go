@@ -298,24 +298,26 @@ func layoutName(ann map[string]string) (Named, bool) {
 // Export writes the image ref names as a docker-archive (what `docker save`
 // writes and `docker load` and Import read) with its tags.
 func (s *Store) Export(ctx context.Context, ref string, w io.Writer) error {
-	s.mu.Lock()
-	meta, err := s.lookup(ref)
+	var meta *imageMeta
+	var keys, tags []string
+	// Marked while the image cannot be removed: its blobs stay until the
+	// export is written.
+	err := s.index.withImage(ref, func(m *imageMeta) error {
+		meta = m
+		keys = []string{m.ManifestDigest, m.ConfigDigest}
+		for _, l := range m.Layers {
+			keys = append(keys, l.Digest)
+		}
+		s.refs.mark(keys, 1)
+		tags = append([]string(nil), m.RepoTags...)
+		return nil
+	})
 	if err != nil {
-		s.mu.Unlock()
 		return err
 	}
-	keys := []string{meta.ManifestDigest, meta.ConfigDigest}
-	for _, l := range meta.Layers {
-		keys = append(keys, l.Digest)
-	}
-	for _, k := range keys {
-		s.inUse[k]++
-	}
-	tags := append([]string(nil), meta.RepoTags...)
-	s.mu.Unlock()
-	defer s.markInUse(keys, -1)
+	defer s.refs.mark(keys, -1)
 
-	manifest, err := os.ReadFile(s.blobPath(meta.ManifestDigest))
+	manifest, err := s.content.read(meta.ManifestDigest)
 	if err != nil {
 		return fmt.Errorf("export %s: manifest: %w", meta.ID, err)
 	}
@@ -360,7 +362,7 @@ type storedImage struct {
 }
 
 func (i *storedImage) RawConfigFile() ([]byte, error) {
-	return os.ReadFile(i.s.blobPath(i.meta.ConfigDigest))
+	return i.s.content.read(i.meta.ConfigDigest)
 }
 func (i *storedImage) MediaType() (types.MediaType, error) { return i.mediaType, nil }
 func (i *storedImage) RawManifest() ([]byte, error)        { return bytes.Clone(i.manifest), nil }
@@ -383,17 +385,11 @@ type storedLayer struct {
 }
 
 func (l *storedLayer) Digest() (v1.Hash, error)           { return v1.NewHash(l.l.Digest) }
-func (l *storedLayer) Compressed() (io.ReadCloser, error) { return os.Open(l.s.blobPath(l.l.Digest)) }
+func (l *storedLayer) Compressed() (io.ReadCloser, error) { return l.s.content.open(l.l.Digest) }
 func (l *storedLayer) MediaType() (types.MediaType, error) {
 	return types.MediaType(l.l.MediaType), nil
 }
-func (l *storedLayer) Size() (int64, error) {
-	fi, err := os.Stat(l.s.blobPath(l.l.Digest))
-	if err != nil {
-		return 0, err
-	}
-	return fi.Size(), nil
-}
+func (l *storedLayer) Size() (int64, error) { return l.s.content.size(l.l.Digest) }
 
 type ctxWriter struct {
 	ctx context.Context
@@ -405,4 +401,29 @@ func (c *ctxWriter) Write(p []byte) (int, error) {
 		return 0, err
 	}
 	return c.w.Write(p)
+}
+
+// copyCtx is io.Copy with a context check between chunks.
+func copyCtx(ctx context.Context, dst io.Writer, src io.Reader) (int64, error) {
+	buf := make([]byte, 256<<10)
+	var n int64
+	for {
+		if err := ctx.Err(); err != nil {
+			return n, err
+		}
+		m, rerr := src.Read(buf)
+		if m > 0 {
+			w, werr := dst.Write(buf[:m])
+			n += int64(w)
+			if werr != nil {
+				return n, werr
+			}
+		}
+		if errors.Is(rerr, io.EOF) {
+			return n, nil
+		}
+		if rerr != nil {
+			return n, rerr
+		}
+	}
 }

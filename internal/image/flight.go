@@ -11,7 +11,7 @@ import (
 // waiting at once, and the shared work is cancelled only when no caller is
 // left.
 type flight[T any] struct {
-	mu    sync.Mutex
+	mu    sync.Mutex // guards calls and each call's waiters
 	calls map[string]*flightCall[T]
 }
 

@@ -3,8 +3,10 @@ package image
 import (
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
 	"strings"
+	"sync"
 
 	"github.com/berthcri/berth/internal/fault"
 )
@@ -15,27 +17,36 @@ import (
 // Container creates and removals (Acquire, Release) never collect: they
 // change the in-memory leases and ask for a pass. One goroutine runs the
 // passes, one at a time; the requests made while a pass runs are served
-// together by the next one. A pass reads the directories without s.mu,
-// decides and renames under s.mu (map lookups and renames, no reads of
-// lease or image files), and deletes the layer trees after releasing it.
+// together by the next one. A pass lists the directories without a lock,
+// decides and unlinks or renames holding the index's and the references'
+// locks (map lookups and renames, no reads of lease or image files), and
+// deletes the layer trees after releasing them.
 
-// gcState is the pass scheduler. Guarded by Store.gcMu.
-type gcState struct {
+// collector schedules collection passes; pass is one of them.
+type collector struct {
+	pass func() error
+	log  *slog.Logger
+
+	// mu guards the fields below.
+	mu      sync.Mutex
 	running bool
 	// next is closed when the pass that starts after the running one
 	// ends; nil while nobody waits for such a pass.
 	next   chan struct{}
 	closed bool
 	done   chan struct{} // closed when the goroutine has exited
+
+	// listed, tests only, runs in each pass between listing and deciding
+	// (set before the pass is requested).
+	listed func()
 }
 
-// requestGC asks for a collection pass that starts after this call and
+// request asks for a collection pass that starts after this call and
 // returns a channel closed when that pass has ended (its unused layers
 // deleted). Callers on the hot path do not wait for it.
-func (s *Store) requestGC() <-chan struct{} {
-	s.gcMu.Lock()
-	defer s.gcMu.Unlock()
-	g := &s.gc
+func (g *collector) request() <-chan struct{} {
+	g.mu.Lock()
+	defer g.mu.Unlock()
 	if g.closed {
 		c := make(chan struct{})
 		close(c)
@@ -52,33 +63,46 @@ func (s *Store) requestGC() <-chan struct{} {
 	g.running = true
 	current := make(chan struct{})
 	g.done = make(chan struct{})
-	go s.gcLoop(current, g.done)
+	go g.loop(current, g.done)
 	return current
 }
 
-func (s *Store) gcLoop(current, done chan struct{}) {
+func (g *collector) loop(current, done chan struct{}) {
 	defer close(done)
 	for {
-		if err := s.collect(); err != nil {
+		if err := g.pass(); err != nil {
 			// Keeping garbage is safe; the next request retries.
-			s.log.Warn("collect unused image content", "error", err)
+			g.log.Warn("collect unused image content", "error", err)
 		}
-		s.gcMu.Lock()
+		g.mu.Lock()
 		close(current)
-		g := &s.gc
 		if g.next == nil || g.closed {
 			if g.next != nil {
 				close(g.next)
 				g.next = nil
 			}
 			g.running = false
-			s.gcMu.Unlock()
+			g.mu.Unlock()
 			return
 		}
 		current, g.next = g.next, nil
-		s.gcMu.Unlock()
+		g.mu.Unlock()
 	}
 }
+
+// close stops background collection, waiting for a running pass.
+func (g *collector) close() {
+	g.mu.Lock()
+	g.closed = true
+	done := g.done
+	g.mu.Unlock()
+	if done != nil {
+		<-done
+	}
+}
+
+// requestGC asks the collector for a pass (collector.request).
+func (s *Store) requestGC() <-chan struct{} { return s.gc.request() }
 
 // WaitGC runs a collection pass and waits for it: what no image, lease or
 // pull uses is gone from disk when it returns. Tests and RemoveImage use
@@ -87,57 +111,59 @@ func (s *Store) WaitGC() { <-s.requestGC() }
 
 // Close stops background collection, waiting for a running pass. The
 // store must not be used afterwards.
-func (s *Store) Close() {
-	s.gcMu.Lock()
-	s.gc.closed = true
-	done := s.gc.done
-	s.gcMu.Unlock()
-	if done != nil {
-		<-done
-	}
-}
+func (s *Store) Close() { s.gc.close() }
 
 // collect is one pass: it removes blobs and layers that no image, lease or
 // running pull refers to.
 func (s *Store) collect() error {
-	blobs, err := os.ReadDir(s.path("blobs", "sha256"))
+	blobs, err := s.content.list()
 	if err != nil {
-		return fmt.Errorf("read image blobs: %w", err)
+		return err
 	}
-	layers, err := os.ReadDir(s.path("layers"))
+	layers, err := s.layers.list()
 	if err != nil {
-		return fmt.Errorf("read image layers: %w", err)
+		return err
 	}
-	if s.gcListed != nil {
-		s.gcListed()
+	if s.gc.listed != nil {
+		s.gc.listed()
 	}
 	freed, err := s.unlinkUnused(blobs, layers)
 	if freed > 0 {
 		s.faults.Hit(fault.ImageMidGC, "layers", freed)
-		s.emptyTrash()
+		s.layers.emptyTrash(s.log)
 	}
 	return err
 }
 
-// unlinkUnused decides, under s.mu, which of the listed blobs and layers
-// nothing uses, removes those blobs and renames those layers into trash/.
-// Deciding under the lock is what makes it safe against a pull: a pull
-// marks its digests and chain IDs (markInUse) before it looks for them on
-// disk, so either the mark comes first and the entry stays, or the entry
-// is already gone when the pull looks and the pull fetches it again. The
-// listing itself may be stale: an entry created after it is simply not a
-// candidate in this pass.
-func (s *Store) unlinkUnused(blobs, layers []os.DirEntry) (freedLayers int, _ error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	keepBlobs, keepLayers, keepAllLayers := s.referenced()
+// unlinkUnused decides, holding the index's and the references' locks,
+// which of the listed blobs and layers nothing uses, removes those blobs
+// and moves those layers into trash/. Deciding under the locks is what
+// makes it safe against a pull: a pull marks its digests and chain IDs
+// (references.mark) before it looks for them on disk, and unmarks them
+// only once its record is in the index, so either the mark or the record
+// is seen and the entry stays, or the entry is already gone when the pull
+// looks and the pull fetches it again. The listing itself may be stale:
+// an entry created after it is simply not a candidate in this pass.
+func (s *Store) unlinkUnused(blobs, layers []os.DirEntry) (freedLayers int, err error) {
+	s.index.view(func(images map[string]*imageMeta) {
+		s.refs.view(func(inUse map[string]int, leases map[string]*lease) {
+			keepBlobs, keepLayers, keepAll := referenced(images, inUse, leases)
+			freedLayers, err = s.sweep(blobs, layers, keepBlobs, keepLayers, keepAll)
+		})
+	})
+	return freedLayers, err
+}
+
+// sweep removes the listed blobs and layers that are not kept. Caller
+// holds the index's and the references' locks.
+func (s *Store) sweep(blobs, layers []os.DirEntry, keepBlobs, keepLayers map[string]bool, keepAllLayers bool) (freedLayers int, _ error) {
 	var errs []error
 	changed := false
 	for _, e := range blobs {
 		if keepBlobs[e.Name()] {
 			continue
 		}
-		if err := os.Remove(s.path("blobs", "sha256", e.Name())); err != nil && !os.IsNotExist(err) {
+		if err := s.content.remove(e.Name()); err != nil {
 			errs = append(errs, err)
 			continue
 		}
@@ -149,8 +175,7 @@ func (s *Store) unlinkUnused(blobs, layers []os.DirEntry) (freedLayers int, _ er
 				continue
 			}
 			s.log.Debug("freeing layer", "chainID", e.Name())
-			trashed := s.path("trash", e.Name()+"."+randomHex())
-			if err := os.Rename(s.path("layers", e.Name()), trashed); err != nil {
+			if err := s.layers.trash(e.Name()); err != nil {
 				if !os.IsNotExist(err) {
 					errs = append(errs, err)
 				}
@@ -161,7 +186,7 @@ func (s *Store) unlinkUnused(blobs, layers []os.DirEntry) (freedLayers int, _ er
 		}
 	}
 	if changed {
-		s.gen++
+		s.usage.changed()
 	}
 	if err := errors.Join(errs...); err != nil {
 		return freedLayers, fmt.Errorf("collect unused image content: %w", err)
@@ -172,14 +197,13 @@ func (s *Store) unlinkUnused(blobs, layers []os.DirEntry) (freedLayers int, _ er
 // referenced is what must stay: blobs (by hex) of every image and running
 // pull, layers (by hex) of every image, lease and running pull. keepAll is
 // true while a lease could not be read at start: its layers are unknown.
-// Caller holds s.mu.
-func (s *Store) referenced() (blobs, layers map[string]bool, keepAll bool) {
+func referenced(images map[string]*imageMeta, inUse map[string]int, leases map[string]*lease) (blobs, layers map[string]bool, keepAll bool) {
 	blobs, layers = map[string]bool{}, map[string]bool{}
-	for k := range s.inUse {
+	for k := range inUse {
 		k = strings.TrimPrefix(k, "sha256:")
 		blobs[k], layers[k] = true, true
 	}
-	for _, meta := range s.images {
+	for _, meta := range images {
 		blobs[strings.TrimPrefix(meta.ManifestDigest, "sha256:")] = true
 		blobs[strings.TrimPrefix(meta.ConfigDigest, "sha256:")] = true
 		for _, l := range meta.Layers {
@@ -187,7 +211,7 @@ func (s *Store) referenced() (blobs, layers map[string]bool, keepAll bool) {
 			layers[strings.TrimPrefix(l.ChainID, "sha256:")] = true
 		}
 	}
-	for _, l := range s.leases {
+	for _, l := range leases {
 		if l.unreadable {
 			keepAll = true
 		}
@@ -198,33 +222,18 @@ func (s *Store) referenced() (blobs, layers map[string]bool, keepAll bool) {
 	return blobs, layers, keepAll
 }
 
-// emptyTrash deletes the layer trees collect moved to trash/. It runs
-// without s.mu; what it leaves (a crash midway) Open deletes.
-func (s *Store) emptyTrash() {
-	es, err := os.ReadDir(s.path("trash"))
-	if err != nil {
-		s.log.Warn("read image trash", "error", err)
-		return
-	}
-	for _, e := range es {
-		if err := os.RemoveAll(s.path("trash", e.Name())); err != nil {
-			s.log.Warn("delete unused layer", "path", e.Name(), "error", err)
-		}
-	}
-}
-
 // collectAtStart is Open's pass, before the store is shared: what an
 // interrupted pull, removal or pass left behind goes.
 func (s *Store) collectAtStart() error {
-	blobs, err := os.ReadDir(s.path("blobs", "sha256"))
+	blobs, err := s.content.list()
 	if err != nil {
-		return fmt.Errorf("read image blobs: %w", err)
+		return err
 	}
-	layers, err := os.ReadDir(s.path("layers"))
+	layers, err := s.layers.list()
 	if err != nil {
-		return fmt.Errorf("read image layers: %w", err)
+		return err
 	}
 	_, err = s.unlinkUnused(blobs, layers)
-	s.emptyTrash()
+	s.layers.emptyTrash(s.log)
 	return err
 }

@@ -133,8 +133,8 @@ func TestCollectionKeepsWhatAPullMarked(t *testing.T) {
 	s, img, ref := pulledStore(t, Options{})
 	listed := make(chan struct{})
 	resume := make(chan struct{})
-	s.gcListed = func() {
-		s.gcListed = nil // only the first pass stops
+	s.gc.listed = func() {
+		s.gc.listed = nil // only the first pass stops
 		close(listed)
 		<-resume
 	}
@@ -146,13 +146,13 @@ func TestCollectionKeepsWhatAPullMarked(t *testing.T) {
 	// The pass has listed the layers as unused. Now a pull of the same
 	// image marks them, as commit does before it looks for them on disk.
 	keys := append([]string(nil), img.ChainIDs...)
-	s.markInUse(keys, 1)
+	s.refs.mark(keys, 1)
 	close(resume)
 	<-pass
 	if n := layersPresent(t, s, img); n != len(img.ChainIDs) {
 		t.Fatalf("the pass freed %d layers a pull had marked", len(img.ChainIDs)-n)
 	}
-	s.markInUse(keys, -1)
+	s.refs.mark(keys, -1)
 	s.WaitGC()
 	if n := layersPresent(t, s, img); n != 0 {
 		t.Fatalf("%d unused layers left once the pull let go", n)
@@ -176,7 +176,7 @@ func TestRequestsDuringAPassGetTheNextPass(t *testing.T) {
 	passes := 0
 	listed := make(chan struct{}, 10)
 	resume := make(chan struct{})
-	s.gcListed = func() {
+	s.gc.listed = func() {
 		passes++
 		listed <- struct{}{}
 		<-resume
@@ -217,8 +217,8 @@ func TestLeasesDoNotWaitForCollection(t *testing.T) {
 	ctx := context.Background()
 	listed := make(chan struct{})
 	resume := make(chan struct{})
-	s.gcListed = func() {
-		s.gcListed = nil
+	s.gc.listed = func() {
+		s.gc.listed = nil
 		close(listed)
 		<-resume
 	}

@@ -20,7 +20,7 @@ var errStalled = errors.New("pull made no progress")
 // far. Every pull waiting on a layer, the one whose download it is and any
 // that joined it, sees the same count.
 type layerBytes struct {
-	mu     sync.Mutex
+	mu     sync.Mutex // guards counts (the map; each counter is atomic)
 	counts map[string]*atomic.Int64
 }
 
@@ -64,7 +64,7 @@ func (b *layerBytes) sum(keys []string) int64 {
 type pullWatch struct {
 	board   *layerBytes
 	steps   atomic.Int64
-	mu      sync.Mutex
+	mu      sync.Mutex // guards layers
 	layers  []string
 	timeout time.Duration
 }

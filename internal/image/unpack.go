@@ -2,24 +2,17 @@ package image
 
 import (
 	"archive/tar"
-	"bufio"
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
-	"hash/fnv"
 	"io"
 	"os"
 	"path"
 	"path/filepath"
 	"strings"
 	"sync"
-	"time"
-	"unsafe"
 
 	securejoin "github.com/cyphar/filepath-securejoin"
-	"github.com/klauspost/compress/gzip"
-	"github.com/klauspost/compress/zstd"
 	"golang.org/x/sync/semaphore"
 	"golang.org/x/sys/unix"
 
@@ -38,31 +31,6 @@ const (
 type UnpackOptions struct {
 	// MaxFileSize refuses regular files whose size is larger; 0 means no limit.
 	MaxFileSize int64
-}
-
-// Decompress returns a reader of the tar stream in r, detecting gzip and
-// zstd by their magic bytes (uncompressed tars pass through).
-func Decompress(r io.Reader) (io.ReadCloser, error) {
-	br := bufio.NewReaderSize(r, 1<<16)
-	magic, err := br.Peek(4)
-	if err != nil && !errors.Is(err, io.EOF) {
-		return nil, fmt.Errorf("read layer header: %w", err)
-	}
-	switch {
-	case len(magic) >= 2 && magic[0] == 0x1f && magic[1] == 0x8b:
-		zr, err := gzip.NewReader(br)
-		if err != nil {
-			return nil, fmt.Errorf("open gzip stream: %w", err)
-		}
-		return zr, nil
-	case bytes.Equal(magic, []byte{0x28, 0xb5, 0x2f, 0xfd}):
-		zr, err := zstd.NewReader(br)
-		if err != nil {
-			return nil, fmt.Errorf("open zstd stream: %w", err)
-		}
-		return zr.IOReadCloser(), nil
-	}
-	return io.NopCloser(br), nil
 }
 
 // Unpack extracts the uncompressed tar stream r into root, an empty
@@ -112,6 +80,11 @@ func unpack(r io.Reader, root, layer string, opts UnpackOptions, maxNames int) (
 	return cr.n, nil
 }
 
+// unpacker applies one layer's tar stream to an empty directory (the
+// layer store's ingest dir for it): containerd's core/unpack and its
+// archive applier in one. All but err belong to the goroutine reading the
+// tar; the writers it starts touch only their jobs, bufs, inFlight and
+// err.
 type unpacker struct {
 	root  string
 	layer string
@@ -142,141 +115,8 @@ type unpacker struct {
 	inFlight *semaphore.Weighted
 	bufs     bufPool
 	writers  sync.WaitGroup
-	errMu    sync.Mutex
+	errMu    sync.Mutex // guards err, set by the writers
 	err      error
-}
-
-type fileJob struct {
-	hdr    *tar.Header
-	target string
-	data   []byte
-}
-
-// Parallel small-file writes: how many writers, up to what size a file's
-// data is read into memory and handed to them, and how many bytes may
-// wait for them. Creating names in one directory is serialized by the
-// kernel (the directory's lock), and a tar lists a directory's files
-// together, so each writer takes whole directories (by a hash of the
-// parent's path) and the reader runs ahead by up to parallelBytes, over
-// many directories.
-const (
-	fileWriters     = 4
-	maxParallelFile = 256 << 10
-	parallelBytes   = 8 << 20
-)
-
-// bufPool recycles the data buffers of small files within one unpack, by
-// power-of-two size class: a layer of 15 000 small files would otherwise
-// allocate (and zero) its whole size again, and keep the garbage
-// collector busy. What it holds is bounded by parallelBytes (at most
-// twice that, for the rounding up) plus one buffer per class.
-type bufPool struct {
-	mu   sync.Mutex
-	free [bufClasses][][]byte
-}
-
-// Size classes: 4 KiB << i, up to maxParallelFile.
-const (
-	minBufShift = 12
-	bufClasses  = 7 // 4 KiB … 256 KiB
-)
-
-func bufClass(n int) int {
-	c := 0
-	for (minBufShift+c) < 63 && 1<<(minBufShift+c) < n {
-		c++
-	}
-	return c
-}
-
-// get returns a buffer of length n (≤ maxParallelFile); its content is
-// whatever it held before.
-func (p *bufPool) get(n int) []byte {
-	c := bufClass(n)
-	p.mu.Lock()
-	if l := len(p.free[c]); l > 0 {
-		b := p.free[c][l-1]
-		p.free[c] = p.free[c][:l-1]
-		p.mu.Unlock()
-		return b[:n]
-	}
-	p.mu.Unlock()
-	return make([]byte, n, 1<<(minBufShift+c))
-}
-
-func (p *bufPool) put(b []byte) {
-	c := bufClass(cap(b))
-	if c >= bufClasses || cap(b) != 1<<(minBufShift+c) {
-		return
-	}
-	p.mu.Lock()
-	p.free[c] = append(p.free[c], b[:0])
-	p.mu.Unlock()
-}
-
-// dispatch hands a small regular file whose data is in job to a writer.
-func (u *unpacker) dispatch(rel string, job fileJob) {
-	if u.queues == nil {
-		u.queues = make([]chan fileJob, fileWriters)
-		for i := range u.queues {
-			u.queues[i] = make(chan fileJob, 256)
-			u.writers.Add(1)
-			go u.write(u.queues[i])
-		}
-	}
-	u.pending[rel] = true
-	u.made(rel)
-	h := fnv.New32a()
-	h.Write([]byte(path.Dir(rel)))
-	u.queues[h.Sum32()%fileWriters] <- job
-}
-
-func (u *unpacker) write(jobs chan fileJob) {
-	defer u.writers.Done()
-	for job := range jobs {
-		err := u.writeSmall(job)
-		u.inFlight.Release(int64(len(job.data)))
-		u.bufs.put(job.data)
-		if err != nil {
-			u.errMu.Lock()
-			if u.err == nil {
-				u.err = fmt.Errorf("layer %s: entry %q: %w", u.layer, job.hdr.Name, err)
-			}
-			u.errMu.Unlock()
-		}
-	}
-}
-
-func (u *unpacker) writeSmall(job fileJob) error {
-	fd, err := createExcl(job.target)
-	if err != nil {
-		return err
-	}
-	if err := writeAll(fd, job.data); err != nil {
-		unix.Close(fd)
-		return err
-	}
-	return finishFile(fd, job.hdr)
-}
-
-// writeErr is the first error of a writer, if any.
-func (u *unpacker) writeErr() error {
-	u.errMu.Lock()
-	defer u.errMu.Unlock()
-	return u.err
-}
-
-// flush waits until every file handed to the writers is written.
-func (u *unpacker) flush() error {
-	if u.queues != nil {
-		for _, q := range u.queues {
-			close(q)
-		}
-		u.writers.Wait()
-		u.queues = nil
-	}
-	clear(u.pending)
-	return u.writeErr()
 }
 
 // maxTrackedNames bounds the memory of created (about 100 bytes a name):
@@ -397,6 +237,8 @@ func (u *unpacker) parentDir(entry, rel string, create bool) (string, error) {
 	return cur, nil
 }
 
+// entry applies one tar entry: whiteouts, then regular files (regular),
+// then every other kind (special).
 func (u *unpacker) entry(hdr *tar.Header, r io.Reader) error {
 	if hdr.Typeflag == tar.TypeXGlobalHeader {
 		return nil
@@ -413,32 +255,8 @@ func (u *unpacker) entry(hdr *tar.Header, r io.Reader) error {
 		return err
 	}
 	base := path.Base(rel)
-	if base == whiteoutOpaque {
-		if err := unix.Lsetxattr(parent, opaqueXattr, []byte("y"), 0); err != nil {
-			return fmt.Errorf("layer %s: entry %q: mark opaque: %w", u.layer, hdr.Name, err)
-		}
-		return nil
-	}
-	if strings.HasPrefix(base, whiteoutPrefix) {
-		victim := strings.TrimPrefix(base, whiteoutPrefix)
-		if victim == "" || victim == "." || victim == ".." {
-			return u.refuse(hdr.Name, "bad whiteout")
-		}
-		target := filepath.Join(parent, victim)
-		if _, err := os.Lstat(target); err == nil || u.pending[strings.TrimPrefix(target, u.root+"/")] {
-			if err := u.flush(); err != nil {
-				return err
-			}
-		}
-		u.removed()
-		if err := os.RemoveAll(target); err != nil {
-			return fmt.Errorf("layer %s: entry %q: %w", u.layer, hdr.Name, err)
-		}
-		if err := unix.Mknod(target, unix.S_IFCHR, 0); err != nil {
-			return fmt.Errorf("layer %s: entry %q: create overlay whiteout: %w", u.layer, hdr.Name, err)
-		}
-		u.made(path.Join(path.Dir(rel), victim))
-		return nil
+	if base == whiteoutOpaque || strings.HasPrefix(base, whiteoutPrefix) {
+		return u.whiteout(hdr, rel, parent, base)
 	}
 	target := filepath.Join(parent, base)
 
@@ -458,6 +276,43 @@ func (u *unpacker) entry(hdr *tar.Header, r io.Reader) error {
 		// Most entries: created and finished through one descriptor.
 		return u.regular(hdr, rel, target, r, wrap)
 	}
+	return u.special(hdr, rel, target, wrap)
+}
+
+// whiteout turns an OCI whiteout entry (base, in parent) into its
+// overlayfs form: an opaque directory, or a 0/0 char device in place of
+// the name it hides.
+func (u *unpacker) whiteout(hdr *tar.Header, rel, parent, base string) error {
+	if base == whiteoutOpaque {
+		if err := unix.Lsetxattr(parent, opaqueXattr, []byte("y"), 0); err != nil {
+			return fmt.Errorf("layer %s: entry %q: mark opaque: %w", u.layer, hdr.Name, err)
+		}
+		return nil
+	}
+	victim := strings.TrimPrefix(base, whiteoutPrefix)
+	if victim == "" || victim == "." || victim == ".." {
+		return u.refuse(hdr.Name, "bad whiteout")
+	}
+	target := filepath.Join(parent, victim)
+	if _, err := os.Lstat(target); err == nil || u.pending[strings.TrimPrefix(target, u.root+"/")] {
+		if err := u.flush(); err != nil {
+			return err
+		}
+	}
+	u.removed()
+	if err := os.RemoveAll(target); err != nil {
+		return fmt.Errorf("layer %s: entry %q: %w", u.layer, hdr.Name, err)
+	}
+	if err := unix.Mknod(target, unix.S_IFCHR, 0); err != nil {
+		return fmt.Errorf("layer %s: entry %q: create overlay whiteout: %w", u.layer, hdr.Name, err)
+	}
+	u.made(path.Join(path.Dir(rel), victim))
+	return nil
+}
+
+// special creates a directory, symlink, fifo or hard link entry at target
+// (rel inside root) and, but for hard links, sets its metadata.
+func (u *unpacker) special(hdr *tar.Header, rel, target string, wrap func(error) error) error {
 	if u.pending[rel] || hdr.Typeflag == tar.TypeLink {
 		// Replacing a file being written, or linking to one that may be.
 		if err := u.flush(); err != nil {
@@ -485,29 +340,8 @@ func (u *unpacker) entry(hdr *tar.Header, r io.Reader) error {
 			return wrap(err)
 		}
 	case tar.TypeLink:
-		lrel, err := u.cleanName(hdr.Linkname, "hardlink target")
-		if err != nil {
-			return err
-		}
-		if lrel == "." {
-			return u.refuse(hdr.Name, "hardlink to the layer root")
-		}
-		lparent, err := u.parentDir(hdr.Name, lrel, false)
-		if err != nil {
-			return err
-		}
-		src := filepath.Join(lparent, path.Base(lrel))
-		fi, err := os.Lstat(src)
-		if err != nil {
-			return u.refuse(hdr.Name, "hardlink target "+hdr.Linkname+" is not in this layer")
-		}
-		if fi.IsDir() {
-			return u.refuse(hdr.Name, "hardlink to a directory")
-		}
-		if err := os.Link(src, target); err != nil {
-			return wrap(err)
-		}
-		return nil // a hard link shares its target's inode and metadata
+		// A hard link shares its target's inode and metadata.
+		return u.hardlink(hdr, target, wrap)
 	}
 
 	if err := os.Lchown(target, hdr.Uid, hdr.Gid); err != nil {
@@ -527,6 +361,34 @@ func (u *unpacker) entry(hdr *tar.Header, r io.Reader) error {
 		return nil
 	}
 	if err := setTimes(target, hdr); err != nil {
+		return wrap(err)
+	}
+	return nil
+}
+
+// hardlink links target to the entry's link name, which must be a
+// non-directory this layer already holds.
+func (u *unpacker) hardlink(hdr *tar.Header, target string, wrap func(error) error) error {
+	lrel, err := u.cleanName(hdr.Linkname, "hardlink target")
+	if err != nil {
+		return err
+	}
+	if lrel == "." {
+		return u.refuse(hdr.Name, "hardlink to the layer root")
+	}
+	lparent, err := u.parentDir(hdr.Name, lrel, false)
+	if err != nil {
+		return err
+	}
+	src := filepath.Join(lparent, path.Base(lrel))
+	fi, err := os.Lstat(src)
+	if err != nil {
+		return u.refuse(hdr.Name, "hardlink target "+hdr.Linkname+" is not in this layer")
+	}
+	if fi.IsDir() {
+		return u.refuse(hdr.Name, "hardlink to a directory")
+	}
+	if err := os.Link(src, target); err != nil {
 		return wrap(err)
 	}
 	return nil
@@ -601,84 +463,6 @@ func (u *unpacker) regular(hdr *tar.Header, rel, target string, r io.Reader, wra
 	return nil
 }
 
-// finishFile sets a written file's owner, xattrs, mode and times, and
-// closes fd, whatever happens.
-func finishFile(fd int, hdr *tar.Header) error {
-	err := setFileMeta(fd, hdr)
-	if cerr := unix.Close(fd); err == nil && cerr != nil {
-		err = fmt.Errorf("close: %w", cerr)
-	}
-	return err
-}
-
-func setFileMeta(fd int, hdr *tar.Header) error {
-	if err := unix.Fchown(fd, hdr.Uid, hdr.Gid); err != nil {
-		return fmt.Errorf("chown: %w", err)
-	}
-	for k, v := range hdr.PAXRecords {
-		if !strings.HasPrefix(k, paxXattrPrefix) {
-			continue
-		}
-		attr := strings.TrimPrefix(k, paxXattrPrefix)
-		if err := unix.Fsetxattr(fd, attr, []byte(v), 0); err != nil && !errors.Is(err, unix.ENOTSUP) {
-			return fmt.Errorf("set xattr %s: %w", attr, err)
-		}
-	}
-	// After chown, which clears setuid/setgid bits.
-	if err := unix.Fchmod(fd, uint32(hdr.Mode&0o7777)); err != nil {
-		return fmt.Errorf("chmod: %w", err)
-	}
-	return futimes(fd, hdr)
-}
-
-// createExcl creates target, which must not exist, for writing. The
-// descriptor stays a plain int: an *os.File would try to register it with
-// the runtime's poller (four fcntl and an epoll_ctl per file, all useless
-// for a regular file), and unpacks create thousands.
-func createExcl(target string) (int, error) {
-	for {
-		fd, err := unix.Open(target, unix.O_CREAT|unix.O_EXCL|unix.O_WRONLY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
-		if err == unix.EINTR {
-			continue
-		}
-		if err != nil {
-			return -1, &os.PathError{Op: "create", Path: target, Err: err}
-		}
-		return fd, nil
-	}
-}
-
-// writeAll writes all of p to fd.
-func writeAll(fd int, p []byte) error {
-	for len(p) > 0 {
-		n, err := unix.Write(fd, p)
-		if err == unix.EINTR {
-			continue
-		}
-		if err != nil {
-			return fmt.Errorf("write: %w", err)
-		}
-		if n == 0 {
-			return fmt.Errorf("write: %w", io.ErrShortWrite)
-		}
-		p = p[n:]
-	}
-	return nil
-}
-
-func setXattrs(target string, hdr *tar.Header) error {
-	for k, v := range hdr.PAXRecords {
-		if !strings.HasPrefix(k, paxXattrPrefix) {
-			continue
-		}
-		attr := strings.TrimPrefix(k, paxXattrPrefix)
-		if err := unix.Lsetxattr(target, attr, []byte(v), 0); err != nil && !errors.Is(err, unix.ENOTSUP) {
-			return fmt.Errorf("set xattr %s: %w", attr, err)
-		}
-	}
-	return nil
-}
-
 // writeData copies size bytes into fd, seeking over whole zero buffers so
 // that sparse files stay sparse on disk.
 func (u *unpacker) writeData(fd int, r io.Reader, size int64) error {
@@ -716,62 +500,4 @@ func (u *unpacker) writeData(fd int, r io.Reader, size int64) error {
 		}
 	}
 	return nil
-}
-
-// futimes sets fd's access and modification times (utimensat(fd, NULL)).
-func futimes(fd int, hdr *tar.Header) error {
-	atime := hdr.AccessTime
-	if atime.IsZero() {
-		atime = hdr.ModTime
-	}
-	ts := [2]unix.Timespec{toTimespec(atime), toTimespec(hdr.ModTime)}
-	if _, _, e := unix.Syscall6(unix.SYS_UTIMENSAT, uintptr(fd), 0, uintptr(unsafe.Pointer(&ts[0])), 0, 0, 0); e != 0 {
-		return fmt.Errorf("set times: %w", e)
-	}
-	return nil
-}
-
-func isZero(b []byte) bool {
-	for len(b) >= 8 {
-		if b[0]|b[1]|b[2]|b[3]|b[4]|b[5]|b[6]|b[7] != 0 {
-			return false
-		}
-		b = b[8:]
-	}
-	for _, c := range b {
-		if c != 0 {
-			return false
-		}
-	}
-	return true
-}
-
-func setTimes(p string, hdr *tar.Header) error {
-	atime := hdr.AccessTime
-	if atime.IsZero() {
-		atime = hdr.ModTime
-	}
-	ts := []unix.Timespec{toTimespec(atime), toTimespec(hdr.ModTime)}
-	if err := unix.UtimesNanoAt(unix.AT_FDCWD, p, ts, unix.AT_SYMLINK_NOFOLLOW); err != nil {
-		return fmt.Errorf("set times: %w", err)
-	}
-	return nil
-}
-
-func toTimespec(t time.Time) unix.Timespec {
-	if t.IsZero() {
-		return unix.Timespec{Nsec: unix.UTIME_OMIT}
-	}
-	return unix.NsecToTimespec(t.UnixNano())
-}
-
-type countingReader struct {
-	r io.Reader
-	n int64
-}
-
-func (c *countingReader) Read(p []byte) (int, error) {
-	n, err := c.r.Read(p)
-	c.n += int64(n)
-	return n, err
 }

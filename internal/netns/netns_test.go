@@ -5,13 +5,15 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
+
+	"github.com/berthcri/berth/internal/testutil/netnstest"
 )
 
 func TestDoRunsInsideTheNamespaceAndComesBack(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("needs root")
 	}
-	pin := NewForTest(t)
+	pin := netnstest.New(t)
 	self, err := os.Readlink("/proc/thread-self/ns/net")
 	if err != nil {
 		t.Fatal(err)

@@ -33,13 +33,13 @@ func (s *Store) podCgroupName(configParent, id string) (unit, path string, err e
 	return unit, "", err
 }
 
-// createPodCgroup makes the pod cgroup r names and, under systemd, records
-// the cgroup path systemd gave the slice.
-// holder says whether the pod runs berth-pause, which gets a cgroup of its
-// own below the pod cgroup (cgroupplan).
-func (s *Store) createPodCgroup(ctx context.Context, r *entry, holder bool) error {
+// createPodCgroup makes the pod cgroup r names: as plan says under
+// cgroupfs (the pod cgroup and, when the pod runs berth-pause, the
+// holder's cgroup below it: cgroupplan); under systemd the pod slice,
+// recording the cgroup path systemd gave it.
+func (s *Store) createPodCgroup(ctx context.Context, r *entry, plan *cgroupplan.Plan) error {
 	if r.sb.CgroupUnit == "" {
-		return s.createCgroups(cgroupfsPlan(r.sb.ID, r.sb.CgroupParent, holder))
+		return s.createCgroups(*plan)
 	}
 	v2 := cgroups.Mode() == cgroups.Unified
 	if err := s.opts.Systemd.StartSlice(ctx, r.sb.CgroupUnit, systemd.PodSliceProperties(r.sb.ID, v2)); err != nil {
@@ -55,12 +55,15 @@ func (s *Store) createPodCgroup(ctx context.Context, r *entry, holder bool) erro
 
 // joinPodCgroup moves the pod's pause holder into its own cgroup below the
 // pod cgroup (never the pod cgroup itself: on cgroup v2 a cgroup with a
-// process cannot have containers below it): <pod>/berth-pause under
-// cgroupfs, the scope berth-pause-<id>.scope in the pod slice under
-// systemd.
-func (s *Store) joinPodCgroup(ctx context.Context, r *entry, pid int) error {
+// process cannot have containers below it): plan's holder cgroup,
+// <pod>/berth-pause, under cgroupfs, the scope berth-pause-<id>.scope in
+// the pod slice under systemd.
+func (s *Store) joinPodCgroup(ctx context.Context, r *entry, plan *cgroupplan.Plan, pid int) error {
 	if r.sb.CgroupUnit == "" {
-		h, _ := cgroupfsPlan(r.sb.ID, r.sb.CgroupParent, true).Holder()
+		h, ok := plan.Holder()
+		if !ok {
+			return fmt.Errorf("pod cgroup plan has no holder cgroup:\n%s", plan)
+		}
 		return joinCgroup(h.Path, pid)
 	}
 	if err := s.opts.Systemd.StartScope(ctx, cgroupplan.HolderScope(r.sb.ID), r.sb.CgroupUnit, pid); err != nil {

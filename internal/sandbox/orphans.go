@@ -12,19 +12,17 @@ import (
 )
 
 // CleanOrphans releases, and logs, what sandboxes left on the node without
-// a checkpoint to own it: namespace pins (with their CNI attachment),
+// a record to own it: namespace pins (with their CNI attachment),
 // per-pod state dirs and /dev/shm mounts, addresses in the embedded
 // network's IPAM store, and pod cgroups under the default parent. berth's
-// own ordering (checkpoint first, removed last) never makes these; a lost
-// or unreadable checkpoint does. Call it once on start, before serving.
+// own ordering (record first, removed last) never makes these; a lost
+// or unreadable record does. Call it once on start, before serving.
 func (s *Store) CleanOrphans(ctx context.Context) {
-	s.mu.Lock()
-	known := make(map[string]bool, len(s.byID))
-	for id := range s.byID {
+	known := map[string]bool{}
+	for _, id := range s.objs.IDs() {
 		known[id] = true
 	}
-	s.mu.Unlock()
-	// A sandbox dir whose checkpoint could not be read was skipped with a
+	// A sandbox dir whose record could not be read was skipped with a
 	// warning: what it owns is left alone, not guessed at.
 	if dirs, err := os.ReadDir(s.sandboxesDir()); err == nil {
 		for _, d := range dirs {
@@ -37,7 +35,7 @@ func (s *Store) CleanOrphans(ctx context.Context) {
 			return
 		}
 		detached[id] = true
-		// No checkpoint means no recorded config: DEL with the current one,
+		// No record means no recorded config: DEL with the current one,
 		// which is the config any pod this daemon version attached used,
 		// unless the operator changed it since.
 		if err := s.opts.Network.Detach(ctx, network.Pod{ID: id, NetNSPath: netns}, nil); err != nil {

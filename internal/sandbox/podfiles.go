@@ -1,7 +1,9 @@
 package sandbox
 
 import (
+	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"strings"
 
@@ -22,13 +24,16 @@ fe00::2	ip6-allrouters
 // shmSize is the per-pod /dev/shm size, as containerd.
 const shmSize = 64 << 20
 
-func hostsContent(hostNetwork bool) ([]byte, error) {
+// hostsContentFrom is the pod's /etc/hosts: the host's (read with
+// readFile) for a pod on the host's network, containerd's defaults
+// otherwise.
+func hostsContentFrom(readFile func(string) ([]byte, error), hostNetwork bool) ([]byte, error) {
 	if hostNetwork {
-		b, err := os.ReadFile("/etc/hosts")
+		b, err := readFile("/etc/hosts")
 		if err == nil {
 			return b, nil
 		}
-		if !os.IsNotExist(err) {
+		if !errors.Is(err, fs.ErrNotExist) {
 			return nil, fmt.Errorf("read host /etc/hosts: %w", err)
 		}
 	}
@@ -38,9 +43,13 @@ func hostsContent(hostNetwork bool) ([]byte, error) {
 // resolvConfContent renders the DNS config, or copies the host's file when
 // the pod gives none (kubelet's ClusterFirst always gives one).
 func resolvConfContent(dns *runtime.DNSConfig) ([]byte, error) {
+	return resolvConfContentFrom(os.ReadFile, dns)
+}
+
+func resolvConfContentFrom(readFile func(string) ([]byte, error), dns *runtime.DNSConfig) ([]byte, error) {
 	if dns == nil || (len(dns.Servers) == 0 && len(dns.Searches) == 0 && len(dns.Options) == 0) {
-		b, err := os.ReadFile("/etc/resolv.conf")
-		if err != nil && !os.IsNotExist(err) {
+		b, err := readFile("/etc/resolv.conf")
+		if err != nil && !errors.Is(err, fs.ErrNotExist) {
 			return nil, fmt.Errorf("read host /etc/resolv.conf: %w", err)
 		}
 		return b, nil

@@ -1,7 +1,7 @@
 // Package sandbox owns pod sandboxes: network, IPC and UTS namespaces pinned
 // by bind mounts (no process runs for a pod until it has containers, except
 // a pause holder for a shared PID namespace), pod files, the pod cgroup, the
-// pod's CNI attachment and one checkpoint per sandbox.
+// pod's CNI attachment and one record per sandbox (internal/objstore).
 package sandbox
 
 import (
@@ -10,27 +10,24 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"io/fs"
+	"iter"
 	"log/slog"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"sort"
-	"strings"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"golang.org/x/sys/unix"
-	"google.golang.org/protobuf/proto"
 	runtime "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/berthcri/berth/internal/atomicfile"
 	"github.com/berthcri/berth/internal/errdefs"
 	"github.com/berthcri/berth/internal/fault"
-	"github.com/berthcri/berth/internal/idprefix"
 	"github.com/berthcri/berth/internal/network"
+	"github.com/berthcri/berth/internal/objstore"
 	"github.com/berthcri/berth/internal/systemd"
 	"github.com/berthcri/berth/internal/userns"
 )
@@ -92,11 +89,11 @@ type Options struct {
 	// Cgroups drops pod-level limits of cgroup controllers the host lacks
 	// (UpdatePodSandboxResources); nil keeps all.
 	Cgroups LimitDropper
-	// Deferred writes RunPodSandbox's checkpoints, fsynced off the RPC's
+	// Deferred writes RunPodSandbox's records, fsynced off the RPC's
 	// path (decision 1600); nil writes them durably before going on.
 	Deferred *atomicfile.Deferred
 	// Warm, if set, is called by Run once the pod's ID and first
-	// checkpoint exist, before its namespaces and network are made: the
+	// record exist, before its namespaces and network are made: the
 	// caller starts, in the background, what the pod's first container
 	// will need (its shim). Run calls the wait it returns before it
 	// returns, so that work is done when RunPodSandbox answers (it has
@@ -118,9 +115,10 @@ type Store struct {
 	opts Options
 	log  *slog.Logger
 
-	mu    sync.Mutex
-	byID  map[string]*entry
-	names map[string]string // reservation key → id
+	// objs indexes the sandboxes by ID and reserved name; records keeps
+	// each one's record, <root>/sandboxes/<id>/sandbox.json.
+	objs    *objstore.Store[Sandbox, *entry]
+	records objstore.Records[record]
 
 	// usernsOnce probes, on first need, whether user namespace pods can
 	// work here; usernsErr says why not.
@@ -129,7 +127,7 @@ type Store struct {
 }
 
 // entry is one sandbox in memory: its public view plus what only this
-// package needs (its checkpoint is what of it is on disk).
+// package needs (its record is what of it is on disk).
 type entry struct {
 	mu         sync.Mutex
 	sb         Sandbox
@@ -138,71 +136,90 @@ type entry struct {
 	ports      []network.PortMapping
 	attachment *network.Attachment
 	removed    bool
-	// view is the last published snapshot: Get and List read it without
+	// View is the last published snapshot: Get and List read it without
 	// taking mu, so they never wait on a sandbox busy in CNI.
-	view atomic.Pointer[Sandbox]
+	objstore.View[Sandbox]
 }
 
 // publish makes the current state visible to Get and List; call with mu
 // held (or before the entry is shared).
-func (r *entry) publish() { r.view.Store(r.snapshot()) }
+func (r *entry) publish() { r.Publish(r.snapshot()) }
 
-// New loads the sandboxes checkpointed under <root>/sandboxes. A sandbox
-// whose namespace pins or pause process are gone comes back NOTREADY.
+// sandboxes is the kind a Store indexes.
+var sandboxes = objstore.Kind[Sandbox]{
+	Name:    "sandbox",
+	Clone:   copySandbox,
+	Created: func(sb *Sandbox) time.Time { return sb.CreatedAt },
+}
+
+// New loads the sandboxes recorded under <root>/sandboxes. A sandbox
+// whose namespace pins or pause process are gone comes back NOTREADY. A
+// record written before decision 2600, checkpoint.json, is renamed
+// sandbox.json.
 func New(opts Options) (*Store, error) {
 	log := opts.Logger
 	if log == nil {
 		log = slog.Default()
 	}
-	s := &Store{opts: opts, log: log, byID: map[string]*entry{}, names: map[string]string{}}
+	s := &Store{opts: opts, log: log, objs: objstore.New[Sandbox, *entry](sandboxes)}
+	s.records = objstore.Records[record]{
+		Dir: s.sandboxesDir(), File: recordFile, Legacy: []string{legacyRecordFile},
+		Indent: true, Deferred: opts.Deferred,
+		Renamed: func(id, legacy string) {
+			log.Info("sandbox record renamed", "pod", id, "from", legacy, "to", recordFile)
+		},
+	}
 	for _, dir := range []string{s.sandboxesDir(), s.netnsDir(), filepath.Join(opts.State, "sandboxes")} {
 		if err := os.MkdirAll(dir, 0o711); err != nil {
 			return nil, fmt.Errorf("create %s: %w", dir, err)
 		}
 	}
-	entries, err := os.ReadDir(s.sandboxesDir())
+	ids, err := s.records.IDs()
 	if err != nil {
-		return nil, fmt.Errorf("read %s: %w", s.sandboxesDir(), err)
+		return nil, err
 	}
-	for _, e := range entries {
-		if !e.IsDir() {
-			continue
+	for _, id := range ids {
+		if r := s.load(id); r != nil {
+			r.publish()
+			s.objs.Add(r.sb.ID, reservationKey(r.sb.Config.GetMetadata()), r)
 		}
-		c, err := readCheckpoint(filepath.Join(s.sandboxesDir(), e.Name()))
-		if os.IsNotExist(err) || errors.Is(err, errEmptyCheckpoint) {
-			// A Run cut off before its first checkpoint made only these
-			// two empty directories. An empty checkpoint is a first
-			// write a power loss caught before its fsync: the pod's
-			// pins, veth and cgroup went with the power, its pod files
-			// go here and its IP with the orphans (CleanOrphans).
-			log.Info("removing sandbox directory without a checkpoint", "pod", e.Name(), "checkpoint", checkpointState(err))
-			os.RemoveAll(filepath.Join(s.sandboxesDir(), e.Name()))
-			os.Remove(filepath.Join(opts.State, "sandboxes", e.Name()))
-			continue
-		}
-		if err != nil {
-			log.Warn("skipping sandbox without a readable checkpoint", "dir", e.Name(), "err", err)
-			continue
-		}
-		r, err := c.toEntry()
-		if err != nil {
-			log.Warn("skipping sandbox with a bad checkpoint", "pod", e.Name(), "err", err)
-			continue
-		}
-		if r.sb.State == runtime.PodSandboxState_SANDBOX_READY && !r.alive() {
-			log.Info("sandbox namespaces are gone; listing it NOTREADY", "pod", r.sb.ID)
-			r.sb.State = runtime.PodSandboxState_SANDBOX_NOTREADY
-		}
-		r.publish()
-		s.byID[r.sb.ID] = r
-		s.names[reservationKey(r.sb.Config.GetMetadata())] = r.sb.ID
 	}
 	return s, nil
 }
 
-// checkpointState names why a sandbox directory has no usable checkpoint.
-func checkpointState(err error) string {
-	if errors.Is(err, errEmptyCheckpoint) {
+// load reads sandbox id's record; nil when it has none to load.
+func (s *Store) load(id string) *entry {
+	c, err := s.records.Load(id)
+	if errors.Is(err, fs.ErrNotExist) || errors.Is(err, objstore.ErrEmpty) {
+		// A Run cut off before its first record made only these two
+		// empty directories. An empty record is a first write a power
+		// loss caught before its fsync: the pod's pins, veth and cgroup
+		// went with the power, its pod files go here and its IP with
+		// the orphans (CleanOrphans).
+		s.log.Info("removing sandbox directory without a record", "pod", id, "record", recordState(err))
+		os.RemoveAll(filepath.Join(s.sandboxesDir(), id))
+		os.Remove(filepath.Join(s.opts.State, "sandboxes", id))
+		return nil
+	}
+	if err != nil {
+		s.log.Warn("skipping sandbox without a readable record", "dir", id, "err", err)
+		return nil
+	}
+	r, err := c.toEntry()
+	if err != nil {
+		s.log.Warn("skipping sandbox with a bad record", "pod", id, "err", err)
+		return nil
+	}
+	if r.sb.State == runtime.PodSandboxState_SANDBOX_READY && !r.alive() {
+		s.log.Info("sandbox namespaces are gone; listing it NOTREADY", "pod", r.sb.ID)
+		r.sb.State = runtime.PodSandboxState_SANDBOX_NOTREADY
+	}
+	return r
+}
+
+// recordState names why a sandbox directory has no usable record.
+func recordState(err error) string {
+	if errors.Is(err, objstore.ErrEmpty) {
 		return "empty"
 	}
 	return "missing"
@@ -250,24 +267,10 @@ func (r *entry) snapshot() *Sandbox {
 }
 
 // lookup resolves a full ID or unique prefix.
-func (s *Store) lookup(id string) (*entry, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return idprefix.Resolve(s.byID, "sandbox", id, nil)
-}
+func (s *Store) lookup(id string) (*entry, error) { return s.objs.Lookup(id) }
 
 // Get returns a sandbox by full ID or unique prefix.
-func (s *Store) Get(id string) (*Sandbox, error) {
-	r, err := s.lookup(id)
-	if err != nil {
-		return nil, err
-	}
-	v := r.view.Load()
-	if v == nil {
-		return nil, fmt.Errorf("sandbox %q: %w", id, errdefs.ErrNotFound)
-	}
-	return copySandbox(v), nil
-}
+func (s *Store) Get(id string) (*Sandbox, error) { return s.objs.Get(id) }
 
 func copySandbox(v *Sandbox) *Sandbox {
 	sb := *v
@@ -280,22 +283,14 @@ func copySandbox(v *Sandbox) *Sandbox {
 }
 
 // List returns every sandbox, oldest first, from the published snapshots.
-func (s *Store) List() []*Sandbox {
-	s.mu.Lock()
-	entries := make([]*entry, 0, len(s.byID))
-	for _, r := range s.byID {
-		entries = append(entries, r)
-	}
-	s.mu.Unlock()
-	out := make([]*Sandbox, 0, len(entries))
-	for _, r := range entries {
-		if v := r.view.Load(); v != nil {
-			out = append(out, copySandbox(v))
-		}
-	}
-	sort.Slice(out, func(i, j int) bool { return out[i].CreatedAt.Before(out[j].CreatedAt) })
-	return out
-}
+func (s *Store) List() []*Sandbox { return s.objs.List() }
+
+// All yields every sandbox, oldest first, as List orders them, copying one
+// at a time: a caller that streams thousands of pods never holds a copy of
+// all of them. The set is the one at the call; a sandbox removed meanwhile
+// is still yielded, once (as it was last published), unless its removal
+// finished first.
+func (s *Store) All() iter.Seq[*Sandbox] { return s.objs.All() }
 
 func newID() string {
 	b := make([]byte, 32)
@@ -314,308 +309,6 @@ type HandlerAdmitter interface {
 // ReadyHook runs once a sandbox is fully set up, before it is READY and
 // visible to Get and List (NRI's RunPodSandbox); an error fails Run.
 type ReadyHook func(ctx context.Context, sb *Sandbox) error
-
-// Run creates a sandbox. Every step already done is undone when a later
-// one fails, so a failed Run leaves nothing behind.
-func (s *Store) Run(ctx context.Context, cfg *runtime.PodSandboxConfig, handler string, hooks ...ReadyHook) (_ *Sandbox, retErr error) {
-	start := time.Now()
-	md := cfg.GetMetadata()
-	if md.GetName() == "" || md.GetNamespace() == "" || md.GetUid() == "" {
-		return nil, fmt.Errorf("sandbox metadata needs name, namespace and uid: %w", errdefs.ErrInvalidArgument)
-	}
-	if dir := cfg.GetLogDirectory(); dir != "" && !filepath.IsAbs(dir) {
-		return nil, fmt.Errorf("log_directory %q is not absolute: %w", dir, errdefs.ErrInvalidArgument)
-	}
-	if s.opts.Handlers != nil {
-		resolved, release, err := s.opts.Handlers.AdmitHandler(handler)
-		if err != nil {
-			return nil, err
-		}
-		defer release()
-		handler = resolved
-	} else {
-		if handler == "" {
-			handler = s.opts.DefaultRuntimeHandler
-		}
-		if !contains(s.opts.RuntimeHandlers, handler) {
-			return nil, fmt.Errorf("runtime handler %q is not configured (runtime_handlers has %v): %w", handler, s.opts.RuntimeHandlers, errdefs.ErrInvalidArgument)
-		}
-	}
-	if s.opts.CgroupDriver == "systemd" && s.opts.Systemd == nil {
-		return nil, fmt.Errorf("the systemd cgroup driver has no connection to systemd: %w", errdefs.ErrFailedPrecondition)
-	}
-	nsOpts := cfg.GetLinux().GetSecurityContext().GetNamespaceOptions()
-	hostNet := nsOpts.GetNetwork() == runtime.NamespaceMode_NODE
-	hostIPC := nsOpts.GetIpc() == runtime.NamespaceMode_NODE
-	podPID := nsOpts.GetPid() == runtime.NamespaceMode_POD
-	mapping, err := userns.FromCRI(nsOpts.GetUsernsOptions())
-	if err != nil {
-		return nil, err
-	}
-	if mapping != nil {
-		// As the kubelet's validation: a pod with its own user namespace
-		// shares neither the host's IPC nor PID namespace, whose owner it
-		// could not use (the container's mqueue and /proc mounts would
-		// fail). The host's network is allowed (KEP-5607): the container
-		// gets the host's /sys bound read-only instead of a sysfs of its
-		// own (specgen), and holds no capability over the host's network.
-		if hostIPC || nsOpts.GetPid() == runtime.NamespaceMode_NODE {
-			return nil, fmt.Errorf("a pod with its own user namespace cannot use the host's IPC or PID namespace (host network is allowed): %w", errdefs.ErrInvalidArgument)
-		}
-		if err := s.UserNamespaceSupport(); err != nil {
-			return nil, fmt.Errorf("user namespace pod: %w: %w", err, errdefs.ErrFailedPrecondition)
-		}
-	}
-	sysctls, err := validateSysctls(cfg.GetLinux().GetSysctls(), hostNet, hostIPC)
-	if err != nil {
-		return nil, err
-	}
-	var ports []network.PortMapping
-	for _, pm := range cfg.GetPortMappings() {
-		_, knownProto := runtime.Protocol_name[int32(pm.GetProtocol())]
-		if !knownProto || pm.GetHostPort() < 0 || (pm.GetHostIp() != "" && net.ParseIP(pm.GetHostIp()) == nil) {
-			return nil, fmt.Errorf("port mapping %v: %w", pm, errdefs.ErrInvalidArgument)
-		}
-		if pm.GetHostPort() == 0 {
-			continue // only host ports need forwarding, as in kubelet
-		}
-		if pm.GetContainerPort() <= 0 || pm.GetContainerPort() > 65535 || pm.GetHostPort() > 65535 {
-			return nil, fmt.Errorf("port mapping %v: %w", pm, errdefs.ErrInvalidArgument)
-		}
-		ports = append(ports, network.PortMapping{
-			HostPort: pm.GetHostPort(), ContainerPort: pm.GetContainerPort(),
-			Protocol: strings.ToLower(pm.GetProtocol().String()), HostIP: pm.GetHostIp(),
-		})
-	}
-	hostname := cfg.GetHostname()
-	if hostname == "" {
-		// The kubelet always sets one; others get the pod name, cut to
-		// the kernel's limit as the kubelet does.
-		hostname = strings.TrimRight(truncate(md.GetName(), 63), "-.")
-	}
-	if len(hostname) > 64 {
-		return nil, fmt.Errorf("hostname %q is longer than 64 bytes: %w", hostname, errdefs.ErrInvalidArgument)
-	}
-	var pauseBin string
-	if podPID || mapping != nil {
-		if pauseBin, err = s.pauseBinary(); err != nil {
-			return nil, err
-		}
-	}
-
-	id := newID()
-	key := reservationKey(md)
-	s.mu.Lock()
-	if other, ok := s.names[key]; ok {
-		s.mu.Unlock()
-		return nil, fmt.Errorf("sandbox name %q is reserved by %s: %w", key, other, errdefs.ErrAlreadyExists)
-	}
-	s.names[key] = id
-	s.mu.Unlock()
-	defer func() {
-		if retErr != nil {
-			s.mu.Lock()
-			delete(s.names, key)
-			s.mu.Unlock()
-		}
-	}()
-
-	cgroupUnit, cgroup, err := s.podCgroupName(cfg.GetLinux().GetCgroupParent(), id)
-	if err != nil {
-		return nil, err
-	}
-	dir := filepath.Join(s.sandboxesDir(), id)
-	stateDir := filepath.Join(s.opts.State, "sandboxes", id)
-	r := &entry{
-		sb: Sandbox{
-			ID: id, Config: proto.Clone(cfg).(*runtime.PodSandboxConfig), RuntimeHandler: handler,
-			State: runtime.PodSandboxState_SANDBOX_NOTREADY, CreatedAt: time.Now(),
-			CgroupParent: cgroup, CgroupUnit: cgroupUnit,
-			HostnamePath: filepath.Join(dir, "hostname"), HostsPath: filepath.Join(dir, "hosts"),
-			ResolvConfPath: filepath.Join(dir, "resolv.conf"),
-		},
-		ports: ports,
-	}
-	if !hostNet {
-		r.sb.NetNSPath = filepath.Join(s.netnsDir(), id+"-net")
-		r.sb.UTSNSPath = filepath.Join(s.netnsDir(), id+"-uts")
-	}
-	if !hostIPC {
-		r.sb.IPCNSPath = filepath.Join(s.netnsDir(), id+"-ipc")
-		r.sb.ShmPath = filepath.Join(stateDir, "shm")
-	}
-	if mapping != nil {
-		r.sb.UserNSPath = filepath.Join(s.netnsDir(), id+"-user")
-		r.sb.UserNS = mapping
-	}
-	if !hostNet {
-		// Chosen (and checkpointed below) up front: from here on, DEL
-		// runs in every teardown, with this config.
-		if r.attachment, err = s.opts.Network.Prepare(len(ports) > 0); err != nil {
-			return nil, err
-		}
-	}
-	r.fillFromAttachment()
-	log := s.log.With("pod", id, "name", md.GetName(), "namespace", md.GetNamespace())
-
-	// From here on, teardown knows every path and removes whatever exists.
-	defer func() {
-		if retErr != nil {
-			if err := s.teardown(context.WithoutCancel(ctx), r, true); err != nil {
-				log.Error("undo failed sandbox", "err", err)
-			}
-			if err := os.RemoveAll(dir); err != nil {
-				log.Error("undo failed sandbox", "err", err)
-			}
-			if err := s.removePodCgroup(context.WithoutCancel(ctx), r.sb.CgroupUnit, r.sb.CgroupParent); err != nil {
-				log.Error("undo failed sandbox", "err", err)
-			}
-			os.RemoveAll(stateDir)
-		}
-	}()
-	for _, d := range []string{dir, stateDir} {
-		if err := os.Mkdir(d, 0o711); err != nil {
-			return nil, fmt.Errorf("create %s: %w", d, err)
-		}
-	}
-	// Written first, NOTREADY: a daemon crash from here on still leaves a
-	// sandbox that can be listed, stopped and removed.
-	if err := s.persistSoon(r); err != nil {
-		return nil, err
-	}
-	if s.opts.Warm != nil {
-		wait, undo := s.opts.Warm(ctx, id)
-		defer func() {
-			switch {
-			case retErr != nil && undo != nil:
-				undo(context.WithoutCancel(ctx))
-			case retErr == nil && wait != nil:
-				wait()
-			}
-		}()
-	}
-
-	req := nsRequest{netPin: r.sb.NetNSPath, ipcPin: r.sb.IPCNSPath, utsPin: r.sb.UTSNSPath, hostname: hostname, sysctls: sysctls}
-	if podPID {
-		req.pause = &pauseRequest{binary: pauseBin, arg: stateDir}
-	}
-	if mapping != nil {
-		req.userns, req.userPin = mapping, r.sb.UserNSPath
-		req.holder = &pauseRequest{binary: pauseBin, arg: stateDir}
-	}
-	pid, err := createNamespaces(req)
-	if pid > 0 {
-		r.pausePID = pid
-		r.pauseStart, _ = procStartTime(pid)
-		r.sb.PIDNSPath = fmt.Sprintf("/proc/%d/ns/pid", pid)
-	}
-	if err != nil {
-		return nil, fmt.Errorf("create pod namespaces: %w", err)
-	}
-	s.opts.Faults.Hit(fault.SandboxAfterNetnsCreate, "pod", id)
-	// CNI ADD needs only the network namespace: it runs (mostly waiting on
-	// the plugins' processes) while the pod's files, /dev/shm and cgroup
-	// are made. On any failure below the undo waits for it first, so DEL
-	// never races ADD.
-	var cniTime time.Duration
-	cniDone := make(chan error, 1)
-	if r.attachment != nil {
-		pod, att := s.netPod(r), r.attachment
-		go func() {
-			cniStart := time.Now()
-			err := s.opts.Network.Attach(ctx, pod, att)
-			cniTime = time.Since(cniStart)
-			cniDone <- err
-		}()
-	} else {
-		cniDone <- nil
-	}
-	cniWaited := false
-	waitCNI := func() error {
-		cniWaited = true
-		return <-cniDone
-	}
-	defer func() {
-		if !cniWaited {
-			_ = waitCNI()
-		}
-	}()
-	if err := s.makePodFilesAndCgroup(ctx, r, hostNet, hostname, mapping, pid); err != nil {
-		return nil, err
-	}
-	if err := waitCNI(); err != nil {
-		return nil, err
-	}
-	r.fillFromAttachment()
-	s.opts.Faults.Hit(fault.SandboxAfterCNIAdd, "pod", id)
-	for _, hook := range hooks {
-		if err := hook(ctx, r.snapshot()); err != nil {
-			return nil, err
-		}
-	}
-	r.sb.State = runtime.PodSandboxState_SANDBOX_READY
-	if err := s.persistSoon(r); err != nil {
-		return nil, err
-	}
-	s.opts.Faults.Hit(fault.SandboxAfterCheckpointWrite, "pod", id)
-	r.publish()
-	s.mu.Lock()
-	s.byID[id] = r
-	s.mu.Unlock()
-	log.Info("sandbox ready", "ip", r.sb.IP, "handler", handler, "cgroup", r.sb.CgroupParent, "unit", r.sb.CgroupUnit, "took", time.Since(start), "cni_add", cniTime)
-	return r.snapshot(), nil
-}
-
-// makePodFilesAndCgroup writes the pod's hostname, hosts and resolv.conf
-// files, mounts its /dev/shm and makes its cgroup, moving the pause
-// holder (pid, if any) into a cgroup of its own below it.
-func (s *Store) makePodFilesAndCgroup(ctx context.Context, r *entry, hostNet bool, hostname string, mapping *userns.Mapping, pid int) error {
-	var err error
-	if hostNet {
-		if hostname, err = os.Hostname(); err != nil {
-			return fmt.Errorf("read host name: %w", err)
-		}
-	}
-	hosts, err := hostsContent(hostNet)
-	if err != nil {
-		return err
-	}
-	resolv, err := resolvConfContent(r.sb.Config.GetDnsConfig())
-	if err != nil {
-		return err
-	}
-	for path, data := range map[string][]byte{r.sb.HostnamePath: []byte(hostname + "\n"), r.sb.HostsPath: hosts, r.sb.ResolvConfPath: resolv} {
-		if err := os.WriteFile(path, data, 0o644); err != nil {
-			return fmt.Errorf("write %s: %w", path, err)
-		}
-		if mapping != nil {
-			// The pod's root owns its files, as in CRI-O: the container
-			// sees them as its root's, like the rest of its rootfs.
-			if err := os.Chown(path, int(mapping.UID.HostID), int(mapping.GID.HostID)); err != nil {
-				return fmt.Errorf("chown %s to the pod's root: %w", path, err)
-			}
-		}
-	}
-	if r.sb.ShmPath != "" {
-		if err := os.Mkdir(r.sb.ShmPath, 0o755); err != nil {
-			return fmt.Errorf("create %s: %w", r.sb.ShmPath, err)
-		}
-		shmOpts := fmt.Sprintf("mode=1777,size=%d", shmSize)
-		if mapping != nil {
-			shmOpts += fmt.Sprintf(",uid=%d,gid=%d", mapping.UID.HostID, mapping.GID.HostID)
-		}
-		if err := unix.Mount("shm", r.sb.ShmPath, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, shmOpts); err != nil {
-			return fmt.Errorf("mount pod /dev/shm at %s: %w", r.sb.ShmPath, err)
-		}
-	}
-	if err := s.createPodCgroup(ctx, r, pid > 0); err != nil {
-		return err
-	}
-	if pid > 0 {
-		return s.joinPodCgroup(ctx, r, pid)
-	}
-	return nil
-}
 
 func truncate(s string, n int) string {
 	if len(s) > n {
@@ -641,32 +334,28 @@ func (s *Store) netPod(r *entry) network.Pod {
 	}
 }
 
-// persist writes the sandbox's checkpoint durably.
-func (s *Store) persist(r *entry) error {
-	return s.writeCheckpoint(r, atomicfile.Write)
-}
+// save writes the sandbox's record durably.
+func (s *Store) save(r *entry) error { return s.saveWith(r, s.records.Save) }
 
-// persistSoon writes the checkpoint at once and has it made durable right
-// after, off the caller's path (Options.Deferred; decision 1600): what
+// saveSoon writes the record at once and has it made durable right after,
+// off the caller's path (Options.Deferred; decision 1600): what
 // RunPodSandbox writes. Recovery needs no fsync from it: a restarted
 // berthd reads the page cache, and after a power loss, which takes every
-// pin, veth, rule and cgroup with it, an older, missing or empty
-// checkpoint leaves only files under root and IP reservations, which
-// recovery releases without it (docs/reliability.md).
-func (s *Store) persistSoon(r *entry) error {
-	return s.writeCheckpoint(r, s.opts.Deferred.Write)
-}
+// pin, veth, rule and cgroup with it, an older, missing or empty record
+// leaves only files under root and IP reservations, which recovery
+// releases without it (docs/reliability.md).
+func (s *Store) saveSoon(r *entry) error { return s.saveWith(r, s.records.SaveSoon) }
 
-func (s *Store) writeCheckpoint(r *entry, write func(string, []byte, os.FileMode) error) error {
-	c, err := r.toCheckpoint()
+func (s *Store) saveWith(r *entry, save func(string, *record) error) error {
+	c, err := r.toRecord()
 	if err != nil {
 		return err
 	}
-	return writeCheckpoint(filepath.Join(s.sandboxesDir(), r.sb.ID), c, write)
+	return save(r.sb.ID, c)
 }
 
 // teardown releases what a sandbox holds on the node, except its cgroup,
-// files and checkpoint: CNI attachment, pause process, namespace pins and
+// files and record: CNI attachment, pause process, namespace pins and
 // /dev/shm. Every step tolerates already-undone state. When CNI DEL fails
 // it stops there (keeping the netns so a retry can finish DEL), unless
 // force is set: a failed Run must not keep anything.
@@ -686,7 +375,7 @@ func (s *Store) teardown(ctx context.Context, r *entry, force bool) error {
 	}
 	stopPause(r.pausePID, r.pauseStart)
 	if r.pausePID == 0 && mayHaveHolder(r.sb.Config) {
-		// A crash between starting the holder and checkpointing its pid
+		// A crash between starting the holder and recording its pid
 		// leaves one nobody recorded; it names the pod's state dir.
 		stopHolders(filepath.Join(s.opts.State, "sandboxes", r.sb.ID))
 	}
@@ -728,7 +417,7 @@ func (s *Store) stopLocked(ctx context.Context, r *entry) error {
 		r.sb.State = runtime.PodSandboxState_SANDBOX_NOTREADY
 	}
 	r.publish()
-	if perr := s.persist(r); perr != nil {
+	if perr := s.save(r); perr != nil {
 		err = errors.Join(err, perr)
 	}
 	if err != nil {
@@ -739,7 +428,7 @@ func (s *Store) stopLocked(ctx context.Context, r *entry) error {
 }
 
 // Remove stops the sandbox if needed, then deletes its cgroup, files and
-// checkpoint. A sandbox that does not exist is not an error.
+// record. A sandbox that does not exist is not an error.
 func (s *Store) Remove(ctx context.Context, id string) error {
 	r, err := s.lookup(id)
 	if errdefs.IsNotFound(err) {
@@ -763,18 +452,13 @@ func (s *Store) Remove(ctx context.Context, id string) error {
 	if err := os.RemoveAll(filepath.Join(s.opts.State, "sandboxes", r.sb.ID)); err != nil {
 		return fmt.Errorf("remove sandbox %s: %w", r.sb.ID, err)
 	}
-	// The checkpoint goes last: until then a retry can finish the job.
+	// The record goes last: until then a retry can finish the job.
 	if err := os.RemoveAll(filepath.Join(s.sandboxesDir(), r.sb.ID)); err != nil {
 		return fmt.Errorf("remove sandbox %s: %w", r.sb.ID, err)
 	}
 	r.removed = true
-	r.view.Store(nil)
-	s.mu.Lock()
-	delete(s.byID, r.sb.ID)
-	if s.names[reservationKey(r.sb.Config.GetMetadata())] == r.sb.ID {
-		delete(s.names, reservationKey(r.sb.Config.GetMetadata()))
-	}
-	s.mu.Unlock()
+	r.Withdraw()
+	s.objs.Delete(r.sb.ID, reservationKey(r.sb.Config.GetMetadata()))
 	s.log.Info("sandbox removed", "pod", r.sb.ID)
 	return nil
 }

@@ -2,7 +2,7 @@ package sandbox
 
 import (
 	"errors"
-	"github.com/berthcri/berth/internal/atomicfile"
+	"github.com/berthcri/berth/internal/objstore"
 	"os"
 	"testing"
 	"time"
@@ -67,8 +67,12 @@ func TestResolvConfContent(t *testing.T) {
 	}
 }
 
-func TestCheckpointRoundTrip(t *testing.T) {
-	dir := t.TempDir()
+func TestRecordRoundTrip(t *testing.T) {
+	records := objstore.Records[record]{Dir: t.TempDir(), File: recordFile, Indent: true}
+	dir := records.ObjectDir("id1")
+	if err := os.Mkdir(dir, 0o700); err != nil {
+		t.Fatal(err)
+	}
 	cfg := &runtime.PodSandboxConfig{
 		Metadata:     &runtime.PodSandboxMetadata{Name: "p", Namespace: "ns", Uid: "u", Attempt: 2},
 		Labels:       map[string]string{"a": "b"},
@@ -82,14 +86,14 @@ func TestCheckpointRoundTrip(t *testing.T) {
 		ports:      []network.PortMapping{{HostPort: 8080, ContainerPort: 80, Protocol: "tcp"}},
 		attachment: &network.Attachment{ConfList: []byte(`{"name":"x"}`), IPs: []string{"10.0.0.2", "fd00::2"}},
 	}
-	c, err := r.toCheckpoint()
+	c, err := r.toRecord()
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := writeCheckpoint(dir, c, atomicfile.Write); err != nil {
+	if err := records.Save("id1", c); err != nil {
 		t.Fatal(err)
 	}
-	c2, err := readCheckpoint(dir)
+	c2, err := records.Load("id1")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -109,7 +113,7 @@ func TestCheckpointRoundTrip(t *testing.T) {
 	}
 	c2.Version = "v0"
 	if _, err := c2.toEntry(); err == nil {
-		t.Fatal("unknown checkpoint version accepted")
+		t.Fatal("unknown record version accepted")
 	}
 }
 

@@ -327,4 +327,14 @@ func TestCheckSigstoreBundles(t *testing.T) {
 	s := bundled(t, k, testimages.BundleStatement(t, "example.com/app", digestB))
 	s.Payload = testimages.BundleStatement(t, "example.com/app", digestA)
 	wantRefused(t, check(p, app, digestA, s), "default", "payload was changed after signing")
+
+	// cosign v3's own statement binds the digest alone: accepted under
+	// whatever name the image is pulled, refused for another digest or key.
+	for _, name := range []string{"example.com/app:v1", "example.com/else:v2"} {
+		if err := check(p, ref(t, name), digestA, bundled(t, k, testimages.CosignV3Statement(t, digestA))); err != nil {
+			t.Errorf("cosign v3 bundle for %s refused: %v", name, err)
+		}
+	}
+	wantRefused(t, check(p, app, digestA, bundled(t, k, testimages.CosignV3Statement(t, digestB))), "default", "digest mismatch")
+	wantRefused(t, check(p, app, digestA, bundled(t, other, testimages.CosignV3Statement(t, digestA))), "default", "does not verify")
 }

@@ -144,6 +144,11 @@ func (r Requirement) verify(s image.CosignSignature, ref image.Named, digest str
 		if err != nil {
 			return fmt.Errorf("signed by %s (sigstore bundle), but %w", signer.Name, err)
 		}
+		if id == "" {
+			// Bound to the digest alone: the content is exactly what the
+			// key signed, under whatever name it is pulled.
+			return nil
+		}
 		identity = id
 	} else {
 		var pl payload
@@ -195,7 +200,8 @@ type statement struct {
 
 // statementClaims checks a verified bundle statement: an in-toto
 // statement with cosign's signature predicate whose subject names the
-// pulled digest; it returns the identity the predicate claims.
+// pulled digest; it returns the identity the predicate claims, "" when it
+// claims none.
 func statementClaims(s image.CosignSignature, digest string) (string, error) {
 	if s.PayloadType != inTotoPayloadType {
 		return "", fmt.Errorf("its payload type is %q, not %q", s.PayloadType, inTotoPayloadType)
@@ -226,9 +232,9 @@ func statementClaims(s image.CosignSignature, digest string) (string, error) {
 	if got := st.Predicate.Critical.Image.DockerManifestDigest; got != "" && got != digest {
 		return "", fmt.Errorf("digest mismatch: its predicate names %s, not the pulled %s", got, digest)
 	}
-	if st.Predicate.Critical.Identity.DockerReference == "" {
-		return "", fmt.Errorf("its predicate claims no identity (critical.identity.docker-reference)")
-	}
+	// cosign v3 signs a statement that names the digest alone (its
+	// predicate is empty): "" tells the caller there is no identity to
+	// match, only the digest, as `cosign verify` checks it.
 	return st.Predicate.Critical.Identity.DockerReference, nil
 }
 

@@ -12,7 +12,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/containerd/cgroups/v3"
 	"github.com/containerd/cgroups/v3/cgroup1"
 	v1stats "github.com/containerd/cgroups/v3/cgroup1/stats"
 	"github.com/containerd/cgroups/v3/cgroup2"
@@ -166,16 +165,6 @@ func ExpandSlice(slice string) (string, error) {
 		prefix += "-"
 	}
 	return path, nil
-}
-
-// Read returns the usage of the cgroup at group (a path below the
-// hierarchy roots, from GroupPath), on whichever cgroup version the host
-// runs. A missing cgroup is ErrNotFound.
-func Read(group string) (*Usage, error) {
-	if cgroups.Mode() == cgroups.Unified {
-		return ReadV2("/sys/fs/cgroup", group)
-	}
-	return ReadV1(group)
 }
 
 // ReadV1 reads a cgroup v1 group through the mounted controllers.

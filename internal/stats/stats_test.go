@@ -14,7 +14,7 @@ import (
 	v1stats "github.com/containerd/cgroups/v3/cgroup1/stats"
 
 	"github.com/berthcri/berth/internal/errdefs"
-	"github.com/berthcri/berth/internal/netns"
+	"github.com/berthcri/berth/internal/testutil/netnstest"
 )
 
 func TestGroupPathExpandsSystemdAndKeepsCgroupfs(t *testing.T) {
@@ -132,7 +132,7 @@ func TestNetworkReadsInsideANamespace(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("needs root")
 	}
-	pin := netns.NewForTest(t)
+	pin := netnstest.New(t)
 	ifs, err := Network(pin)
 	if err != nil {
 		t.Fatal(err)

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/berthcri/berth/internal/netns"
+	"github.com/berthcri/berth/internal/testutil/netnstest"
 )
 
 // echoInNetns listens on 127.0.0.1:port (0: any) inside the namespace pin
@@ -67,7 +68,7 @@ func TestPortForwardReachesALoopbackListenerInsideThePodNetns(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("needs root")
 	}
-	pin := netns.NewForTest(t)
+	pin := netnstest.New(t)
 	// The host listens on the same address and port as the pod: the
 	// forward must reach the pod's listener, never the host's.
 	port := echoInNetns(t, "", 0, "host:")
@@ -106,7 +107,7 @@ func TestPortForwardFailsClearlyWhenNothingListens(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("needs root")
 	}
-	pin := netns.NewForTest(t)
+	pin := netnstest.New(t)
 	client, server := net.Pipe()
 	defer client.Close()
 	err := PortForward(context.Background(), pin, 1, server)

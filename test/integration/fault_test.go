@@ -356,7 +356,7 @@ func TestRecoveryCleansResourcesWithoutRecords(t *testing.T) {
 	// The second loses its state dir too, as after a reboot (state is a
 	// tmpfs): only its address, NAT rules, CNI cache and cgroup remain.
 	rebooted := runPod(t, d, podConfig("orphan-rebooted"))
-	// The third's checkpoint is empty: what a power loss leaves of a first
+	// The third's record is empty: what a power loss leaves of a first
 	// write whose fsync had not run (decision 1600).
 	emptied := runPod(t, d, podConfig("orphan-empty-checkpoint"))
 	d.Kill()
@@ -365,7 +365,7 @@ func TestRecoveryCleansResourcesWithoutRecords(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if err := os.WriteFile(filepath.Join(d.Root, "sandboxes", emptied, "checkpoint.json"), nil, 0o600); err != nil {
+	if err := os.WriteFile(filepath.Join(d.Root, "sandboxes", emptied, "sandbox.json"), nil, 0o600); err != nil {
 		t.Fatal(err)
 	}
 	for _, kind := range []string{"net", "ipc", "uts"} {
@@ -387,7 +387,7 @@ func TestRecoveryCleansResourcesWithoutRecords(t *testing.T) {
 		t.Fatalf("list after restart: %v, %v", resp.GetItems(), err)
 	}
 	leakcheck.CheckSettled(t, scope, before, leakcheck.Take(t, scope))
-	for _, msg := range []string{"removing a namespace pin without a sandbox", "removing pod state without a sandbox", "removing a pod cgroup without a sandbox", "releasing a pod address without a sandbox", "checkpoint=empty"} {
+	for _, msg := range []string{"removing a namespace pin without a sandbox", "removing pod state without a sandbox", "removing a pod cgroup without a sandbox", "releasing a pod address without a sandbox", "record=empty"} {
 		if !strings.Contains(d.Logs(), msg) {
 			t.Errorf("berthd did not log %q", msg)
 		}

@@ -100,7 +100,7 @@ func TestStreamListsMatchListsWithThousandsOfItems(t *testing.T) {
 	podDir := filepath.Join(e.d.Root, "sandboxes", stopped)
 	for i := range nPods {
 		id := fmt.Sprintf("%064x", 0xb0000+i)
-		berthdtest.CloneRecord(t, podDir, id, "checkpoint.json", func(m map[string]any) {
+		berthdtest.CloneRecord(t, podDir, id, "sandbox.json", func(m map[string]any) {
 			cfg := m["config"].(map[string]any)
 			name := fmt.Sprintf("clone-%d", i)
 			cfg["metadata"] = map[string]any{"name": name, "namespace": "default", "uid": name + "-uid"}

@@ -145,9 +145,29 @@ func (r *Registry) SignCosign(t testing.TB, key *CosignKey, repo, digest string)
 // one (--new-bundle-format) as an OCI 1.1 referrer.
 const SigstoreBundleMediaType = "application/vnd.dev.sigstore.bundle.v0.3+json"
 
-// BundleStatement is the in-toto statement cosign signs into a bundle
-// for an image: its digest as the subject, cosign's signature predicate
-// holding the simple-signing claims (identity: the repository).
+// CosignV3Statement is the in-toto statement cosign v3 (`sign --key`,
+// the new bundle format) signs for an image, as the real CLI writes it
+// (checked in test/integration's TestSignaturePolicyCosignCLI): the
+// digest as the only subject, no name, and cosign's signature predicate
+// empty, so it claims no identity.
+func CosignV3Statement(t testing.TB, digest string) []byte {
+	t.Helper()
+	b, err := json.Marshal(map[string]any{
+		"_type":         "https://in-toto.io/Statement/v1",
+		"subject":       []any{map[string]any{"digest": map[string]string{"sha256": strings.TrimPrefix(digest, "sha256:")}, "annotations": map[string]string{}}},
+		"predicateType": "https://sigstore.dev/cosign/sign/v1",
+		"predicate":     map[string]any{},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+// BundleStatement is an in-toto statement with cosign's signature
+// predicate holding the simple-signing claims (identity: the repository),
+// as a signer that binds a name writes it; cosign v3 itself binds only
+// the digest (CosignV3Statement).
 func BundleStatement(t testing.TB, identity, digest string) []byte {
 	t.Helper()
 	var claims map[string]any

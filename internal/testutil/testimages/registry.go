@@ -208,9 +208,6 @@ func StartRegistry(t testing.TB, opts ...Option) *Registry {
 // Ref is the full reference of repo[:tag] in this registry.
 func (r *Registry) Ref(repoTag string) string { return r.Host + "/" + repoTag }
 
-// URL is the registry's base URL (http://127.0.0.1:PORT).
-func (r *Registry) URL() string { return r.srv.URL }
-
 // Push uploads img under ref (repo:tag, relative to this registry) and
 // returns its manifest digest.
 func (r *Registry) Push(t testing.TB, repoTag string, img v1.Image) v1.Hash {
@@ -300,5 +297,3 @@ func (r *Registry) PushStandard(t testing.TB) map[string]v1.Hash {
 	}
 	return digests
 }
-
-func (r *Registry) String() string { return fmt.Sprintf("registry %s", r.Host) }

@@ -1,4 +1,5 @@
-package netns
+// Package netnstest makes network namespaces for tests.
+package netnstest
 
 import (
 	"fmt"
@@ -10,9 +11,9 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// NewForTest creates a network namespace with loopback up, pinned by a bind
+// New creates a network namespace with loopback up, pinned by a bind
 // mount in a temp dir, and removes it when the test ends.
-func NewForTest(t testing.TB) string {
+func New(t testing.TB) string {
 	t.Helper()
 	pin := filepath.Join(t.TempDir(), "netns")
 	if err := os.WriteFile(pin, nil, 0o600); err != nil {

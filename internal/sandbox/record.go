@@ -2,10 +2,7 @@ package sandbox
 
 import (
 	"encoding/json"
-	"errors"
 	"fmt"
-	"os"
-	"path/filepath"
 	"time"
 
 	"google.golang.org/protobuf/encoding/protojson"
@@ -15,15 +12,21 @@ import (
 	"github.com/berthcri/berth/internal/userns"
 )
 
-// checkpointVersion is bumped when the format changes incompatibly.
-const checkpointVersion = "v1"
+// recordVersion is bumped when the format changes incompatibly.
+const recordVersion = "v1"
 
-const checkpointFile = "checkpoint.json"
+// recordFile is a sandbox's record in <root>/sandboxes/<id>/, named for
+// its kind as a container's container.json. legacyRecordFile is its name
+// before decision 2600: New renames one it finds.
+const (
+	recordFile       = "sandbox.json"
+	legacyRecordFile = "checkpoint.json"
+)
 
-// checkpoint is one sandbox on disk: everything needed to
-// list it, stop it (CNI DEL with the config ADD used) and remove it after
-// a daemon restart.
-type checkpoint struct {
+// record is one sandbox on disk: everything needed to list it, stop it
+// (CNI DEL with the config ADD used) and remove it after a daemon
+// restart. (A "checkpoint" in berth is only ever a CRIU one.)
+type record struct {
 	Version        string          `json:"version"`
 	ID             string          `json:"id"`
 	Config         json.RawMessage `json:"config"` // PodSandboxConfig, protojson
@@ -54,14 +57,14 @@ type checkpoint struct {
 	Network *network.Attachment `json:"network,omitempty"`
 }
 
-func (r *entry) toCheckpoint() (*checkpoint, error) {
+func (r *entry) toRecord() (*record, error) {
 	cfg, err := protojson.Marshal(r.sb.Config)
 	if err != nil {
 		return nil, fmt.Errorf("encode sandbox config: %w", err)
 	}
 	sb := r.sb
-	return &checkpoint{
-		Version: checkpointVersion, ID: sb.ID, Config: cfg, RuntimeHandler: sb.RuntimeHandler,
+	return &record{
+		Version: recordVersion, ID: sb.ID, Config: cfg, RuntimeHandler: sb.RuntimeHandler,
 		State: sb.State.String(), CreatedAt: sb.CreatedAt,
 		NetNSPath: sb.NetNSPath, IPCNSPath: sb.IPCNSPath, UTSNSPath: sb.UTSNSPath,
 		PausePID: r.pausePID, PauseStart: r.pauseStart,
@@ -72,9 +75,9 @@ func (r *entry) toCheckpoint() (*checkpoint, error) {
 	}, nil
 }
 
-func (c *checkpoint) toEntry() (*entry, error) {
-	if c.Version != checkpointVersion {
-		return nil, fmt.Errorf("checkpoint version %q, want %q", c.Version, checkpointVersion)
+func (c *record) toEntry() (*entry, error) {
+	if c.Version != recordVersion {
+		return nil, fmt.Errorf("record version %q, want %q", c.Version, recordVersion)
 	}
 	cfg := &runtime.PodSandboxConfig{}
 	if err := protojson.Unmarshal(c.Config, cfg); err != nil {
@@ -100,38 +103,4 @@ func (c *checkpoint) toEntry() (*entry, error) {
 	}
 	r.fillFromAttachment()
 	return r, nil
-}
-
-// writeCheckpoint stores the checkpoint with write: atomicfile.Write (temp
-// file, fsync, rename, directory fsync) or a Deferred's Write (the same,
-// fsyncs after).
-func writeCheckpoint(dir string, c *checkpoint, write func(string, []byte, os.FileMode) error) error {
-	data, err := json.MarshalIndent(c, "", "  ")
-	if err != nil {
-		return fmt.Errorf("encode checkpoint %s: %w", c.ID, err)
-	}
-	if err := write(filepath.Join(dir, checkpointFile), data, 0o600); err != nil {
-		return fmt.Errorf("write checkpoint %s: %w", c.ID, err)
-	}
-	return nil
-}
-
-// errEmptyCheckpoint is a checkpoint file with nothing in it: what a power
-// loss leaves of a first write whose fsync had not run yet (decision
-// 1600). Nothing else writes one.
-var errEmptyCheckpoint = errors.New("empty checkpoint")
-
-func readCheckpoint(dir string) (*checkpoint, error) {
-	data, err := os.ReadFile(filepath.Join(dir, checkpointFile))
-	if err != nil {
-		return nil, err
-	}
-	if len(data) == 0 {
-		return nil, errEmptyCheckpoint
-	}
-	c := &checkpoint{}
-	if err := json.Unmarshal(data, c); err != nil {
-		return nil, fmt.Errorf("decode checkpoint %s: %w", dir, err)
-	}
-	return c, nil
 }

@@ -1,0 +1,192 @@
+package image
+
+import (
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"hash"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/berthcri/berth/internal/errdefs"
+)
+
+// contentStore holds blobs by digest (manifests, configs, compressed
+// layers) in blobs/sha256/<hex>, and the work in progress of pulls and
+// imports in ingest/ (emptied by Open). It is containerd's content store,
+// cut to what berth needs: a blob appears by one rename of a complete file
+// whose digest was checked, so a blob on disk is always whole and
+// verified; it disappears by one unlink, which only the collector does
+// (gc.go), deciding under the index's and references' locks.
+//
+// It has no lock and no state beyond its directory: every operation is
+// one filesystem call that is atomic on its own.
+type contentStore struct {
+	dir string // the store root, <berth root>/images
+}
+
+func (c *contentStore) path(elem ...string) string {
+	return filepath.Join(append([]string{c.dir}, elem...)...)
+}
+
+func (c *contentStore) blobsDir() string { return c.path("blobs", "sha256") }
+
+func (c *contentStore) blobPath(digest string) string {
+	return filepath.Join(c.blobsDir(), strings.TrimPrefix(digest, "sha256:"))
+}
+
+// has reports whether the blob is stored.
+func (c *contentStore) has(digest string) bool {
+	_, err := os.Stat(c.blobPath(digest))
+	return err == nil
+}
+
+func (c *contentStore) open(digest string) (*os.File, error) { return os.Open(c.blobPath(digest)) }
+
+func (c *contentStore) read(digest string) ([]byte, error) { return os.ReadFile(c.blobPath(digest)) }
+
+func (c *contentStore) size(digest string) (int64, error) {
+	fi, err := os.Stat(c.blobPath(digest))
+	if err != nil {
+		return 0, err
+	}
+	return fi.Size(), nil
+}
+
+// list is every stored blob, by hex.
+func (c *contentStore) list() ([]os.DirEntry, error) {
+	es, err := os.ReadDir(c.blobsDir())
+	if err != nil {
+		return nil, fmt.Errorf("read image blobs: %w", err)
+	}
+	return es, nil
+}
+
+// remove deletes the blob named by hex (the collector's sweep).
+func (c *contentStore) remove(hexName string) error {
+	if err := os.Remove(filepath.Join(c.blobsDir(), hexName)); err != nil && !os.IsNotExist(err) {
+		return err
+	}
+	return nil
+}
+
+// ingestPath is a fresh name in ingest/ for work on key (a digest or chain
+// ID): ingest/<kind>-<hex>-<random>.
+func (c *contentStore) ingestPath(kind, key string) string {
+	return c.path("ingest", kind+"-"+strings.TrimPrefix(key, "sha256:")+"-"+randomHex())
+}
+
+// writeBlob stores a small blob (manifest, config) after checking its
+// digest. Not synced: commit's sync does that before the record.
+func (c *contentStore) writeBlob(digest string, data []byte) error {
+	sum := sha256.Sum256(data)
+	if got := "sha256:" + hex.EncodeToString(sum[:]); got != digest {
+		return fmt.Errorf("blob %s: content has digest %s: %w", digest, got, errdefs.ErrInvalidArgument)
+	}
+	if c.has(digest) {
+		return nil
+	}
+	tmp := c.ingestPath("blob", digest)
+	if err := os.WriteFile(tmp, data, 0o600); err != nil {
+		return fmt.Errorf("store blob %s: %w", digest, err)
+	}
+	if err := os.Rename(tmp, c.blobPath(digest)); err != nil {
+		os.Remove(tmp)
+		return fmt.Errorf("store blob %s: %w", digest, err)
+	}
+	return nil
+}
+
+// sync flushes the filesystem holding the store (syncfs(2)): the blobs
+// and layer files written since are on disk when it returns.
+func (c *contentStore) sync() error {
+	f, err := os.Open(c.dir)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	if err := unix.Syncfs(int(f.Fd())); err != nil {
+		return fmt.Errorf("sync image store: %w", err)
+	}
+	return nil
+}
+
+// ingest is one blob being written into the content store, a file in
+// ingest/: what is written is hashed and counted as it goes; commit checks
+// size and digest and renames the file into blobs/, abort removes it. Not
+// synced: the pull's one syncfs covers it (decision 1510). Used by one
+// goroutine at a time.
+type ingest struct {
+	c      *contentStore
+	digest string // what the content must hash to
+	path   string
+	f      *os.File
+	h      hash.Hash
+	n      int64
+	done   bool // committed or aborted
+}
+
+// newIngest starts writing the blob digest.
+func (c *contentStore) newIngest(digest string) (*ingest, error) {
+	p := c.ingestPath("blob", digest)
+	f, err := os.OpenFile(p, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("start blob %s: %w", digest, err)
+	}
+	return &ingest{c: c, digest: digest, path: p, f: f, h: sha256.New()}, nil
+}
+
+func (w *ingest) Write(p []byte) (int, error) {
+	w.h.Write(p)
+	n, err := w.f.Write(p)
+	w.n += int64(n)
+	return n, err
+}
+
+// sum is the digest of what was written so far.
+func (w *ingest) sum() string { return "sha256:" + hex.EncodeToString(w.h.Sum(nil)) }
+
+// commit checks that the blob had size bytes and hashes to its digest,
+// and only then moves it into blobs/. what names the blob in errors
+// ("layer"); tamper, if set (fault injection), may replace the digest
+// computed. On a mismatch the ingest stays, for abort.
+func (w *ingest) commit(what string, size int64, tamper func(got string) string) error {
+	if w.n != size {
+		return fmt.Errorf("%s %s: received %d bytes, the manifest says %d: %w", what, w.digest, w.n, size, errdefs.ErrInvalidArgument)
+	}
+	got := w.sum()
+	if tamper != nil {
+		got = tamper(got)
+	}
+	if got != w.digest {
+		return fmt.Errorf("%s %s: downloaded content has digest %s: %w", what, w.digest, got, errdefs.ErrInvalidArgument)
+	}
+	if err := w.f.Close(); err != nil {
+		return fmt.Errorf("store blob %s: %w", w.digest, err)
+	}
+	if err := os.Rename(w.path, w.c.blobPath(w.digest)); err != nil {
+		return fmt.Errorf("store blob %s: %w", w.digest, err)
+	}
+	w.done = true
+	return nil
+}
+
+// abort removes what was written, unless the blob was committed.
+func (w *ingest) abort() {
+	if w.done {
+		return
+	}
+	w.done = true
+	w.f.Close()
+	os.Remove(w.path)
+}
+
+func randomHex() string {
+	b := make([]byte, 8)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
+}
