@@ -133,6 +133,25 @@ func run(args []string, stdout, stderr io.Writer) int {
 	return 0
 }
 
+// stringFlags are berthd's string flags: each sets one config key, and
+// only when given (the file's value stays otherwise).
+var stringFlags = []struct {
+	name, usage string
+	field       func(*config.Config) *string
+}{
+	{"listen", "CRI endpoint (unix:///path)", func(c *config.Config) *string { return &c.Listen }},
+	{"root", "persistent state directory", func(c *config.Config) *string { return &c.Root }},
+	{"state", "runtime state directory", func(c *config.Config) *string { return &c.State }},
+	{"runtime", "default OCI runtime binary", func(c *config.Config) *string { return &c.Runtime }},
+	{"cni-conf-dir", "CNI network config directory", func(c *config.Config) *string { return &c.CNIConfDir }},
+	{"registry-config-dir", "registry hosts.toml directory", func(c *config.Config) *string { return &c.RegistryConfigDir }},
+	{"streaming-address", "exec/attach/port-forward server address", func(c *config.Config) *string { return &c.StreamingAddress }},
+	{"metrics-address", "Prometheus metrics address (empty: off)", func(c *config.Config) *string { return &c.MetricsAddress }},
+	{"log-level", "debug, info, warn or error", func(c *config.Config) *string { return &c.LogLevel }},
+	{"log-format", "text or json", func(c *config.Config) *string { return &c.LogFormat }},
+	{"cgroup-driver", "cgroupfs or systemd (empty: cgroupfs; systemd needs a running systemd)", func(c *config.Config) *string { return &c.CgroupDriver }},
+}
+
 // loadConfig layers defaults, the TOML file and then only the flags the user
 // actually set, so a flag's default never overrides a file value.
 // It also returns the config file's path.
@@ -141,18 +160,11 @@ func loadConfig(args []string, stderr io.Writer) (*config.Config, string, error)
 	fs.SetOutput(stderr)
 	flagCfg := config.Default()
 	configPath := fs.String("config", config.DefaultConfigPath, "TOML config file (absent file: defaults)")
-	fs.StringVar(&flagCfg.Listen, "listen", flagCfg.Listen, "CRI endpoint (unix:///path)")
-	fs.StringVar(&flagCfg.Root, "root", flagCfg.Root, "persistent state directory")
-	fs.StringVar(&flagCfg.State, "state", flagCfg.State, "runtime state directory")
-	fs.StringVar(&flagCfg.Runtime, "runtime", flagCfg.Runtime, "default OCI runtime binary")
-	fs.StringVar(&flagCfg.CNIConfDir, "cni-conf-dir", flagCfg.CNIConfDir, "CNI network config directory")
+	for _, f := range stringFlags {
+		p := f.field(flagCfg)
+		fs.StringVar(p, f.name, *p, f.usage)
+	}
 	fs.Var((*stringList)(&flagCfg.CNIBinDirs), "cni-bin-dir", "CNI plugin directory (repeat or comma-separate)")
-	fs.StringVar(&flagCfg.RegistryConfigDir, "registry-config-dir", flagCfg.RegistryConfigDir, "registry hosts.toml directory")
-	fs.StringVar(&flagCfg.StreamingAddress, "streaming-address", flagCfg.StreamingAddress, "exec/attach/port-forward server address")
-	fs.StringVar(&flagCfg.MetricsAddress, "metrics-address", flagCfg.MetricsAddress, "Prometheus metrics address (empty: off)")
-	fs.StringVar(&flagCfg.LogLevel, "log-level", flagCfg.LogLevel, "debug, info, warn or error")
-	fs.StringVar(&flagCfg.LogFormat, "log-format", flagCfg.LogFormat, "text or json")
-	fs.StringVar(&flagCfg.CgroupDriver, "cgroup-driver", flagCfg.CgroupDriver, "cgroupfs or systemd (empty: cgroupfs; systemd needs a running systemd)")
 	if err := fs.Parse(args); err != nil {
 		return nil, "", err
 	}
@@ -164,36 +176,14 @@ func loadConfig(args []string, stderr io.Writer) (*config.Config, string, error)
 	if err := config.LoadFile(cfg, *configPath); err != nil {
 		return nil, "", err
 	}
-	var cniBinDirsSet bool
-	fs.Visit(func(f *flag.Flag) {
-		switch f.Name {
-		case "listen":
-			cfg.Listen = flagCfg.Listen
-		case "root":
-			cfg.Root = flagCfg.Root
-		case "state":
-			cfg.State = flagCfg.State
-		case "runtime":
-			cfg.Runtime = flagCfg.Runtime
-		case "cni-conf-dir":
-			cfg.CNIConfDir = flagCfg.CNIConfDir
-		case "cni-bin-dir":
-			cniBinDirsSet = true
-		case "registry-config-dir":
-			cfg.RegistryConfigDir = flagCfg.RegistryConfigDir
-		case "streaming-address":
-			cfg.StreamingAddress = flagCfg.StreamingAddress
-		case "metrics-address":
-			cfg.MetricsAddress = flagCfg.MetricsAddress
-		case "log-level":
-			cfg.LogLevel = flagCfg.LogLevel
-		case "log-format":
-			cfg.LogFormat = flagCfg.LogFormat
-		case "cgroup-driver":
-			cfg.CgroupDriver = flagCfg.CgroupDriver
+	set := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	for _, f := range stringFlags {
+		if set[f.name] {
+			*f.field(cfg) = *f.field(flagCfg)
 		}
-	})
-	if cniBinDirsSet {
+	}
+	if set["cni-bin-dir"] {
 		// The flag replaces the list; its first use drops the defaults.
 		cfg.CNIBinDirs = flagCfg.CNIBinDirs[len(config.DefaultCNIBinDirs):]
 	}

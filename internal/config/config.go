@@ -38,6 +38,12 @@ const (
 // this long (containerd's default is 5m; decision 1511 says why less).
 const DefaultImagePullProgressTimeout = time.Minute
 
+// The cgroup drivers (cgroup_driver).
+const (
+	CgroupDriverCgroupfs = "cgroupfs"
+	CgroupDriverSystemd  = "systemd"
+)
+
 // DefaultCNIBinDirs are searched in order for CNI plugins: the upstream
 // location first, then where Debian's containernetworking-plugins installs.
 var DefaultCNIBinDirs = []string{"/opt/cni/bin", "/usr/lib/cni"}
@@ -82,7 +88,8 @@ type Config struct {
 	LogLevel string `toml:"log_level" json:"log_level"`
 	// LogFormat is text or json.
 	LogFormat string `toml:"log_format" json:"log_format"`
-	// CgroupDriver is cgroupfs or systemd (needs a running systemd); empty is cgroupfs.
+	// CgroupDriver is cgroupfs or systemd (needs a running systemd);
+	// empty is cgroupfs, which Validate writes in.
 	CgroupDriver string `toml:"cgroup_driver" json:"cgroup_driver"`
 	// CgroupParent is the parent of pod cgroups whose config names none.
 	CgroupParent string `toml:"cgroup_parent" json:"cgroup_parent"`
@@ -293,6 +300,19 @@ func LoadFile(cfg *Config, path string) error {
 	return nil
 }
 
+// EffectiveCgroupDriver is the cgroup driver cgroup_driver names: an
+// explicit choice, otherwise cgroupfs. Validate writes it into the field,
+// so that the daemon and RuntimeConfig read the field as it is. Not
+// detected: switching to systemd by itself would change how pod cgroup
+// parents must be spelled under a kubelet set up for cgroupfs (the
+// kubelet reads the driver through RuntimeConfig).
+func (c *Config) EffectiveCgroupDriver() string {
+	if c.CgroupDriver == "" {
+		return CgroupDriverCgroupfs
+	}
+	return c.CgroupDriver
+}
+
 // Validate checks the values and fills derived defaults (the runc handler).
 func (c *Config) Validate() error {
 	if !strings.HasPrefix(c.Listen, "unix://") || len(c.Listen) <= len("unix://") {
@@ -313,8 +333,8 @@ func (c *Config) Validate() error {
 	default:
 		return fmt.Errorf("log_format %q: want text or json", c.LogFormat)
 	}
-	switch c.CgroupDriver {
-	case "", "cgroupfs", "systemd":
+	switch c.CgroupDriver = c.EffectiveCgroupDriver(); c.CgroupDriver {
+	case CgroupDriverCgroupfs, CgroupDriverSystemd:
 	default:
 		return fmt.Errorf("cgroup_driver %q: want cgroupfs or systemd", c.CgroupDriver)
 	}

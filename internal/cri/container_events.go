@@ -1,10 +1,6 @@
 package cri
 
 import (
-	"fmt"
-
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 	criapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/berthcri/berth/internal/events"
@@ -23,7 +19,7 @@ func (s *Service) GetContainerEvents(req *criapi.GetEventsRequest, stream criapi
 			return nil
 		case ev, ok := <-sub.C:
 			if !ok {
-				return status.Error(codes.ResourceExhausted, fmt.Sprintf("event subscriber fell more than %d events behind; relist and subscribe again", events.DefaultBuffer))
+				return eventsFellBehind()
 			}
 			if err := stream.Send(ev); err != nil {
 				return err

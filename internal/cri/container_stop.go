@@ -16,12 +16,8 @@ func (s *Service) StopContainer(ctx context.Context, req *runtime.StopContainerR
 	if req.GetTimeout() < 0 {
 		return nil, invalidArgument("StopContainer: timeout %d is negative", req.GetTimeout())
 	}
-	if err := s.containers.Stop(ctx, req.GetContainerId(), time.Duration(req.GetTimeout())*time.Second); err != nil {
+	if err := s.lifecycle.StopContainer(ctx, req.GetContainerId(), time.Duration(req.GetTimeout())*time.Second); err != nil {
 		return nil, toStatus(err)
-	}
-	// NRI: reported once, whether here or when the exit was seen.
-	if c, err := s.containers.Get(req.GetContainerId()); err == nil {
-		logNRI(s.log, s.nri.StopContainer(ctx, c), c.PodID, c.ID)
 	}
 	return &runtime.StopContainerResponse{}, nil
 }

@@ -5,7 +5,6 @@ import (
 
 	runtime "k8s.io/cri-api/pkg/apis/runtime/v1"
 
-	"github.com/berthcri/berth/internal/container"
 	"github.com/berthcri/berth/internal/specgen"
 )
 
@@ -22,21 +21,8 @@ func (s *Service) UpdateContainerResources(ctx context.Context, req *runtime.Upd
 	if err := specgen.CheckResources(linux); err != nil {
 		return nil, toStatus(err)
 	}
-	c, err := s.containers.Get(req.GetContainerId())
-	if err != nil {
+	if err := s.lifecycle.UpdateContainerResources(ctx, req.GetContainerId(), linux); err != nil {
 		return nil, toStatus(err)
-	}
-	// NRI plugins may change the update; status then shows what was
-	// applied.
-	res, err := s.nri.UpdateContainer(ctx, c, container.OCIResources(linux))
-	if err != nil {
-		return nil, toStatus(err)
-	}
-	if err := s.containers.UpdateResources(ctx, c.ID, res, linux); err != nil {
-		return nil, toStatus(err)
-	}
-	if cur, err := s.containers.Get(c.ID); err == nil {
-		s.nri.PostUpdateContainer(ctx, cur)
 	}
 	return &runtime.UpdateContainerResourcesResponse{}, nil
 }

@@ -3,10 +3,7 @@ package cri
 import (
 	"context"
 
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 	runtime "k8s.io/cri-api/pkg/apis/runtime/v1"
-	crierrors "k8s.io/cri-api/pkg/errors"
 
 	"github.com/berthcri/berth/internal/image"
 )
@@ -37,14 +34,4 @@ func (s *Service) PullImage(ctx context.Context, req *runtime.PullImageRequest) 
 		return nil, toStatus(err)
 	}
 	return &runtime.PullImageResponse{ImageRef: img.ID}, nil
-}
-
-// signatureRefused is a pull the signature policy refused, as CRI-O
-// answers it and the kubelet recognizes it: code Unknown (which the
-// kubelet's CRI client strips) and a message that starts with the
-// cri-api's SignatureValidationFailed, so that the pod's waiting reason
-// is SignatureValidationFailed with berth's reason after it (decision
-// 2400).
-func signatureRefused(se *image.SignatureError) error {
-	return status.Error(codes.Unknown, crierrors.ErrSignatureValidationFailed.Error()+": "+se.Message())
 }

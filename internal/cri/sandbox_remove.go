@@ -14,30 +14,8 @@ func (s *Service) RemovePodSandbox(ctx context.Context, req *runtime.RemovePodSa
 	if req.GetPodSandboxId() == "" {
 		return nil, invalidArgument("RemovePodSandbox: pod_sandbox_id is required")
 	}
-	sb, err := s.sandboxes.Get(req.GetPodSandboxId())
-	if err != nil {
-		// Unknown, or a prefix of several: Remove answers as it should.
-		if err := s.sandboxes.Remove(ctx, req.GetPodSandboxId()); err != nil {
-			return nil, toStatus(err)
-		}
-		return &runtime.RemovePodSandboxResponse{}, nil
-	}
-	removed, err := s.containers.RemovePod(ctx, sb.ID)
-	for _, c := range removed {
-		s.containerRemoved(ctx, c)
-	}
-	if err != nil {
+	if err := s.lifecycle.RemovePod(ctx, req.GetPodSandboxId()); err != nil {
 		return nil, toStatus(err)
 	}
-	// A pod that never got a container still has the shim RunPodSandbox
-	// launched for it (container.Store.WarmShim).
-	if err := s.containers.ShutdownIdleShim(ctx, sb.ID); err != nil {
-		return nil, toStatus(err)
-	}
-	if err := s.sandboxes.Remove(ctx, sb.ID); err != nil {
-		return nil, toStatus(err)
-	}
-	s.stats.Forget(sb.ID)
-	logNRI(s.log, s.nri.RemovePodSandbox(ctx, sb), sb.ID, "")
 	return &runtime.RemovePodSandboxResponse{}, nil
 }

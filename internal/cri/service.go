@@ -1,6 +1,8 @@
 // Package cri is berth's CRI v1 gRPC layer: one file per RPC, each of which
-// validates the request, calls a domain package and maps errors to codes.
-// RPCs not built yet fall through to the embedded Unimplemented servers, which
+// validates the request, translates it into a call of a domain package
+// (lifecycle flows through internal/lifecycle, reads straight from the
+// stores) and maps errors to codes (errors.go). RPCs of a newer CRI than
+// berth serves fall through to the embedded Unimplemented servers, which
 // answer codes.Unimplemented naming the method.
 package cri
 
@@ -8,22 +10,18 @@ import (
 	"log/slog"
 	"sync"
 
-	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"google.golang.org/grpc"
 	runtime "k8s.io/cri-api/pkg/apis/runtime/v1"
 
-	"github.com/berthcri/berth/internal/cdi"
 	"github.com/berthcri/berth/internal/cgroupctrl"
-	"github.com/berthcri/berth/internal/checkpoint"
 	"github.com/berthcri/berth/internal/config"
 	"github.com/berthcri/berth/internal/container"
 	"github.com/berthcri/berth/internal/events"
 	"github.com/berthcri/berth/internal/image"
+	"github.com/berthcri/berth/internal/lifecycle"
 	"github.com/berthcri/berth/internal/liveconfig"
 	"github.com/berthcri/berth/internal/network"
-	"github.com/berthcri/berth/internal/nri"
 	"github.com/berthcri/berth/internal/sandbox"
-	"github.com/berthcri/berth/internal/specgen"
 	"github.com/berthcri/berth/internal/stats"
 	"github.com/berthcri/berth/internal/streaming"
 )
@@ -46,20 +44,12 @@ type Service struct {
 	streaming  *streaming.Server
 	containers *container.Store
 	stats      *stats.Collector
-	nri        *nri.NRI
-	cdi        *cdi.Registry
-	apparmor   specgen.AppArmorProfiles
-	criu       *checkpoint.CRIU
-	// host is the machine as specgen sees it, probed once at start.
-	host    *specgen.Host
-	cgroups *cgroupctrl.Controllers
+	lifecycle  *lifecycle.Service
+	cgroups    *cgroupctrl.Controllers
 	// live is the configuration in effect, which a reload may change
 	// (runtime handlers, the keys Status shows): load it once per request.
 	// cfg is what berthd started with, for the keys read only at start.
 	live *liveconfig.Holder
-
-	// rlimits are every container's default rlimits (default_ulimits).
-	rlimits []specs.POSIXRlimit
 
 	// podCIDR is what the kubelet last sent through UpdateRuntimeConfig.
 	mu      sync.Mutex
@@ -82,15 +72,9 @@ type Options struct {
 	Containers *container.Store
 	// Stats samples cgroups for the stats RPCs; nil → the host's.
 	Stats *stats.Collector
-	// NRI relays lifecycle events to NRI plugins; nil → off.
-	NRI *nri.NRI
-	// CDI resolves CDI devices; nil refuses containers that ask for any.
-	CDI *cdi.Registry
-	// AppArmor loads the RuntimeDefault profile and looks profiles up
-	// where AppArmor is on; nil refuses RuntimeDefault there.
-	AppArmor specgen.AppArmorProfiles
-	// Host is probed once at daemon start; nil → specgen probes per call.
-	Host *specgen.Host
+	// Lifecycle runs the pod and container flows (and tells NRI); nil →
+	// one over Sandboxes and Containers with no hooks.
+	Lifecycle *lifecycle.Service
 	// Cgroups are the host's usable cgroup controllers, detected once at
 	// start (Status shows them); nil → not reported.
 	Cgroups *cgroupctrl.Controllers
@@ -123,13 +107,9 @@ func New(opts Options) *Service {
 		streaming:  opts.Streaming,
 		containers: opts.Containers,
 		stats:      opts.Stats,
-		nri:        opts.NRI,
-		cdi:        opts.CDI,
-		apparmor:   opts.AppArmor,
-
-		host:    opts.Host,
-		cgroups: opts.Cgroups,
-		live:    opts.Live,
+		lifecycle:  opts.Lifecycle,
+		cgroups:    opts.Cgroups,
+		live:       opts.Live,
 	}
 	if s.live == nil && s.cfg != nil {
 		handlers := map[string]*liveconfig.Handler{}
@@ -141,17 +121,13 @@ func New(opts Options) *Service {
 	if s.log == nil {
 		s.log = slog.Default()
 	}
-	if s.cfg != nil {
-		s.criu = checkpoint.NewCRIU(s.cfg.CRIU)
-	} else {
-		s.criu = checkpoint.NewCRIU("")
-	}
-	if s.cfg != nil {
-		// Validated with the config; an error cannot happen here.
-		s.rlimits, _ = s.cfg.Rlimits()
-	}
 	if s.stats == nil {
 		s.stats = stats.NewCollector(stats.CollectorOptions{})
+	}
+	if s.lifecycle == nil {
+		s.lifecycle = lifecycle.New(lifecycle.Options{
+			Sandboxes: s.sandboxes, Containers: s.containers, Live: s.live, Forget: s.stats.Forget, Logger: s.log,
+		})
 	}
 	if s.events == nil {
 		s.events = events.NewBroker()

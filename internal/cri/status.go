@@ -103,8 +103,8 @@ func (s *Service) statusInfo() (map[string]string, error) {
 		"version":          s.version,
 		"streamingAddress": s.addrs.Streaming,
 		"metricsAddress":   s.addrs.Metrics,
-		// The effective driver: an empty cgroup_driver means cgroupfs.
-		"cgroupDriver": CgroupDriver(s.cfg.CgroupDriver),
+		// The effective driver (config validation made it explicit).
+		"cgroupDriver": s.cfg.CgroupDriver,
 	}
 	if s.cgroups != nil {
 		b, err := json.Marshal(cgroupInfo{

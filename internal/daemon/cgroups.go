@@ -6,7 +6,6 @@ import (
 
 	"github.com/berthcri/berth/internal/cgroupctrl"
 	"github.com/berthcri/berth/internal/config"
-	"github.com/berthcri/berth/internal/cri"
 )
 
 // detectCgroups finds the cgroup controllers the runtime can use for pods
@@ -14,11 +13,11 @@ import (
 // dropped from every container because a controller is missing (not per
 // container: the kubelet sends hugepage limits for every container).
 func detectCgroups(cfg *config.Config, log *slog.Logger) (*cgroupctrl.Controllers, error) {
-	parent, err := cgroupctrl.PodParent(cri.CgroupDriver(cfg.CgroupDriver), cfg.CgroupParent)
+	parent, err := cgroupctrl.PodParent(cfg.CgroupDriver, cfg.CgroupParent)
 	if err != nil {
 		return nil, err
 	}
-	if cri.CgroupDriver(cfg.CgroupDriver) == "cgroupfs" {
+	if cfg.CgroupDriver == config.CgroupDriverCgroupfs {
 		if c, err := cgroupctrl.Detect(cgroupctrl.Options{}); err == nil && c.V2 {
 			// berthd and runc enable the root's controllers down to every
 			// pod; do it for the default parent now so the controllers

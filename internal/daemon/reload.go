@@ -11,7 +11,7 @@ import (
 
 	"github.com/berthcri/berth/internal/config"
 	"github.com/berthcri/berth/internal/container"
-	"github.com/berthcri/berth/internal/cri"
+	"github.com/berthcri/berth/internal/hostprobe"
 	"github.com/berthcri/berth/internal/liveconfig"
 	"github.com/berthcri/berth/internal/metrics"
 	"github.com/berthcri/berth/internal/oci"
@@ -56,7 +56,7 @@ func (d *Daemon) EnableReload(load func() (*config.Config, error), level *slog.L
 }
 
 // handlersOf pairs each handler of cfg with its runtime and features.
-func handlersOf(cfg *config.Config, runtimes map[string]*oci.Runtime, features map[string]cri.HandlerFeatures) map[string]*liveconfig.Handler {
+func handlersOf(cfg *config.Config, runtimes map[string]*oci.Runtime, features map[string]liveconfig.Features) map[string]*liveconfig.Handler {
 	out := make(map[string]*liveconfig.Handler, len(cfg.RuntimeHandlers))
 	for name, h := range cfg.RuntimeHandlers {
 		out[name] = &liveconfig.Handler{Name: name, Config: h, Runtime: runtimes[name], Features: features[name]}
@@ -113,7 +113,7 @@ func (d *Daemon) reloadLocked(ctx context.Context) ReloadStatus {
 		}
 		fresh[name] = container.NewRuntime(cur.Config, name, h)
 	}
-	features := cri.ProbeRuntimeFeatures(ctx, fresh, d.sandboxes.UserNamespaceSupport(), log)
+	features := hostprobe.RuntimeFeatures(ctx, fresh, d.sandboxes.UserNamespaceSupport(), log)
 
 	var changes []liveconfig.Change
 	snap, err := d.live.Swap(func(cur *liveconfig.Snapshot, starting func(string) int) (*liveconfig.Snapshot, error) {

@@ -31,10 +31,7 @@ func checkCgroupV2(cfg *config.Config) []Result {
 // (tests point it at a fixture tree).
 func cgroupV2Result(root string, cfg *config.Config, bootedDir string) Result {
 	r := Result{Name: "cgroup v2", Level: OK}
-	driver := cfg.CgroupDriver
-	if driver == "" {
-		driver = "cgroupfs"
-	}
+	driver := cfg.EffectiveCgroupDriver()
 	read := func(group, file string) ([]string, bool) {
 		b, err := os.ReadFile(filepath.Join(root, group, file))
 		return strings.Fields(string(b)), err == nil

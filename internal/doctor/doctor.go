@@ -47,7 +47,7 @@ func Run(ctx context.Context, cfg *config.Config) []Result {
 	out = append(out,
 		checkOverlay(),
 		checkCgroups(cfg),
-		checkCgroupDriver(cfg.CgroupDriver, systemd.BootedDir),
+		checkCgroupDriver(cfg.EffectiveCgroupDriver(), systemd.BootedDir),
 	)
 	out = append(out, checkCgroupV2(cfg)...)
 	out = append(out,
@@ -247,10 +247,7 @@ func checkCgroups(cfg *config.Config) Result {
 
 func cgroupResult(opts cgroupctrl.Options, cfg *config.Config) Result {
 	r := Result{Name: "cgroups"}
-	driver := cfg.CgroupDriver
-	if driver == "" {
-		driver = "cgroupfs"
-	}
+	driver := cfg.EffectiveCgroupDriver()
 	parent, err := cgroupctrl.PodParent(driver, cfg.CgroupParent)
 	if err != nil {
 		r.Level, r.Message = Fail, err.Error()

@@ -2,8 +2,11 @@
 // github.com/containerd/nri/pkg/adaptation, turns berth's sandbox and
 // container records into NRI's objects, relays lifecycle events to plugins
 // and applies what they answer (spec adjustments, container updates and
-// evictions). The CRI layer calls it at fixed points of each RPC
-// (docs/nri.md has the ordering); every method is a no-op when NRI is off.
+// evictions). Hooks makes it the lifecycle service's lifecycle.Hooks: the
+// service calls it at fixed points of each flow (docs/nri.md has the
+// ordering), and the
+// container store's events reach ContainerEvent through the daemon's one
+// subscriber list. Every method is a no-op when NRI is off.
 package nri
 
 import (

@@ -1,35 +1,14 @@
 package cri
 
 import (
-	"context"
-	"log/slog"
-
 	runtime "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/berthcri/berth/internal/liveconfig"
-	"github.com/berthcri/berth/internal/oci"
 )
 
 // HandlerFeatures are what one runtime handler can do, probed once when
-// the handler appears (`<binary> features`) rather than on every call.
+// the handler appears (hostprobe.RuntimeFeatures).
 type HandlerFeatures = liveconfig.Features
-
-// ProbeRuntimeFeatures asks each handler's runtime for its features. A
-// runtime that cannot answer (too old, missing) gets none, with a warning:
-// its containers then refuse recursive read-only mounts. usernsErr is
-// why the node cannot run user namespace pods (nil: it can); then no
-// handler offers them.
-func ProbeRuntimeFeatures(ctx context.Context, runtimes map[string]*oci.Runtime, usernsErr error, log *slog.Logger) map[string]HandlerFeatures {
-	out := make(map[string]HandlerFeatures, len(runtimes))
-	for name, rt := range runtimes {
-		f, err := rt.Features(ctx)
-		if err != nil {
-			log.Warn("runtime features probe failed; assuming none", "handler", name, "binary", rt.Binary, "err", err)
-		}
-		out[name] = HandlerFeatures{RecursiveReadOnly: f.RecursiveReadOnly(), UserNamespaces: usernsErr == nil && f.UserNamespaces()}
-	}
-	return out
-}
 
 // runtimeHandlers lists each configured handler and, as containerd does,
 // the default handler again under the name "" (what a sandbox without
