@@ -52,8 +52,8 @@ type CreateRequest struct {
 }
 
 // Draft is a container being created: its name is reserved, its image
-// leased, its filesystem mounted, and the pod's shim is being reached in
-// the background. Build its spec from ID, Image and Rootfs, then Commit;
+// leased, its filesystem mounted, and the pod is being added to the
+// node's monitor in the background. Build its spec from ID, Image and Rootfs, then Commit;
 // Discard undoes whatever was done.
 type Draft struct {
 	ID string
@@ -191,7 +191,7 @@ func (d *Draft) Record(spec *specs.Spec) *Container {
 	return newRecord(d.ID, d.req, d.Image, d.volumes, spec, d.began.UTC())
 }
 
-// Commit writes the bundle, has the pod's shim create the container, and
+// Commit writes the bundle, has the node's monitor create the container, and
 // records and publishes it. resources are what status reports as applied:
 // as the config asked, or as NRI plugins adjusted them. On error the
 // draft is left for Discard.
@@ -232,8 +232,8 @@ func (d *Draft) Commit(ctx context.Context, spec *specs.Spec, resources *runtime
 	s.opts.Faults.Hit(fault.ContainerAfterRecordWrite, "pod", rec.PodID, "container", rec.ID)
 	d.committed = true
 	s.add(rec)
-	// Where the time went: rootfs and spec, waiting for the pod's shim
-	// beyond that (it is reached or launched meanwhile), and the OCI
+	// Where the time went: rootfs and spec, waiting for the node's monitor
+	// beyond that (the pod is added meanwhile), and the OCI
 	// runtime's create.
 	d.log.Info("container created", "took", time.Since(d.began),
 		"prepare", prepared.Sub(d.began), "shim", shimReady.Sub(prepared), "runtime_create", runtimeCreated.Sub(shimReady))
@@ -296,7 +296,7 @@ func (d *Draft) runtimeCreate(ctx context.Context, sh Shim) error {
 }
 
 // Discard undoes what Prepare and a failed Commit did, last step first:
-// the runtime's container, the idle shim launched for it, the filesystem,
+// the runtime's container, the pod added to the monitor for it, the filesystem,
 // the image leases, the directory and the name. After a successful Commit
 // it does nothing; a second call does nothing either.
 func (d *Draft) Discard(ctx context.Context) {

@@ -9,8 +9,8 @@ import (
 	"github.com/berthcri/berth/internal/shim"
 )
 
-// How berthd learns that a container exited: the pod's shim reaps it and
-// persists its exit status; a watcher per container hears it at once
+// How berthd learns that a container exited: the node's keeper reaps it and
+// the monitor persists its exit status; a watcher per container hears it at once
 // (watch), and anything that looks at a container folds in an exit the
 // watcher has not recorded yet (foldExit). Only an exit the node's
 // monitor or keeper reports is an exit: a monitor that crashes is
@@ -149,11 +149,11 @@ func (s *Store) exitedIfShimGone(e *entry, err error) error {
 	if r.State == StateExited {
 		return nil
 	}
-	msg := "the pod's shim is gone"
+	msg := "no monitor serves the pod any more"
 	if rt, ok := s.runtime(r.Runtime); ok {
 		ctx, cancel := context.WithTimeout(context.Background(), killUnwatchedTimeout)
 		if rst, serr := rt.State(ctx, r.ID); serr == nil && rst.Status != "stopped" {
-			msg = "the pod's shim is gone; its processes were killed"
+			msg = "no monitor serves the pod any more; its processes were killed"
 			s.log.Warn("kill a container no shim watches", "pod", r.PodID, "container", r.ID, "status", rst.Status)
 		}
 		if derr := rt.Delete(ctx, r.ID, true); derr != nil {

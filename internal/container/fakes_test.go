@@ -77,7 +77,8 @@ func (f *fakeShims) exitLocked(c *fakeCtr, code int) {
 	close(c.done)
 }
 
-// crash kills the pod's shim and every process in it.
+// crash ends the pod (no monitor serves it any more) and kills every
+// process in it.
 func (f *fakeShims) crash(pod string) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -242,7 +243,7 @@ func (s *fakeShim) Delete(_ context.Context, id string) (*shim.State, error) {
 	s.f.exitLocked(c, 137)
 	delete(s.f.ctrs[s.pod], id)
 	if len(s.f.ctrs[s.pod]) == 0 {
-		// The shim exits with its last container.
+		// The pod ends with its last container.
 		s.f.running[s.pod] = false
 		delete(s.f.ctrs, s.pod)
 	}

@@ -12,7 +12,8 @@ import (
 
 // What a restarted berthd finds without a record: a create cut short by
 // a crash leaves a container directory (with its mounts), image leases,
-// and maybe a container in the pod's shim or a shim holding nothing.
+// and maybe a container in the pod on the node's monitor, or a pod there
+// holding nothing.
 
 // removeUnrecorded undoes what a create that died before its record left
 // in dir: every mount, then the directory. It reports whether dir is gone;
@@ -67,9 +68,9 @@ func leaseContainer(owner string) (id string, ok bool) {
 	return id, true
 }
 
-// reapOrphans deletes, from every live shim, containers berthd has no
+// reapOrphans deletes, from every pod the monitor serves, containers berthd has no
 // record of (a create cut short by a crash before its record was written),
-// and removes the directories of dead shims (their exits are folded in).
+// and removes the directories of pods no monitor serves (their exits are folded in).
 func (s *Store) reapOrphans(ctx context.Context) {
 	pods, err := s.shims.Pods()
 	if err != nil {
@@ -80,9 +81,9 @@ func (s *Store) reapOrphans(ctx context.Context) {
 		sh := s.shims.Pod(pod)
 		ids, err := sh.List(ctx)
 		if errors.Is(err, shim.ErrNoShim) {
-			s.log.Info("removing the directory of a dead shim", "pod", pod)
+			s.log.Info("removing the directory of a pod no monitor serves", "pod", pod)
 			if err := s.shims.Forget(pod); err != nil {
-				s.log.Warn("remove the directory of a dead shim", "pod", pod, "err", err)
+				s.log.Warn("remove the directory of a pod no monitor serves", "pod", pod, "err", err)
 			}
 			continue
 		}
@@ -94,7 +95,7 @@ func (s *Store) reapOrphans(ctx context.Context) {
 			if s.objs.Has(id) {
 				continue
 			}
-			s.log.Warn("deleting a container without a record from its shim", "pod", pod, "container", id)
+			s.log.Warn("deleting a container without a record from the monitor", "pod", pod, "container", id)
 			if _, err := sh.Delete(ctx, id); err != nil {
 				s.log.Warn("delete orphan container", "container", id, "err", err)
 			}
@@ -105,7 +106,7 @@ func (s *Store) reapOrphans(ctx context.Context) {
 			// shim emptied by the deletes above exits by itself.)
 			s.log.Warn("stopping a shim that holds no container", "pod", pod)
 			if err := sh.Shutdown(ctx); err != nil && !errors.Is(err, shim.ErrNoShim) {
-				s.log.Warn("stop idle shim", "pod", pod, "err", err)
+				s.log.Warn("end the idle pod", "pod", pod, "err", err)
 			}
 		}
 	}
@@ -113,6 +114,6 @@ func (s *Store) reapOrphans(ctx context.Context) {
 	// before it was added serve nothing (they would leave by themselves
 	// after a while).
 	if err := s.shims.StopIdleNode(ctx); err != nil {
-		s.log.Warn("stop the node's idle shim", "err", err)
+		s.log.Warn("stop the node's idle monitor", "err", err)
 	}
 }

@@ -7,9 +7,9 @@ import (
 	"github.com/berthcri/berth/internal/shim"
 )
 
-// ShimState asks the pod's shim how it sees the container: pid, status,
+// ShimState asks the node's monitor, on the pod's socket, how it sees the container: pid, status,
 // and the CRI log records it could not write (a full disk). It is an RPC
-// to the shim, unlike Get: for verbose status and metrics, not the
+// to the monitor, unlike Get: for verbose status and metrics, not the
 // kubelet's polling.
 func (s *Store) ShimState(ctx context.Context, id string) (*shim.State, error) {
 	e, err := s.entry(id)

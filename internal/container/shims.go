@@ -38,18 +38,20 @@ type Shim interface {
 	Exit(id string) (*shim.Exit, bool, error)
 }
 
-// Shims reaches the pods' shims. berthShims (below) runs berth-shim under
+// Shims reaches the pods on the node's monitor. berthShims (below) runs berth-shim under
 // Options.ShimDir; unit tests put their own in Options.Shims.
 type Shims interface {
-	// Pod is the pod's shim, whether or not one runs.
+	// Pod is the pod on the node's monitor, whether or not the monitor
+	// serves it.
 	Pod(podID string) Shim
-	// Start returns the pod's shim, launching one if none runs; two calls
-	// for one pod never launch two.
+	// Start returns the pod on the node's monitor, adding the pod
+	// (launching keeper and monitor if none runs); two calls for one pod
+	// never add it twice.
 	Start(ctx context.Context, podID string) (Shim, error)
-	// Pods lists the pods that have shim state (a running shim, or the
-	// directory a dead one left).
+	// Pods lists the pods that have state under the shim dir (a pod the
+	// monitor serves, or the directory a pod no monitor serves left).
 	Pods() ([]string, error)
-	// Forget removes the state a dead shim left.
+	// Forget removes the state a pod no monitor serves left.
 	Forget(podID string) error
 	// StopIdleNode stops the node's shim processes if they serve no pod
 	// (launched for a pod a crash cut short before it was added).
@@ -65,13 +67,13 @@ type berthShims struct {
 	log    *slog.Logger
 
 	mu sync.Mutex
-	// launches serialise shim launches per pod (two creates in one pod
-	// must not launch two shims). Pods never wait on each other's shim,
-	// so a hung shim stalls only its own pod.
+	// launches serialise adding a pod, per pod (two creates in one pod
+	// must not add it twice). Pods never wait on each other's add, so a
+	// hung add stalls only its own pod.
 	launches map[string]*podLaunchLock
 }
 
-// podLaunchLock is one pod's shim-launch lock; refs counts holders and
+// podLaunchLock is one pod's add-pod lock; refs counts holders and
 // waiters, so the map entry goes when nobody needs it.
 type podLaunchLock struct {
 	mu   sync.Mutex
@@ -132,7 +134,7 @@ func (b *berthShims) StopIdleNode(ctx context.Context) error {
 	return shim.StopIdleNode(ctx, b.dir)
 }
 
-// lockPod takes the pod's shim-launch lock and returns its unlock.
+// lockPod takes the pod's add-pod lock and returns its unlock.
 func (b *berthShims) lockPod(podID string) func() {
 	b.mu.Lock()
 	l := b.launches[podID]
@@ -153,10 +155,10 @@ func (b *berthShims) lockPod(podID string) func() {
 	}
 }
 
-// pendingShim is the pod's shim being reached (or launched) in the
-// background while a create mounts the rootfs and builds the spec:
-// launching one (fork, exec, a Go runtime's start) costs a few ms on the
-// first container of every pod.
+// pendingShim is the pod being added to the node's monitor (keeper and
+// monitor launched first if none runs) in the background while a create
+// mounts the rootfs and builds the spec: that costs a few ms on the first
+// container of every pod.
 type pendingShim struct {
 	done chan struct{}
 	shim Shim
@@ -172,14 +174,14 @@ func reachShim(ctx context.Context, shims Shims, podID string) *pendingShim {
 	return p
 }
 
-// join waits for the shim.
+// join waits for the pod to be on the monitor.
 func (p *pendingShim) join() (Shim, error) {
 	<-p.done
 	return p.shim, p.err
 }
 
-// abandon is the undo of a create whose container the shim does not
-// hold: a shim launched for this create alone exits (one holding other
+// abandon is the undo of a create whose container the monitor does not
+// hold: a pod added for this create alone ends (one holding other
 // containers refuses, as it should).
 func (p *pendingShim) abandon(ctx context.Context, log *slog.Logger) {
 	sh, err := p.join()
@@ -187,20 +189,21 @@ func (p *pendingShim) abandon(ctx context.Context, log *slog.Logger) {
 		return
 	}
 	if err := sh.Shutdown(ctx); err != nil && !errors.Is(err, shim.ErrNoShim) && !errors.Is(err, errdefs.ErrFailedPrecondition) {
-		log.Warn("shut the idle shim down after failed create", "err", err)
+		log.Warn("end the idle pod after failed create", "err", err)
 	}
 }
 
-// WarmShim launches the pod's shim in the background, ahead of its first
+// WarmShim adds the pod to the node's monitor in the background
+// (launching keeper and monitor if none runs), ahead of its first
 // CreateContainer: RunPodSandbox calls it before the pod's CNI ADD, which
-// mostly waits on the plugins' processes, so the launch (fork, exec, a Go
-// runtime's start: several ms on a busy node) is off the create's path.
-// The create finds it through Shims.Start's per-pod lock, launched or
-// still launching. wait blocks until the launch is over (RunPodSandbox
-// returns only then, so what it made is all there when it answers). A
-// pod removed without ever getting a container has its idle shim stopped
-// by ShutdownIdleShim; berthd restarted meanwhile stops it at start
-// (reapOrphans).
+// mostly waits on the plugins' processes, so the add (and any launch:
+// fork, exec, a Go runtime's start, several ms on a busy node) is off the
+// create's path. The create finds the pod through Shims.Start's per-pod
+// lock, added or still being added. wait blocks until the add is over
+// (RunPodSandbox returns only then, so what it made is all there when it
+// answers). A pod removed without ever getting a container is ended,
+// idle, on the monitor by ShutdownIdleShim; berthd restarted meanwhile
+// ends it at start (reapOrphans).
 func (s *Store) WarmShim(ctx context.Context, podID string) (wait func()) {
 	done := make(chan struct{})
 	s.mu.Lock()
@@ -219,16 +222,16 @@ func (s *Store) WarmShim(ctx context.Context, podID string) (wait func()) {
 		}()
 		if _, err := s.shims.Start(context.WithoutCancel(ctx), podID); err != nil {
 			// The pod's first create launches it again, and says why.
-			s.log.Warn("launch the pod's shim ahead of its first container", "pod", podID, "err", err)
+			s.log.Warn("add the pod to the monitor ahead of its first container", "pod", podID, "err", err)
 		}
 	}()
 	return func() { <-done }
 }
 
-// ShutdownIdleShim stops the pod's shim if it holds no container (one a
-// WarmShim launched for a pod that never got one), after waiting for a
-// launch in progress. A shim holding containers refuses, and none
-// running is fine (its directory goes once the pod has no container).
+// ShutdownIdleShim ends the pod on the node's monitor if it holds no
+// container (one WarmShim added for a pod that never got one), after
+// waiting for an add in progress. A pod holding containers refuses, and
+// none served is fine (its directory goes once the pod has no container).
 func (s *Store) ShutdownIdleShim(ctx context.Context, podID string) error {
 	s.mu.Lock()
 	done := s.warming[podID]
@@ -242,17 +245,17 @@ func (s *Store) ShutdownIdleShim(ctx context.Context, podID string) error {
 		// died): the directory they left holds nothing any container
 		// still needs, the exits were folded into the records.
 		if ferr := s.shims.Forget(podID); ferr != nil {
-			s.log.Warn("remove the directory of a dead shim", "pod", podID, "err", ferr)
+			s.log.Warn("remove the directory of a pod no monitor serves", "pod", podID, "err", ferr)
 		}
 		// And the node's, if its keeper died too (a living keeper's, or
 		// a monitor serving other pods, stays).
 		if ferr := s.shims.StopIdleNode(ctx); ferr != nil {
-			s.log.Warn("stop the node's idle shim", "err", ferr)
+			s.log.Warn("stop the node's idle monitor", "err", ferr)
 		}
 		return nil
 	}
 	if err == nil || errors.Is(err, shim.ErrNoShim) || errors.Is(err, errdefs.ErrFailedPrecondition) {
 		return nil
 	}
-	return fmt.Errorf("stop the idle shim of pod %s: %w", podID, err)
+	return fmt.Errorf("end the idle pod %s on the monitor: %w", podID, err)
 }

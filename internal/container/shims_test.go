@@ -5,8 +5,8 @@ import (
 	"time"
 )
 
-// A pod's shim launch blocks another launch in the same pod but not in a
-// different pod, and the lock map empties once nobody holds a lock.
+// Adding a pod to the monitor blocks another add of the same pod but not
+// of a different pod, and the lock map empties once nobody holds a lock.
 func TestPodShimLockIsPerPod(t *testing.T) {
 	s := newBerthShims(t.TempDir(), "berth-shim", nil)
 	unlockA := s.lockPod("pod-a")

@@ -5,7 +5,7 @@
 // Files: create.go is the create pipeline (Prepare, then Commit),
 // lifecycle.go start, stop and remove, exits.go how an exit is learnt,
 // recover.go and orphans.go what a restarted daemon does, shims.go and
-// rootfs.go the two things a Store drives (the pods' shims and the
+// rootfs.go the two things a Store drives (the node's monitor and the
 // mounts), record.go the record and its file, events.go what listeners
 // hear.
 package container
@@ -47,7 +47,7 @@ type Images interface {
 type Options struct {
 	// Dir is <root>/containers.
 	Dir string
-	// ShimDir is <state>/shims; each pod's shim lives in <ShimDir>/<pod-id>.
+	// ShimDir is <state>/shims; each pod's socket and exits live in <ShimDir>/<pod-id>.
 	ShimDir string
 	// ShimBinary is the berth-shim executable.
 	ShimBinary string

@@ -298,7 +298,7 @@ func TestLifecycleExitCodesAndReasons(t *testing.T) {
 	if _, err := f.store.Get("nope"); !errdefs.IsNotFound(err) {
 		t.Fatalf("get missing: %v", err)
 	}
-	// The pod's last container is gone, so is its shim.
+	// The pod's last container is gone, so is its place on the monitor.
 	waitGone(t, filepath.Join(f.opts.ShimDir, "pod1"))
 }
 

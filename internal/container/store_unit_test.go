@@ -123,7 +123,8 @@ func TestUnitCreateRecordsWhatItResolved(t *testing.T) {
 }
 
 // A create that fails at any step leaves nothing: no mount, lease,
-// directory, container in the shim or idle shim, and the name is free.
+// directory, container on the monitor or idle pod there, and the name is
+// free.
 func TestUnitFailedCreateUndoesEverything(t *testing.T) {
 	for name, setup := range map[string]func(u *unitStore, req *container.CreateRequest){
 		"volume not readonly": func(_ *unitStore, req *container.CreateRequest) {
@@ -162,7 +163,7 @@ func TestUnitFailedCreateUndoesEverything(t *testing.T) {
 				t.Fatalf("container dirs left: %d", len(es))
 			}
 			if u.shims.running["pod1"] || len(u.shims.holds("pod1")) != 0 {
-				t.Fatalf("the shim launched for the create stays (holds %v)", u.shims.holds("pod1"))
+				t.Fatalf("the pod added to the monitor for the create stays (holds %v)", u.shims.holds("pod1"))
 			}
 			if len(u.store.List()) != 0 || len(u.takeEvents()) != 0 {
 				t.Fatal("a failed create is listed or heard of")
@@ -447,7 +448,7 @@ func TestUnitRecoveryFoldsInWhatTheShimsSay(t *testing.T) {
 		t.Fatalf("shim gone while down: %+v", got)
 	}
 	if _, ok := u.shims.running["pod2"]; ok {
-		t.Fatal("the dead shim's state was kept")
+		t.Fatal("the state of a pod no monitor serves was kept")
 	}
 }
 

@@ -6,7 +6,7 @@ import (
 	runtime "k8s.io/cri-api/pkg/apis/runtime/v1"
 )
 
-// ReopenContainerLog makes the container's shim reopen its log file after
+// ReopenContainerLog makes the node's monitor reopen the container's log file after
 // the kubelet rotated it. The container must be running.
 func (s *Service) ReopenContainerLog(ctx context.Context, req *runtime.ReopenContainerLogRequest) (*runtime.ReopenContainerLogResponse, error) {
 	if req.GetContainerId() == "" {

@@ -107,7 +107,7 @@ func New(ctx context.Context, cfg *config.Config, version string, log *slog.Logg
 		d.listenMetrics,  // metrics server
 		d.probeNode,      // systemd, cgroup controllers, CDI, host facts, CNI
 		d.openContainers, // container store, publishing to d.events
-		d.openSandboxes,  // sandbox store, warming the container store's shims
+		d.openSandboxes,  // sandbox store, adding each starting pod to the monitor
 		d.openNRI,        // NRI over both stores, subscribed to d.events
 		d.openStreaming,  // exec/attach/port-forward over both stores
 		d.probeHandlers,  // runtime features, now that user namespaces are known

@@ -38,16 +38,16 @@ func registerObjectCounts(m *metrics.Metrics, sandboxes *sandbox.Store, containe
 	})
 	m.Registry.MustRegister(shimGauge(containers))
 	m.CounterFunc("berth_container_log_write_errors_total",
-		"CRI log records a container's shim could not write in full (a full or failing disk), by container.",
+		"CRI log records the node's berth-shim monitor could not write in full (a full or failing disk), by container.",
 		"container", func() map[string]float64 { return logWriteErrors(containers) })
 }
 
-// logWriteErrorsBudget bounds one scrape's questions to the shims.
+// logWriteErrorsBudget bounds one scrape's questions to the monitor.
 const logWriteErrorsBudget = 2 * time.Second
 
-// logWriteErrors asks each container's shim how many CRI log records it
-// could not write: one short RPC per container the shim still holds, at
-// scrape time only.
+// logWriteErrors asks the node's monitor how many CRI log records it
+// could not write for each container: one short RPC per container the
+// monitor still holds, at scrape time only.
 func logWriteErrors(containers *container.Store) map[string]float64 {
 	ctx, cancel := context.WithTimeout(context.Background(), logWriteErrorsBudget)
 	defer cancel()

@@ -163,8 +163,8 @@ func (d *Daemon) openContainers(ctx context.Context) (err error) {
 }
 
 // openSandboxes recovers the sandbox store and releases what pods left
-// without a record. A starting pod warms its shim in the container store
-// (decision 1602).
+// without a record. A starting pod is added to the node's monitor through
+// the container store (decisions 1602, 1701).
 func (d *Daemon) openSandboxes(ctx context.Context) (err error) {
 	cfg, containers := d.cfg, d.containers
 	d.sandboxes, err = sandbox.New(sandbox.Options{
@@ -179,7 +179,7 @@ func (d *Daemon) openSandboxes(ctx context.Context) (err error) {
 			wait := containers.WarmShim(ctx, podID)
 			return wait, func(ctx context.Context) {
 				if err := containers.ShutdownIdleShim(ctx, podID); err != nil {
-					d.log.Warn("stop the shim of a pod that failed to start", "pod", podID, "err", err)
+					d.log.Warn("end, on the monitor, a pod that failed to start", "pod", podID, "err", err)
 				}
 			}
 		},

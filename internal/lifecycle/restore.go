@@ -34,7 +34,7 @@ type RestorePodRequest struct {
 // container, a container restored from the checkpoint, matched by
 // metadata name. Every container is returned CREATED with no process:
 // its start restores the checkpointed processes (runc restore, in the
-// pod's shim). On any error everything made is removed.
+// pod's place on the node's monitor). On any error everything made is removed.
 func (s *Service) RestorePod(ctx context.Context, req RestorePodRequest) (_ *sandbox.Sandbox, _ []*container.Container, retErr error) {
 	live := s.opts.Live.Load()
 	handler := req.RuntimeHandler
