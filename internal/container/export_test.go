@@ -7,7 +7,7 @@ import (
 	"github.com/berthcri/berth/internal/shim"
 )
 
-// shimAttachClose closes a container's stdin through its shim, with no
+// shimAttachClose closes a container's stdin through the node's monitor, with no
 // Store involved (as if berthd were down).
 func shimAttachClose(f *fixture, pod, id string) (*shim.Stream, error) {
 	s, err := shim.NewClient(filepath.Join(f.opts.ShimDir, pod)).Attach(context.Background(), id, true, false, false)

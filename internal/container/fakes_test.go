@@ -36,7 +36,7 @@ type fakeCtr struct {
 
 type fakeShims struct {
 	mu       sync.Mutex
-	running  map[string]bool                // pod → its shim runs
+	running  map[string]bool                // pod → the monitor serves it
 	ctrs     map[string]map[string]*fakeCtr // pod → ID → container
 	fail     map[string]map[string]error    // op → container ID → error to answer
 	nextPid  int

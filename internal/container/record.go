@@ -195,7 +195,7 @@ func (s *Store) saveRecord(c *Container) error {
 // A restarted berthd reads the page cache; a power loss stops every
 // container, and an older, missing or empty record of a container that
 // no longer runs is recovered as such (a directory without a valid
-// record is removed, a created record whose shim is gone is exited).
+// record is removed, a created record whose pod no monitor serves any more is exited).
 func (s *Store) saveRecordSoon(c *Container) error {
 	c.Version = recordVersion
 	return s.records.SaveSoon(c.ID, c)

@@ -24,7 +24,7 @@ func (s *Store) recover(ctx context.Context) error {
 		return err
 	}
 	kept := map[string]bool{}            // container IDs whose directory stays
-	live := map[string]map[string]bool{} // pod → container IDs its shim holds
+	live := map[string]map[string]bool{} // pod → container IDs the monitor holds for it
 	for _, id := range ids {
 		rec, err := s.loadRecord(id)
 		if err != nil {

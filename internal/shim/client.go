@@ -47,7 +47,8 @@ func nodeClient(nodeDir string) *Client {
 	return &Client{dir: nodeDir, socket: proto.NodeSocketPath(nodeDir)}
 }
 
-// Dir is the pod's shim state directory.
+// Dir is the pod's state directory (<shims>/<pod-id>: its socket and
+// exits).
 func (c *Client) Dir() string { return c.dir }
 
 // ErrNoShim means no monitor serves the pod, and none will: no keeper

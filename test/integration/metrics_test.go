@@ -113,7 +113,7 @@ func scrapeMetrics(t *testing.T, addr string) map[string]float64 {
 }
 
 // A container whose CRI log sits on a full disk: berthd reports the
-// records its shim could not write, in verbose ContainerStatus and as a
+// records the node's monitor could not write, in verbose ContainerStatus and as a
 // metric, so a full disk does not go unnoticed; a healthy container
 // reports none.
 func TestContainerLogOnFullDiskIsReported(t *testing.T) {
