@@ -52,9 +52,9 @@ type CreateRequest struct {
 }
 
 // Draft is a container being created: its name is reserved, its image
-// leased, its filesystem mounted, and the pod is being added to the
-// node's monitor in the background. Build its spec from ID, Image and Rootfs, then Commit;
-// Discard undoes whatever was done.
+// leased, its filesystem mounted, and the pod is being added to the node's
+// monitor in the background. Build its spec from ID, Image and Rootfs, then
+// Commit; Discard undoes whatever was done.
 type Draft struct {
 	ID string
 	// Image is the container's image; its config feeds the spec.

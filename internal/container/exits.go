@@ -10,16 +10,16 @@ import (
 )
 
 // How berthd learns that a container exited: the node's keeper reaps it and
-// the monitor persists its exit status; a watcher per container hears it at once
-// (watch), and anything that looks at a container folds in an exit the
-// watcher has not recorded yet (foldExit). Only an exit the node's
-// monitor or keeper reports is an exit: a monitor that crashes is
-// restarted by its keeper, and the shim client waits for it (decision
-// 1701), so the container stays as it was meanwhile. A shim that is gone
-// for good (no keeper, or no monitor within shim.MonitorRestartTimeout)
-// can report nothing any more: the container is recorded exited, 255,
-// its processes killed first if they still run (exitedIfShimGone), so
-// that none runs on unseen while the kubelet starts its replacement.
+// the monitor persists its exit status; a watcher per container hears it at
+// once (watch), and anything that looks at a container folds in an exit the
+// watcher has not recorded yet (foldExit). Only an exit the node's monitor
+// or keeper reports is an exit: a monitor that crashes is restarted by its
+// keeper, and the shim client waits for it (decision 1701), so the container
+// stays as it was meanwhile. A shim that is gone for good (no keeper, or no
+// monitor within shim.MonitorRestartTimeout) can report nothing any more:
+// the container is recorded exited, 255, its processes killed first if they
+// still run (exitedIfShimGone), so that none runs on unseen while the
+// kubelet starts its replacement.
 
 // startWatch watches e for its exit until it exits or the store closes.
 func (s *Store) startWatch(e *entry) {

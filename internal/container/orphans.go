@@ -68,9 +68,10 @@ func leaseContainer(owner string) (id string, ok bool) {
 	return id, true
 }
 
-// reapOrphans deletes, from every pod the monitor serves, containers berthd has no
-// record of (a create cut short by a crash before its record was written),
-// and removes the directories of pods no monitor serves (their exits are folded in).
+// reapOrphans deletes, from every pod the monitor serves, containers
+// berthd has no record of (a create cut short by a crash before its
+// record was written), and removes the directories of pods no monitor
+// serves (their exits are folded in).
 func (s *Store) reapOrphans(ctx context.Context) {
 	pods, err := s.shims.Pods()
 	if err != nil {
@@ -101,10 +102,10 @@ func (s *Store) reapOrphans(ctx context.Context) {
 			}
 		}
 		if len(ids) == 0 {
-			// Launched for a create that a crash cut short before the
-			// shim held anything: nothing would ever make it exit. (A
-			// shim emptied by the deletes above exits by itself.)
-			s.log.Warn("stopping a shim that holds no container", "pod", pod)
+			// Added for a create that a crash cut short before the
+			// monitor held anything for the pod: nothing would ever end
+			// it. (A pod emptied by the deletes above ends by itself.)
+			s.log.Warn("ending a pod that holds no container", "pod", pod)
 			if err := sh.Shutdown(ctx); err != nil && !errors.Is(err, shim.ErrNoShim) {
 				s.log.Warn("end the idle pod", "pod", pod, "err", err)
 			}

@@ -190,12 +190,12 @@ func (s *Store) saveRecord(c *Container) error {
 	return s.records.Save(c.ID, c)
 }
 
-// saveRecordSoon writes the record at once and has it fsynced right
-// after (decision 1600): what CreateContainer and StartContainer record.
-// A restarted berthd reads the page cache; a power loss stops every
-// container, and an older, missing or empty record of a container that
-// no longer runs is recovered as such (a directory without a valid
-// record is removed, a created record whose pod no monitor serves any more is exited).
+// saveRecordSoon writes the record at once and has it fsynced right after
+// (decision 1600): what CreateContainer and StartContainer record. A
+// restarted berthd reads the page cache; a power loss stops every container,
+// and an older, missing or empty record of a container that no longer runs
+// is recovered as such (a directory without a valid record is removed, a
+// created record whose pod no monitor serves any more is exited).
 func (s *Store) saveRecordSoon(c *Container) error {
 	c.Version = recordVersion
 	return s.records.SaveSoon(c.ID, c)

@@ -14,17 +14,17 @@ import (
 	"github.com/berthcri/berth/internal/shim"
 )
 
-// recover loads every record and reconciles it with its pod on the node's monitor: exits
-// persisted while berthd was down are folded in; a container no monitor serves
-// any more, without an exit, is marked exited (unknown). What a create cut short
-// left without a record is undone (orphans.go).
+// recover loads every record and reconciles it with its pod on the node's
+// monitor: exits persisted while berthd was down are folded in; a container
+// no monitor serves any more, without an exit, is marked exited (unknown).
+// What a create cut short left without a record is undone (orphans.go).
 func (s *Store) recover(ctx context.Context) error {
 	ids, err := s.records.IDs()
 	if err != nil {
 		return err
 	}
 	kept := map[string]bool{}            // container IDs whose directory stays
-	live := map[string]map[string]bool{} // pod → container IDs the monitor holds for it
+	live := map[string]map[string]bool{} // pod → container IDs the monitor holds
 	for _, id := range ids {
 		rec, err := s.loadRecord(id)
 		if err != nil {
@@ -46,9 +46,9 @@ func (s *Store) recover(ctx context.Context) error {
 	return nil
 }
 
-// reconcile brings a loaded record up to date with its pod on the node's monitor, whose
-// word wins, and watches it if it still runs. live caches each pod's
-// container listing. Caller holds e.mu.
+// reconcile brings a loaded record up to date with its pod on the node's
+// monitor, whose word wins, and watches it if it still runs. live caches
+// each pod's container listing. Caller holds e.mu.
 func (s *Store) reconcile(ctx context.Context, e *entry, live map[string]map[string]bool) {
 	rec := e.rec
 	s.foldExit(e)

@@ -38,8 +38,9 @@ type Shim interface {
 	Exit(id string) (*shim.Exit, bool, error)
 }
 
-// Shims reaches the pods on the node's monitor. berthShims (below) runs berth-shim under
-// Options.ShimDir; unit tests put their own in Options.Shims.
+// Shims reaches the pods on the node's monitor. berthShims (below) runs
+// berth-shim under Options.ShimDir; unit tests put their own in
+// Options.Shims.
 type Shims interface {
 	// Pod is the pod on the node's monitor, whether or not the monitor
 	// serves it.

@@ -47,7 +47,8 @@ type Images interface {
 type Options struct {
 	// Dir is <root>/containers.
 	Dir string
-	// ShimDir is <state>/shims; each pod's socket and exits live in <ShimDir>/<pod-id>.
+	// ShimDir is <state>/shims; each pod's socket and exits live in
+	// <ShimDir>/<pod-id>.
 	ShimDir string
 	// ShimBinary is the berth-shim executable.
 	ShimBinary string

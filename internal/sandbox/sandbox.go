@@ -92,13 +92,13 @@ type Options struct {
 	// Deferred writes RunPodSandbox's records, fsynced off the RPC's
 	// path (decision 1600); nil writes them durably before going on.
 	Deferred *atomicfile.Deferred
-	// Warm, if set, is called by Run once the pod's ID and first
-	// record exist, before its namespaces and network are made: the
-	// caller starts, in the background, what the pod's first container
-	// will need (its place on the node's monitor). Run calls the wait it returns before it
-	// returns, so that work is done when RunPodSandbox answers (it has
-	// had the CNI ADD to run in); undo runs instead if Run fails. Either
-	// may be nil.
+	// Warm, if set, is called by Run once the pod's ID and first record
+	// exist, before its namespaces and network are made: the caller starts,
+	// in the background, what the pod's first container will need (its place
+	// on the node's monitor). Run calls the wait it returns before it
+	// returns, so that work is done when RunPodSandbox answers (it has had
+	// the CNI ADD to run in); undo runs instead if Run fails. Either may be
+	// nil.
 	Warm func(ctx context.Context, podID string) (wait func(), undo func(context.Context))
 }
 

@@ -112,10 +112,10 @@ func scrapeMetrics(t *testing.T, addr string) map[string]float64 {
 	return out
 }
 
-// A container whose CRI log sits on a full disk: berthd reports the
-// records the node's monitor could not write, in verbose ContainerStatus and as a
-// metric, so a full disk does not go unnoticed; a healthy container
-// reports none.
+// A container whose CRI log sits on a full disk: berthd reports the records
+// the node's monitor could not write, in verbose ContainerStatus and as a
+// metric, so a full disk does not go unnoticed; a healthy container reports
+// none.
 func TestContainerLogOnFullDiskIsReported(t *testing.T) {
 	t.Parallel()
 	e := newCtrEnvOn(t, berthdtest.Start(t, berthdtest.Options{Configure: func(c *config.Config) { c.MetricsAddress = "127.0.0.1:0" }}))
