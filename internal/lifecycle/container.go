@@ -26,9 +26,8 @@ type CreateRequest struct {
 
 // CreateContainer creates a container in a ready pod: the container store
 // prepares it (name, the pod's place on the node's monitor, image lease,
-// mounts), specgen builds
-// its spec, the hooks adjust it, and the store commits it (bundle,
-// runtime create, record).
+// mounts), specgen builds its spec, the hooks adjust it, and the store
+// commits it (bundle, runtime create, record).
 func (s *Service) CreateContainer(ctx context.Context, req CreateRequest) (*container.Container, error) {
 	return s.create(ctx, req, nil)
 }

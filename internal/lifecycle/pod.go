@@ -46,8 +46,8 @@ func (s *Service) StopPod(ctx context.Context, id string) error {
 		if err := s.containers.StopPod(ctx, sb.ID, 0); err != nil {
 			return err
 		}
-		// A pod that never got a container needs its place on the
-		// monitor no more (container.Store.WarmShim); one holding containers stays.
+		// A pod that never got a container needs its place on the monitor no
+		// more (container.Store.WarmShim); one holding containers stays.
 		if err := s.containers.ShutdownIdleShim(ctx, sb.ID); err != nil {
 			return err
 		}
