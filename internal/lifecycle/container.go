@@ -74,12 +74,8 @@ func (s *Service) create(ctx context.Context, req CreateRequest, restore *restor
 	}
 	// One snapshot of the live configuration for the whole create.
 	live := s.opts.Live.Load()
-	handler := sb.RuntimeHandler
-	if handler == "" {
-		handler = live.Config.DefaultRuntimeHandler
-	}
 	// The pod's handler is in effect: a reload keeps a handler that a pod uses.
-	rh, ok := live.Handler(handler)
+	handler, rh, ok := live.ResolveHandler(sb.RuntimeHandler)
 	if !ok {
 		return nil, fmt.Errorf("runtime handler %q of pod %s is not configured: %w", handler, sb.ID, errdefs.ErrFailedPrecondition)
 	}

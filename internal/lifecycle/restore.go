@@ -37,11 +37,7 @@ type RestorePodRequest struct {
 // pod's place on the node's monitor). On any error everything made is removed.
 func (s *Service) RestorePod(ctx context.Context, req RestorePodRequest) (_ *sandbox.Sandbox, _ []*container.Container, retErr error) {
 	live := s.opts.Live.Load()
-	handler := req.RuntimeHandler
-	if handler == "" {
-		handler = live.Config.DefaultRuntimeHandler
-	}
-	rh, ok := live.Handler(handler)
+	handler, rh, ok := live.ResolveHandler(req.RuntimeHandler)
 	if !ok {
 		return nil, nil, invalid("RestorePod: unknown runtime handler %q", handler)
 	}
@@ -180,11 +176,7 @@ func (s *Service) CreateFromArchive(ctx context.Context, req CreateRequest, arch
 		return nil, err
 	}
 	live := s.opts.Live.Load()
-	handler := sb.RuntimeHandler
-	if handler == "" {
-		handler = live.Config.DefaultRuntimeHandler
-	}
-	rh, ok := live.Handler(handler)
+	handler, rh, ok := live.ResolveHandler(sb.RuntimeHandler)
 	if !ok {
 		return nil, invalid("CreateContainer: unknown runtime handler %q", handler)
 	}

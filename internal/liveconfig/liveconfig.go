@@ -77,11 +77,18 @@ func NewSnapshot(gen uint64, cfg *config.Config, handlers map[string]*Handler) *
 
 // Handler finds a runtime handler by name; "" is the default handler.
 func (s *Snapshot) Handler(name string) (*Handler, bool) {
+	_, h, ok := s.ResolveHandler(name)
+	return h, ok
+}
+
+// ResolveHandler is Handler that also returns the name it looked up ("" is
+// the default handler's), for messages about a handler that is missing.
+func (s *Snapshot) ResolveHandler(name string) (string, *Handler, bool) {
 	if name == "" {
 		name = s.Config.DefaultRuntimeHandler
 	}
 	h, ok := s.handlers[name]
-	return h, ok
+	return name, h, ok
 }
 
 // HandlerNames lists the handlers in effect, sorted.
@@ -144,10 +151,8 @@ func (h *Holder) AdmitHandler(name string) (resolved string, release func(), err
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	s := h.cur.Load()
-	if name == "" {
-		name = s.Config.DefaultRuntimeHandler
-	}
-	if _, ok := s.handlers[name]; !ok {
+	name, _, ok := s.ResolveHandler(name)
+	if !ok {
 		return "", nil, fmt.Errorf("runtime handler %q is not configured (runtime_handlers has %v): %w", name, s.HandlerNames(), errdefs.ErrInvalidArgument)
 	}
 	h.admitting[name]++
