@@ -132,6 +132,7 @@ func New(ctx context.Context, cfg *config.Config, version string, log *slog.Logg
 				RegistryConfigDir: live.Config.RegistryConfigDir,
 				ProgressTimeout:   live.PullProgressTimeout(),
 				SignaturePolicy:   live.ImageSignaturePolicy(),
+				RangeFetch:        rangeFetch(live.Config.ImageRangeFetch),
 			}
 		},
 	})
@@ -559,4 +560,16 @@ func listenUnix(path string) (net.Listener, error) {
 		return nil, fmt.Errorf("chmod socket %s: %w", path, err)
 	}
 	return ln, nil
+}
+
+// rangeFetch is the image store's form of [image_range_fetch] (read at
+// start only: a reload keeps the values berthd started with).
+func rangeFetch(c config.ImageRangeFetch) image.RangeFetch {
+	if !c.Enable {
+		return image.RangeFetch{}
+	}
+	return image.RangeFetch{
+		MinSize: int64(c.MinLayerSize), ChunkSize: int64(c.ChunkSize),
+		Parallel: c.Parallel, Retries: c.Retries,
+	}
 }
