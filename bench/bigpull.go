@@ -10,8 +10,8 @@ import (
 	"syscall"
 	"time"
 
-	criapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 	"golang.org/x/sync/errgroup"
+	criapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/berthcri/berth/internal/image"
 )
@@ -72,7 +72,7 @@ func bigFloor(bi *BigImage, reg *ShapedRegistry, bounds string) *Floor {
 	var work, prev string
 	set := image.DefaultRangeFetch
 	return &Floor{
-		Name: fmt.Sprintf("download at %d ranges × 3 layers + in-process %s -d + write", set.Parallel, bi.Compression),
+		Name:   fmt.Sprintf("download at %d ranges × 3 layers + in-process %s -d + write", set.Parallel, bi.Compression),
 		Bounds: bounds,
 		Setup: func(ctx context.Context) (any, error) {
 			var err error
