@@ -28,18 +28,19 @@ import (
 
 // The big image (issue 26): what users of CUDA and model images wait for.
 // Bottom first: busybox (small), GOROOT copied bigFilesCopies times (many
-// real files, ≥ 1 GiB), two model-weights-shaped files (2.25 GiB that
+// real files, ≥ 1 GiB), two model-weights-shaped files (2.75 GiB that
 // barely compress), a small config layer. Generated deterministically
 // once into the cache dir, in gzip and zstd, and served from those files.
 
 const (
-	bigImageVersion = "v1"
-	bigFilesCopies  = 4
+	bigImageVersion = "v2"
+	bigFilesCopies  = 5 // 1.17 GiB of files
 	// The weights: bf16-shaped words, the low byte random, the high byte
-	// a random sign and one of 8 exponents: 12 bits of entropy in 16, so
-	// they compress to about 80% as real weights barely compress.
-	bigWeightsA = 1280 << 20
-	bigWeightsB = 1024 << 20
+	// a random sign and one of 8 exponents. gzip and zstd at their
+	// default levels store them as they are (99.9%): model weights barely
+	// compress, these not at all.
+	bigWeightsA = 1536 << 20
+	bigWeightsB = 1280 << 20
 )
 
 // BigLayer is one compressed layer blob on disk.
