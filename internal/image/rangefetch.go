@@ -9,6 +9,7 @@ import (
 	"os"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -134,6 +135,9 @@ func (f *rangeFetch) fetchChunk(i int64, body io.ReadCloser) error {
 	buf := make([]byte, rangeCopyBuf)
 	var lastErr error
 	for attempt := 0; attempt <= f.set.Retries; attempt++ {
+		if attempt > 0 && !f.backoff(attempt) {
+			return f.ctx.Err()
+		}
 		off := start + f.chunkWritten(i)
 		if off == end {
 			return nil
@@ -145,6 +149,9 @@ func (f *rangeFetch) fetchChunk(i int64, body io.ReadCloser) error {
 			if err != nil {
 				if f.ctx.Err() != nil {
 					return f.ctx.Err()
+				}
+				if errors.Is(err, errdefs.ErrNotFound) || errors.Is(err, errdefs.ErrUnauthenticated) {
+					return fmt.Errorf("layer %s: range %d-%d: %w", f.lr.Digest, off, end-1, err)
 				}
 				lastErr = err
 				f.log.Warn("layer range request failed", "layer", f.lr.Digest, "offset", off, "attempt", attempt+1, "error", err)
@@ -168,6 +175,19 @@ func (f *rangeFetch) fetchChunk(i int64, body io.ReadCloser) error {
 		f.log.Warn("layer range broke, resuming", "layer", f.lr.Digest, "offset", start+f.chunkWritten(i), "attempt", attempt+1, "error", err)
 	}
 	return fmt.Errorf("layer %s: range %d-%d: %d attempts failed: %w", f.lr.Digest, start, end-1, f.set.Retries+1, lastErr)
+}
+
+// backoff waits a little longer before each retry (100 ms × attempt);
+// false when the fetch ended meanwhile.
+func (f *rangeFetch) backoff(attempt int) bool {
+	t := time.NewTimer(time.Duration(attempt) * 100 * time.Millisecond)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-f.ctx.Done():
+		return false
+	}
 }
 
 // copyRange writes body, the bytes [off, end) of the blob, into the file

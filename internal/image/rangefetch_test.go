@@ -32,7 +32,8 @@ var testRanges = RangeFetch{MinSize: 64 << 10, ChunkSize: 96 << 10, Parallel: 3,
 type fakeRanges struct {
 	blob  []byte
 	set   RangeFetch
-	whole bool // answer every range with the whole blob (200)
+	whole bool  // answer every range with the whole blob (200)
+	err   error // answer every range after the first with this error
 	cut   func(start, end int64, body []byte) []byte
 
 	mu    sync.Mutex
@@ -49,6 +50,9 @@ func (f *fakeRanges) openRange(_ context.Context, _ layerMeta, start, end int64)
 	f.mu.Unlock()
 	if f.whole {
 		return io.NopCloser(bytes.NewReader(f.blob)), false, nil
+	}
+	if f.err != nil && start > 0 {
+		return nil, false, f.err
 	}
 	body := f.blob[start:end]
 	if f.cut != nil {
@@ -178,6 +182,23 @@ func TestRangeFetchResumesFromTheLastByte(t *testing.T) {
 	}}
 	if _, _, err := fetchAll(t, s, lr, src); err == nil || !strings.Contains(err.Error(), "3 attempts failed") {
 		t.Fatalf("a range that keeps breaking: %v", err)
+	}
+	if left := storeLeftovers(t, dir); len(left) != 0 {
+		t.Fatalf("a failed fetch left %v", left)
+	}
+}
+
+// TestRangeFetchNotFoundIsNotRetried: a range the registry refuses as
+// not found (or unauthorized) fails the fetch at once, leaving nothing.
+func TestRangeFetchNotFoundIsNotRetried(t *testing.T) {
+	s, dir := newTestStore(t, Options{})
+	blob, lr := randomBlob(3000)
+	src := &fakeRanges{blob: blob, err: fmt.Errorf("blob gone: %w", errdefs.ErrNotFound), set: RangeFetch{MinSize: 1000, ChunkSize: 1000, Parallel: 1, Retries: 5}}
+	if _, _, err := fetchAll(t, s, lr, src); !errors.Is(err, errdefs.ErrNotFound) {
+		t.Fatalf("a range not found: %v", err)
+	}
+	if len(src.asked) != 2 {
+		t.Fatalf("want the probe and one request, asked for %v", src.asked)
 	}
 	if left := storeLeftovers(t, dir); len(left) != 0 {
 		t.Fatalf("a failed fetch left %v", left)
