@@ -93,7 +93,7 @@ bench: build
 	hack/install-deps.sh bench
 	mkdir -p bench/out
 	cd bench && PATH="$(TEST_PATH)" BERTHD_BIN=$(BIN)/berthd BERTH_BIN_DIR=$(BIN) BENCH_OUT=$(CURDIR)/bench/out \
-	  $(GO) test -count=1 -timeout 60m -run '^$$' -bench . -benchtime 1x ./...
+	  $(GO) test -count=1 -timeout 120m -run '^$$' -bench . -benchtime 1x ./...
 
 # Kubernetes programs from the Go module proxy (test/k8s has its own go.mod),
 # built once into ${BERTH_K8S_CACHE:-/var/cache/berth-k8s}/<version>-<key>.

@@ -186,13 +186,16 @@ type seriesJSON struct {
 // compare.json and compare.png there.
 func (c *Comparison) Write(w io.Writer, dir string) error {
 	var b strings.Builder
-	two := len(c.Endpoints) == 2
+	// With more than two endpoints the ratio is first / last (berth /
+	// the reference, which comes last).
+	two := len(c.Endpoints) >= 2
+	last := len(c.Endpoints) - 1
 	b.WriteString("\n| workload | ")
 	for _, e := range c.Endpoints {
 		fmt.Fprintf(&b, "%s p50 / p90 / max ms | ", e)
 	}
 	if two {
-		fmt.Fprintf(&b, "p50 ratio %s/%s | ", c.Endpoints[0], c.Endpoints[1])
+		fmt.Fprintf(&b, "p50 ratio %s/%s | ", c.Endpoints[0], c.Endpoints[last])
 	}
 	fmt.Fprintf(&b, "floor p50 / p90 / max ms | p50 ratio %s/floor |\n|---|", c.Endpoints[0])
 	for range c.Endpoints {
@@ -226,7 +229,7 @@ func (c *Comparison) Write(w io.Writer, dir string) error {
 			fmt.Fprintf(&b, "%.2f / %.2f / %.2f | ", st.P50ms, st.P90ms, st.Maxms)
 		}
 		if two {
-			fmt.Fprintf(&b, "%s | ", ratio(p50[0], p50[1]))
+			fmt.Fprintf(&b, "%s | ", ratio(p50[0], p50[last]))
 		}
 		if f := c.Floors[name]; f != nil && len(f.Samples) > 0 {
 			st := Series{Name: f.Name, Samples: f.Samples}.Summary()

@@ -15,6 +15,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	criapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
+	"github.com/berthcri/berth/internal/config"
 	"github.com/berthcri/berth/internal/testutil/berthdtest"
 )
 
@@ -34,11 +35,15 @@ type Endpoint struct {
 }
 
 // StartBerth starts a berthd for the benchmark.
-func StartBerth(tb testing.TB) *Endpoint {
+func StartBerth(tb testing.TB) *Endpoint { return StartBerthWith(tb, "berth", nil) }
+
+// StartBerthWith starts a berthd named name whose configuration configure
+// changes (nil: the defaults).
+func StartBerthWith(tb testing.TB, name string, configure func(*config.Config)) *Endpoint {
 	tb.Helper()
-	d := berthdtest.Start(tb, berthdtest.Options{})
+	d := berthdtest.Start(tb, berthdtest.Options{Configure: configure})
 	return &Endpoint{
-		Name:    "berth",
+		Name:    name,
 		Runtime: d.Runtime,
 		Image:   d.Image,
 		Dir:     d.Dir,
@@ -55,7 +60,8 @@ func StartBerth(tb testing.TB) *Endpoint {
 // build of berthd when $BENCH_REF_BERTHD names one (a before/after
 // comparison, sample by sample), else a private containerd when the
 // binary is installed, else nil.
-func StartReference(tb testing.TB, registryHost string) *Endpoint {
+// More registry hosts (plain HTTP on loopback) may follow registryHost.
+func StartReference(tb testing.TB, registryHost string, more ...string) *Endpoint {
 	tb.Helper()
 	if bin := os.Getenv("BENCH_REF_BERTHD"); bin != "" {
 		return startOtherBerthd(tb, bin)
@@ -68,7 +74,7 @@ func StartReference(tb testing.TB, registryHost string) *Endpoint {
 		tb.Logf("no reference runtime: containerd not installed and BENCH_REF_ENDPOINT unset")
 		return nil
 	}
-	return startContainerd(tb, registryHost)
+	return startContainerd(tb, registryHost, more...)
 }
 
 // startOtherBerthd runs the berthd binary bin (with the berth-shim and
@@ -101,7 +107,7 @@ func dial(tb testing.TB, endpoint string) (criapi.RuntimeServiceClient, criapi.I
 
 // startContainerd runs containerd on private root/state/socket with its own
 // CNI bridge, and a pause image from the benchmark's local registry.
-func startContainerd(tb testing.TB, registryHost string) *Endpoint {
+func startContainerd(tb testing.TB, registryHost string, more ...string) *Endpoint {
 	tb.Helper()
 	dir, err := os.MkdirTemp("", "bench-ctrd-")
 	if err != nil {
@@ -135,6 +141,11 @@ state = "%[1]s/state"
   [plugins."io.containerd.grpc.v1.cri".registry.mirrors."%[3]s"]
     endpoint = ["http://%[3]s"]
 `, dir, sock, registryHost, netd)
+	for _, h := range more {
+		cfg += fmt.Sprintf(`  [plugins."io.containerd.grpc.v1.cri".registry.mirrors."%[1]s"]
+    endpoint = ["http://%[1]s"]
+`, h)
+	}
 	cfgPath := filepath.Join(dir, "config.toml")
 	if err := os.WriteFile(cfgPath, []byte(cfg), 0o644); err != nil {
 		tb.Fatal(err)

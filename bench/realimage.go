@@ -282,8 +282,11 @@ func unpackFloor(ri *RealImage, bounds string) *Floor {
 var copyBufs = sync.Pool{New: func() any { b := make([]byte, 128<<10); return &b }}
 
 // writeLayer decompresses blob and writes its entries below dir.
-func writeLayer(blob []byte, dir string) error {
-	rc, err := image.Decompress(bytes.NewReader(blob))
+func writeLayer(blob []byte, dir string) error { return writeLayerFrom(bytes.NewReader(blob), dir) }
+
+// writeLayerFrom decompresses the blob r and writes its entries below dir.
+func writeLayerFrom(r io.Reader, dir string) error {
+	rc, err := image.Decompress(r)
 	if err != nil {
 		return err
 	}

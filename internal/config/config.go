@@ -98,6 +98,9 @@ type Config struct {
 	// ImagePullProgressTimeout cancels a pull that received nothing from
 	// the registry for this long; 0 turns the check off.
 	ImagePullProgressTimeout Duration `toml:"image_pull_progress_timeout" json:"image_pull_progress_timeout"`
+	// ImageRangeFetch fetches large layer blobs in parallel HTTP range
+	// requests (decision 3000).
+	ImageRangeFetch ImageRangeFetch `toml:"image_range_fetch" json:"image_range_fetch"`
 	// DefaultNetwork is the embedded CNI network used while CNIConfDir
 	// holds no config.
 	DefaultNetwork DefaultNetwork `toml:"default_network" json:"default_network"`
@@ -207,6 +210,74 @@ func (d *Duration) UnmarshalText(b []byte) error {
 	return nil
 }
 
+// ImageRangeFetch configures parallel range requests within one layer.
+type ImageRangeFetch struct {
+	// Enable turns range requests on (for registries that serve them).
+	Enable bool `toml:"enable" json:"enable"`
+	// MinLayerSize is the smallest layer blob fetched in ranges.
+	MinLayerSize ByteSize `toml:"min_layer_size" json:"min_layer_size"`
+	// ChunkSize is the size of one range request.
+	ChunkSize ByteSize `toml:"chunk_size" json:"chunk_size"`
+	// Parallel is how many ranges of one layer are in flight at once.
+	Parallel int `toml:"parallel" json:"parallel"`
+	// Retries is how often a range whose connection broke is asked for
+	// again, from its last byte received.
+	Retries int `toml:"retries" json:"retries"`
+}
+
+// Defaults of [image_range_fetch].
+const (
+	DefaultImageRangeMinLayerSize = 64 << 20
+	DefaultImageRangeChunkSize    = 32 << 20
+	DefaultImageRangeParallel     = 4
+	DefaultImageRangeRetries      = 5
+)
+
+// ByteSize is a size in bytes written as "32MiB" (or a plain number) in
+// berth.toml.
+type ByteSize int64
+
+// MarshalText writes the largest binary unit that divides the size
+// ("32MiB"), else the number of bytes.
+func (b ByteSize) MarshalText() ([]byte, error) {
+	for _, u := range []struct {
+		name string
+		size int64
+	}{{"GiB", 1 << 30}, {"MiB", 1 << 20}, {"KiB", 1 << 10}} {
+		if b != 0 && int64(b)%u.size == 0 {
+			return []byte(fmt.Sprintf("%d%s", int64(b)/u.size, u.name)), nil
+		}
+	}
+	return []byte(fmt.Sprint(int64(b))), nil
+}
+
+// UnmarshalText reads "32MiB", "64MB" (also binary: docker's units) or a
+// plain number of bytes.
+func (b *ByteSize) UnmarshalText(t []byte) error {
+	v, err := units.RAMInBytes(string(t))
+	if err != nil {
+		return err
+	}
+	*b = ByteSize(v)
+	return nil
+}
+
+func (r ImageRangeFetch) validate() error {
+	if !r.Enable {
+		return nil
+	}
+	if r.MinLayerSize <= 0 || r.ChunkSize <= 0 {
+		return fmt.Errorf("image_range_fetch: min_layer_size and chunk_size must be positive")
+	}
+	if r.Parallel < 1 || r.Parallel > 64 {
+		return fmt.Errorf("image_range_fetch.parallel %d: want 1 to 64", r.Parallel)
+	}
+	if r.Retries < 0 {
+		return fmt.Errorf("image_range_fetch.retries must not be negative")
+	}
+	return nil
+}
+
 // DefaultNetwork shapes the embedded bridge network. Two daemons on one
 // node must not share a bridge or subnet, so both are configurable.
 type DefaultNetwork struct {
@@ -269,6 +340,10 @@ func Default() *Config {
 		},
 
 		ImagePullProgressTimeout: Duration(DefaultImagePullProgressTimeout),
+		ImageRangeFetch: ImageRangeFetch{
+			Enable: true, MinLayerSize: DefaultImageRangeMinLayerSize, ChunkSize: DefaultImageRangeChunkSize,
+			Parallel: DefaultImageRangeParallel, Retries: DefaultImageRangeRetries,
+		},
 		Tracing: Tracing{
 			Endpoint: DefaultTracingEndpoint, Protocol: TracingProtocolGRPC,
 			SamplingRate: DefaultTracingSamplingRate, ServiceName: DefaultTracingServiceName,
@@ -384,6 +459,9 @@ func (c *Config) Validate() error {
 	}
 	if c.ImagePullProgressTimeout < 0 {
 		return fmt.Errorf("image_pull_progress_timeout must not be negative")
+	}
+	if err := c.ImageRangeFetch.validate(); err != nil {
+		return err
 	}
 	if c.NRI.Enable && !filepath.IsAbs(c.NRI.SocketPath) {
 		return fmt.Errorf("nri.socket_path %q must be an absolute path", c.NRI.SocketPath)

@@ -92,6 +92,7 @@ func (d *Daemon) openImages(context.Context) (err error) {
 				RegistryConfigDir: live.Config.RegistryConfigDir,
 				ProgressTimeout:   live.PullProgressTimeout(),
 				SignaturePolicy:   live.ImageSignaturePolicy(),
+				RangeFetch:        rangeFetch(live.Config.ImageRangeFetch),
 			}
 		},
 	})
@@ -288,4 +289,16 @@ func (d *Daemon) buildGRPC(ctx context.Context) (err error) {
 	svc.Register(d.grpc)
 	admin.New(d.images, d.log.With("component", "admin")).WithConfig(d.configInfo).Register(d.grpc)
 	return nil
+}
+
+// rangeFetch is the image store's form of [image_range_fetch]. It is not a
+// live key: a reload keeps the values berthd started with.
+func rangeFetch(c config.ImageRangeFetch) image.RangeFetch {
+	if !c.Enable {
+		return image.RangeFetch{}
+	}
+	return image.RangeFetch{
+		MinSize: int64(c.MinLayerSize), ChunkSize: int64(c.ChunkSize),
+		Parallel: c.Parallel, Retries: c.Retries,
+	}
 }

@@ -32,8 +32,27 @@ import (
 // decompression on a small node, few enough not to thrash its disk.
 const layerParallelism = 3
 
-// blobOpener starts reading a layer's compressed blob.
-type blobOpener func(ctx context.Context, lr layerMeta) (io.ReadCloser, error)
+// blobOpener starts reading a layer's compressed blob: a registry
+// (registryBlobs, which can also open a byte range: rangeOpener) or an
+// import's archive (openFunc).
+type blobOpener interface {
+	open(ctx context.Context, lr layerMeta) (io.ReadCloser, error)
+}
+
+// openFunc is a blobOpener that reads whole blobs only.
+type openFunc func(ctx context.Context, lr layerMeta) (io.ReadCloser, error)
+
+func (f openFunc) open(ctx context.Context, lr layerMeta) (io.ReadCloser, error) { return f(ctx, lr) }
+
+// rangeOpener is a blobOpener that can also open the bytes [start, end)
+// of a blob. partial is false when the registry answered with the whole
+// blob (200) instead of the range; the body is then the whole blob.
+type rangeOpener interface {
+	blobOpener
+	openRange(ctx context.Context, lr layerMeta, start, end int64) (body io.ReadCloser, partial bool, err error)
+	// ranges is how this source fetches large blobs in ranges.
+	ranges() RangeFetch
+}
 
 // described is an image as its manifest and config describe it, checked,
 // before anything of it is stored.
@@ -187,14 +206,14 @@ func describeLayers(layers []v1.Layer, diffIDs []string) ([]layerMeta, error) {
 
 // imageLayers opens the layers of an image at hand (an import's archive).
 func imageLayers(layers []v1.Layer) blobOpener {
-	return func(ctx context.Context, lr layerMeta) (io.ReadCloser, error) {
+	return openFunc(func(ctx context.Context, lr layerMeta) (io.ReadCloser, error) {
 		for _, l := range layers {
 			if d, err := l.Digest(); err == nil && d.String() == lr.Digest {
 				return l.Compressed()
 			}
 		}
 		return nil, fmt.Errorf("layer %s: not in the image: %w", lr.Digest, errdefs.ErrNotFound)
-	}
+	})
 }
 
 // storeLayers makes every layer present, a few at a time: each layer

@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"fmt"
 	"hash"
+	"io"
 	"os"
 	"path/filepath"
 	"strings"
@@ -133,7 +134,7 @@ type ingest struct {
 // newIngest starts writing the blob digest.
 func (c *contentStore) newIngest(digest string) (*ingest, error) {
 	p := c.ingestPath("blob", digest)
-	f, err := os.OpenFile(p, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o600)
+	f, err := os.OpenFile(p, os.O_CREATE|os.O_EXCL|os.O_RDWR, 0o600)
 	if err != nil {
 		return nil, fmt.Errorf("start blob %s: %w", digest, err)
 	}
@@ -145,6 +146,19 @@ func (w *ingest) Write(p []byte) (int, error) {
 	n, err := w.f.Write(p)
 	w.n += int64(n)
 	return n, err
+}
+
+// hashing is a writer that hashes and counts p as the blob's next bytes
+// without writing them: a ranged fetch writes the file at offsets itself
+// (writeAt) and hashes what its reader reads back in order.
+func (w *ingest) hashing() io.Writer { return ingestHash{w} }
+
+type ingestHash struct{ w *ingest }
+
+func (h ingestHash) Write(p []byte) (int, error) {
+	h.w.h.Write(p)
+	h.w.n += int64(len(p))
+	return len(p), nil
 }
 
 // sum is the digest of what was written so far.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"log/slog"
 	"strings"
 	"sync/atomic"
 
@@ -20,18 +21,17 @@ import (
 // and commits. A blob already stored is read from disk instead, and
 // neither written nor counted as downloaded.
 //
-// Issue #26 (parallel HTTP range requests within one large layer) goes
-// here, in startBlobFetch and blobFetch: ranged GETs that write into the
-// ingest file at their offsets, and r reading the contiguous prefix
-// written so far, so that the unpacker and the digest still see the blob
-// once, in order. Beyond this file only the opener changes (a ranged open
-// beside blobOpener's plain one; decision 2900).
+// A large blob from a registry that serves ranges comes in parallel range
+// requests (rangefetch.go, decision 3000): they write into the ingest file
+// at their offsets, and r reads the contiguous prefix written so far, so
+// that the unpacker and the digest still see the blob once, in order.
 //
 // A blobFetch is used by one goroutine.
 type blobFetch struct {
 	lr       layerMeta
-	src      io.ReadCloser
-	in       *ingest // nil when the blob was already stored
+	src      io.ReadCloser // nil when ranged
+	ranged   *rangeFetch   // the blob in parallel ranges, or nil
+	in       *ingest       // nil when the blob was already stored
 	r        io.Reader
 	count    *atomic.Int64 // bytes read from src (the pull's progress)
 	observer PullObserver
@@ -39,29 +39,58 @@ type blobFetch struct {
 }
 
 // startBlobFetch opens lr's blob, from the content store when it is there
-// and through open otherwise; count hears about every byte read.
+// and through open otherwise; count hears about every byte read. A large
+// blob from a registry that serves ranges is fetched in parallel ranges
+// (rangefetch.go).
 func (s *Store) startBlobFetch(ctx context.Context, lr layerMeta, open blobOpener, count *atomic.Int64) (*blobFetch, error) {
 	f := &blobFetch{lr: lr, count: count, observer: s.observer, faults: s.faults}
+	if s.content.has(lr.Digest) {
+		src, err := s.content.open(lr.Digest)
+		if err != nil {
+			return nil, fmt.Errorf("fetch layer %s: %w", lr.Digest, err)
+		}
+		f.src = src
+		f.r = &progressReader{ctx: ctx, r: src, n: count}
+		return f, nil
+	}
 	var err error
-	stored := s.content.has(lr.Digest)
-	if stored {
-		f.src, err = s.content.open(lr.Digest)
+	if f.in, err = s.content.newIngest(lr.Digest); err != nil {
+		return nil, err
+	}
+	if ro, ok := open.(rangeOpener); ok && ro.ranges().applies(lr.Size) {
+		err = f.startRanges(ctx, ro, s.log)
 	} else {
-		f.src, err = open(ctx, lr)
+		f.src, err = open.open(ctx, lr)
 	}
 	if err != nil {
+		f.in.abort()
 		return nil, fmt.Errorf("fetch layer %s: %w", lr.Digest, classify(err))
 	}
-	f.r = &progressReader{ctx: ctx, r: f.src, n: count}
-	if !stored {
-		if f.in, err = s.content.newIngest(lr.Digest); err != nil {
-			f.src.Close()
-			return nil, err
-		}
-		// One byte over the announced size is enough to refuse the blob.
-		f.r = io.TeeReader(io.LimitReader(f.r, lr.Size+1), f.in)
+	if f.ranged != nil {
+		// The workers wrote the file; its reader hashes it in order.
+		f.r = io.TeeReader(f.ranged, f.in.hashing())
+		return f, nil
 	}
+	// One byte over the announced size is enough to refuse the blob.
+	f.r = io.TeeReader(io.LimitReader(&progressReader{ctx: ctx, r: f.src, n: count}, lr.Size+1), f.in)
 	return f, nil
+}
+
+// startRanges asks for the blob's first chunk: a 206 starts the ranged
+// fetch, a 200 (the registry ignores Range) is the one stream, f.src.
+func (f *blobFetch) startRanges(ctx context.Context, ro rangeOpener, log *slog.Logger) error {
+	set := ro.ranges()
+	body, partial, err := ro.openRange(ctx, f.lr, 0, set.ChunkSize)
+	if err != nil {
+		return err
+	}
+	if !partial {
+		log.Debug("registry ignores range requests, fetching the layer as one stream", "layer", f.lr.Digest)
+		f.src = body
+		return nil
+	}
+	f.ranged, err = startRangeFetch(ctx, ro, f.lr, set, f.in.f, body, f.count, log)
+	return err
 }
 
 func (f *blobFetch) Read(p []byte) (int, error) { return f.r.Read(p) }
@@ -102,7 +131,12 @@ func (f *blobFetch) finish(err error) error {
 
 // close releases the source and removes an uncommitted blob.
 func (f *blobFetch) close() {
-	f.src.Close()
+	if f.ranged != nil {
+		f.ranged.close()
+	}
+	if f.src != nil {
+		f.src.Close()
+	}
 	if f.in != nil {
 		f.in.abort()
 	}

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"runtime"
 	"slices"
 	"time"
@@ -93,7 +92,7 @@ func (s *Store) pull(ctx context.Context, n Named, auth *Auth, w *pullWatch, set
 		if !ep.pull || (target.Digest == "" && !ep.resolve) {
 			continue
 		}
-		img, err := s.pullFrom(ctx, ep, target, n, names, auth, w, policy)
+		img, err := s.pullFrom(ctx, ep, target, n, names, auth, w, set)
 		if err == nil {
 			s.log.Info("image pulled", "image", n.String(), "id", img.ID, "from", ep.String())
 			return img, nil
@@ -139,7 +138,8 @@ func (s *Store) resolve(ctx context.Context, ep endpoint, n Named, auth *Auth) (
 // caller gave it (n may carry a digest resolved from its tag). When a
 // signature policy is set, the image must pass it before anything of it
 // is stored.
-func (s *Store) pullFrom(ctx context.Context, ep endpoint, n, asked Named, names []string, auth *Auth, w *pullWatch, policy SignaturePolicy) (*Image, error) {
+func (s *Store) pullFrom(ctx context.Context, ep endpoint, n, asked Named, names []string, auth *Auth, w *pullWatch, set PullSettings) (*Image, error) {
+	policy, ranges := set.SignaturePolicy, set.RangeFetch
 	rc, err := remoteRef(ctx, ep, n, auth)
 	if err != nil {
 		return nil, err
@@ -188,10 +188,7 @@ func (s *Store) pullFrom(ctx context.Context, ep endpoint, n, asked Named, names
 		return nil, classify(err)
 	}
 	names = append(slices.Clone(names), n.Repo()+"@"+desc.Digest.String())
-	open := func(ctx context.Context, lr layerMeta) (io.ReadCloser, error) {
-		return rc.openBlob(ctx, lr.Digest)
-	}
-	return s.commit(ctx, img, names, open, w)
+	return s.commit(ctx, img, names, registryBlobs{c: rc, set: ranges}, w)
 }
 
 // pickManifest chooses linux/GOARCH from an index, or its only image

@@ -119,6 +119,53 @@ func (c *repoClient) openBlob(ctx context.Context, digest string) (io.ReadCloser
 	return resp.Body, nil
 }
 
+// openBlobRange asks for the bytes [start, end) of a blob. partial is
+// true for a 206 whose Content-Range is that range; a 200 (a registry or
+// proxy that ignores Range) is the whole blob, partial false. Any other
+// answer, a 206 for other bytes included, is an error.
+func (c *repoClient) openBlobRange(ctx context.Context, digest string, start, end int64) (io.ReadCloser, bool, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, c.blobURL+digest, nil)
+	if err != nil {
+		return nil, false, err
+	}
+	req.Header.Set("Range", fmt.Sprintf("bytes=%d-%d", start, end-1))
+	resp, err := c.http.Do(req)
+	if err != nil {
+		return nil, false, err
+	}
+	if resp.StatusCode == http.StatusOK {
+		return resp.Body, false, nil
+	}
+	if err := transport.CheckError(resp, http.StatusPartialContent); err != nil {
+		resp.Body.Close()
+		return nil, false, classify(err)
+	}
+	var first, last int64
+	cr := resp.Header.Get("Content-Range")
+	if _, err := fmt.Sscanf(cr, "bytes %d-%d/", &first, &last); err != nil || first != start || last != end-1 {
+		resp.Body.Close()
+		return nil, false, fmt.Errorf("blob %s: asked for bytes %d-%d, the registry answered Content-Range %q", digest, start, end-1, cr)
+	}
+	return resp.Body, true, nil
+}
+
+// registryBlobs opens a pull's layer blobs on one repository, whole or
+// in ranges (rangeOpener).
+type registryBlobs struct {
+	c   *repoClient
+	set RangeFetch
+}
+
+func (b registryBlobs) open(ctx context.Context, lr layerMeta) (io.ReadCloser, error) {
+	return b.c.openBlob(ctx, lr.Digest)
+}
+
+func (b registryBlobs) openRange(ctx context.Context, lr layerMeta, start, end int64) (io.ReadCloser, bool, error) {
+	return b.c.openBlobRange(ctx, lr.Digest, start, end)
+}
+
+func (b registryBlobs) ranges() RangeFetch { return b.set }
+
 // classify maps registry errors to error kinds.
 func classify(err error) error {
 	var terr *transport.Error

@@ -52,6 +52,9 @@ type Options struct {
 	// PullProgressTimeout cancels a pull that received nothing from the
 	// registry for this long; 0 never does.
 	PullProgressTimeout time.Duration
+	// RangeFetch is how large layer blobs are fetched in parallel ranges
+	// (when Settings is nil); the zero value fetches each as one stream.
+	RangeFetch RangeFetch
 	// Settings, if set, gives the live settings each pull starts with
 	// (berthd's reloadable configuration) and overrides RegistryConfigDir
 	// and PullProgressTimeout.
@@ -73,6 +76,9 @@ type PullSettings struct {
 	// SignaturePolicy, if set, decides which images may be stored
 	// (pulls and imports); nil accepts every image.
 	SignaturePolicy SignaturePolicy
+	// RangeFetch is how large layer blobs are fetched in parallel ranges;
+	// the zero value fetches each blob as one stream.
+	RangeFetch RangeFetch
 }
 
 // PullObserver is told how many bytes pulls download and how long
@@ -174,7 +180,7 @@ func newStore(opts Options) *Store {
 		usage:    &usageCache{dir: opts.Root, trash: filepath.Join(opts.Root, "trash")},
 	}
 	if s.settings == nil {
-		static := PullSettings{RegistryConfigDir: opts.RegistryConfigDir, ProgressTimeout: opts.PullProgressTimeout}
+		static := PullSettings{RegistryConfigDir: opts.RegistryConfigDir, ProgressTimeout: opts.PullProgressTimeout, RangeFetch: opts.RangeFetch}
 		s.settings = func() PullSettings { return static }
 	}
 	s.index = &imageIndex{

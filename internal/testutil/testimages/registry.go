@@ -41,6 +41,21 @@ type Registry struct {
 // and w already carries the registry's headers (Content-Length included).
 type BlobServer func(w http.ResponseWriter, req *http.Request, body []byte)
 
+// RangeOf answers the Range header ("bytes=a-b") of req for a blob of size
+// bytes: it sets 206, Content-Range and Content-Length on w and returns
+// the bytes [start, end) to write. Without a Range header it returns the
+// whole blob and ranged false (w answers 200 on the first write).
+func RangeOf(w http.ResponseWriter, req *http.Request, size int) (start, end int, ranged bool) {
+	var a, b int
+	if _, err := fmt.Sscanf(req.Header.Get("Range"), "bytes=%d-%d", &a, &b); err != nil || a > b || b >= size {
+		return 0, size, false
+	}
+	w.Header().Set("Content-Range", fmt.Sprintf("bytes %d-%d/%d", a, b, size))
+	w.Header().Set("Content-Length", fmt.Sprint(b-a+1))
+	w.WriteHeader(http.StatusPartialContent)
+	return a, b + 1, true
+}
+
 // ServeBlobWith makes fn answer every GET of the blob with this digest
 // (truncated, corrupted, trickled streams), until the test ends or
 // ServeBlobWith(t, digest, nil).
@@ -179,8 +194,12 @@ func StartRegistry(t testing.TB, opts ...Option) *Registry {
 				return
 			}
 			if fn != nil {
+				// fn gets the whole blob, whatever range was asked for
+				// (RangeOf answers a Range header).
+				whole := req.Clone(req.Context())
+				whole.Header.Del("Range")
 				rec := httptest.NewRecorder()
-				inner.ServeHTTP(rec, req)
+				inner.ServeHTTP(rec, whole)
 				for k, v := range rec.Header() {
 					w.Header()[k] = v
 				}

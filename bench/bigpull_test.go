@@ -1,0 +1,79 @@
+package bench
+
+import (
+	"context"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/berthcri/berth/internal/config"
+	"github.com/berthcri/berth/internal/testutil/testimages"
+)
+
+// BenchmarkBigPull pulls the big image (≥ 4 GB unpacked, bigimage.go) in
+// gzip and zstd from a registry shaped like a remote one (BigShape), with
+// berth's range fetch on and off, against the reference runtime and the
+// floor, all in one run; it writes bigpull.{md,json,png}. Selected by
+// $BENCH_WORKLOADS containing "big" (or empty).
+func BenchmarkBigPull(b *testing.B) {
+	only := os.Getenv("BENCH_WORKLOADS")
+	if !selected(only, "big image pull gzip") && !selected(only, "big image pull zstd") {
+		b.Skip("big image pull not selected")
+	}
+	out, err := exec.Command("go", "env", "GOROOT").Output()
+	if err != nil {
+		b.Fatal(err)
+	}
+	gz, zst, err := BuildBigImages(BigImageCacheDir(), strings.TrimSpace(string(out)))
+	if err != nil {
+		b.Fatal(err)
+	}
+	shaped, err := StartShapedRegistry(BigShape)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer shaped.Close()
+	// The reference runtime's sandbox image comes from the plain registry.
+	reg := testimages.StartRegistry(b)
+	reg.Push(b, "pause:latest", pauseImage(b))
+
+	eps := []*Endpoint{StartBerth(b)}
+	if os.Getenv("BENCH_BIG_NO_1STREAM") == "" {
+		eps = append(eps, StartBerthWith(b, "berth-1stream", func(c *config.Config) { c.ImageRangeFetch.Enable = false }))
+	}
+	if os.Getenv("BENCH_NO_REF") == "" {
+		if ref := StartReference(b, reg.Host, shaped.Host); ref != nil {
+			eps = append(eps, ref)
+		}
+	}
+	names := make([]string, len(eps))
+	for i, ep := range eps {
+		names[i] = ep.Name
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Minute)
+	defer cancel()
+	cmp := NewComparison(names...)
+	for _, bi := range []*BigImage{gz, zst} {
+		repo := "big-" + bi.Compression
+		if err := shaped.Add(repo+":latest", bi.Image, bi.Files()); err != nil {
+			b.Fatal(err)
+		}
+		w := BigPullWorkload(bi, shaped, shaped.Ref(repo+":latest"))
+		if selected(only, w.Name) {
+			cmp.Run(ctx, w, eps...)
+		}
+	}
+	dir := os.Getenv("BENCH_OUT")
+	if dir != "" {
+		dir = filepath.Join(dir, "bigpull")
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			b.Fatal(err)
+		}
+	}
+	if err := cmp.Write(os.Stdout, dir); err != nil {
+		b.Fatal(err)
+	}
+}
