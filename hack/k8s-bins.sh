@@ -3,7 +3,10 @@
 # pinned in test/k8s (and test/k8s/critest), into a cache directory that
 # later runs reuse, and prints that directory.
 #
-#   hack/k8s-bins.sh                  # all: kubelet e2e_node.test agnhost ginkgo critest crictl sample-device-plugin
+#   hack/k8s-bins.sh                  # the node set: kubelet e2e_node.test agnhost ginkgo critest crictl sample-device-plugin
+#   hack/k8s-bins.sh cluster          # the cluster set (make e2e-cluster): the control plane, kube-proxy,
+#                                     # kubectl, e2e.test, etcd and CoreDNS, with the node set's kubelet, agnhost,
+#                                     # ginkgo, crictl, sample-device-plugin (the stand-in registry)
 #   hack/k8s-bins.sh kubelet agnhost  # only these (others already there stay)
 #   BIN=$(hack/k8s-bins.sh kubelet) && "$BIN/kubelet" --version
 #
@@ -16,9 +19,17 @@ set -euo pipefail
 
 cd "$(dirname "$(readlink -f "$0")")/.."
 GO=${GO:-go}
-ALL=(kubelet e2e_node.test agnhost ginkgo critest crictl sample-device-plugin)
-want=("$@")
-[ ${#want[@]} -gt 0 ] || want=("${ALL[@]}")
+NODE=(kubelet e2e_node.test agnhost ginkgo critest crictl sample-device-plugin)
+CLUSTER=(kube-apiserver kube-controller-manager kube-scheduler kube-proxy kubectl kubelet e2e.test agnhost ginkgo crictl sample-device-plugin etcd etcdctl coredns)
+ALL=("${NODE[@]}" kube-apiserver kube-controller-manager kube-scheduler kube-proxy kubectl e2e.test etcd etcdctl coredns)
+want=()
+for w in "$@"; do
+	case $w in
+	cluster) want+=("${CLUSTER[@]}") ;;
+	*) want+=("$w") ;;
+	esac
+done
+[ ${#want[@]} -gt 0 ] || want=("${NODE[@]}")
 for w in "${want[@]}"; do
 	case " ${ALL[*]} " in *" $w "*) ;; *) echo "k8s-bins: unknown program $w (want: ${ALL[*]})" >&2; exit 2 ;; esac
 done
@@ -39,8 +50,17 @@ done
 crv=$(awk '{sub(/^require[ \t]+/, "")} $1 == "sigs.k8s.io/cri-tools" {print $2; exit}' test/k8s/critest/go.mod)
 crflags="-s -w -X sigs.k8s.io/cri-tools/pkg/version.Version=$crv"
 
+# etcd and CoreDNS are modules of their own (test/k8s/etcd, test/k8s/coredns):
+# etcd's module has replace directives, and neither belongs in the
+# kubernetes module's graph. Their version variables are stamped as their
+# own Makefiles do.
+etcdv=$(awk '{sub(/^require[ \t]+/, "")} $1 == "go.etcd.io/etcd/server/v3" {print $2; exit}' test/k8s/etcd/go.mod)
+etcdflags="-s -w"
+corev=$(awk '{sub(/^require[ \t]+/, "")} $1 == "github.com/coredns/coredns" {print $2; exit}' test/k8s/coredns/go.mod)
+coreflags="-s -w"
 key=$(cat test/k8s/go.mod test/k8s/go.sum test/k8s/critest/go.mod test/k8s/critest/go.sum \
-	<("$GO" env GOVERSION GOARCH) <(echo "$ldflags" "$crflags") | sha256sum | cut -c1-12)
+	test/k8s/etcd/go.mod test/k8s/etcd/go.sum test/k8s/coredns/go.mod test/k8s/coredns/go.sum \
+	<("$GO" env GOVERSION GOARCH) <(echo "$ldflags" "$crflags" "$etcdflags" "$coreflags") | sha256sum | cut -c1-12)
 cache=${BERTH_K8S_CACHE:-/var/cache/berth-k8s}
 out=$cache/$version-$key
 mkdir -p "$out"
@@ -85,7 +105,9 @@ timed() { # name, command...: run it, record its wall time in build-times.txt
 mains=()
 for w in "${todo[@]}"; do
 	case $w in
-	kubelet) mains+=(k8s.io/kubernetes/cmd/kubelet) ;;
+	kubelet | kube-apiserver | kube-controller-manager | kube-scheduler | kube-proxy | kubectl)
+		mains+=(k8s.io/kubernetes/cmd/"$w")
+		;;
 	agnhost) mains+=(k8s.io/kubernetes/test/images/agnhost) ;;
 	ginkgo) mains+=(github.com/onsi/ginkgo/v2/ginkgo) ;;
 	# The node e2e suite's device plugin (the image
@@ -109,11 +131,28 @@ for w in "${todo[@]}"; do
 		;;
 	esac
 done
-case " ${todo[*]} " in
-*" e2e_node.test "*)
-	timed e2e_node.test bash -c 'cd test/k8s && exec "$0" test -c -trimpath -ldflags "$1" -o "$2/e2e_node.test" k8s.io/kubernetes/test/e2e_node' "$GO" "$ldflags" "$tmp"
-	;;
-esac
+for w in "${todo[@]}"; do
+	case $w in
+	e2e_node.test)
+		timed e2e_node.test bash -c 'cd test/k8s && exec "$0" test -c -trimpath -ldflags "$1" -o "$2/e2e_node.test" k8s.io/kubernetes/test/e2e_node' "$GO" "$ldflags" "$tmp"
+		;;
+	# The cluster suite (the [Conformance] specs among it), a test
+	# binary as upstream builds it.
+	e2e.test)
+		timed e2e.test bash -c 'cd test/k8s && exec "$0" test -c -trimpath -ldflags "$1" -o "$2/e2e.test" k8s.io/kubernetes/test/e2e' "$GO" "$ldflags" "$tmp"
+		;;
+	# etcd's server module is its main package (server/main.go).
+	etcd)
+		timed etcd bash -c 'cd test/k8s/etcd && exec "$0" build -trimpath -ldflags "$1" -o "$2/etcd" go.etcd.io/etcd/server/v3' "$GO" "$etcdflags" "$tmp"
+		;;
+	etcdctl)
+		timed etcdctl bash -c 'cd test/k8s/etcd && exec "$0" build -trimpath -ldflags "$1" -o "$2/etcdctl" go.etcd.io/etcd/etcdctl/v3' "$GO" "$etcdflags" "$tmp"
+		;;
+	coredns)
+		timed coredns bash -c 'cd test/k8s/coredns && exec "$0" build -trimpath -ldflags "$1" -o "$2/coredns" github.com/coredns/coredns' "$GO" "$coreflags" "$tmp"
+		;;
+	esac
+done
 for w in "${todo[@]}"; do
 	mv -f "$tmp/$w" "$out/$w"
 done
