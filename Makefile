@@ -5,12 +5,16 @@
 #   make conformance  critest against a private berthd (not part of make test)
 #   make e2e-node     the Kubernetes node e2e suite against a private berthd
 #                     (not part of make test; docs/conformance.md)
+#   make e2e-cluster  a two-node cluster of berth nodes on this machine and the
+#                     upstream [Conformance] suite against it (not part of make
+#                     test; hours; docs/e2e-cluster.md)
 #   make test-kubelet the kubelet test alone (part of make test), verbose
 #   make test-guest   the cgroup v2 lane alone (part of make test): the cgroup
 #                     tests in a qemu guest, cgroupfs and systemd drivers, crun;
 #                     BERTH_GUEST_KUBELET=1 adds the kubelet test (systemd)
 #   make k8s-bins     build the kubelet, e2e_node.test, agnhost, ginkgo, critest
 #                     and crictl from test/k8s into a cache; prints the directory
+#                     (hack/k8s-bins.sh cluster: what make e2e-cluster runs)
 GO        ?= go
 VERSION   ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 LDFLAGS   := -X main.version=$(VERSION)
@@ -28,7 +32,7 @@ TEST_PATH := $(if $(wildcard $(CRIU_DIR)/criu),$(CRIU_DIR):)$(PATH)
 # How long make test fuzzes each target (their corpora also run as tests).
 FUZZTIME  ?= 10s
 
-.PHONY: all build run test fuzz lint deps test-deps bench clean k8s-bins conformance e2e-node test-kubelet test-guest
+.PHONY: all build run test fuzz lint deps test-deps bench clean k8s-bins conformance e2e-node e2e-cluster test-kubelet test-guest
 
 all: build
 
@@ -111,6 +115,14 @@ conformance:
 # runs itself; reports under out/e2e-node/<time>/ (docs/conformance.md).
 e2e-node:
 	hack/e2e-node.sh
+
+# A two-node cluster of berth nodes (control plane, kubelets, kube-proxy,
+# CoreDNS, all built from test/k8s), the [Conformance] specs of e2e.test
+# against it (a parallel pass, then the [Serial] specs); reports under
+# out/e2e-cluster/<time>/ (docs/e2e-cluster.md). E2E_CLUSTER_MODE=smoke
+# only brings it up, checks it and tears it down.
+e2e-cluster:
+	hack/e2e-cluster.sh $(E2E_CLUSTER_MODE)
 
 clean:
 	rm -rf $(BIN) bench/out out

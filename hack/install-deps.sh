@@ -10,6 +10,8 @@
 #   hack/install-deps.sh conformance  also a static C toolchain (the critest
 #                               stand-in registry's helpers)
 #   hack/install-deps.sh e2e-node     also sudo (node e2e specs call it)
+#   hack/install-deps.sh e2e-cluster  also openssl (the cluster's certificates),
+#                               curl, nsenter and unshare (util-linux)
 #   hack/install-deps.sh guest  the cgroup v2 lane's host side: mmdebstrap
 #                               (builds the guest image), qemu, qemu-img, mkfs.ext4
 # Nothing is installed when everything is present, so it is cheap to call.
@@ -22,6 +24,7 @@ case "${1:-run}" in
   bench) want+=(busybox:busybox-static containerd:containerd conmon:conmon) ;;
   conformance) want+=(busybox:busybox-static gcc:gcc) ;;
   e2e-node) want+=(busybox:busybox-static sudo:sudo) ;;
+  e2e-cluster) want+=(busybox:busybox-static openssl:openssl curl:curl nsenter:util-linux unshare:util-linux) ;;
   guest) want=(mmdebstrap:mmdebstrap qemu-system-x86_64:qemu-system-x86 qemu-img:qemu-utils mkfs.ext4:e2fsprogs) ;;
 esac
 

@@ -4,10 +4,12 @@
 // and imagetools (nmeter, nnp, pause), the sample device plugin
 // (hack/k8s-bins.sh sample-device-plugin). make e2e-node (hack/e2e-node.sh)
 // points berthd's registry mirrors for registry.k8s.io, gcr.io, docker.io
-// and quay.io at it. A test fixture, not part of berth.
+// and quay.io at it; make e2e-cluster (hack/e2e-cluster.sh) does the same
+// for its nodes, and adds CoreDNS (-coredns). A test fixture, not part of
+// berth.
 //
 //	registry -addr 127.0.0.1:0 -agnhost /path/agnhost -imagetools /path/imagetools \
-//		-porter-dir DIR -sample-device-plugin /path/sample-device-plugin
+//		-porter-dir DIR -sample-device-plugin /path/sample-device-plugin [-coredns /path/coredns]
 //
 // prints "listening HOST:PORT", one "pushed REF DIGEST" per image, then
 // READY, and serves until killed.
@@ -45,11 +47,12 @@ func main() {
 	tools := flag.String("imagetools", "", "the imagetools binary (test/e2enode/imagetools, static)")
 	porter := flag.String("porter-dir", "", "directory with agnhost's porter/localhost.crt and localhost.key (from the k8s.io/kubernetes module)")
 	sdp := flag.String("sample-device-plugin", "", "the sample device plugin binary (hack/k8s-bins.sh sample-device-plugin)")
+	coredns := flag.String("coredns", "", "optional: the CoreDNS binary (hack/k8s-bins.sh coredns), served as "+corednsRef)
 	flag.Parse()
 	if *agnhost == "" || *tools == "" || *porter == "" || *sdp == "" {
 		log.Fatal("need -agnhost, -imagetools, -porter-dir and -sample-device-plugin")
 	}
-	imgs, err := images(sources{agnhost: *agnhost, tools: *tools, porter: *porter, devicePlugin: *sdp})
+	imgs, err := images(sources{agnhost: *agnhost, tools: *tools, porter: *porter, devicePlugin: *sdp, coredns: *coredns})
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -85,7 +88,11 @@ func main() {
 	select {}
 }
 
-type sources struct{ agnhost, tools, porter, devicePlugin string }
+type sources struct{ agnhost, tools, porter, devicePlugin, coredns string }
+
+// corednsRef is where the -coredns image is served (under registry.k8s.io
+// as kubeadm pulls it); make e2e-cluster runs the cluster DNS from it.
+const corednsRef = "coredns/coredns:v1.15.0"
 
 const path = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
@@ -269,6 +276,21 @@ func images(src sources) (map[string]v1.Image, error) {
 	}
 	if err := add("e2e-test-images/sample-device-plugin:1.8.0", "e2e-test-images/sample-device-plugin:1.7")(image(v1.Config{Entrypoint: []string{"/sampledeviceplugin", "-alsologtostderr"}}, base, dpLayer)); err != nil {
 		return nil, err
+	}
+	// CoreDNS: the binary alone, as upstream's image (distroless) has
+	// little else; it runs as root to bind port 53.
+	if src.coredns != "" {
+		cd, err := os.ReadFile(src.coredns)
+		if err != nil {
+			return nil, err
+		}
+		cdLayer, err := testimages.Layer([]testimages.File{{Name: "coredns", Mode: 0o755, Data: cd}})
+		if err != nil {
+			return nil, err
+		}
+		if err := add(corednsRef)(image(v1.Config{Entrypoint: []string{"/coredns"}, ExposedPorts: map[string]struct{}{"53/tcp": {}, "53/udp": {}}}, cdLayer)); err != nil {
+			return nil, err
+		}
 	}
 	return imgs, nil
 }

@@ -29,7 +29,7 @@ func TestImages(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	imgs, err := images(sources{agnhost: self, tools: self, porter: dir, devicePlugin: self})
+	imgs, err := images(sources{agnhost: self, tools: self, porter: dir, devicePlugin: self, coredns: self})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -52,6 +52,8 @@ func TestImages(t *testing.T) {
 		"e2e-test-images/glibc-dns-testing:2.1.1":    {"bin/sh", "bin/bash", "bin/hostname", "etc/nsswitch.conf", "lib64/ld-linux-x86-64.so.2"},
 		"pause:3.10.2":                               {"pause"},
 		"e2e-test-images/sample-device-plugin:1.8.0": {"sampledeviceplugin", "bin/sh"},
+		// make e2e-cluster's cluster DNS (-coredns).
+		corednsRef: {"coredns"},
 	} {
 		img, ok := imgs[ref]
 		if !ok {
