@@ -33,6 +33,7 @@
 #   E2E_CLUSTER_PASSES=parallel|serial|both (default both)
 #   E2E_CLUSTER_PROCS=4     parallel pass processes
 #   E2E_CLUSTER_ARGS=...    extra suite flags
+#   E2E_CLUSTER_TIMEOUT=6h  ginkgo's timeout of each pass (it still writes its reports)
 #
 # Results, logs and the summary go to ${E2E_CLUSTER_OUT:-out/e2e-cluster/<UTC time>}.
 # Everything the run made (processes, namespaces, veths, the bridge,
@@ -756,10 +757,15 @@ EOF
 	local ip2 svc
 	ip2=$(kc -n smoke get pod web-2 -o jsonpath='{.status.podIP}')
 	svc=$(kc -n smoke get service web -o jsonpath='{.spec.clusterIP}')
-	check() { # WHAT CMD...: runs in web-1 (node 1)
-		local what=$1 got
+	check() { # WHAT CMD...: runs in web-1 (node 1); tried for up to a minute
+		# (a new Service's rules reach kube-proxy after its endpoints do)
+		local what=$1 got ok=
 		shift
-		if got=$(kc -n smoke exec web-1 -- "$@" 2>&1); then
+		for _ in $(seq 1 30); do
+			got=$(kc -n smoke exec web-1 -- "$@" 2>&1) && ok=1 && break
+			sleep 2
+		done
+		if [ -n "$ok" ]; then
 			echo "ok: $what: $(echo "$got" | tr '\n' ' ' | cut -c1-200)" | tee -a "$s" >&2
 		else
 			echo "FAIL: $what: $(echo "$got" | tr '\n' ' ' | cut -c1-300)" | tee -a "$s" >&2
@@ -770,7 +776,8 @@ EOF
 	check "pod to pod across nodes (web-1 -> web-2 $ip2:8080/hostname)" curl -f -s -S --max-time 10 "http://$ip2:8080/hostname"
 	check "ClusterIP service (web $svc:80, kube-proxy)" curl -f -s -S --max-time 10 "http://$svc:80/hostname"
 	check "DNS web.smoke.svc.cluster.local" nslookup web.smoke.svc.cluster.local
-	check "DNS kubernetes.default (search path)" nslookup kubernetes.default
+	check "DNS kubernetes.default.svc.cluster.local" nslookup kubernetes.default.svc.cluster.local
+	check "the pod's resolv.conf (cluster DNS, search path)" grep -x -e "nameserver $DNS_IP" -e "search smoke.svc.cluster.local svc.cluster.local cluster.local" /etc/resolv.conf
 	check "the API server through its ClusterIP ($SVC_API:443)" curl -f -s -S -k --max-time 10 "https://$SVC_API:443/version"
 	kc delete namespace smoke --wait=false >/dev/null
 	[ -z "$smoke_failed" ]
@@ -797,11 +804,14 @@ run_pass() { # NAME GINKGO-FLAGS...
 	shift
 	mkdir -p "$out/$name"
 	log "pass $name ($(date -u +%T))"
-	incp "$bins/ginkgo" --no-color --timeout=6h --output-dir="$out/$name" --json-report=report.json \
+	incp "$bins/ginkgo" --no-color --timeout="${E2E_CLUSTER_TIMEOUT:-6h}" --output-dir="$out/$name" --json-report=report.json \
 		--junit-report=junit.xml --silence-skips "$@" "$bins/e2e.test" -- \
 		--kubeconfig="$pki/admin.conf" --kubectl-path="$bins/kubectl" --provider=skeleton --num-nodes=2 \
 		--report-dir="$out/$name" \
-		${E2E_CLUSTER_ARGS:-} >"$out/$name/e2e.log" 2>&1 || status=1
+		${E2E_CLUSTER_ARGS:-} >"$out/$name/e2e.log" 2>&1 &
+	# In the background: an interrupt or TERM runs the teardown at once
+	# (bash runs a trap only after the foreground command ends).
+	wait $! || status=1
 	log "pass $name done ($(date -u +%T)): $(grep -aE '^(Ran |SUCCESS|FAIL)' "$out/$name/e2e.log" | tr '\n' ' ')"
 }
 passes=${E2E_CLUSTER_PASSES:-both}

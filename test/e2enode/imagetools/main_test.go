@@ -3,8 +3,11 @@ package main
 import (
 	"bytes"
 	"fmt"
+	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -68,5 +71,43 @@ func TestSimpleCommand(t *testing.T) {
 		if got := strings.Join(words, ","); ok != (want != "") || got != want {
 			t.Errorf("simpleCommand(%q) = %q, %v; want %q", script, got, ok, want)
 		}
+	}
+}
+
+// TestNCVerboseTCP: the cluster suite's Service checks run
+// `echo hostName | nc -v -t -w 2 IP PORT` and read the server's reply.
+func TestNCVerboseTCP(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	go func() {
+		c, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		_, _ = c.Write([]byte("pod-a"))
+		c.Close()
+	}()
+	host, port, _ := net.SplitHostPort(ln.Addr().String())
+	stdout, stderr := os.Stdout, os.Stderr
+	or, ow, _ := os.Pipe()
+	er, ew, _ := os.Pipe()
+	os.Stdout, os.Stderr = ow, ew
+	err = nc([]string{"-v", "-t", "-w", "2", host, port})
+	os.Stdout, os.Stderr = stdout, stderr
+	ow.Close()
+	ew.Close()
+	if err != nil {
+		t.Fatalf("nc: %v", err)
+	}
+	out, _ := io.ReadAll(or)
+	msg, _ := io.ReadAll(er)
+	if string(out) != "pod-a" {
+		t.Errorf("stdout %q, want the server's reply", out)
+	}
+	if !strings.Contains(string(msg), "succeeded") {
+		t.Errorf("stderr %q, want netcat's -v line", msg)
 	}
 }

@@ -15,17 +15,24 @@ import (
 func asError[T any](err error, target *T) bool { return errors.As(err, target) }
 
 // nc is netcat's client mode as the e2e framework uses it
-// (echo hostName | nc -w 1 -u IP PORT): -u for UDP, -w for how long to
-// wait for a connection and for a reply. Any other use (-l, -e, -z ...)
-// goes to busybox's nc.
+// (echo hostName | nc -w 1 -u IP PORT; the cluster suite's Service
+// checks: nc -v -t -w 2 IP PORT): -u for UDP, -t for TCP (the default),
+// -v to say on stderr that the TCP connection succeeded (as OpenBSD
+// netcat, which upstream's agnhost image has), -w for how long to wait for
+// a connection and for a reply. Any other use (-l, -e, -z ...) goes to
+// busybox's nc.
 func nc(args []string) error {
-	udp := false
+	udp, verbose := false, false
 	wait := time.Duration(0)
 	var rest []string
 	for i := 0; i < len(args); i++ {
 		switch a := args[i]; {
 		case a == "-u":
 			udp = true
+		case a == "-t":
+			udp = false
+		case a == "-v":
+			verbose = true
 		case a == "-w" && i+1 < len(args):
 			i++
 			n, err := strconv.Atoi(args[i])
@@ -55,6 +62,9 @@ func nc(args []string) error {
 			return err
 		}
 		defer conn.Close()
+		if verbose {
+			fmt.Fprintf(os.Stderr, "Connection to %s %s port [tcp/*] succeeded!\n", rest[0], rest[1])
+		}
 		go func() {
 			_, _ = io.Copy(conn, os.Stdin)
 			_ = conn.(*net.TCPConn).CloseWrite()
