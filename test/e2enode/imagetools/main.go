@@ -14,9 +14,12 @@
 //	         other uses go to busybox nc (nc.go)
 //	sh       busybox's ash, but a plain `sh -c 'CMD ARGS'` runs CMD with
 //	         the environment names ash drops (shenv.go)
+//	dig      the subset of BIND's dig the cluster suite's DNS specs run
+//	         (dig.go)
+//	getent   `getent hosts NAME`: /etc/hosts, then DNS (dig.go)
 //
-// It is a test fixture of make e2e-node (hack/e2e-node.sh), not part of
-// berth.
+// It is a test fixture of make e2e-node (hack/e2e-node.sh) and make
+// e2e-cluster (hack/e2e-cluster.sh), not part of berth.
 package main
 
 import (
@@ -50,8 +53,12 @@ func main() {
 		err = nc(args)
 	case "sh":
 		err = sh(args)
+	case "dig":
+		os.Exit(dig(args, os.Stdout))
+	case "getent":
+		os.Exit(getent(args, os.Stdout))
 	default:
-		err = fmt.Errorf("unknown program %q (want nmeter, nnp, pause, curl, nc or sh)", name)
+		err = fmt.Errorf("unknown program %q (want nmeter, nnp, pause, curl, nc, sh, dig or getent)", name)
 	}
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "%s: %v\n", name, err)

@@ -194,6 +194,11 @@ func images(src sources) (map[string]v1.Image, error) {
 		// framework's node-to-pod checks run them in a host-network pod.
 		{Name: "usr/bin/curl", Symlink: "/bin/imagetools"},
 		{Name: "usr/bin/nc", Symlink: "/bin/imagetools"},
+		// dig and getent (upstream: Alpine's bind-tools and musl's
+		// getent): the cluster suite's DNS specs run them in the "musl
+		// querier" (make e2e-cluster).
+		{Name: "usr/bin/dig", Symlink: "/bin/imagetools"},
+		{Name: "usr/bin/getent", Symlink: "/bin/imagetools"},
 	}, regFiles...))
 	if err != nil {
 		return nil, err
@@ -244,8 +249,11 @@ func images(src sources) (map[string]v1.Image, error) {
 	// glibc-dns-testing (Debian bookworm-slim with dnsutils upstream): the
 	// Hostname specs run `sh -c 'echo $(hostname)";"$(hostname -f)";"'`
 	// in it, so glibc's hostname, Debian's, run by bash, resolving with
-	// /etc/hosts first as Debian's nsswitch.conf has it. dig and coredns
-	// of the upstream image are left out: no node e2e spec runs them.
+	// /etc/hosts first as Debian's nsswitch.conf has it. The cluster
+	// suite's DNS specs run dig and `getent hosts` in it (the "glibc
+	// querier"): glibc's getent, Debian's (glibc 2.34+ has its files and
+	// dns NSS modules built in), and imagetools' dig for dnsutils'. The
+	// upstream image's coredns is left out: no spec runs it.
 	glBase, err := baseLayer(passwd, group, tools, true)
 	if err != nil {
 		return nil, err
@@ -254,7 +262,12 @@ func images(src sources) (map[string]v1.Image, error) {
 	if err != nil {
 		return nil, fmt.Errorf("glibc-dns-testing (install hostname): %w", err)
 	}
-	glLayer, err := testimages.Layer(append(hn,
+	ge, err := hostProgram("/usr/bin/getent", "usr/bin/getent")
+	if err != nil {
+		return nil, fmt.Errorf("glibc-dns-testing (getent, libc-bin): %w", err)
+	}
+	glLayer, err := testimages.Layer(append(append(hn, ge...),
+		testimages.File{Name: "usr/bin/dig", Symlink: "/bin/imagetools"},
 		testimages.File{Name: "etc/nsswitch.conf", Data: []byte("passwd: files\ngroup: files\nhosts: files dns\n")}))
 	if err != nil {
 		return nil, err

@@ -44,12 +44,12 @@ func TestImages(t *testing.T) {
 		"pause:3.10.1":                     {"pause"},
 		// The tags of v1.37's e2e_node.test --list-images.
 		"e2e-test-images/busybox:1.37.0-2":           {"bin/sh", "bin/nmeter"},
-		"e2e-test-images/agnhost:2.66.1":             {"agnhost", "agnhost-2", "bin/bash"},
+		"e2e-test-images/agnhost:2.66.1":             {"agnhost", "agnhost-2", "bin/bash", "usr/bin/dig", "usr/bin/getent"},
 		"e2e-test-images/nginx:1.27.0-2":             {"usr/share/nginx/html/index.html"},
 		"e2e-test-images/nginx:1.28.0-2":             {"usr/share/nginx/html/index.html"},
 		"e2e-test-images/nonewprivs:1.4":             {"usr/local/bin/nnp"},
 		"e2e-test-images/nonroot:1.5":                {"bin/sh"},
-		"e2e-test-images/glibc-dns-testing:2.1.1":    {"bin/sh", "bin/bash", "bin/hostname", "etc/nsswitch.conf", "lib64/ld-linux-x86-64.so.2"},
+		"e2e-test-images/glibc-dns-testing:2.1.1":    {"bin/sh", "bin/bash", "bin/hostname", "etc/nsswitch.conf", "lib64/ld-linux-x86-64.so.2", "usr/bin/getent", "usr/bin/dig"},
 		"pause:3.10.2":                               {"pause"},
 		"e2e-test-images/sample-device-plugin:1.8.0": {"sampledeviceplugin", "bin/sh"},
 		// make e2e-cluster's cluster DNS (-coredns).
