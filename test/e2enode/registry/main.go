@@ -211,6 +211,30 @@ func images(src sources) (map[string]v1.Image, error) {
 		return nil, err
 	}
 
+	// kitten and nautilus (the cluster suite's update-demo and rollout
+	// specs): upstream's Dockerfiles put the picture and data.json of
+	// test/images/<name>/html in agnhost's / and run its test-webserver,
+	// which serves /. The porter dir is test/images/agnhost/porter of the
+	// same module.
+	for _, pic := range []string{"kitten", "nautilus"} {
+		html := filepath.Join(src.porter, "..", "..", pic, "html")
+		jpg, err := os.ReadFile(filepath.Join(html, pic+".jpg"))
+		if err != nil {
+			return nil, err
+		}
+		data, err := os.ReadFile(filepath.Join(html, "data.json"))
+		if err != nil {
+			return nil, err
+		}
+		l, err := testimages.Layer([]testimages.File{{Name: pic + ".jpg", Mode: 0o644, Data: jpg}, {Name: "data.json", Mode: 0o644, Data: data}})
+		if err != nil {
+			return nil, err
+		}
+		if err := add("e2e-test-images/"+pic+":1.8")(image(v1.Config{Entrypoint: []string{"/agnhost"}, Cmd: []string{"test-webserver"}, ExposedPorts: ports}, agBase, agLayer, l)); err != nil {
+			return nil, err
+		}
+	}
+
 	// nginx and httpd: a web server on port 80 (busybox httpd), pid file
 	// where nginx keeps it.
 	www, err := testimages.Layer([]testimages.File{

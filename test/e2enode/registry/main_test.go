@@ -5,6 +5,7 @@ import (
 	"errors"
 	"io"
 	"os"
+	"path/filepath"
 	"testing"
 
 	v1 "github.com/google/go-containerregistry/pkg/v1"
@@ -23,9 +24,18 @@ func TestImages(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	dir := t.TempDir()
-	for _, f := range []string{"localhost.crt", "localhost.key"} {
-		if err := os.WriteFile(dir+"/"+f, []byte(f), 0o600); err != nil {
+	// test/images of the kubernetes module: agnhost/porter's files,
+	// kitten's and nautilus's html.
+	k8sImages := t.TempDir()
+	dir := k8sImages + "/agnhost/porter"
+	files := map[string]string{dir + "/localhost.crt": "crt", dir + "/localhost.key": "key",
+		k8sImages + "/kitten/html/kitten.jpg": "k", k8sImages + "/kitten/html/data.json": "{}",
+		k8sImages + "/nautilus/html/nautilus.jpg": "n", k8sImages + "/nautilus/html/data.json": "{}"}
+	for f, data := range files {
+		if err := os.MkdirAll(filepath.Dir(f), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(f, []byte(data), 0o600); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -54,6 +64,9 @@ func TestImages(t *testing.T) {
 		"e2e-test-images/sample-device-plugin:1.8.0": {"sampledeviceplugin", "bin/sh"},
 		// make e2e-cluster's cluster DNS (-coredns).
 		corednsRef: {"coredns"},
+		// The cluster suite's.
+		"e2e-test-images/kitten:1.8":   {"agnhost", "kitten.jpg", "data.json"},
+		"e2e-test-images/nautilus:1.8": {"agnhost", "nautilus.jpg", "data.json"},
 	} {
 		img, ok := imgs[ref]
 		if !ok {
