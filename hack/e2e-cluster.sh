@@ -463,7 +463,7 @@ CGO_ENABLED=0 go build -o "$work/imagetools" ./test/e2enode/imagetools
 go build -o "$work/registry" ./test/e2enode/registry
 incp --bg "$work/registry" -addr "$CP_IP:$REG_PORT" -agnhost "$bins/agnhost" -imagetools "$work/imagetools" \
 	-porter-dir "$kmod/test/images/agnhost/porter" -sample-device-plugin "$bins/sample-device-plugin" \
-	-coredns "$bins/coredns" >"$out/cp/registry.log" 2>&1 &
+	-coredns "$bins/coredns" -sample-apiserver "$bins/sample-apiserver" -etcd "$bins/etcd" >"$out/cp/registry.log" 2>&1 &
 for _ in $(seq 1 600); do
 	grep -qs '^READY' "$out/cp/registry.log" && break
 	sleep 0.1

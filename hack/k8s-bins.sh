@@ -6,7 +6,7 @@
 #   hack/k8s-bins.sh                  # the node set: kubelet e2e_node.test agnhost ginkgo critest crictl sample-device-plugin
 #   hack/k8s-bins.sh cluster          # the cluster set (make e2e-cluster): the control plane, kube-proxy,
 #                                     # kubectl, e2e.test, etcd and CoreDNS, with the node set's kubelet, agnhost,
-#                                     # ginkgo, crictl, sample-device-plugin (the stand-in registry)
+#                                     # ginkgo, crictl, sample-device-plugin, sample-apiserver (the stand-in registry)
 #   hack/k8s-bins.sh kubelet agnhost  # only these (others already there stay)
 #   BIN=$(hack/k8s-bins.sh kubelet) && "$BIN/kubelet" --version
 #
@@ -20,8 +20,8 @@ set -euo pipefail
 cd "$(dirname "$(readlink -f "$0")")/.."
 GO=${GO:-go}
 NODE=(kubelet e2e_node.test agnhost ginkgo critest crictl sample-device-plugin)
-CLUSTER=(kube-apiserver kube-controller-manager kube-scheduler kube-proxy kubectl kubelet e2e.test agnhost ginkgo crictl sample-device-plugin etcd etcdctl coredns)
-ALL=("${NODE[@]}" kube-apiserver kube-controller-manager kube-scheduler kube-proxy kubectl e2e.test etcd etcdctl coredns)
+CLUSTER=(kube-apiserver kube-controller-manager kube-scheduler kube-proxy kubectl kubelet e2e.test agnhost ginkgo crictl sample-device-plugin sample-apiserver etcd etcdctl coredns)
+ALL=("${NODE[@]}" kube-apiserver kube-controller-manager kube-scheduler kube-proxy kubectl e2e.test sample-apiserver etcd etcdctl coredns)
 want=()
 for w in "$@"; do
 	case $w in
@@ -113,6 +113,9 @@ for w in "${todo[@]}"; do
 	# The node e2e suite's device plugin (the image
 	# e2e-test-images/sample-device-plugin runs it).
 	sample-device-plugin) mains+=(k8s.io/kubernetes/test/images/sample-device-plugin) ;;
+	# The Aggregator spec's sample-apiserver (upstream's image 1.29.2; this
+	# is the k8s.io/sample-apiserver module of the pinned release).
+	sample-apiserver) mains+=(k8s.io/sample-apiserver) ;;
 	esac
 done
 if [ ${#mains[@]} -gt 0 ]; then

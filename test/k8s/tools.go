@@ -16,4 +16,5 @@ import (
 	_ "k8s.io/kubernetes/test/e2e_node"
 	_ "k8s.io/kubernetes/test/images/agnhost"
 	_ "k8s.io/kubernetes/test/images/sample-device-plugin"
+	_ "k8s.io/sample-apiserver"
 )

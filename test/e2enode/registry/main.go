@@ -9,7 +9,8 @@
 // berth.
 //
 //	registry -addr 127.0.0.1:0 -agnhost /path/agnhost -imagetools /path/imagetools \
-//		-porter-dir DIR -sample-device-plugin /path/sample-device-plugin [-coredns /path/coredns]
+//		-porter-dir DIR -sample-device-plugin /path/sample-device-plugin [-coredns /path/coredns] \
+//		[-sample-apiserver /path/sample-apiserver] [-etcd /path/etcd]
 //
 // prints "listening HOST:PORT", one "pushed REF DIGEST" per image, then
 // READY, and serves until killed.
@@ -48,11 +49,14 @@ func main() {
 	porter := flag.String("porter-dir", "", "directory with agnhost's porter/localhost.crt and localhost.key (from the k8s.io/kubernetes module)")
 	sdp := flag.String("sample-device-plugin", "", "the sample device plugin binary (hack/k8s-bins.sh sample-device-plugin)")
 	coredns := flag.String("coredns", "", "optional: the CoreDNS binary (hack/k8s-bins.sh coredns), served as "+corednsRef)
+	sampleAPIServer := flag.String("sample-apiserver", "", "optional: the sample-apiserver binary (hack/k8s-bins.sh sample-apiserver), served as "+sampleAPIServerRef)
+	etcd := flag.String("etcd", "", "optional: the etcd binary (hack/k8s-bins.sh etcd), served as "+etcdRef)
 	flag.Parse()
 	if *agnhost == "" || *tools == "" || *porter == "" || *sdp == "" {
 		log.Fatal("need -agnhost, -imagetools, -porter-dir and -sample-device-plugin")
 	}
-	imgs, err := images(sources{agnhost: *agnhost, tools: *tools, porter: *porter, devicePlugin: *sdp, coredns: *coredns})
+	imgs, err := images(sources{agnhost: *agnhost, tools: *tools, porter: *porter, devicePlugin: *sdp, coredns: *coredns,
+		sampleAPIServer: *sampleAPIServer, etcd: *etcd})
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -88,11 +92,23 @@ func main() {
 	select {}
 }
 
-type sources struct{ agnhost, tools, porter, devicePlugin, coredns string }
+type sources struct {
+	agnhost, tools, porter, devicePlugin, coredns string
+	sampleAPIServer, etcd                         string
+}
 
 // corednsRef is where the -coredns image is served (under registry.k8s.io
 // as kubeadm pulls it); make e2e-cluster runs the cluster DNS from it.
 const corednsRef = "coredns/coredns:v1.15.0"
+
+// sampleAPIServerRef and etcdRef are the cluster suite's Aggregator spec's
+// images (-sample-apiserver, -etcd): upstream's sample-apiserver 1.29.2
+// stands for the k8s.io/sample-apiserver module of the pinned release,
+// and its etcd 3.7.0-0 for the etcd test/k8s/etcd pins.
+const (
+	sampleAPIServerRef = "e2e-test-images/sample-apiserver:1.29.2"
+	etcdRef            = "etcd:3.7.0-0"
+)
 
 const path = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
@@ -230,7 +246,7 @@ func images(src sources) (map[string]v1.Image, error) {
 		if err != nil {
 			return nil, err
 		}
-		if err := add("e2e-test-images/"+pic+":1.8")(image(v1.Config{Entrypoint: []string{"/agnhost"}, Cmd: []string{"test-webserver"}, ExposedPorts: ports}, agBase, agLayer, l)); err != nil {
+		if err := add("e2e-test-images/" + pic + ":1.8")(image(v1.Config{Entrypoint: []string{"/agnhost"}, Cmd: []string{"test-webserver"}, ExposedPorts: ports}, agBase, agLayer, l)); err != nil {
 			return nil, err
 		}
 	}
@@ -326,6 +342,28 @@ func images(src sources) (map[string]v1.Image, error) {
 			return nil, err
 		}
 		if err := add(corednsRef)(image(v1.Config{Entrypoint: []string{"/coredns"}, ExposedPorts: map[string]struct{}{"53/tcp": {}, "53/udp": {}}}, cdLayer)); err != nil {
+			return nil, err
+		}
+	}
+	// sample-apiserver: the binary as /sample-apiserver (upstream's
+	// Dockerfile) on the busybox base; etcd as /usr/local/bin/etcd, where
+	// the spec's command runs it.
+	for _, b := range []struct{ ref, src, dest string }{
+		{sampleAPIServerRef, src.sampleAPIServer, "sample-apiserver"},
+		{etcdRef, src.etcd, "usr/local/bin/etcd"},
+	} {
+		if b.src == "" {
+			continue
+		}
+		data, err := os.ReadFile(b.src)
+		if err != nil {
+			return nil, err
+		}
+		l, err := testimages.Layer([]testimages.File{{Name: b.dest, Mode: 0o755, Data: data}})
+		if err != nil {
+			return nil, err
+		}
+		if err := add(b.ref)(image(v1.Config{Entrypoint: []string{"/" + b.dest}}, base, l)); err != nil {
 			return nil, err
 		}
 	}

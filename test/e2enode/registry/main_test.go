@@ -39,7 +39,7 @@ func TestImages(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	imgs, err := images(sources{agnhost: self, tools: self, porter: dir, devicePlugin: self, coredns: self})
+	imgs, err := images(sources{agnhost: self, tools: self, porter: dir, devicePlugin: self, coredns: self, sampleAPIServer: self, etcd: self})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -67,6 +67,8 @@ func TestImages(t *testing.T) {
 		// The cluster suite's.
 		"e2e-test-images/kitten:1.8":   {"agnhost", "kitten.jpg", "data.json"},
 		"e2e-test-images/nautilus:1.8": {"agnhost", "nautilus.jpg", "data.json"},
+		sampleAPIServerRef:             {"sample-apiserver", "bin/sh"},
+		etcdRef:                        {"usr/local/bin/etcd", "bin/sh"},
 	} {
 		img, ok := imgs[ref]
 		if !ok {
