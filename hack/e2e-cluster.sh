@@ -151,12 +151,39 @@ make build >&2
 mkdir -p /run/berth-e2e-cluster
 exec 8>/run/berth-e2e-cluster/lock
 flock -n 8 || { echo "e2e-cluster: another e2e-cluster run holds /run/berth-e2e-cluster/lock" >&2; exit 1; }
-for ns in "$CP_NS" $(for i in "${NODES[@]}"; do node_ns "$i"; done); do
-	if [ -e "/run/netns/$ns" ]; then
-		echo "e2e-cluster: network namespace $ns is left from an earlier run; ip netns del $ns" >&2
-		exit 1
-	fi
-done
+# What a run that could not tear down (SIGKILL, a crash of the machine's
+# session) left: with the lock held, no run owns it. Its processes are in
+# its cgroups (berth-e2e-cluster-<pid> whose pid is gone) or its network
+# namespaces; then the namespaces, the cgroups, the scratch dirs.
+reap_stale() {
+	local d p ns pids
+	while read -r mnt _ _; do
+		for d in $(find "$mnt" -maxdepth 6 -type d -name 'berth-e2e-cluster-*' 2>/dev/null); do
+			[ -d "/proc/${d##*-}" ] && continue
+			log "removing what an earlier run left: cgroup $d"
+			for _ in 1 2 3; do
+				pids=$(find "$d" -name cgroup.procs -exec cat {} + 2>/dev/null)
+				[ -z "$pids" ] && break
+				kill -KILL $pids 2>/dev/null
+				sleep 1
+			done
+			find "$d" -depth -type d -exec rmdir {} + 2>/dev/null
+		done
+	done < <(cgroup_mounts)
+	for ns in "$CP_NS" $(for i in "${NODES[@]}"; do node_ns "$i"; done); do
+		[ -e "/run/netns/$ns" ] || continue
+		log "removing what an earlier run left: network namespace $ns"
+		for p in $(ip netns pids "$ns" 2>/dev/null); do kill -KILL "$p" 2>/dev/null; done
+		ip netns del "$ns"
+	done
+	for d in /tmp/berth-e2e-cluster.*; do
+		[ -d "$d" ] || continue
+		pgrep -f -- "$d" >/dev/null && continue
+		awk -v w="$d" '$5 == w || index($5, w "/") == 1 {print $5}' /proc/self/mountinfo | sort -r | xargs -r -n1 umount -l
+		rm -rf "$d" && log "removing what an earlier run left: $d"
+	done
+}
+reap_stale
 
 out=${E2E_CLUSTER_OUT:-$repo/out/e2e-cluster/$(date -u +%Y%m%dT%H%M%SZ)}
 mkdir -p "$out"
