@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/berthcri/berth/internal/shim/textpages"
 )
 
 // housekeepingInterval is how often the monitor reaps orphans (children it
@@ -91,6 +93,10 @@ func (m *Monitor) trimNow() {
 			}
 		}
 	}
+	// The pages of the binary that the create path, adoption or start
+	// ran stay mapped until dropped; what the monitor runs from here on
+	// (its log path) maps its own back (decision 3100).
+	textpages.Release()
 	if os.Getenv("BERTH_SHIM_MEMSTATS") != "" {
 		m.logMemStats(anon)
 	}

@@ -12,6 +12,7 @@ import (
 
 	"github.com/berthcri/berth/internal/errdefs"
 	"github.com/berthcri/berth/internal/shim/proto"
+	"github.com/berthcri/berth/internal/shim/textpages"
 )
 
 // Monitor is the monitor process, one per node (decision 1701): it serves
@@ -57,6 +58,7 @@ type Monitor struct {
 // to the keeper (-1: none, in tests).
 func New(dir string, logf func(string, ...any), keeperFd int) *Monitor {
 	m := &Monitor{dir: dir, logf: logf, reaper: newReaper(), pods: map[string]*Pod{}, done: make(chan struct{}), started: time.Now()}
+	textpages.Find() // so that the trim's Release allocates nothing
 	if keeperFd >= 0 {
 		m.keeper = newKeeperLink(keeperFd, m)
 		m.reaper.external = true
