@@ -77,7 +77,8 @@ func (m *Monitor) scheduleTrim() {
 // first call does). It never calls runtime.ReadMemStats: that
 // flushes every cached span into the central span sets, which allocates
 // their blocks for each size class in use (~0.3 MiB that stay resident),
-// the very cost a GC has.
+// the very cost a GC has. Each call also unmaps the binary's pages the
+// monitor ran since the last (textpages.Release, decision 3100).
 func (m *Monitor) trimNow() {
 	m.trimMu.Lock()
 	defer m.trimMu.Unlock()
