@@ -34,6 +34,15 @@ const trimDelay = 500 * time.Millisecond
 // ~30-60 KiB its tables make resident) out of the monitor.
 const trimMinGrowth = 256 << 10
 
+// firstTrimMinGrowth is trimMinGrowth for the monitor's first collection,
+// which alone makes ~0.25-0.3 MiB of runtime metadata resident for good:
+// it pays only once more garbage than that can have piled up. Growth is
+// not all garbage (a container's goroutines, buffers and state are
+// ~20-40 KiB of it), and at 256 KiB one pod of three containers
+// collected right after its creates, freeing ~50 KiB for ~250 of
+// metadata (decision 3100).
+const firstTrimMinGrowth = 2 * trimMinGrowth
+
 // startHousekeeping runs housekeep every housekeepingInterval until the
 // returned stop is called. A timer, not a goroutine: nothing waits.
 func (m *Monitor) startHousekeeping() (stop func()) {
@@ -87,8 +96,9 @@ func (m *Monitor) trimNow() {
 		switch {
 		case m.trimmedAt == 0:
 			m.trimmedAt = anon
-		case anon >= m.trimmedAt+trimMinGrowth:
+		case anon >= m.trimmedAt+trimMinGrowth && (m.collected || anon >= m.trimmedAt+firstTrimMinGrowth):
 			debug.FreeOSMemory()
+			m.collected = true
 			if anon, ok = m.statm.anonResident(); ok {
 				m.trimmedAt = anon
 			}

@@ -51,6 +51,7 @@ type Monitor struct {
 	trim      *time.Timer // returns freed heap to the kernel once things settle
 	trimMu    sync.Mutex
 	trimmedAt uint64 // anonymous resident bytes after the last trim (0: no baseline yet)
+	collected bool   // the trim collected once: the GC's metadata is resident
 	statm     statm  // reused: reading it allocates nothing
 }
 
