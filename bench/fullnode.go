@@ -151,13 +151,13 @@ func runtimeProcs(ep *Endpoint) (own, pause []int) {
 	return ep.Pids(), nil
 }
 
-// FullNode writes FullNodePods static pod manifests at once into the
-// kubelet's manifest dir (the images already pulled), waits for all to be
-// Ready, measures the runtime's memory, removes the manifests and waits
-// for the pods to stop and go.
-func FullNode(ctx context.Context, tb testing.TB, ep *Endpoint, k *Kubelet, httpd, busybox string) (FullNodeResult, error) {
-	res := FullNodeResult{Runtime: ep.Name, Pods: FullNodePods, AllRemovedS: -1}
-	names := make([]string, FullNodePods)
+// FullNode writes pods static pod manifests (FullNodePods: a full node)
+// at once into the kubelet's manifest dir (the images already pulled),
+// waits for all to be Ready, measures the runtime's memory, removes the
+// manifests and waits for the pods to stop and go.
+func FullNode(ctx context.Context, tb testing.TB, ep *Endpoint, k *Kubelet, pods int, httpd, busybox string) (FullNodeResult, error) {
+	res := FullNodeResult{Runtime: ep.Name, Pods: pods, AllRemovedS: -1}
+	names := make([]string, pods)
 	want := map[string]int{}
 	for i := range names {
 		name, m := FullNodeManifest(i, httpd, busybox)
@@ -179,28 +179,28 @@ func FullNode(ctx context.Context, tb testing.TB, ep *Endpoint, k *Kubelet, http
 			return res, err
 		}
 	}
-	readyAt := make([]time.Duration, FullNodePods)
+	readyAt := make([]time.Duration, pods)
 	ready := 0
 	var last []KubeletPod
-	for ready < FullNodePods {
+	for ready < pods {
 		if err := ctx.Err(); err != nil {
-			return res, fmt.Errorf("%d of %d pods Ready when the time ran out: %s", ready, FullNodePods, podSummary(last))
+			return res, fmt.Errorf("%d of %d pods Ready when the time ran out: %s", ready, pods, podSummary(last))
 		}
 		if k.exited() {
-			return res, fmt.Errorf("kubelet exited with %d of %d pods Ready", ready, FullNodePods)
+			return res, fmt.Errorf("kubelet exited with %d of %d pods Ready", ready, pods)
 		}
-		pods, err := k.Pods()
+		list, err := k.Pods()
 		now := time.Since(start)
 		if err == nil {
-			last = pods
-			for i := range pods {
-				if idx, ok := want[pods[i].Metadata.Name]; ok && readyAt[idx] == 0 && pods[i].Ready() {
+			last = list
+			for i := range list {
+				if idx, ok := want[list[i].Metadata.Name]; ok && readyAt[idx] == 0 && list[i].Ready() {
 					readyAt[idx] = now
 					ready++
 				}
 			}
 		}
-		if ready < FullNodePods {
+		if ready < pods {
 			time.Sleep(200 * time.Millisecond)
 		}
 	}
@@ -332,7 +332,7 @@ func podSummary(pods []KubeletPod) string {
 }
 
 // fullNodeOps are the CRI calls the table shows the kubelet's mean of.
-var fullNodeOps = []string{"run_podsandbox", "create_container", "start_container", "stop_container", "stop_podsandbox", "remove_podsandbox"}
+var fullNodeOps = []string{"run_podsandbox", "create_container", "start_container", "podsandbox_status", "container_status", "stop_container", "stop_podsandbox", "remove_podsandbox"}
 
 // WriteFullNode prints the full-node table (with berth/reference ratios
 // when there are two runtimes) and writes kubelet_fullnode.json to dir.

@@ -3,6 +3,7 @@ package bench
 import (
 	"context"
 	"os"
+	"strconv"
 	"testing"
 	"time"
 
@@ -30,6 +31,12 @@ func BenchmarkKubeletFullNode(b *testing.B) {
 	reg.Push(b, "busybox-httpd:1.0", testimages.Must(b, httpd, err))
 	reg.Push(b, "pause:latest", pauseImage(b))
 	images := []string{reg.Ref("busybox-httpd:1.0"), reg.Ref("busybox:1.36")}
+	pods := FullNodePods
+	if v := os.Getenv("BENCH_FULLNODE_PODS"); v != "" { // fewer, for a quick try
+		if pods, err = strconv.Atoi(v); err != nil || pods < 1 {
+			b.Fatalf("BENCH_FULLNODE_PODS=%q: want a positive number", v)
+		}
+	}
 
 	var results []FullNodeResult
 	run := func(b *testing.B, start func(b *testing.B) *Endpoint, pull ...string) {
@@ -45,7 +52,7 @@ func BenchmarkKubeletFullNode(b *testing.B) {
 			}
 		}
 		k := StartKubelet(b, ep, FullNodeKubeletConfig)
-		res, err := FullNode(ctx, b, ep, k, images[0], images[1])
+		res, err := FullNode(ctx, b, ep, k, pods, images[0], images[1])
 		if err != nil {
 			b.Fatalf("%s: %v", ep.Name, err)
 		}

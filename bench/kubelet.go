@@ -92,14 +92,19 @@ func StartKubelet(tb testing.TB, ep *Endpoint, config string) *Kubelet {
 		tb.Fatal(err)
 	}
 	suffix := filepath.Base(dir)[len("bench-kubelet-"):]
+	// Three distinct free ports, held together, then freed for the kubelet.
 	ports := make([]int, 3)
+	var ls []net.Listener
 	for i := range ports {
 		l, err := net.Listen("tcp", "127.0.0.1:0")
 		if err != nil {
 			tb.Fatal(err)
 		}
-		defer l.Close()
+		ls = append(ls, l)
 		ports[i] = l.Addr().(*net.TCPAddr).Port
+	}
+	for _, l := range ls {
+		l.Close()
 	}
 	k := &Kubelet{
 		Dir: dir, Manifests: filepath.Join(dir, "manifests"), LogFile: filepath.Join(dir, "kubelet.log"),
@@ -191,8 +196,9 @@ makeIPTablesUtilChains: false
 	k.done = make(chan struct{})
 	go func() { _ = k.cmd.Wait(); close(k.done) }()
 	deadline := time.Now().Add(2 * time.Minute)
+	hc := &http.Client{Timeout: 5 * time.Second}
 	for {
-		resp, err := http.Get(fmt.Sprintf("http://127.0.0.1:%d/healthz", ports[2]))
+		resp, err := hc.Get(fmt.Sprintf("http://127.0.0.1:%d/healthz", ports[2]))
 		if err == nil {
 			resp.Body.Close()
 			if resp.StatusCode == http.StatusOK {
