@@ -248,6 +248,12 @@ func (k *Kubelet) cleanup(tb testing.TB, ep *Endpoint) {
 		tb.Logf("kubelet log (end of %s):\n%s", k.LogFile, k.LogTail(200))
 	}
 	k.Stop()
+	if out := os.Getenv("BENCH_OUT"); out != "" {
+		// The kubelet's log, to see where a run's time went.
+		if data, err := os.ReadFile(k.LogFile); err == nil {
+			_ = os.WriteFile(filepath.Join(out, "kubelet_fullnode."+ep.Name+".log"), data, 0o644)
+		}
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	if list, err := k.Sandboxes(ctx, ep); err == nil {
