@@ -126,6 +126,11 @@ type FullNodeResult struct {
 	// PausePSSKiB is berth's berth-pause processes (0 for others).
 	PausePSSKiB   uint64 `json:"pause_pss_kib"`
 	KubeletPSSKiB uint64 `json:"kubelet_pss_kib"`
+	// CPU seconds from manifests written to all Ready (user + system, the
+	// reaped children included: runc and the CNI plugins): the runtime's
+	// processes as above, and the kubelet's.
+	RuntimeCPUS float64 `json:"runtime_cpu_s"`
+	KubeletCPUS float64 `json:"kubelet_cpu_s"`
 	// RuntimeOps is the kubelet's kubelet_runtime_operations_duration_seconds
 	// per operation_type, over the whole run.
 	RuntimeOps map[string]OpStat `json:"runtime_ops"`
@@ -173,6 +178,8 @@ func FullNode(ctx context.Context, tb testing.TB, ep *Endpoint, k *Kubelet, pods
 			return res, err
 		}
 	}
+	own, _ := runtimeProcs(ep)
+	runtimeCPU, kubeletCPU := CPUSeconds(own), CPUSeconds([]int{k.Pid()})
 	start := time.Now()
 	for _, name := range names {
 		if err := os.Rename(filepath.Join(k.Manifests, "."+name), filepath.Join(k.Manifests, name+".yaml")); err != nil {
@@ -208,7 +215,10 @@ func FullNode(ctx context.Context, tb testing.TB, ep *Endpoint, k *Kubelet, pods
 	res.AllReadyS = allReady.Seconds()
 	res.PodReady = Series{Name: "pod ready", Samples: readyAt}.Summary()
 
+	// The runtime's processes now: containerd's shims came with the pods.
 	own, pause := runtimeProcs(ep)
+	res.RuntimeCPUS = CPUSeconds(own) - runtimeCPU
+	res.KubeletCPUS = CPUSeconds([]int{k.Pid()}) - kubeletCPU
 	res.RuntimeProcesses = len(own)
 	res.RuntimePSSKiB = PSSKiB(own)
 	res.PausePSSKiB = PSSKiB(pause)
@@ -266,6 +276,31 @@ func FullNode(ctx context.Context, tb testing.TB, ep *Endpoint, k *Kubelet, pods
 	res.PLEGRelistMeanMs = ParseHistogram(text, "kubelet_pleg_relist_duration_seconds").Mean() * 1000
 	res.PodWorkerMeanMs = ParseHistogram(text, "kubelet_pod_worker_duration_seconds", `operation_type="sync"`).Mean() * 1000
 	return res, nil
+}
+
+// CPUSeconds sums the user and system time of pids and of their reaped
+// children, from /proc/PID/stat (clock ticks of 1/100 s).
+func CPUSeconds(pids []int) float64 {
+	var ticks uint64
+	for _, pid := range pids {
+		data, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+		if err != nil {
+			continue
+		}
+		// Fields after the command (in parentheses, which may hold spaces):
+		// utime, stime, cutime and cstime are the 12th to 15th.
+		s := string(data)
+		f := strings.Fields(s[strings.LastIndexByte(s, ')')+1:])
+		if len(f) < 15 {
+			continue
+		}
+		for _, v := range f[11:15] {
+			var n uint64
+			fmt.Sscan(v, &n)
+			ticks += n
+		}
+	}
+	return float64(ticks) / 100
 }
 
 // allStopped says whether the kubelet lists none of the pods and the
@@ -348,11 +383,11 @@ func WriteFullNode(w io.Writer, dir string, results []FullNodeResult) error {
 	if len(results) > 0 {
 		fmt.Fprintf(&b, "%d static pods at once (%d app containers, a readiness probe each), kubelet v1.37.2; times in seconds.\n\n", results[0].Pods, results[0].Containers)
 	}
-	b.WriteString("| runtime | all Ready s | pod Ready p50 / p90 s | kubelet pod start p50 / p90 s | all stopped s | all removed s | runtime processes | runtime PSS MiB |\n|---|---:|---:|---:|---:|---:|---:|---:|\n")
+	b.WriteString("| runtime | all Ready s | pod Ready p50 / p90 s | kubelet pod start p50 / p90 s | all stopped s | all removed s | runtime processes | runtime PSS MiB | runtime / kubelet CPU s to all Ready |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|\n")
 	for _, r := range results {
-		fmt.Fprintf(&b, "| %s | %.1f | %.1f / %.1f | %s / %s | %.1f | %s | %d | %.1f |\n", r.Runtime, r.AllReadyS,
+		fmt.Fprintf(&b, "| %s | %.1f | %.1f / %.1f | %s / %s | %.1f | %s | %d | %.1f | %.1f / %.1f |\n", r.Runtime, r.AllReadyS,
 			r.PodReady.P50ms/1000, r.PodReady.P90ms/1000, f(r.KubeletStartP50S, "%.1f"), f(r.KubeletStartP90S, "%.1f"),
-			r.AllStoppedS, f(r.AllRemovedS, "%.1f"), r.RuntimeProcesses, float64(r.RuntimePSSKiB)/1024)
+			r.AllStoppedS, f(r.AllRemovedS, "%.1f"), r.RuntimeProcesses, float64(r.RuntimePSSKiB)/1024, r.RuntimeCPUS, r.KubeletCPUS)
 	}
 	if len(results) == 2 {
 		a, c := results[0], results[len(results)-1]
@@ -362,10 +397,11 @@ func WriteFullNode(w io.Writer, dir string, results []FullNodeResult) error {
 			}
 			return "—"
 		}
-		fmt.Fprintf(&b, "| %s / %s | %s | %s / %s | %s / %s | %s | %s | | %s |\n", a.Runtime, c.Runtime,
+		fmt.Fprintf(&b, "| %s / %s | %s | %s / %s | %s / %s | %s | %s | | %s | %s / %s |\n", a.Runtime, c.Runtime,
 			ratio(a.AllReadyS, c.AllReadyS), ratio(a.PodReady.P50ms, c.PodReady.P50ms), ratio(a.PodReady.P90ms, c.PodReady.P90ms),
 			ratio(a.KubeletStartP50S, c.KubeletStartP50S), ratio(a.KubeletStartP90S, c.KubeletStartP90S),
-			ratio(a.AllStoppedS, c.AllStoppedS), ratio(a.AllRemovedS, c.AllRemovedS), ratio(float64(a.RuntimePSSKiB), float64(c.RuntimePSSKiB)))
+			ratio(a.AllStoppedS, c.AllStoppedS), ratio(a.AllRemovedS, c.AllRemovedS), ratio(float64(a.RuntimePSSKiB), float64(c.RuntimePSSKiB)),
+			ratio(a.RuntimeCPUS, c.RuntimeCPUS), ratio(a.KubeletCPUS, c.KubeletCPUS))
 	}
 	b.WriteString("\nThe kubelet's mean time per CRI call over the run (ms; kubelet_runtime_operations_duration_seconds) and per PLEG relist:\n\n| runtime |")
 	for _, op := range fullNodeOps {
