@@ -52,16 +52,39 @@ var (
 	exeBuf [1024]byte
 	chunk  [512]byte
 	line   [1024]byte
+	elfHdr [18]byte
 )
 
+// fixedAddress tells from the start of an ELF header whether the binary
+// is linked at a fixed address (ET_EXEC, the Go toolchain's default on
+// linux/amd64). A position-independent one (ET_DYN: -buildmode=pie, as
+// some distributions build) has a read-only mapping whose pages the
+// dynamic loader wrote (relocations, then mprotect: RELRO); dropping
+// those would read back the unrelocated file, so nothing is released.
+func fixedAddress(hdr []byte) bool {
+	const etExec = 2
+	return len(hdr) >= 18 && string(hdr[:4]) == "\x7fELF" && hdr[5] == 1 && // little-endian
+		uint16(hdr[16])|uint16(hdr[17])<<8 == etExec
+}
+
 func find() {
+	r, _, errno := unix.Syscall6(unix.SYS_OPENAT, atFdcwd, uintptr(unsafe.Pointer(&procSelfExe[0])),
+		uintptr(unix.O_RDONLY|unix.O_CLOEXEC), 0, 0, 0)
+	if errno != 0 {
+		return
+	}
+	k, err := unix.Pread(int(r), elfHdr[:], 0)
+	unix.Close(int(r))
+	if err != nil || !fixedAddress(elfHdr[:k]) {
+		return
+	}
 	n, _, errno := unix.Syscall6(unix.SYS_READLINKAT, atFdcwd, uintptr(unsafe.Pointer(&procSelfExe[0])),
 		uintptr(unsafe.Pointer(&exeBuf[0])), uintptr(len(exeBuf)), 0, 0)
 	if errno != 0 || n == 0 || n >= uintptr(len(exeBuf)) {
 		return
 	}
 	exe := exeBuf[:n]
-	r, _, errno := unix.Syscall6(unix.SYS_OPENAT, atFdcwd, uintptr(unsafe.Pointer(&procSelfMaps[0])),
+	r, _, errno = unix.Syscall6(unix.SYS_OPENAT, atFdcwd, uintptr(unsafe.Pointer(&procSelfMaps[0])),
 		uintptr(unix.O_RDONLY|unix.O_CLOEXEC), 0, 0, 0)
 	if errno != 0 {
 		return

@@ -13,6 +13,12 @@ import (
 // the monitor's housekeeping must not (decision 1700).
 func TestReleaseKeepsTheProcessWhole(t *testing.T) {
 	Find()
+	if self, err := os.ReadFile("/proc/self/exe"); err == nil && !fixedAddress(self[:18]) {
+		if nrange != 0 {
+			t.Fatal("a position-independent binary's mappings were taken for release")
+		}
+		t.Skip("the test binary is position-independent: nothing is released")
+	}
 	if nrange == 0 {
 		t.Fatal("no read-only mapping of the test binary found in /proc/self/maps")
 	}
@@ -51,3 +57,35 @@ func TestReleaseKeepsTheProcessWhole(t *testing.T) {
 // written lives in .data (initialised, writable: a private copy of the
 // binary's page once written), which Release must not drop.
 var written = "initial"
+
+// Only a binary linked at a fixed address is released: a PIE's RELRO
+// mapping is read-only but holds the loader's relocations.
+func TestFixedAddressOnlyForExecutables(t *testing.T) {
+	hdr := func(etype byte) []byte {
+		h := make([]byte, 18)
+		copy(h, "\x7fELF")
+		h[4], h[5], h[16] = 2, 1, etype
+		return h
+	}
+	for _, c := range []struct {
+		name string
+		hdr  []byte
+		want bool
+	}{
+		{"ET_EXEC", hdr(2), true},
+		{"ET_DYN (PIE)", hdr(3), false},
+		{"short", hdr(2)[:10], false},
+		{"not ELF", make([]byte, 18), false},
+	} {
+		if got := fixedAddress(c.hdr); got != c.want {
+			t.Errorf("%s: fixedAddress = %v, want %v", c.name, got, c.want)
+		}
+	}
+	self, err := os.ReadFile("/proc/self/exe")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !fixedAddress(self[:18]) {
+		t.Skip("the test binary is position-independent: nothing to release")
+	}
+}
