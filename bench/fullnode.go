@@ -167,7 +167,7 @@ func FullNode(ctx context.Context, tb testing.TB, ep *Endpoint, k *Kubelet, pods
 	for i := range names {
 		name, m := FullNodeManifest(i, httpd, busybox)
 		names[i] = name
-		want[k.StaticPodName(name)] = i
+		want[k.PodName(name)] = i
 		res.Containers++
 		if i%3 == 2 {
 			res.Containers++
@@ -193,7 +193,7 @@ func FullNode(ctx context.Context, tb testing.TB, ep *Endpoint, k *Kubelet, pods
 		if err := ctx.Err(); err != nil {
 			return res, fmt.Errorf("%d of %d pods Ready when the time ran out: %s", ready, pods, podSummary(last))
 		}
-		if k.exited() {
+		if k.Exited() {
 			return res, fmt.Errorf("kubelet exited with %d of %d pods Ready", ready, pods)
 		}
 		list, err := k.Pods()
