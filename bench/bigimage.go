@@ -258,7 +258,7 @@ func bigFiles(goroot string) func(io.Writer) error {
 				if err != nil {
 					return err
 				}
-				return tarEntry(tw, goroot, prefix, p, de)
+				return tarEntry(tw, goroot, prefix, p, de, true)
 			})
 			if err != nil {
 				return fmt.Errorf("tar %s: %w", goroot, err)
@@ -268,7 +268,11 @@ func bigFiles(goroot string) func(io.Writer) error {
 	}
 }
 
-func tarEntry(tw *tar.Writer, root, prefix, p string, de fs.DirEntry) error {
+// tarEntry writes p (a file, directory or symlink below root; others
+// are not image content) to tw as prefix + its path below root, owned by
+// root, without access and change times; wholeSeconds drops the part of
+// its mtime below a second (else a PAX record keeps it).
+func tarEntry(tw *tar.Writer, root, prefix, p string, de fs.DirEntry, wholeSeconds bool) error {
 	fi, err := de.Info()
 	if err != nil {
 		return err
@@ -297,7 +301,9 @@ func tarEntry(tw *tar.Writer, root, prefix, p string, de fs.DirEntry) error {
 	}
 	hdr.Uid, hdr.Gid, hdr.Uname, hdr.Gname = 0, 0, "root", "root"
 	hdr.Format = tar.FormatPAX
-	hdr.ModTime = time.Unix(fi.ModTime().Unix(), 0)
+	if wholeSeconds {
+		hdr.ModTime = time.Unix(fi.ModTime().Unix(), 0)
+	}
 	hdr.AccessTime, hdr.ChangeTime = time.Time{}, time.Time{}
 	if err := tw.WriteHeader(hdr); err != nil {
 		return err
