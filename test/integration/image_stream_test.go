@@ -78,12 +78,8 @@ func TestImagePullLayerDigestFailureUndoesLayers(t *testing.T) {
 // leaves nothing behind.
 func TestImagePullStalledRegistryTimesOut(t *testing.T) {
 	t.Parallel()
-	reg := testimages.StartRegistry(t)
-	reg.PushStandard(t)
-	img := mustImage(t, testimages.MultiLayer)
-	layers, _ := img.Layers()
-	ld, _ := layers[0].Digest()
-	hold := reg.HoldBlob(t, ld.String())
+	reg, _, ld := multiLayerRegistry(t)
+	hold := reg.HoldBlob(t, ld)
 	d := berthdtest.Start(t, berthdtest.Options{Configure: func(c *config.Config) {
 		c.ImagePullProgressTimeout = config.Duration(time.Second)
 	}})
