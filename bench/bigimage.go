@@ -16,7 +16,6 @@ import (
 	"time"
 
 	v1 "github.com/google/go-containerregistry/pkg/v1"
-	"github.com/google/go-containerregistry/pkg/v1/empty"
 	"github.com/google/go-containerregistry/pkg/v1/mutate"
 	"github.com/google/go-containerregistry/pkg/v1/types"
 	"github.com/klauspost/compress/gzip"
@@ -335,19 +334,10 @@ func bigV1Image(bi *BigImage) (v1.Image, error) {
 		fl := &fileLayer{path: l.Path, size: l.Size, digest: d, diffID: diff, mediaType: types.MediaType(l.MediaType)}
 		adds = append(adds, mutate.Addendum{Layer: fl, MediaType: fl.mediaType})
 	}
-	img, err := mutate.Append(mutate.MediaType(empty.Image, types.OCIManifestSchema1), adds...)
-	if err != nil {
-		return nil, err
-	}
-	cf, err := img.ConfigFile()
-	if err != nil {
-		return nil, err
-	}
-	cf = cf.DeepCopy()
-	cf.OS, cf.Architecture = "linux", runtime.GOARCH
-	cf.Created = v1.Time{}
-	cf.Config.Env = []string{"PATH=/usr/local/go0/bin:/bin"}
-	return mutate.ConfigFile(img, cf)
+	return linuxImage(adds, func(cf *v1.ConfigFile) {
+		cf.Created = v1.Time{}
+		cf.Config.Env = []string{"PATH=/usr/local/go0/bin:/bin"}
+	})
 }
 
 // fileLayer is a layer whose blob is a file and whose digests are known.

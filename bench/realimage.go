@@ -133,6 +133,19 @@ func realImage(tars [][]byte, compression string) (*RealImage, error) {
 		ri.Compressed += int64(len(l.data))
 		ri.Unpacked += int64(len(t))
 	}
+	var err error
+	ri.Image, err = linuxImage(adds, func(cf *v1.ConfigFile) {
+		cf.Config.Env = []string{"PATH=/usr/local/go/bin:/usr/bin:/bin"}
+	})
+	if err != nil {
+		return nil, err
+	}
+	return ri, nil
+}
+
+// linuxImage is an OCI image of adds (bottom first) for linux on this
+// machine's architecture, its config then changed by edit.
+func linuxImage(adds []mutate.Addendum, edit func(cf *v1.ConfigFile)) (v1.Image, error) {
 	img, err := mutate.Append(mutate.MediaType(empty.Image, types.OCIManifestSchema1), adds...)
 	if err != nil {
 		return nil, err
@@ -143,11 +156,8 @@ func realImage(tars [][]byte, compression string) (*RealImage, error) {
 	}
 	cf = cf.DeepCopy()
 	cf.OS, cf.Architecture = "linux", runtime.GOARCH
-	cf.Config.Env = []string{"PATH=/usr/local/go/bin:/usr/bin:/bin"}
-	if ri.Image, err = mutate.ConfigFile(img, cf); err != nil {
-		return nil, err
-	}
-	return ri, nil
+	edit(cf)
+	return mutate.ConfigFile(img, cf)
 }
 
 func sha(b []byte) v1.Hash {

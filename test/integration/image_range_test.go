@@ -35,6 +35,12 @@ func multiLayerRegistry(t *testing.T) (*testimages.Registry, v1.Image, string) {
 	reg := testimages.StartRegistry(t)
 	reg.PushStandard(t)
 	img := mustImage(t, testimages.MultiLayer)
+	return reg, img, bottomLayerDigest(t, img)
+}
+
+// bottomLayerDigest is the digest of img's first layer.
+func bottomLayerDigest(t *testing.T, img v1.Image) string {
+	t.Helper()
 	layers, err := img.Layers()
 	if err != nil {
 		t.Fatal(err)
@@ -43,7 +49,7 @@ func multiLayerRegistry(t *testing.T) (*testimages.Registry, v1.Image, string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return reg, img, ld.String()
+	return ld.String()
 }
 
 // TestImagePullRangeCutMidwayResumes pulls through a real berthd in

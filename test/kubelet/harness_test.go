@@ -33,20 +33,13 @@ func k8sBins(t *testing.T, progs ...string) string {
 type kubeletOptions = kubelettest.Options
 
 // testKubeletConfig is what the tests' kubelet runs with beyond
-// kubelettest's basics: quick to see manifests and resync, pulls in
-// parallel, and no image GC or eviction on a test node's small disk.
+// kubelettest's basics: quick to see manifests and resync, small log
+// files, pulls in parallel, and no image GC or eviction on a test node's
+// small disk.
 const testKubeletConfig = `fileCheckFrequency: 2s
 syncFrequency: 10s
-serializeImagePulls: false
-imageGCHighThresholdPercent: 100
-imageGCLowThresholdPercent: 99
-evictionHard:
-  memory.available: "1Mi"
-  nodefs.available: "1%"
-  nodefs.inodesFree: "1%"
-  imagefs.available: "1%"
 containerLogMaxSize: 1Mi
-`
+` + kubelettest.BusyNodeConfig
 
 // kubelet is one standalone kubelet process (no API server: static pods
 // from Manifests), with everything it writes private to this test.

@@ -130,6 +130,20 @@ type Options struct {
 	AfterStop func(k *Kubelet)
 }
 
+// BusyNodeConfig is KubeletConfiguration for a test or benchmark node:
+// image pulls in parallel (none waits on another), and neither image GC
+// nor eviction acting on a busy test disk mid-run. Add it to ExtraConfig.
+const BusyNodeConfig = `serializeImagePulls: false
+# Neither image GC nor eviction may act on a busy test disk mid-run.
+imageGCHighThresholdPercent: 100
+imageGCLowThresholdPercent: 99
+evictionHard:
+  memory.available: "1Mi"
+  nodefs.available: "1%"
+  nodefs.inodesFree: "1%"
+  imagefs.available: "1%"
+`
+
 // privateDevicePlugins runs (by sh, in the kubelet's mount namespace)
 // before the kubelet: its device manager serves and clears the fixed
 // /var/lib/kubelet/device-plugins, which other kubelets on this node use;
