@@ -38,6 +38,15 @@ func multiLayerRegistry(t *testing.T) (*testimages.Registry, v1.Image, string) {
 	return reg, img, bottomLayerDigest(t, img)
 }
 
+// storeLeakScope is d's leak scope with its image store (d.Root) in it,
+// and what it holds now.
+func storeLeakScope(t *testing.T, d *berthdtest.Daemon) (leakcheck.Scope, leakcheck.Snapshot) {
+	t.Helper()
+	scope := leakcheck.ForDaemon(d)
+	scope.Root = d.Root
+	return scope, leakcheck.Take(t, scope)
+}
+
 // bottomLayerDigest is the digest of img's first layer.
 func bottomLayerDigest(t *testing.T, img v1.Image) string {
 	t.Helper()
@@ -75,9 +84,7 @@ func TestImagePullRangeCutMidwayResumes(t *testing.T) {
 		_, _ = w.Write(body[start:end])
 	})
 	d := berthdtest.Start(t, berthdtest.Options{Configure: smallRanges})
-	scope := leakcheck.ForDaemon(d)
-	scope.Root = d.Root
-	before := leakcheck.Take(t, scope)
+	scope, before := storeLeakScope(t, d)
 
 	ref := reg.Ref(testimages.MultiLayerRef)
 	if id := pull(t, d, ref, nil); id != configDigest(t, img) {
@@ -140,9 +147,7 @@ func TestImagePullStalledRangeTimesOut(t *testing.T) {
 		smallRanges(c)
 		c.ImagePullProgressTimeout = config.Duration(time.Second)
 	}})
-	scope := leakcheck.ForDaemon(d)
-	scope.Root = d.Root
-	before := leakcheck.Take(t, scope)
+	scope, before := storeLeakScope(t, d)
 	_, err := d.Image.PullImage(context.Background(), &criapi.PullImageRequest{Image: &criapi.ImageSpec{Image: reg.Ref(testimages.MultiLayerRef)}})
 	wantCode(t, err, codes.DeadlineExceeded)
 	waitStoreEmpty(t, d)
