@@ -17,6 +17,7 @@ import (
 	criapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/berthcri/berth/internal/testutil/berthdtest"
+	"github.com/berthcri/berth/internal/testutil/kubelettest"
 )
 
 // FullNodePods is the kubelet's default maxPods: a full node.
@@ -24,22 +25,13 @@ const FullNodePods = 110
 
 // FullNodeKubeletConfig is what the full-node kubelet runs with beyond
 // StartKubelet's basics; each line is there so that only pod start and
-// removal are measured.
+// removal are measured (BusyNodeConfig: the images are pulled before the
+// pods come, and no pull may wait on another).
 const FullNodeKubeletConfig = `# The default, said outright: the node is full at 110 pods, and no
 # per-core limit (podsPerCore 0) lowers that on a 2-core machine.
 maxPods: 110
 podsPerCore: 0
-# The images are pulled before the pods come; no pull may wait on another.
-serializeImagePulls: false
-# Neither image GC nor eviction may act on a busy test disk mid-run.
-imageGCHighThresholdPercent: 100
-imageGCLowThresholdPercent: 99
-evictionHard:
-  memory.available: "1Mi"
-  nodefs.available: "1%"
-  nodefs.inodesFree: "1%"
-  imagefs.available: "1%"
-`
+` + kubelettest.BusyNodeConfig
 
 // fullNodePod is one pod of the full node: a busybox web server whose
 // readiness is an HTTP GET, and in every third pod a second container
@@ -167,7 +159,7 @@ func FullNode(ctx context.Context, tb testing.TB, ep *Endpoint, k *Kubelet, pods
 	for i := range names {
 		name, m := FullNodeManifest(i, httpd, busybox)
 		names[i] = name
-		want[k.StaticPodName(name)] = i
+		want[k.PodName(name)] = i
 		res.Containers++
 		if i%3 == 2 {
 			res.Containers++
@@ -193,7 +185,7 @@ func FullNode(ctx context.Context, tb testing.TB, ep *Endpoint, k *Kubelet, pods
 		if err := ctx.Err(); err != nil {
 			return res, fmt.Errorf("%d of %d pods Ready when the time ran out: %s", ready, pods, podSummary(last))
 		}
-		if k.exited() {
+		if k.Exited() {
 			return res, fmt.Errorf("kubelet exited with %d of %d pods Ready", ready, pods)
 		}
 		list, err := k.Pods()
