@@ -16,7 +16,6 @@ import (
 	"time"
 
 	v1 "github.com/google/go-containerregistry/pkg/v1"
-	"github.com/google/go-containerregistry/pkg/v1/empty"
 	"github.com/google/go-containerregistry/pkg/v1/mutate"
 	"github.com/google/go-containerregistry/pkg/v1/types"
 	"github.com/klauspost/compress/gzip"
@@ -258,7 +257,7 @@ func bigFiles(goroot string) func(io.Writer) error {
 				if err != nil {
 					return err
 				}
-				return tarEntry(tw, goroot, prefix, p, de)
+				return tarEntry(tw, goroot, prefix, p, de, true)
 			})
 			if err != nil {
 				return fmt.Errorf("tar %s: %w", goroot, err)
@@ -268,7 +267,11 @@ func bigFiles(goroot string) func(io.Writer) error {
 	}
 }
 
-func tarEntry(tw *tar.Writer, root, prefix, p string, de fs.DirEntry) error {
+// tarEntry writes p (a file, directory or symlink below root; others
+// are not image content) to tw as prefix + its path below root, owned by
+// root, without access and change times; wholeSeconds drops the part of
+// its mtime below a second (else a PAX record keeps it).
+func tarEntry(tw *tar.Writer, root, prefix, p string, de fs.DirEntry, wholeSeconds bool) error {
 	fi, err := de.Info()
 	if err != nil {
 		return err
@@ -297,7 +300,9 @@ func tarEntry(tw *tar.Writer, root, prefix, p string, de fs.DirEntry) error {
 	}
 	hdr.Uid, hdr.Gid, hdr.Uname, hdr.Gname = 0, 0, "root", "root"
 	hdr.Format = tar.FormatPAX
-	hdr.ModTime = time.Unix(fi.ModTime().Unix(), 0)
+	if wholeSeconds {
+		hdr.ModTime = time.Unix(fi.ModTime().Unix(), 0)
+	}
 	hdr.AccessTime, hdr.ChangeTime = time.Time{}, time.Time{}
 	if err := tw.WriteHeader(hdr); err != nil {
 		return err
@@ -329,19 +334,10 @@ func bigV1Image(bi *BigImage) (v1.Image, error) {
 		fl := &fileLayer{path: l.Path, size: l.Size, digest: d, diffID: diff, mediaType: types.MediaType(l.MediaType)}
 		adds = append(adds, mutate.Addendum{Layer: fl, MediaType: fl.mediaType})
 	}
-	img, err := mutate.Append(mutate.MediaType(empty.Image, types.OCIManifestSchema1), adds...)
-	if err != nil {
-		return nil, err
-	}
-	cf, err := img.ConfigFile()
-	if err != nil {
-		return nil, err
-	}
-	cf = cf.DeepCopy()
-	cf.OS, cf.Architecture = "linux", runtime.GOARCH
-	cf.Created = v1.Time{}
-	cf.Config.Env = []string{"PATH=/usr/local/go0/bin:/bin"}
-	return mutate.ConfigFile(img, cf)
+	return linuxImage(adds, func(cf *v1.ConfigFile) {
+		cf.Created = v1.Time{}
+		cf.Config.Env = []string{"PATH=/usr/local/go0/bin:/bin"}
+	})
 }
 
 // fileLayer is a layer whose blob is a file and whose digests are known.

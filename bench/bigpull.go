@@ -6,12 +6,10 @@ import (
 	"io"
 	"net/http"
 	"os"
-	"path/filepath"
 	"syscall"
 	"time"
 
 	"golang.org/x/sync/errgroup"
-	criapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/berthcri/berth/internal/image"
 )
@@ -32,32 +30,20 @@ func bigSeries(bi *BigImage, shape Shape) string {
 // disk.
 func BigPullWorkload(bi *BigImage, reg *ShapedRegistry, ref string) Workload {
 	series := bigSeries(bi, reg.Shape)
-	remove := func(ctx context.Context, ep *Endpoint) error {
-		_, err := ep.Image.RemoveImage(ctx, &criapi.RemoveImageRequest{Image: &criapi.ImageSpec{Image: ref}})
-		return err
-	}
 	return Workload{
 		Name: "big image pull " + bi.Compression, Samples: 3, Warmup: 1,
 		Floor: bigFloor(bi, reg, series),
 		Sample: func(ctx context.Context, ep *Endpoint, _ any, i int) (map[string]time.Duration, error) {
-			if err := remove(ctx, ep); err != nil {
-				return nil, unsupported(err)
-			}
-			syscall.Sync()
-			settleFreedInodes()
-			d, err := timed(func() error {
-				_, err := ep.Image.PullImage(ctx, &criapi.PullImageRequest{Image: &criapi.ImageSpec{Image: ref}})
-				return err
-			})
+			d, err := freshPull(ctx, ep, ref)
 			if err != nil {
-				return nil, unsupported(err)
+				return nil, err
 			}
-			if err := remove(ctx, ep); err != nil {
+			if err := removeImage(ctx, ep, ref); err != nil {
 				return nil, unsupported(err)
 			}
 			return map[string]time.Duration{series: d}, nil
 		},
-		Teardown: func(ctx context.Context, ep *Endpoint, _ any) { remove(ctx, ep) },
+		Teardown: func(ctx context.Context, ep *Endpoint, _ any) { removeImage(ctx, ep, ref) },
 	}
 }
 
@@ -69,26 +55,17 @@ func BigPullWorkload(bi *BigImage, reg *ShapedRegistry, ref string) Workload {
 // three at a time. The two are measured one after the other and added:
 // a pull that overlaps them can come in under this floor.
 func bigFloor(bi *BigImage, reg *ShapedRegistry, bounds string) *Floor {
-	var work, prev string
+	var ft floorTrees
 	set := image.DefaultRangeFetch
 	return &Floor{
 		Name:   fmt.Sprintf("download at %d ranges × 3 layers + in-process %s -d + write", set.Parallel, bi.Compression),
 		Bounds: bounds,
 		Setup: func(ctx context.Context) (any, error) {
-			var err error
-			if work, err = os.MkdirTemp("", "berth-bench-big-floor-"); err != nil {
-				return nil, err
-			}
-			_, err = image.MarkTopDir(work)
-			return nil, err
+			return nil, ft.setup("berth-bench-big-floor-")
 		},
 		Sample: func(ctx context.Context, _ any, i int) (time.Duration, error) {
-			if err := os.RemoveAll(prev); err != nil {
-				return 0, err
-			}
-			dir := filepath.Join(work, fmt.Sprint(i))
-			prev = dir
-			if err := os.Mkdir(dir, 0o755); err != nil {
+			dir, err := ft.next(i)
+			if err != nil {
 				return 0, err
 			}
 			syscall.Sync()
@@ -97,29 +74,20 @@ func bigFloor(bi *BigImage, reg *ShapedRegistry, bounds string) *Floor {
 			if err := bigDownload(ctx, bi, reg, set); err != nil {
 				return 0, err
 			}
-			var g errgroup.Group
-			g.SetLimit(3)
-			for j, l := range bi.Layers {
-				g.Go(func() error {
-					f, err := os.Open(l.Path)
-					if err != nil {
-						return err
-					}
-					defer f.Close()
-					ld, err := os.MkdirTemp(dir, fmt.Sprintf("layer%d-", j))
-					if err != nil {
-						return err
-					}
-					return writeLayerFrom(f, ld)
-				})
-			}
-			err := g.Wait()
+			err = writeLayers(dir, len(bi.Layers), func(j int, ld string) error {
+				f, err := os.Open(bi.Layers[j].Path)
+				if err != nil {
+					return err
+				}
+				defer f.Close()
+				return writeLayerFrom(f, ld)
+			})
 			took := time.Since(start)
 			// Untimed: the floor's tree goes before the next endpoint.
 			os.RemoveAll(dir)
 			return took, err
 		},
-		Teardown: func(ctx context.Context, _ any) { os.RemoveAll(work) },
+		Teardown: func(ctx context.Context, _ any) { os.RemoveAll(ft.work) },
 	}
 }
 

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"sort"
 	"strconv"
 	"strings"
 	"testing"
@@ -177,8 +178,11 @@ func BenchmarkContainerLifecycle(b *testing.B) {
 // BenchmarkShimMemory reports berth-shim's PSS per pod: the node's keeper
 // and monitor (decision 1701), which serve every pod, summed
 // (smaps_rollup) and divided by the pods, for pods of 1 and 3 containers,
-// alone and with 8 and 48 such pods at once: Pss_Anon is what the pods
-// really cost (heap, stacks, runtime data), Pss_File the binary's pages.
+// alone and with 8, 48 and 110 (the kubelet's default maxPods) such pods
+// at once: Pss_Anon is what the pods really cost (heap, stacks, runtime
+// data), Pss_File the binary's pages. A third table gives the keeper and
+// the monitor apart, whole (not divided by the pods): decision 3100 reads
+// the one-pod node there.
 // The last case has run 20 short-lived containers through the monitor
 // first, so it has collected garbage at least once (a GC makes runtime
 // metadata resident for good: decision 0303). A second table splits the
@@ -207,13 +211,15 @@ func BenchmarkShimMemory(b *testing.B) {
 		PerCtrKiB float64            `json:"pss_kib_per_container"`
 		Threads   float64            `json:"threads_keeper_and_monitor"`
 		Mappings  map[string]float64 `json:"pss_kib_per_pod_by_mapping"`
+		// Processes is the keeper and the monitor apart, whole.
+		Processes []shimProcess `json:"processes"`
 		// Conmon is the same case under conmon, nil when skipped.
 		Conmon *conmonRow `json:"conmon,omitempty"`
 	}
 	const settle = 3 * time.Second // let the monitors settle and trim
 	conmonSkipped := conmonUnusable()
 	var rows []row
-	for _, tc := range []struct{ pods, perPod, churn int }{{1, 1, 0}, {1, 3, 0}, {8, 1, 0}, {8, 3, 0}, {48, 1, 0}, {48, 3, 0}, {1, 1, 20}} {
+	for _, tc := range []struct{ pods, perPod, churn int }{{1, 1, 0}, {1, 3, 0}, {8, 1, 0}, {8, 3, 0}, {48, 1, 0}, {48, 3, 0}, {110, 1, 0}, {110, 3, 0}, {1, 1, 20}} {
 		cb := newContainerBench(b)
 		ctx := context.Background()
 		for p := 0; p < tc.pods; p++ {
@@ -250,7 +256,7 @@ func BenchmarkShimMemory(b *testing.B) {
 		// The node's keeper and monitor serve every pod (decision 1701):
 		// their memory, divided by the pods, is what a pod costs. Their
 		// argv ends with the node dir (NUL-ended in cmdline).
-		procs := 0
+		var procs []shimProcess
 		for _, pid := range berthdtest.PidsMentioning(proto.NodeDir(cb.shims) + "\x00") {
 			if comm, _ := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/comm"); strings.TrimSpace(string(comm)) != "berth-shim" {
 				continue
@@ -263,14 +269,17 @@ func BenchmarkShimMemory(b *testing.B) {
 			for k, v := range smapsByMapping(b, pid) {
 				mappings[k] += v
 			}
+			p := shimProcess{Role: shimRole(pid), PssKiB: m["Pss"], AnonKiB: m["Pss_Anon"], FileKiB: m["Pss_File"], RssKiB: m["Rss"]}
 			if task, err := os.ReadDir("/proc/" + strconv.Itoa(pid) + "/task"); err == nil {
+				p.Threads = len(task)
 				threads += float64(len(task))
 			}
-			procs++
+			procs = append(procs, p)
 		}
-		if procs != 2 {
-			b.Fatalf("found %d berth-shim processes for the node, want a keeper and a monitor", procs)
+		if len(procs) != 2 {
+			b.Fatalf("found %d berth-shim processes for the node, want a keeper and a monitor", len(procs))
 		}
+		sort.Slice(procs, func(i, j int) bool { return procs[i].Role < procs[j].Role }) // keeper, monitor
 		n := float64(tc.pods)
 		name := fmt.Sprintf("%d pod(s) × %d container(s)", tc.pods, tc.perPod)
 		if tc.churn > 0 {
@@ -282,7 +291,7 @@ func BenchmarkShimMemory(b *testing.B) {
 		r := row{
 			Case: name, Pods: tc.pods, PerPod: tc.perPod, Churned: tc.churn,
 			PssKiB: pss / n, AnonKiB: anon / n, FileKiB: file / n, RssKiB: rss / n, PerCtrKiB: pss / n / float64(tc.perPod),
-			Threads: threads, Mappings: mappings,
+			Threads: threads, Mappings: mappings, Processes: procs,
 		}
 		// Shims of one case must not share pages with the next case's.
 		cb.close()
@@ -316,6 +325,14 @@ func BenchmarkShimMemory(b *testing.B) {
 			fmt.Fprintf(&sb, "| %s | %.0f | %.0f | %.0f | %.0f | %.0f | %d | %d | %.2f |\n", r.Case, c.PssKiB, c.AnonKiB, c.FileKiB, c.RssKiB, c.PerCtrKiB, c.Processes, c.Threads, r.PssKiB/c.PssKiB)
 		}
 	}
+	sb.WriteString("\nberth's keeper and monitor apart, KiB per process (not per pod):\n\n| case | keeper PSS | Pss_Anon | Pss_File | threads | monitor PSS | Pss_Anon | Pss_File | threads |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+	for _, r := range rows {
+		sb.WriteString("| " + r.Case + " |")
+		for _, p := range r.Processes {
+			fmt.Fprintf(&sb, " %.0f | %.0f | %.0f | %d |", p.PssKiB, p.AnonKiB, p.FileKiB, p.Threads)
+		}
+		sb.WriteString("\n")
+	}
 	sb.WriteString("\nberth's PSS KiB per pod by mapping (/proc/PID/smaps):\n\n| case |")
 	for _, k := range smapsClasses {
 		sb.WriteString(" " + k + " |")
@@ -339,6 +356,27 @@ func BenchmarkShimMemory(b *testing.B) {
 			b.Fatal(err)
 		}
 	}
+}
+
+// shimProcess is one of the node's berth-shim processes in a
+// BenchmarkShimMemory case, whole.
+type shimProcess struct {
+	Role    string  `json:"role"` // keeper or monitor
+	PssKiB  float64 `json:"pss_kib"`
+	AnonKiB float64 `json:"pss_anon_kib"`
+	FileKiB float64 `json:"pss_file_kib"`
+	RssKiB  float64 `json:"rss_kib"`
+	Threads int     `json:"threads"`
+}
+
+// shimRole is the mode pid's berth-shim runs in: its first argument.
+func shimRole(pid int) string {
+	cmdline, _ := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/cmdline")
+	args := strings.Split(string(cmdline), "\x00")
+	if len(args) < 2 {
+		return "?"
+	}
+	return args[1]
 }
 
 // workloadArgs is what container c of a pod runs in the memory rows: the

@@ -32,6 +32,8 @@ type Endpoint struct {
 	Dir string
 	// Daemon is the berthd under test; nil for other runtimes.
 	Daemon *berthdtest.Daemon
+	// Socket is the CRI endpoint (unix://...), for a kubelet to use.
+	Socket string
 }
 
 // StartBerth starts a berthd for the benchmark.
@@ -48,6 +50,7 @@ func StartBerthWith(tb testing.TB, name string, configure func(*config.Config)) 
 		Image:   d.Image,
 		Dir:     d.Dir,
 		Daemon:  d,
+		Socket:  "unix://" + d.Socket,
 		Pids: func() []int {
 			pids := []int{d.Pid()}
 			return append(pids, processesNamed("berth-shim", "berth-pause")...)
@@ -68,7 +71,7 @@ func StartReference(tb testing.TB, registryHost string, more ...string) *Endpoin
 	}
 	if ep := os.Getenv("BENCH_REF_ENDPOINT"); ep != "" {
 		rt, img := dial(tb, ep)
-		return &Endpoint{Name: "reference", Runtime: rt, Image: img, Dir: tb.TempDir(), Pids: func() []int { return nil }}
+		return &Endpoint{Name: "reference", Runtime: rt, Image: img, Dir: tb.TempDir(), Socket: ep, Pids: func() []int { return nil }}
 	}
 	if _, err := exec.LookPath("containerd"); err != nil {
 		tb.Logf("no reference runtime: containerd not installed and BENCH_REF_ENDPOINT unset")
@@ -90,7 +93,7 @@ func startOtherBerthd(tb testing.TB, bin string) *Endpoint {
 		return cmd.Start()
 	}})
 	return &Endpoint{
-		Name: "reference", Runtime: d.Runtime, Image: d.Image, Dir: d.Dir, Daemon: d,
+		Name: "reference", Runtime: d.Runtime, Image: d.Image, Dir: d.Dir, Daemon: d, Socket: "unix://" + d.Socket,
 		Pids: func() []int { return []int{d.Pid()} },
 	}
 }
@@ -191,7 +194,7 @@ state = "%[1]s/state"
 		time.Sleep(50 * time.Millisecond)
 	}
 	return &Endpoint{
-		Name: "containerd", Runtime: rt, Image: img, Dir: dir,
+		Name: "containerd", Runtime: rt, Image: img, Dir: dir, Socket: "unix://" + sock,
 		Pids: func() []int {
 			return append([]int{cmd.Process.Pid}, processesMentioning("containerd-shim", dir)...)
 		},

@@ -79,48 +79,7 @@ func tarDirs(root string, dirs []string) ([]byte, error) {
 			if err != nil {
 				return err
 			}
-			fi, err := de.Info()
-			if err != nil {
-				return err
-			}
-			mode := fi.Mode()
-			if !mode.IsRegular() && !mode.IsDir() && mode&fs.ModeSymlink == 0 {
-				return nil // sockets, devices: not image content
-			}
-			var link string
-			if mode&fs.ModeSymlink != 0 {
-				if link, err = os.Readlink(p); err != nil {
-					return err
-				}
-			}
-			hdr, err := tar.FileInfoHeader(fi, link)
-			if err != nil {
-				return err
-			}
-			rel, err := filepath.Rel(root, p)
-			if err != nil {
-				return err
-			}
-			hdr.Name = "usr/local/go/" + filepath.ToSlash(rel)
-			if mode.IsDir() {
-				hdr.Name += "/"
-			}
-			hdr.Uid, hdr.Gid, hdr.Uname, hdr.Gname = 0, 0, "root", "root"
-			hdr.Format = tar.FormatPAX
-			hdr.AccessTime, hdr.ChangeTime = time.Time{}, time.Time{}
-			if err := tw.WriteHeader(hdr); err != nil {
-				return err
-			}
-			if mode.IsRegular() {
-				f, err := os.Open(p)
-				if err != nil {
-					return err
-				}
-				_, err = io.Copy(tw, f)
-				f.Close()
-				return err
-			}
-			return nil
+			return tarEntry(tw, root, "usr/local/go/", p, de, false)
 		})
 		if err != nil {
 			return nil, fmt.Errorf("tar %s: %w", base, err)
@@ -174,6 +133,19 @@ func realImage(tars [][]byte, compression string) (*RealImage, error) {
 		ri.Compressed += int64(len(l.data))
 		ri.Unpacked += int64(len(t))
 	}
+	var err error
+	ri.Image, err = linuxImage(adds, func(cf *v1.ConfigFile) {
+		cf.Config.Env = []string{"PATH=/usr/local/go/bin:/usr/bin:/bin"}
+	})
+	if err != nil {
+		return nil, err
+	}
+	return ri, nil
+}
+
+// linuxImage is an OCI image of adds (bottom first) for linux on this
+// machine's architecture, its config then changed by edit.
+func linuxImage(adds []mutate.Addendum, edit func(cf *v1.ConfigFile)) (v1.Image, error) {
 	img, err := mutate.Append(mutate.MediaType(empty.Image, types.OCIManifestSchema1), adds...)
 	if err != nil {
 		return nil, err
@@ -184,11 +156,8 @@ func realImage(tars [][]byte, compression string) (*RealImage, error) {
 	}
 	cf = cf.DeepCopy()
 	cf.OS, cf.Architecture = "linux", runtime.GOARCH
-	cf.Config.Env = []string{"PATH=/usr/local/go/bin:/usr/bin:/bin"}
-	if ri.Image, err = mutate.ConfigFile(img, cf); err != nil {
-		return nil, err
-	}
-	return ri, nil
+	edit(cf)
+	return mutate.ConfigFile(img, cf)
 }
 
 func sha(b []byte) v1.Hash {
@@ -221,62 +190,82 @@ func (l *blobLayer) Uncompressed() (io.ReadCloser, error) {
 // (no ownership, modes, times or checks), layers three at a time as berth
 // does. No tar process is forked.
 func unpackFloor(ri *RealImage, bounds string) *Floor {
-	var work, prev string
+	var ft floorTrees
 	return &Floor{
 		Name:   fmt.Sprintf("in-process %s -d + write of the %d layers", ri.Compression, len(ri.Layers)),
 		Bounds: bounds,
 		Setup: func(ctx context.Context) (any, error) {
-			// Beside berth's store: the same filesystem, and the same
-			// placement of each sample's tree (decision 1512): without
-			// it, on ext4 without a journal, the floor pays for scanning
-			// past the inodes its previous sample just freed, which a
-			// pull no longer does.
-			var err error
-			if work, err = os.MkdirTemp("", "berth-bench-unpack-floor-"); err != nil {
-				return nil, err
-			}
-			_, err = image.MarkTopDir(work)
-			return nil, err
+			return nil, ft.setup("berth-bench-unpack-floor-")
 		},
 		Sample: func(ctx context.Context, _ any, i int) (time.Duration, error) {
-			// The previous sample's tree goes first, as an endpoint's
-			// image does, so that this one waits its frees out too.
-			if err := os.RemoveAll(prev); err != nil {
+			dir, err := ft.next(i)
+			if err != nil {
 				return 0, err
 			}
-			dir := filepath.Join(work, fmt.Sprint(i))
-			prev = dir
 			// Each layer a top-level tree of its own, as a layer in
 			// berth's ingest/ is.
-			if err := os.Mkdir(dir, 0o755); err != nil {
-				return 0, err
-			}
 			if _, err := image.MarkTopDir(dir); err != nil {
 				return 0, err
 			}
 			syscall.Sync() // as before each endpoint's sample
 			settleFreedInodes()
 			start := time.Now()
-			var g errgroup.Group
-			g.SetLimit(3)
-			for j, l := range ri.Layers {
-				g.Go(func() error {
-					// A new name each time, as berth's ingest/layer-…:
-					// ext4 starts a top directory's placement from a
-					// hash of its name, so "0" would go back to the
-					// group it just left.
-					ld, err := os.MkdirTemp(dir, fmt.Sprintf("layer%d-", j))
-					if err != nil {
-						return err
-					}
-					return writeLayer(l, ld)
-				})
-			}
-			err := g.Wait()
+			err = writeLayers(dir, len(ri.Layers), func(j int, ld string) error { return writeLayer(ri.Layers[j], ld) })
 			return time.Since(start), err
 		},
-		Teardown: func(ctx context.Context, _ any) { os.RemoveAll(work) },
+		Teardown: func(ctx context.Context, _ any) { os.RemoveAll(ft.work) },
 	}
+}
+
+// floorTrees are the trees an unpacking floor writes: one per sample,
+// in a work dir beside berth's store.
+type floorTrees struct{ work, prev string }
+
+// setup makes the work dir: beside berth's store, the same filesystem,
+// and the same placement of each sample's tree (decision 1512): without
+// it, on ext4 without a journal, the floor pays for scanning past the
+// inodes its previous sample just freed, which a pull no longer does.
+func (ft *floorTrees) setup(prefix string) error {
+	var err error
+	if ft.work, err = os.MkdirTemp("", prefix); err != nil {
+		return err
+	}
+	_, err = image.MarkTopDir(ft.work)
+	return err
+}
+
+// next removes the previous sample's tree first, as an endpoint's image
+// goes, so that this one waits its frees out too, and makes sample i's.
+func (ft *floorTrees) next(i int) (string, error) {
+	if err := os.RemoveAll(ft.prev); err != nil {
+		return "", err
+	}
+	dir := filepath.Join(ft.work, fmt.Sprint(i))
+	ft.prev = dir
+	if err := os.Mkdir(dir, 0o755); err != nil {
+		return "", err
+	}
+	return dir, nil
+}
+
+// writeLayers calls write for each of n layers with a new directory
+// below dir, three layers at a time as berth unpacks them.
+func writeLayers(dir string, n int, write func(j int, ld string) error) error {
+	var g errgroup.Group
+	g.SetLimit(3)
+	for j := range n {
+		g.Go(func() error {
+			// A new name each time, as berth's ingest/layer-…: ext4
+			// starts a top directory's placement from a hash of its
+			// name, so "0" would go back to the group it just left.
+			ld, err := os.MkdirTemp(dir, fmt.Sprintf("layer%d-", j))
+			if err != nil {
+				return err
+			}
+			return write(j, ld)
+		})
+	}
+	return g.Wait()
 }
 
 var copyBufs = sync.Pool{New: func() any { b := make([]byte, 128<<10); return &b }}

@@ -416,32 +416,45 @@ func Workloads(image, multiLayerImage string, floors *Floors) []Workload {
 func RealPullWorkload(ri *RealImage, ref string) Workload {
 	series := fmt.Sprintf("PullImage real size %s (%d layers, %d MB blobs, %d MB unpacked)",
 		ri.Compression, len(ri.Layers), ri.Compressed>>20, ri.Unpacked>>20)
-	remove := func(ctx context.Context, ep *Endpoint) error {
-		_, err := ep.Image.RemoveImage(ctx, &criapi.RemoveImageRequest{Image: &criapi.ImageSpec{Image: ref}})
-		return err
-	}
 	return Workload{
 		Name: "image pull real size " + ri.Compression, Samples: 5, Warmup: 1,
 		Floor: unpackFloor(ri, series),
 		Sample: func(ctx context.Context, ep *Endpoint, _ any, i int) (map[string]time.Duration, error) {
-			if err := remove(ctx, ep); err != nil {
-				return nil, unsupported(err)
-			}
-			// Each sample starts with nothing dirty in the page cache:
-			// the previous endpoint's writes are not this one's to flush.
-			syscall.Sync()
-			settleFreedInodes()
-			d, err := timed(func() error {
-				_, err := ep.Image.PullImage(ctx, &criapi.PullImageRequest{Image: &criapi.ImageSpec{Image: ref}})
-				return err
-			})
+			d, err := freshPull(ctx, ep, ref)
 			if err != nil {
-				return nil, unsupported(err)
+				return nil, err
 			}
 			return map[string]time.Duration{series: d}, nil
 		},
-		Teardown: func(ctx context.Context, ep *Endpoint, _ any) { remove(ctx, ep) },
+		Teardown: func(ctx context.Context, ep *Endpoint, _ any) { removeImage(ctx, ep, ref) },
 	}
+}
+
+// removeImage removes ref from ep's store.
+func removeImage(ctx context.Context, ep *Endpoint, ref string) error {
+	_, err := ep.Image.RemoveImage(ctx, &criapi.RemoveImageRequest{Image: &criapi.ImageSpec{Image: ref}})
+	return err
+}
+
+// freshPull times a pull of ref on ep after removing it (untimed), so
+// that the pull downloads, verifies and unpacks all of it. Errors are
+// unsupported(err): the endpoint's series is left out.
+func freshPull(ctx context.Context, ep *Endpoint, ref string) (time.Duration, error) {
+	if err := removeImage(ctx, ep, ref); err != nil {
+		return 0, unsupported(err)
+	}
+	// Each sample starts with nothing dirty in the page cache: the
+	// previous endpoint's writes are not this one's to flush.
+	syscall.Sync()
+	settleFreedInodes()
+	d, err := timed(func() error {
+		_, err := ep.Image.PullImage(ctx, &criapi.PullImageRequest{Image: &criapi.ImageSpec{Image: ref}})
+		return err
+	})
+	if err != nil {
+		return 0, unsupported(err)
+	}
+	return d, nil
 }
 
 // freedInodeWindow is how long ext4 without a journal keeps skipping an

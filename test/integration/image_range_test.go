@@ -18,6 +18,7 @@ import (
 	"github.com/berthcri/berth/internal/testutil/berthdtest"
 	"github.com/berthcri/berth/internal/testutil/leakcheck"
 	"github.com/berthcri/berth/internal/testutil/testimages"
+	v1 "github.com/google/go-containerregistry/pkg/v1"
 )
 
 // smallRanges makes berthd fetch the test images' busybox layer (about
@@ -26,20 +27,50 @@ func smallRanges(c *config.Config) {
 	c.ImageRangeFetch = config.ImageRangeFetch{Enable: true, MinLayerSize: 64 << 10, ChunkSize: 96 << 10, Parallel: 3, Retries: 3}
 }
 
+// multiLayerRegistry starts a registry holding the standard test images
+// and returns it with the MultiLayer image and the digest of its bottom
+// layer (busybox's, about 1 MiB), for a test to serve that blob its way.
+func multiLayerRegistry(t *testing.T) (*testimages.Registry, v1.Image, string) {
+	t.Helper()
+	reg := testimages.StartRegistry(t)
+	reg.PushStandard(t)
+	img := mustImage(t, testimages.MultiLayer)
+	return reg, img, bottomLayerDigest(t, img)
+}
+
+// storeLeakScope is d's leak scope with its image store (d.Root) in it,
+// and what it holds now.
+func storeLeakScope(t *testing.T, d *berthdtest.Daemon) (leakcheck.Scope, leakcheck.Snapshot) {
+	t.Helper()
+	scope := leakcheck.ForDaemon(d)
+	scope.Root = d.Root
+	return scope, leakcheck.Take(t, scope)
+}
+
+// bottomLayerDigest is the digest of img's first layer.
+func bottomLayerDigest(t *testing.T, img v1.Image) string {
+	t.Helper()
+	layers, err := img.Layers()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ld, err := layers[0].Digest()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ld.String()
+}
+
 // TestImagePullRangeCutMidwayResumes pulls through a real berthd in
 // parallel ranges while the registry cuts several ranges' connections
 // partway: each is asked for again from its last byte, the image is
 // stored whole (a container runs on it), and nothing leaks.
 func TestImagePullRangeCutMidwayResumes(t *testing.T) {
 	t.Parallel()
-	reg := testimages.StartRegistry(t)
-	reg.PushStandard(t)
-	img := mustImage(t, testimages.MultiLayer)
-	layers, _ := img.Layers()
-	ld, _ := layers[0].Digest()
+	reg, img, ld := multiLayerRegistry(t)
 	var mu sync.Mutex
 	var asked []string
-	reg.ServeBlobWith(t, ld.String(), func(w http.ResponseWriter, req *http.Request, body []byte) {
+	reg.ServeBlobWith(t, ld, func(w http.ResponseWriter, req *http.Request, body []byte) {
 		mu.Lock()
 		asked = append(asked, req.Header.Get("Range"))
 		n := len(asked)
@@ -53,9 +84,7 @@ func TestImagePullRangeCutMidwayResumes(t *testing.T) {
 		_, _ = w.Write(body[start:end])
 	})
 	d := berthdtest.Start(t, berthdtest.Options{Configure: smallRanges})
-	scope := leakcheck.ForDaemon(d)
-	scope.Root = d.Root
-	before := leakcheck.Take(t, scope)
+	scope, before := storeLeakScope(t, d)
 
 	ref := reg.Ref(testimages.MultiLayerRef)
 	if id := pull(t, d, ref, nil); id != configDigest(t, img) {
@@ -103,12 +132,8 @@ func TestImagePullRangeCutMidwayResumes(t *testing.T) {
 // nothing.
 func TestImagePullStalledRangeTimesOut(t *testing.T) {
 	t.Parallel()
-	reg := testimages.StartRegistry(t)
-	reg.PushStandard(t)
-	img := mustImage(t, testimages.MultiLayer)
-	layers, _ := img.Layers()
-	ld, _ := layers[0].Digest()
-	reg.ServeBlobWith(t, ld.String(), func(w http.ResponseWriter, req *http.Request, body []byte) {
+	reg, _, ld := multiLayerRegistry(t)
+	reg.ServeBlobWith(t, ld, func(w http.ResponseWriter, req *http.Request, body []byte) {
 		start, end, _ := testimages.RangeOf(w, req, len(body))
 		if start == 3*(96<<10) {
 			_, _ = w.Write(body[start : start+10])
@@ -122,9 +147,7 @@ func TestImagePullStalledRangeTimesOut(t *testing.T) {
 		smallRanges(c)
 		c.ImagePullProgressTimeout = config.Duration(time.Second)
 	}})
-	scope := leakcheck.ForDaemon(d)
-	scope.Root = d.Root
-	before := leakcheck.Take(t, scope)
+	scope, before := storeLeakScope(t, d)
 	_, err := d.Image.PullImage(context.Background(), &criapi.PullImageRequest{Image: &criapi.ImageSpec{Image: reg.Ref(testimages.MultiLayerRef)}})
 	wantCode(t, err, codes.DeadlineExceeded)
 	waitStoreEmpty(t, d)

@@ -47,9 +47,7 @@ func TestImagePullLayerDigestFailureUndoesLayers(t *testing.T) {
 	reg := testimages.StartRegistry(t)
 	reg.PushStandard(t)
 	d := berthdtest.Start(t, berthdtest.Options{Env: []string{fault.EnvVar + "=" + string(fault.ImageFailLayerDigest)}})
-	scope := leakcheck.ForDaemon(d)
-	scope.Root = d.Root
-	before := leakcheck.Take(t, scope)
+	scope, before := storeLeakScope(t, d)
 
 	ref := reg.Ref(testimages.MultiLayerRef)
 	_, err := d.Image.PullImage(ctxT(t), &criapi.PullImageRequest{Image: &criapi.ImageSpec{Image: ref}})
@@ -78,18 +76,12 @@ func TestImagePullLayerDigestFailureUndoesLayers(t *testing.T) {
 // leaves nothing behind.
 func TestImagePullStalledRegistryTimesOut(t *testing.T) {
 	t.Parallel()
-	reg := testimages.StartRegistry(t)
-	reg.PushStandard(t)
-	img := mustImage(t, testimages.MultiLayer)
-	layers, _ := img.Layers()
-	ld, _ := layers[0].Digest()
-	hold := reg.HoldBlob(t, ld.String())
+	reg, _, ld := multiLayerRegistry(t)
+	hold := reg.HoldBlob(t, ld)
 	d := berthdtest.Start(t, berthdtest.Options{Configure: func(c *config.Config) {
 		c.ImagePullProgressTimeout = config.Duration(time.Second)
 	}})
-	scope := leakcheck.ForDaemon(d)
-	scope.Root = d.Root
-	before := leakcheck.Take(t, scope)
+	scope, before := storeLeakScope(t, d)
 
 	// No deadline of its own, as the kubelet's.
 	_, err := d.Image.PullImage(context.Background(), &criapi.PullImageRequest{Image: &criapi.ImageSpec{Image: reg.Ref(testimages.MultiLayerRef)}})

@@ -147,16 +147,8 @@ func TestReloadPullInFlightFinishesOnItsConfig(t *testing.T) {
 	writeHostsFile(t, dirB, "registry.example.invalid", mirrorOnly(regB.Host))
 	d := berthdtest.Start(t, berthdtest.Options{Configure: func(c *config.Config) { c.RegistryConfigDir = dirA }})
 
-	img := mustImage(t, testimages.Busybox)
-	layers, err := img.Layers()
-	if err != nil {
-		t.Fatal(err)
-	}
-	ld, err := layers[0].Digest()
-	if err != nil {
-		t.Fatal(err)
-	}
-	hold := regA.HoldBlob(t, ld.String())
+	ld := bottomLayerDigest(t, mustImage(t, testimages.Busybox))
+	hold := regA.HoldBlob(t, ld)
 	errc := make(chan error, 1)
 	go func() {
 		_, err := d.Image.PullImage(ctxT(t), &criapi.PullImageRequest{Image: &criapi.ImageSpec{Image: "registry.example.invalid/busybox:latest"}})
@@ -172,7 +164,7 @@ func TestReloadPullInFlightFinishesOnItsConfig(t *testing.T) {
 	if err := <-errc; err != nil {
 		t.Fatalf("pull in flight across the reload: %v", err)
 	}
-	if a, b := regA.BlobFetches(ld.String()), regB.BlobFetches(ld.String()); a != 1 || b != 0 {
+	if a, b := regA.BlobFetches(ld), regB.BlobFetches(ld); a != 1 || b != 0 {
 		t.Fatalf("layer fetched %d times from the old mirror and %d from the new, want 1 and 0", a, b)
 	}
 
@@ -403,15 +395,8 @@ func TestReloadPullProgressTimeoutAppliesToTheNextPull(t *testing.T) {
 	reg.PushStandard(t)
 	d := berthdtest.Start(t, berthdtest.Options{Configure: func(c *config.Config) { c.ImagePullProgressTimeout = 0 }})
 
-	layers, err := mustImage(t, testimages.Busybox).Layers()
-	if err != nil {
-		t.Fatal(err)
-	}
-	ld, err := layers[0].Digest()
-	if err != nil {
-		t.Fatal(err)
-	}
-	holdA := reg.HoldBlob(t, ld.String())
+	ld := bottomLayerDigest(t, mustImage(t, testimages.Busybox))
+	holdA := reg.HoldBlob(t, ld)
 	errA := make(chan error, 1)
 	go func() {
 		// No deadline of its own, as the kubelet's.
@@ -426,7 +411,7 @@ func TestReloadPullProgressTimeoutAppliesToTheNextPull(t *testing.T) {
 
 	wantResult(t, d.Reconfigure(func(c *config.Config) { c.ImagePullProgressTimeout = config.Duration(time.Second) }), "success")
 	holdB := reg.HoldBlob(t, configDigest(t, mustImage(t, testimages.BusyboxUser)))
-	_, err = d.Image.PullImage(context.Background(), &criapi.PullImageRequest{Image: &criapi.ImageSpec{Image: reg.Ref(testimages.UserRef)}})
+	_, err := d.Image.PullImage(context.Background(), &criapi.PullImageRequest{Image: &criapi.ImageSpec{Image: reg.Ref(testimages.UserRef)}})
 	wantCode(t, err, codes.DeadlineExceeded)
 	if !strings.Contains(err.Error(), "image_pull_progress_timeout") {
 		t.Fatalf("error does not name the setting: %v", err)

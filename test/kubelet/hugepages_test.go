@@ -123,7 +123,7 @@ func TestKubeletHugePages(t *testing.T) {
 			Berthd:            berthdtest.Options{StartProcess: berthdtest.StartWithPrivateHugetlb(t.TempDir())},
 			KubeletInDaemonNS: true,
 		})
-		hugetlb := filepath.Join(e.k.opts.CgroupFS, "hugetlb")
+		hugetlb := filepath.Join(e.k.Opts.CgroupFS, "hugetlb")
 		if _, err := os.Stat(filepath.Join(hugetlb, "cgroup.procs")); err != nil {
 			t.Fatalf("no hugetlb hierarchy in berthd's mount namespace: %v", err)
 		}
@@ -193,7 +193,7 @@ func deleteHugePod(t *testing.T, e *env, p *corev1.Pod, podCg string) {
 				return false
 			}
 		}
-		for _, d := range e.k.cgroupDirs() {
+		for _, d := range e.k.CgroupDirs() {
 			if strings.Contains(d, "pod"+string(p.UID)) {
 				return false
 			}

@@ -24,6 +24,7 @@ import (
 	criapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/berthcri/berth/internal/testutil/berthdtest"
+	"github.com/berthcri/berth/internal/testutil/kubelettest"
 	"github.com/berthcri/berth/internal/testutil/leakcheck"
 	"github.com/berthcri/berth/internal/testutil/testimages"
 )
@@ -107,7 +108,7 @@ func newEnv(t *testing.T, bins string, opts envOptions) *env {
 		kopts.CgroupDriver = "systemd"
 	}
 	kopts.Dir = filepath.Join(d.Dir, "kubelet")
-	kopts.Socket = d.Socket
+	kopts.Endpoint = "unix://" + d.Socket
 	if opts.KubeletInDaemonNS {
 		pid := d.Pid()
 		kopts.CgroupFS = fmt.Sprintf("/proc/%d/root/sys/fs/cgroup", pid)
@@ -134,12 +135,12 @@ func (e *env) leaks(before leakcheck.Snapshot) []string {
 	var out []string
 	for _, l := range leakcheck.Diff(before, leakcheck.Take(e.t, e.leakScope())) {
 		qos := false
-		for _, c := range e.k.qosCgroups() {
+		for _, c := range e.k.QoSCgroups() {
 			qos = qos || strings.HasSuffix(l, e.k.CgroupRoot+c)
 		}
 		// The kubelet itself names the daemon's dir (its own lives there)
 		// and has a new pid after a restart.
-		self := e.k.cmd != nil && strings.HasPrefix(l, fmt.Sprintf("process: %d ", e.k.cmd.Process.Pid))
+		self := e.k.Pid() != 0 && strings.HasPrefix(l, fmt.Sprintf("process: %d ", e.k.Pid()))
 		if (!strings.HasPrefix(l, "cgroup: ") || !qos) && !self {
 			out = append(out, l)
 		}
@@ -331,15 +332,15 @@ func TestKubeletStaticPodsOnBerth(t *testing.T) {
 	k := e.k
 	scope := e.leakScope()
 	before := leakcheck.Take(t, scope)
-	mountsBefore, err := berthdtest.MountsBelow(k.opts.Dir)
+	mountsBefore, err := berthdtest.MountsBelow(k.Opts.Dir)
 	if err != nil {
 		t.Fatal(err)
 	}
-	hostDir := filepath.Join(k.opts.Dir, "hostpath")
+	hostDir := filepath.Join(k.Opts.Dir, "hostpath")
 	if err := os.MkdirAll(hostDir, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	hostPort := freePorts(t, 1)[0]
+	hostPort := kubelettest.FreePorts(t, 1)[0]
 	vars := map[string]string{
 		"BUSYBOX": busyboxImage, "HTTPD": httpdImage, "AGNHOST": agnhostImage,
 		"HOSTPORT": strconv.Itoa(hostPort), "HOSTPATH": hostDir,
@@ -452,7 +453,7 @@ func TestKubeletStaticPodsOnBerth(t *testing.T) {
 			"/sys/fs/cgroup/cpu/cpu.cfs_period_us":        "100000",
 			"/sys/fs/cgroup/cpu/cpu.shares":               "102",
 		}
-		v2 := unifiedCgroups(k.opts.CgroupFS)
+		v2 := kubelettest.UnifiedCgroups(k.Opts.CgroupFS)
 		if v2 {
 			limits = map[string]string{
 				"/sys/fs/cgroup/memory.max": "67108864",
@@ -469,7 +470,7 @@ func TestKubeletStaticPodsOnBerth(t *testing.T) {
 		// in the burstable QoS class, in the pod's cgroup. On v1 the
 		// container's /proc/self/cgroup names it; on v2 its cgroup
 		// namespace hides it, and the host's view of its processes does.
-		want := k.podCgroup("burstable", string(lifecycle.UID)) + "/"
+		want := k.PodCgroup("burstable", string(lifecycle.UID)) + "/"
 		if !v2 {
 			cg := k.MustRun(t, "lifecycle", "main", "cat", "/proc/self/cgroup")
 			if !strings.Contains(cg, ":memory:"+want) {
@@ -567,13 +568,13 @@ func TestKubeletStaticPodsOnBerth(t *testing.T) {
 			t.Fatal(err)
 		}
 
-		logMark := len(k.log())
+		logMark := len(k.Log())
 		e.d.Kill()
 		// The kubelet checks the runtime every 5 s: wait until it has
 		// found it gone (it then skips pod syncs), so the restart is one it
 		// lives through rather than one it never saw.
 		waitFor(t, "the kubelet to find the runtime down", time.Minute, func() bool {
-			l := k.log()[logMark:]
+			l := k.Log()[logMark:]
 			return strings.Contains(l, "Container runtime sanity check failed") || strings.Contains(l, "Skipping pod synchronization")
 		})
 		if _, err := k.Run("lifecycle", "main", "true"); err == nil {
@@ -658,7 +659,7 @@ func TestKubeletStaticPodsOnBerth(t *testing.T) {
 			left = left[:0]
 			podDirs, _ := filepath.Glob(filepath.Join(k.RootDir, "pods", "*"))
 			logDirs, _ := filepath.Glob(filepath.Join(k.PodLogs, "*"))
-			mounts, _ := berthdtest.MountsBelow(k.opts.Dir)
+			mounts, _ := berthdtest.MountsBelow(k.Opts.Dir)
 			left = append(append(append(left, podDirs...), logDirs...), newItems(mountsBefore, mounts)...)
 			left = append(left, e.leaks(before)...)
 			if len(left) == 0 {

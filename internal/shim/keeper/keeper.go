@@ -29,6 +29,7 @@ import (
 	"github.com/berthcri/berth/internal/shim/exits"
 	"github.com/berthcri/berth/internal/shim/proto"
 	"github.com/berthcri/berth/internal/shim/shimfault"
+	"github.com/berthcri/berth/internal/shim/textpages"
 )
 
 // The fds the processes start with. ReadyFd carries the first monitor's
@@ -99,6 +100,7 @@ const (
 // listens) and reaps until the monitor exits cleanly with no container
 // held; it returns the process's exit code.
 func (k *Keeper) Run(ready, launchLock *os.File) int {
+	textpages.Find()
 	err := k.startMonitor(ready, launchLock)
 	ready.Close()
 	launchLock.Close() // if startMonitor failed before it could
@@ -109,6 +111,9 @@ func (k *Keeper) Run(ready, launchLock *os.File) int {
 	delay := minRestartDelay
 	startedAt := time.Now()
 	for {
+		// Asleep until a child dies: map only what it runs from here on
+		// (decision 3100).
+		textpages.Release()
 		var ws unix.WaitStatus
 		pid, err := unix.Wait4(-1, &ws, 0, nil)
 		switch {
@@ -248,6 +253,7 @@ func (k *Keeper) serveLink(fd int) {
 		k.mu.Lock()
 		k.applyLocked(m, fds)
 		k.mu.Unlock()
+		textpages.Release()
 	}
 }
 

@@ -12,6 +12,7 @@ import (
 
 	"github.com/berthcri/berth/internal/errdefs"
 	"github.com/berthcri/berth/internal/shim/proto"
+	"github.com/berthcri/berth/internal/shim/textpages"
 )
 
 // Monitor is the monitor process, one per node (decision 1701): it serves
@@ -50,6 +51,7 @@ type Monitor struct {
 	trim      *time.Timer // returns freed heap to the kernel once things settle
 	trimMu    sync.Mutex
 	trimmedAt uint64 // anonymous resident bytes after the last trim (0: no baseline yet)
+	collected bool   // the trim collected once: the GC's metadata is resident
 	statm     statm  // reused: reading it allocates nothing
 }
 
@@ -57,6 +59,7 @@ type Monitor struct {
 // to the keeper (-1: none, in tests).
 func New(dir string, logf func(string, ...any), keeperFd int) *Monitor {
 	m := &Monitor{dir: dir, logf: logf, reaper: newReaper(), pods: map[string]*Pod{}, done: make(chan struct{}), started: time.Now()}
+	textpages.Find() // so that the trim's Release allocates nothing
 	if keeperFd >= 0 {
 		m.keeper = newKeeperLink(keeperFd, m)
 		m.reaper.external = true

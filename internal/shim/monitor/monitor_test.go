@@ -278,10 +278,30 @@ func TestTrimFollowsAnonymousResidentGrowth(t *testing.T) {
 	if n.trimmedAt != base {
 		t.Fatalf("baseline moved without growth: %d, then %d", base, n.trimmedAt)
 	}
+	// The first collection waits for twice the growth the later ones do
+	// (its metadata stays resident for good).
+	anon, ok := n.statm.anonResident()
+	if !ok {
+		t.Fatal("no anonymous resident size from /proc/self/statm")
+	}
+	if n.collected {
+		t.Fatal("collected before any growth")
+	}
+	n.trimmedAt = anon - (trimMinGrowth+firstTrimMinGrowth)/2
+	n.trimNow()
+	if n.collected {
+		t.Fatalf("first collection after growth of %d KiB, below firstTrimMinGrowth", (trimMinGrowth+firstTrimMinGrowth)/2>>10)
+	}
 	n.trimmedAt = 1 // as if the process had grown by all it holds
 	n.trimNow()
-	if n.trimmedAt <= 1 {
+	if n.trimmedAt <= 1 || !n.collected {
 		t.Fatalf("no trim after growth: baseline %d", n.trimmedAt)
+	}
+	n.trimmedAt -= (trimMinGrowth + firstTrimMinGrowth) / 2
+	before := n.trimmedAt
+	n.trimNow()
+	if n.trimmedAt == before {
+		t.Fatal("no trim after trimMinGrowth once collected")
 	}
 }
 
