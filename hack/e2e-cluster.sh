@@ -43,6 +43,7 @@ set -euo pipefail
 
 repo=$(cd "$(dirname "$(readlink -f "$0")")/.." && pwd)
 cd "$repo"
+. hack/lib/cgroups.sh
 
 CP_NS=berthc-cp
 BRIDGE=berthc0
@@ -61,9 +62,6 @@ node_ns() { echo "berthc-n$1"; }
 node_ip() { echo "$NODE_NET.1$1"; }
 
 # cgroup hierarchies: "mountpoint fstype superopts" of each cgroup mount.
-cgroup_mounts() {
-	awk '{for (i = 7; $i != "-"; i++) {}; if ($(i+1) == "cgroup" || $(i+1) == "cgroup2") print $5, $(i+1), $(i+3)}' /proc/self/mountinfo
-}
 
 log() { echo "e2e-cluster: $*" >&2; }
 
@@ -195,30 +193,12 @@ log "results in $out, scratch in $work, programs from $bins"
 # The run's cgroups: berth-e2e-cluster-<pid>/{cp,n1,n2} below this
 # process's own cgroup in every hierarchy.
 cgname=berth-e2e-cluster-$$
-cgdirs=()
-while read -r mnt fstype opts; do
-	if [ "$fstype" = cgroup2 ]; then
-		own=$(awk -F: '$1 == "0" {print $3}' /proc/self/cgroup)
-	else
-		own=
-		for o in ${opts//,/ }; do
-			[ "$o" = rw ] && continue
-			own=$(awk -F: -v c="$o" '{n = split($2, a, ","); for (i = 1; i <= n; i++) if (a[i] == c) print $3}' /proc/self/cgroup)
-			[ -n "$own" ] && break
-		done
-	fi
-	[ -n "$own" ] || continue
-	cgdirs+=("$mnt${own%/}/$cgname")
-done < <(cgroup_mounts)
+mapfile -t cgdirs < <(own_cgroup_dirs "$cgname")
 make_cgroups() {
 	local d s
 	for d in "${cgdirs[@]}"; do
 		for s in "" /cp $(for i in "${NODES[@]}"; do echo "/n$i"; done); do
-			mkdir -p "$d$s"
-			if [ -f "$d$s/cpuset.cpus" ]; then
-				cat "$(dirname "$d$s")/cpuset.cpus" >"$d$s/cpuset.cpus"
-				cat "$(dirname "$d$s")/cpuset.mems" >"$d$s/cpuset.mems"
-			fi
+			make_cgroup "$d$s"
 		done
 	done
 }

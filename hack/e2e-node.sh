@@ -38,12 +38,10 @@ set -euo pipefail
 repo=$(cd "$(dirname "$(readlink -f "$0")")/.." && pwd)
 cd "$repo"
 . hack/lib/private-berthd.sh
+. hack/lib/cgroups.sh
 [ "$(id -u)" = 0 ] || { echo "e2e-node: run as root (berthd and the kubelet need it)" >&2; exit 1; }
 
 # cgroup hierarchies: "mountpoint fstype superopts" of each cgroup mount.
-cgroup_mounts() {
-	awk '{for (i = 7; $i != "-"; i++) {}; if ($(i+1) == "cgroup" || $(i+1) == "cgroup2") print $5, $(i+1), $(i+3)}' /proc/self/mountinfo
-}
 
 # Outside: build what is needed, pick a slot, make the run's cgroup (a
 # child of this process's cgroup in every hierarchy), then run the rest in
@@ -63,27 +61,8 @@ if [ -z "${BERTH_E2E_NODE_INNER:-}" ]; then
 	# (kubepods, /kubelet, /system) is this directory and nothing else on
 	# the machine. Under this process's own cgroup in each hierarchy.
 	cgname=berth-e2e-node-$slot
-	cgdirs=()
-	while read -r mnt fstype opts; do
-		if [ "$fstype" = cgroup2 ]; then
-			own=$(awk -F: '$1 == "0" {print $3}' /proc/self/cgroup)
-		else
-			own=
-			for o in ${opts//,/ }; do
-				[ "$o" = rw ] && continue
-				own=$(awk -F: -v c="$o" '{n = split($2, a, ","); for (i = 1; i <= n; i++) if (a[i] == c) print $3}' /proc/self/cgroup)
-				[ -n "$own" ] && break
-			done
-		fi
-		[ -n "$own" ] || continue
-		dir=$mnt${own%/}/$cgname
-		mkdir -p "$dir"
-		if [ -f "$dir/cpuset.cpus" ]; then
-			cat "$(dirname "$dir")/cpuset.cpus" >"$dir/cpuset.cpus"
-			cat "$(dirname "$dir")/cpuset.mems" >"$dir/cpuset.mems"
-		fi
-		cgdirs+=("$dir")
-	done < <(cgroup_mounts)
+	mapfile -t cgdirs < <(own_cgroup_dirs "$cgname")
+	for dir in "${cgdirs[@]}"; do make_cgroup "$dir"; done
 	status=0
 	BERTH_E2E_NODE_INNER=1 BERTH_E2E_NODE_BINS=$bins BERTH_E2E_NODE_SLOT=$slot \
 		bash -c 'for d in "${@:2}"; do echo $$ >"$d/cgroup.procs"; done
