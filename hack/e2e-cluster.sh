@@ -317,7 +317,8 @@ verify_clean() {
 		echo "teardown: nothing left (processes, network namespaces, links, host iptables rules, mounts, cgroups, scratch dir)"
 	fi
 }
-host_rules() { iptables-save 2>/dev/null | grep -E "KUBE-|CNI-|berthc|$POD_NET\.|10\.96\." | sed 's/\[[0-9]*:[0-9]*\]//' | sort -u; }
+# (grep finds nothing on a host that never ran kube-proxy or CNI: not an error)
+host_rules() { iptables-save 2>/dev/null | { grep -E "KUBE-|CNI-|berthc|$POD_NET\.|10\.96\." || true; } | sed 's/\[[0-9]*:[0-9]*\]//' | sort -u; }
 host_rules >"$out/host-iptables-before.txt"
 trap cleanup EXIT
 trap 'log "interrupted"; exit 130' INT TERM
