@@ -10,6 +10,7 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 )
 
@@ -18,16 +19,19 @@ import (
 //	curl -g -q -s --max-time 15 --connect-timeout 1 http://IP:PORT/hostName
 //	curl -i -q -s --connect-timeout 1 http://localhost:PORT/path
 //	curl -o /dev/null -i -q -s -w %{http_code} --connect-timeout 1 URL
+//	curl -g --connect-timeout 5 --interface NODE-IP http://127.0.0.1:PORT/hostname
 //
-// plus -k, -X, -H, -d, -L, -f. It returns curl's exit codes for the
+// plus -k, -X, -H, -d, -L, -f. --interface takes an address (the source
+// address, as the HostPort spec uses it) or an interface name
+// (SO_BINDTODEVICE). It returns curl's exit codes for the
 // failures the checks tell apart: 6 no host, 7 no connection, 28 timeout,
 // 22 an HTTP error with -f.
 func curl(args []string, stdout, stderr io.Writer) int {
 	var (
-		url, method, data, output, writeOut string
-		include, insecure, fail, follow     bool
-		maxTime, connectTimeout             time.Duration
-		headers                             []string
+		url, method, data, output, writeOut, iface string
+		include, insecure, fail, follow            bool
+		maxTime, connectTimeout                    time.Duration
+		headers                                    []string
 	)
 	secs := func(v string) (time.Duration, error) {
 		f, err := strconv.ParseFloat(v, 64)
@@ -63,6 +67,8 @@ func curl(args []string, stdout, stderr io.Writer) int {
 			if v, err = next(); err == nil {
 				connectTimeout, err = secs(v)
 			}
+		case "--interface":
+			iface, err = next()
 		case "-X", "--request":
 			method, err = next()
 		case "-H", "--header":
@@ -107,6 +113,17 @@ func curl(args []string, stdout, stderr io.Writer) int {
 		defer cancel()
 	}
 	dialer := &net.Dialer{Timeout: connectTimeout}
+	if ip := net.ParseIP(iface); ip != nil {
+		dialer.LocalAddr = &net.TCPAddr{IP: ip}
+	} else if iface != "" {
+		dialer.Control = func(_, _ string, c syscall.RawConn) error {
+			var serr error
+			if err := c.Control(func(fd uintptr) { serr = syscall.BindToDevice(int(fd), iface) }); err != nil {
+				return err
+			}
+			return serr
+		}
+	}
 	client := &http.Client{Transport: &http.Transport{
 		DialContext:     dialer.DialContext,
 		TLSClientConfig: &tls.Config{InsecureSkipVerify: insecure}, //nolint:gosec // curl -k, in test pods

@@ -34,6 +34,11 @@ func TestCurl(t *testing.T) {
 			http.NotFound(w, r)
 			return
 		}
+		if r.URL.Path == "/from" {
+			host, _, _ := net.SplitHostPort(r.RemoteAddr)
+			fmt.Fprint(w, host)
+			return
+		}
 		fmt.Fprint(w, "host-a")
 	}))
 	defer srv.Close()
@@ -48,6 +53,19 @@ func TestCurl(t *testing.T) {
 	out.Reset()
 	if code := curl([]string{"-i", srv.URL}, &out, &errOut); code != 0 || !strings.HasPrefix(out.String(), "HTTP/1.1 200 OK\r\n") {
 		t.Fatalf("curl -i = %d, %q", code, out.String())
+	}
+	// --interface ADDRESS: the source address (the HostPort spec's
+	// check of a hostIP 127.0.0.1 port from the node's address).
+	out.Reset()
+	if code := curl([]string{"-g", "--connect-timeout", "5", "--interface", "127.0.0.2", srv.URL + "/from"}, &out, &errOut); code != 0 || out.String() != "127.0.0.2" {
+		t.Fatalf("curl --interface 127.0.0.2 = %d, %q (%s)", code, out.String(), errOut.String())
+	}
+	// --interface NAME binds to the device (SO_BINDTODEVICE needs CAP_NET_RAW).
+	if os.Geteuid() == 0 {
+		out.Reset()
+		if code := curl([]string{"--interface", "lo", srv.URL + "/from"}, &out, &errOut); code != 0 || out.String() != "127.0.0.1" {
+			t.Fatalf("curl --interface lo = %d, %q (%s)", code, out.String(), errOut.String())
+		}
 	}
 	srv.Close()
 	if code := curl([]string{"-s", "--connect-timeout", "1", srv.URL}, &out, &errOut); code != 7 {

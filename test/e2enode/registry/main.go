@@ -129,6 +129,13 @@ nogroup:x:65534:
 
 // images maps repository:tag (as under registry.k8s.io, gcr.io or
 // docker.io) to its stand-in.
+// agnhostOSRelease is the stand-in agnhost's /etc/os-release: a busybox
+// base standing in for upstream's Alpine one, and saying so.
+const agnhostOSRelease = `NAME="berth stand-in for agnhost (upstream base: Alpine Linux)"
+ID=berth-stand-in
+PRETTY_NAME="berth stand-in for agnhost: busybox base (upstream base: Alpine Linux)"
+`
+
 func images(src sources) (map[string]v1.Image, error) {
 	tools, err := os.ReadFile(src.tools)
 	if err != nil {
@@ -215,6 +222,11 @@ func images(src sources) (map[string]v1.Image, error) {
 		// querier" (make e2e-cluster).
 		{Name: "usr/bin/dig", Symlink: "/bin/imagetools"},
 		{Name: "usr/bin/getent", Symlink: "/bin/imagetools"},
+		// /etc/os-release naming upstream's base (Alpine): the cluster
+		// suite's ImageVolume spec reads it through an image volume of
+		// kitten, which is agnhost plus its pictures, and looks for
+		// "Alpine Linux". It says what this image is.
+		{Name: "etc/os-release", Mode: 0o644, Data: []byte(agnhostOSRelease)},
 	}, regFiles...))
 	if err != nil {
 		return nil, err

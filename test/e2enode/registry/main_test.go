@@ -65,7 +65,7 @@ func TestImages(t *testing.T) {
 		// make e2e-cluster's cluster DNS (-coredns).
 		corednsRef: {"coredns"},
 		// The cluster suite's.
-		"e2e-test-images/kitten:1.8":   {"agnhost", "kitten.jpg", "data.json"},
+		"e2e-test-images/kitten:1.8":   {"agnhost", "kitten.jpg", "data.json", "etc/os-release"},
 		"e2e-test-images/nautilus:1.8": {"agnhost", "nautilus.jpg", "data.json"},
 		sampleAPIServerRef:             {"sample-apiserver", "bin/sh"},
 		etcdRef:                        {"usr/local/bin/etcd", "bin/sh"},
