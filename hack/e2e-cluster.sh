@@ -147,6 +147,10 @@ make build >&2
 
 # One cluster at a time on this machine: the namespaces have fixed names.
 mkdir -p /run/berth-e2e-cluster
+# Only this script holds the lock: what it starts in the background gets
+# fd 8 closed (8>&-: the control plane, the nodes, the suite, incp's
+# commands), so a run killed by SIGKILL leaves its daemons running but the
+# lock free, and the next run reaps them (reap_stale).
 exec 8>/run/berth-e2e-cluster/lock
 flock -n 8 || { echo "e2e-cluster: another e2e-cluster run holds /run/berth-e2e-cluster/lock" >&2; exit 1; }
 # What a run that could not tear down (SIGKILL, a crash of the machine's
@@ -210,7 +214,7 @@ incp() {
 	[ "$1" = --bg ] && bg=(setsid) && shift
 	for d in "${cgdirs[@]}"; do files+=("$d/cp/cgroup.procs"); done
 	bash -c 'n=$1; shift; for f in "${@:1:n}"; do echo $$ >"$f"; done; shift "$n"; exec "$@"' \
-		sh ${#files[@]} "${files[@]}" "${bg[@]}" nsenter --net="/run/netns/$CP_NS" -- "$@"
+		sh ${#files[@]} "${files[@]}" "${bg[@]}" nsenter --net="/run/netns/$CP_NS" -- "$@" 8>&-
 }
 kc() { incp "$bins/kubectl" --kubeconfig "$work/pki/admin.conf" "$@"; }
 
@@ -420,7 +424,7 @@ incp --bg "$bins/etcd" --name cp --data-dir "$work/etcd" --listen-client-urls ht
 	--advertise-client-urls http://127.0.0.1:2379 --listen-peer-urls http://127.0.0.1:2380 \
 	--initial-advertise-peer-urls http://127.0.0.1:2380 --initial-cluster cp=http://127.0.0.1:2380 \
 	--listen-metrics-urls http://127.0.0.1:2381 --unsafe-no-fsync --snapshot-count 10000 \
-	>"$out/cp/etcd.log" 2>&1 &
+	>"$out/cp/etcd.log" 2>&1 8>&- &
 wait_http() { # WHAT URL [TRIES]: until URL answers 200 (in the control plane's namespace)
 	local n=${3:-600}
 	for _ in $(seq 1 "$n"); do
@@ -445,7 +449,7 @@ incp --bg "$bins/kube-apiserver" \
 	--requestheader-extra-headers-prefix=X-Remote-Extra- --requestheader-group-headers=X-Remote-Group \
 	--requestheader-username-headers=X-Remote-User \
 	--proxy-client-cert-file="$pki/front-proxy-client.crt" --proxy-client-key-file="$pki/front-proxy-client.key" \
-	--profiling=false --v=2 >"$out/cp/kube-apiserver.log" 2>&1 &
+	--profiling=false --v=2 >"$out/cp/kube-apiserver.log" 2>&1 8>&- &
 wait_http kube-apiserver "https://$CP_IP:6443/readyz"
 incp --bg "$bins/kube-controller-manager" \
 	--kubeconfig="$pki/controller-manager.conf" --authentication-kubeconfig="$pki/controller-manager.conf" \
@@ -455,11 +459,11 @@ incp --bg "$bins/kube-controller-manager" \
 	--service-account-private-key-file="$pki/sa.key" --use-service-account-credentials=true \
 	--controllers='*,bootstrapsigner,tokencleaner' --cluster-name=berth \
 	--allocate-node-cidrs=false --cluster-cidr="$POD_NET.0.0/16" --service-cluster-ip-range="$SVC_CIDR" \
-	--profiling=false --v=2 >"$out/cp/kube-controller-manager.log" 2>&1 &
+	--profiling=false --v=2 >"$out/cp/kube-controller-manager.log" 2>&1 8>&- &
 incp --bg "$bins/kube-scheduler" \
 	--kubeconfig="$pki/scheduler.conf" --authentication-kubeconfig="$pki/scheduler.conf" \
 	--authorization-kubeconfig="$pki/scheduler.conf" --bind-address=127.0.0.1 --leader-elect=false \
-	--profiling=false --v=2 >"$out/cp/kube-scheduler.log" 2>&1 &
+	--profiling=false --v=2 >"$out/cp/kube-scheduler.log" 2>&1 8>&- &
 wait_http kube-controller-manager https://127.0.0.1:10257/healthz
 wait_http kube-scheduler https://127.0.0.1:10259/healthz
 
@@ -471,7 +475,7 @@ CGO_ENABLED=0 go build -o "$work/imagetools" ./test/e2enode/imagetools
 go build -o "$work/registry" ./test/e2enode/registry
 incp --bg "$work/registry" -addr "$CP_IP:$REG_PORT" -agnhost "$bins/agnhost" -imagetools "$work/imagetools" \
 	-porter-dir "$kmod/test/images/agnhost/porter" -sample-device-plugin "$bins/sample-device-plugin" \
-	-coredns "$bins/coredns" -sample-apiserver "$bins/sample-apiserver" -etcd "$bins/etcd" >"$out/cp/registry.log" 2>&1 &
+	-coredns "$bins/coredns" -sample-apiserver "$bins/sample-apiserver" -etcd "$bins/etcd" >"$out/cp/registry.log" 2>&1 8>&- &
 for _ in $(seq 1 600); do
 	grep -qs '^READY' "$out/cp/registry.log" && break
 	sleep 0.1
@@ -609,7 +613,7 @@ EOF
 		bash -c 'n=$1; shift; for f in "${@:1:n}"; do echo $$ >"$f"; done; shift "$n"; exec "$@"' \
 		sh ${#files[@]} "${files[@]}" setsid nsenter --net="/run/netns/$(node_ns "$i")" -- \
 		unshare --mount --uts --cgroup --propagation slave -- "$repo/hack/e2e-cluster.sh" node-inner "$i" \
-		>"$out/n$i/node.log" 2>&1 &
+		>"$out/n$i/node.log" 2>&1 8>&- &
 done
 
 # Cluster DNS: CoreDNS as kubeadm deploys it, without forward.
@@ -795,7 +799,7 @@ smoke || status=1
 if [ "$mode" = up ]; then
 	log "cluster up; kubectl: nsenter --net=/run/netns/$CP_NS $bins/kubectl --kubeconfig $pki/admin.conf get nodes"
 	log "Ctrl-C (or kill $$) tears it down"
-	while true; do sleep 3600 & wait $!; done
+	while true; do sleep 3600 8>&- & wait $!; done
 fi
 [ "$mode" = smoke ] && exit $status
 
@@ -816,7 +820,7 @@ run_pass() { # NAME GINKGO-FLAGS...
 		--junit-report=junit.xml --silence-skips "$@" "$bins/e2e.test" -- \
 		--kubeconfig="$pki/admin.conf" --kubectl-path="$bins/kubectl" --provider=skeleton --num-nodes=2 \
 		--report-dir="$out/$name" \
-		${E2E_CLUSTER_ARGS:-} >"$out/$name/e2e.log" 2>&1 &
+		${E2E_CLUSTER_ARGS:-} >"$out/$name/e2e.log" 2>&1 8>&- &
 	# In the background: an interrupt or TERM runs the teardown at once
 	# (bash runs a trap only after the foreground command ends).
 	wait $! || status=1
