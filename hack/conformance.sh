@@ -14,6 +14,7 @@ set -euo pipefail
 repo=$(cd "$(dirname "$(readlink -f "$0")")/.." && pwd)
 cd "$repo"
 . hack/lib/private-berthd.sh
+. hack/lib/suite.sh
 [ "$(id -u)" = 0 ] || { echo "conformance: run as root (berthd needs it)" >&2; exit 1; }
 
 # The stand-in registry's sources live in shared/ beside the repository
@@ -80,17 +81,7 @@ for try in 1 2 3 4 5; do
 done
 [ -n "$registry_pid" ] || { echo "conformance: the stand-in registry did not start:" >&2; cat "$out/registry.log" >&2; exit 1; }
 
-for host in registry.k8s.io gcr.io k8s.gcr.io docker.io quay.io; do
-	mkdir -p "$work/certs.d/$host"
-	server=https://$host
-	[ "$host" = docker.io ] && server=https://registry-1.docker.io
-	cat >"$work/certs.d/$host/hosts.toml" <<EOF
-server = "$server"
-
-[host."http://127.0.0.1:$port"]
-  capabilities = ["pull", "resolve"]
-EOF
-done
+write_mirrors "$work/certs.d" "127.0.0.1:$port"
 
 cat >"$work/berth.toml" <<EOF
 listen = "unix://$work/berth.sock"

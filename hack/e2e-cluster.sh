@@ -45,6 +45,7 @@ set -euo pipefail
 repo=$(cd "$(dirname "$(readlink -f "$0")")/.." && pwd)
 cd "$repo"
 . hack/lib/cgroups.sh
+. hack/lib/suite.sh
 
 CP_NS=berthc-cp
 BRIDGE=berthc0
@@ -482,17 +483,7 @@ for _ in $(seq 1 600); do
 	sleep 0.1
 done
 grep -q '^READY' "$out/cp/registry.log" || { log "the stand-in registry did not start:"; tail "$out/cp/registry.log" >&2; exit 1; }
-for host in registry.k8s.io gcr.io k8s.gcr.io docker.io quay.io; do
-	mkdir -p "$work/certs.d/$host"
-	server=https://$host
-	[ "$host" = docker.io ] && server=https://registry-1.docker.io
-	cat >"$work/certs.d/$host/hosts.toml" <<EOF
-server = "$server"
-
-[host."http://$CP_IP:$REG_PORT"]
-  capabilities = ["pull", "resolve"]
-EOF
-done
+write_mirrors "$work/certs.d" "$CP_IP:$REG_PORT"
 
 # ---------------------------------------------------------------------------
 # The nodes. Each Node object is made before its kubelet registers, with
@@ -834,9 +825,5 @@ fi
 if [ "$passes" = both ] || [ "$passes" = serial ]; then
 	run_pass serial --label-filter='Conformance && Serial' "${focus[@]}"
 fi
-reports=()
-for r in "$out"/parallel/report.json "$out"/serial/report.json; do [ -f "$r" ] && reports+=("$r"); done
-if [ ${#reports[@]} -gt 0 ]; then
-	go run ./test/e2enode/summary "${reports[@]}" | tee "$out/summary.txt"
-fi
+summarize_passes "$out"
 exit $status

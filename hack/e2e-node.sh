@@ -39,6 +39,7 @@ repo=$(cd "$(dirname "$(readlink -f "$0")")/.." && pwd)
 cd "$repo"
 . hack/lib/private-berthd.sh
 . hack/lib/cgroups.sh
+. hack/lib/suite.sh
 [ "$(id -u)" = 0 ] || { echo "e2e-node: run as root (berthd and the kubelet need it)" >&2; exit 1; }
 
 # cgroup hierarchies: "mountpoint fstype superopts" of each cgroup mount.
@@ -163,17 +164,7 @@ done
 grep -q '^READY' "$out/registry.log" || { echo "e2e-node: the stand-in registry did not start:" >&2; tail "$out/registry.log" >&2; exit 1; }
 regaddr=$(awk '$1 == "listening" {print $2; exit}' "$out/registry.log")
 
-for host in registry.k8s.io gcr.io k8s.gcr.io docker.io quay.io; do
-	mkdir -p "$work/certs.d/$host"
-	server=https://$host
-	[ "$host" = docker.io ] && server=https://registry-1.docker.io
-	cat >"$work/certs.d/$host/hosts.toml" <<EOF
-server = "$server"
-
-[host."http://$regaddr"]
-  capabilities = ["pull", "resolve"]
-EOF
-done
+write_mirrors "$work/certs.d" "$regaddr"
 
 cat >"$work/berth.toml" <<EOF
 listen = "unix://$work/berth.sock"
@@ -300,10 +291,6 @@ if [ "$passes" = both ] || [ "$passes" = serial ]; then
 	run_pass serial --label-filter='NodeConformance && Serial && !Slow && !Flaky' "${focus[@]}"
 fi
 
-reports=()
-for r in "$out"/parallel/report.json "$out"/serial/report.json; do [ -f "$r" ] && reports+=("$r"); done
-if [ ${#reports[@]} -gt 0 ]; then
-	go run ./test/e2enode/summary "${reports[@]}" | tee "$out/summary.txt"
-fi
+summarize_passes "$out"
 echo "e2e-node: reports, logs and summary in $out" >&2
 exit $status
