@@ -243,7 +243,8 @@ func TestStateTreeSetuidFileUnreachableByHostUser(t *testing.T) {
 	out, err = asNobody("stat", "-c", "%A %u", filepath.Join(rootfs, "tmp", "y"))
 	wantDenied(t, "stat", filepath.Join(rootfs, "tmp", "y"), out, err)
 	// Run it directly, as `su nobody -c <upperdir>/tmp/y` did.
-	cmd := exec.Command(planted, "id", "-u")
+	cmd := exec.Command(planted)
+	cmd.Args = []string{"busybox", "true"}
 	cmd.Dir = "/"
 	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: stateTreeNobody, Gid: stateTreeNobody}}
 	b, err := cmd.CombinedOutput()
