@@ -521,16 +521,19 @@ func (s *Store) pauseBinary() (string, error) {
 // namespace cannot work on this node, or nil when they can: berth-pause
 // must be found (it holds the namespace while berthd pins it), the
 // filesystem of --root must take idmapped mounts (every such pod's
-// rootfs is built on idmapped image layers), and --root and --state must
-// be searchable by others (the container's root, an unprivileged host
-// user, reaches its rootfs and pod files through them).
+// rootfs is built on idmapped image layers), and --root, --state and
+// their containers and sandboxes dirs must be searchable by others (the
+// container's root, an unprivileged host user, reaches its rootfs and pod
+// files through them).
 func (s *Store) UserNamespaceSupport() error {
 	s.usernsOnce.Do(func() {
 		bin, err := s.pauseBinary()
 		if err == nil {
 			err = userns.ProbeIDMap(s.opts.Root, bin)
 		}
-		for _, d := range []string{s.opts.Root, s.opts.State} {
+		// The dirs below them that a pod's root passes through (decision
+		// 3400); the container store has made <root>/containers by now.
+		for _, d := range []string{filepath.Join(s.opts.Root, "containers"), s.sandboxesDir(), s.stateSandboxesDir()} {
 			if err == nil {
 				err = searchableByOthers(d)
 			}
