@@ -199,9 +199,9 @@ func (e *stateTreeEnv) upperDir(t *testing.T, id string) (rootfs, upper string) 
 	return "", ""
 }
 
-// asNobody runs busybox with args as the host user nobody and returns its
+// stateTreeAsNobody runs busybox with args as the host user nobody and returns its
 // combined output and error.
-func asNobody(args ...string) (string, error) {
+func stateTreeAsNobody(args ...string) (string, error) {
 	cmd := exec.Command(testimages.BusyboxPath, args...)
 	cmd.Dir = "/"
 	cmd.Env = []string{"PATH=/usr/sbin:/usr/bin:/sbin:/bin"}
@@ -210,9 +210,9 @@ func asNobody(args ...string) (string, error) {
 	return string(out), err
 }
 
-// wantDenied fails the test unless nobody's try of path failed for want
+// stateTreeWantDenied fails the test unless nobody's try of path failed for want
 // of permission.
-func wantDenied(t *testing.T, what, path string, out string, err error) {
+func stateTreeWantDenied(t *testing.T, what, path string, out string, err error) {
 	t.Helper()
 	switch {
 	case err == nil:
@@ -238,17 +238,17 @@ func TestStateTreeSetuidFileUnreachableByHostUser(t *testing.T) {
 		t.Fatalf("the container's setuid file %s: %v %v", planted, fi, err)
 	}
 
-	out, err := asNobody("stat", "-c", "%A %u", planted)
-	wantDenied(t, "stat", planted, out, err)
-	out, err = asNobody("stat", "-c", "%A %u", filepath.Join(rootfs, "tmp", "y"))
-	wantDenied(t, "stat", filepath.Join(rootfs, "tmp", "y"), out, err)
+	out, err := stateTreeAsNobody("stat", "-c", "%A %u", planted)
+	stateTreeWantDenied(t, "stat", planted, out, err)
+	out, err = stateTreeAsNobody("stat", "-c", "%A %u", filepath.Join(rootfs, "tmp", "y"))
+	stateTreeWantDenied(t, "stat", filepath.Join(rootfs, "tmp", "y"), out, err)
 	// Run it directly, as `su nobody -c <upperdir>/tmp/y` did.
 	cmd := exec.Command(planted)
 	cmd.Args = []string{"busybox", "true"}
 	cmd.Dir = "/"
 	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: stateTreeNobody, Gid: stateTreeNobody}}
 	b, err := cmd.CombinedOutput()
-	wantDenied(t, "run", planted, string(b), err)
+	stateTreeWantDenied(t, "run", planted, string(b), err)
 
 	for _, c := range []struct{ what, path string }{
 		{"list", filepath.Join(e.d.Root, "containers")},
@@ -256,13 +256,13 @@ func TestStateTreeSetuidFileUnreachableByHostUser(t *testing.T) {
 		{"list", e.podShm},
 		{"list", filepath.Join(e.d.Root, "sandboxes")},
 	} {
-		out, err := asNobody("ls", c.path)
-		wantDenied(t, c.what, c.path, out, err)
+		out, err := stateTreeAsNobody("ls", c.path)
+		stateTreeWantDenied(t, c.what, c.path, out, err)
 	}
-	out, err = asNobody("cat", filepath.Join(rootfs, "bin", "busybox"))
-	wantDenied(t, "read", filepath.Join(rootfs, "bin", "busybox"), out[:min(len(out), 200)], err)
-	out, err = asNobody("touch", filepath.Join(e.podShm, "x"))
-	wantDenied(t, "create in", e.podShm, out, err)
+	out, err = stateTreeAsNobody("cat", filepath.Join(rootfs, "bin", "busybox"))
+	stateTreeWantDenied(t, "read", filepath.Join(rootfs, "bin", "busybox"), out[:min(len(out), 200)], err)
+	out, err = stateTreeAsNobody("touch", filepath.Join(e.podShm, "x"))
+	stateTreeWantDenied(t, "create in", e.podShm, out, err)
 }
 
 // stateTreeTraversable lists, of berthd's root and state dirs, the dirs a
