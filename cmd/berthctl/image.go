@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"path/filepath"
 	"strings"
 
 	"google.golang.org/grpc"
@@ -63,11 +64,15 @@ func exportImage(ctx context.Context, conn *grpc.ClientConn, ref, file string, s
 		return admin.ExportImage(ctx, conn, ref, stdout)
 	}
 	// Write beside the target and rename, so a failed export leaves no file.
-	tmp := file + ".partial"
-	f, err := os.OpenFile(tmp, os.O_CREATE|os.O_TRUNC|os.O_WRONLY, 0o644)
+	// The archive holds every file of the image, which may be secret:
+	// CreateTemp makes it 0600 (the umask may take more). Its fresh name
+	// is made with O_EXCL, so a name planted in a shared dir (a symlink to
+	// a file of root's) is never followed.
+	f, err := os.CreateTemp(filepath.Dir(file), "."+filepath.Base(file)+".partial-*")
 	if err != nil {
-		return err
+		return fmt.Errorf("export %s: %w", ref, err)
 	}
+	tmp := f.Name()
 	err = admin.ExportImage(ctx, conn, ref, f)
 	if cerr := f.Close(); err == nil {
 		err = cerr

@@ -112,8 +112,8 @@ func (s *Store) Prepare(ctx context.Context, req CreateRequest) (_ *Draft, retEr
 		}
 	}()
 	d.shim = reachShim(ctx, s.shims, req.PodID)
-	if err := os.MkdirAll(d.dir, 0o711); err != nil {
-		return nil, fmt.Errorf("create container dir: %w", err)
+	if err := d.makeDir(); err != nil {
+		return nil, err
 	}
 	img, layers, err := d.lease(ctx, cfg.GetImage().GetImage(), d.ID)
 	if err != nil {

@@ -26,6 +26,9 @@ func (s *Store) recover(ctx context.Context) error {
 	kept := map[string]bool{}            // container IDs whose directory stays
 	live := map[string]map[string]bool{} // pod → container IDs the monitor holds
 	for _, id := range ids {
+		if err := closeDir(s.dir(id)); err != nil {
+			s.log.Error("cannot close a container directory to other host users", "container", id, "err", err)
+		}
 		rec, err := s.loadRecord(id)
 		if err != nil {
 			if !s.removeUnrecorded(s.dir(id), err) {

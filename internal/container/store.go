@@ -15,7 +15,6 @@ import (
 	"fmt"
 	"iter"
 	"log/slog"
-	"os"
 	"strconv"
 	"sync"
 	"time"
@@ -28,6 +27,7 @@ import (
 	"github.com/berthcri/berth/internal/image"
 	"github.com/berthcri/berth/internal/objstore"
 	"github.com/berthcri/berth/internal/oci"
+	"github.com/berthcri/berth/internal/statetree"
 )
 
 // Images leases images' layers to containers (image.Store). A lease is
@@ -159,10 +159,13 @@ func Open(ctx context.Context, opts Options) (*Store, error) {
 	if opts.Logger == nil {
 		opts.Logger = slog.New(slog.DiscardHandler)
 	}
-	for _, d := range []string{opts.Dir, opts.ShimDir} {
-		if err := os.MkdirAll(d, 0o711); err != nil {
-			return nil, fmt.Errorf("create %s: %w", d, err)
-		}
+	// A user namespace container's root passes through the containers
+	// dir to its rootfs; the shims' sockets are berthd's alone.
+	if err := statetree.Mkdir(opts.Dir, statetree.Traverse); err != nil {
+		return nil, err
+	}
+	if err := statetree.Mkdir(opts.ShimDir, statetree.Private); err != nil {
+		return nil, err
 	}
 	s := &Store{
 		opts: opts, log: opts.Logger, shims: opts.Shims, mounts: opts.Mounter, images: opts.Images,

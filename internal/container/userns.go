@@ -11,6 +11,7 @@ import (
 	runtime "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/berthcri/berth/internal/errdefs"
+	"github.com/berthcri/berth/internal/statetree"
 	"github.com/berthcri/berth/internal/userns"
 )
 
@@ -202,4 +203,28 @@ func detachAll(dir string) error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// makeDir creates the container's directory closed to host users
+// (decision 3400): its upper dir and rootfs may hold setuid files the
+// container wrote. A user namespace container's root must still pass
+// through it to its rootfs: the dir is then open to that root's group.
+func (d *Draft) makeDir() error {
+	if err := statetree.Mkdir(d.dir, statetree.Private); err != nil {
+		return fmt.Errorf("create container dir: %w", err)
+	}
+	if ns := d.req.UserNS; ns != nil {
+		return statetree.OpenToMappedRoot(d.dir, ns.Mapping.GID.HostID)
+	}
+	return nil
+}
+
+// closeDir tightens a container dir an older berthd made 0711: Private,
+// or open to the group of the user namespace root that owns its upper dir.
+func closeDir(dir string) error {
+	var st unix.Stat_t
+	if err := unix.Lstat(filepath.Join(dir, "upper"), &st); err == nil && st.Uid != 0 {
+		return statetree.OpenToMappedRoot(dir, st.Gid)
+	}
+	return statetree.Tighten(dir, statetree.Private)
 }

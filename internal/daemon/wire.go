@@ -3,7 +3,6 @@ package daemon
 import (
 	"context"
 	"fmt"
-	"os"
 	"path/filepath"
 
 	"google.golang.org/grpc"
@@ -26,6 +25,7 @@ import (
 	"github.com/berthcri/berth/internal/oci"
 	"github.com/berthcri/berth/internal/sandbox"
 	"github.com/berthcri/berth/internal/sigpolicy"
+	"github.com/berthcri/berth/internal/statetree"
 	"github.com/berthcri/berth/internal/stats"
 	"github.com/berthcri/berth/internal/streaming"
 	"github.com/berthcri/berth/internal/systemd"
@@ -38,9 +38,12 @@ import (
 // openRoot creates the root and state directories, takes the root lock
 // and listens on the CRI socket.
 func (d *Daemon) openRoot(context.Context) error {
+	// Others may traverse the two, never list them (decision 3400): a
+	// user namespace pod's root passes through to its rootfs; everything
+	// below is closed by the store that makes it.
 	for _, dir := range []string{d.cfg.Root, d.cfg.State} {
-		if err := os.MkdirAll(dir, 0o711); err != nil {
-			return fmt.Errorf("create %s: %w", dir, err)
+		if err := statetree.Mkdir(dir, statetree.Traverse); err != nil {
+			return err
 		}
 	}
 	lock, err := lockRoot(d.cfg.Root)
@@ -115,6 +118,13 @@ func (d *Daemon) listenMetrics(context.Context) (err error) {
 // host's facts for specs; and sets up pod networking.
 func (d *Daemon) probeNode(ctx context.Context) (err error) {
 	cfg := d.cfg
+	// The CNI plugins' IP leases and caches name every pod: berthd's
+	// alone (decision 3400); the plugins make the dirs below 0755.
+	for _, dir := range []string{filepath.Join(cfg.Root, "cni"), filepath.Join(cfg.State, "cni")} {
+		if err := statetree.Mkdir(dir, statetree.Private); err != nil {
+			return err
+		}
+	}
 	d.network = network.New(network.Options{
 		ConfDir: cfg.CNIConfDir, BinDirs: cfg.CNIBinDirs,
 		CacheDir:    filepath.Join(cfg.State, "cni", "cache"),

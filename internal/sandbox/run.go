@@ -13,6 +13,7 @@ import (
 
 	"github.com/berthcri/berth/internal/errdefs"
 	"github.com/berthcri/berth/internal/fault"
+	"github.com/berthcri/berth/internal/statetree"
 )
 
 // Run creates a sandbox: it plans the pod (planPod), then makes it
@@ -137,9 +138,16 @@ func (d *podDraft) prepare(ctx context.Context) error {
 	r.fillFromAttachment()
 	// From here on, teardown knows every path and removes whatever exists.
 	d.done(d.removeAll)
+	// Closed to host users (decision 3400); a user namespace pod's root
+	// passes through them to its files and /dev/shm.
 	for _, dir := range []string{p.dir, p.stateDir} {
-		if err := os.Mkdir(dir, 0o711); err != nil {
+		if err := os.Mkdir(dir, statetree.Private); err != nil {
 			return fmt.Errorf("create %s: %w", dir, err)
+		}
+		if owner := p.sb.UserNS; owner != nil {
+			if err := statetree.OpenToMappedRoot(dir, owner.GID.HostID); err != nil {
+				return err
+			}
 		}
 	}
 	if err := s.saveSoon(r); err != nil {

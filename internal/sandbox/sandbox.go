@@ -28,6 +28,7 @@ import (
 	"github.com/berthcri/berth/internal/fault"
 	"github.com/berthcri/berth/internal/network"
 	"github.com/berthcri/berth/internal/objstore"
+	"github.com/berthcri/berth/internal/statetree"
 	"github.com/berthcri/berth/internal/systemd"
 	"github.com/berthcri/berth/internal/userns"
 )
@@ -169,9 +170,15 @@ func New(opts Options) (*Store, error) {
 			log.Info("sandbox record renamed", "pod", id, "from", legacy, "to", recordFile)
 		},
 	}
-	for _, dir := range []string{s.sandboxesDir(), s.netnsDir(), filepath.Join(opts.State, "sandboxes")} {
-		if err := os.MkdirAll(dir, 0o711); err != nil {
-			return nil, fmt.Errorf("create %s: %w", dir, err)
+	// Closed to host users (decision 3400): a user namespace pod's root
+	// passes through the two sandboxes dirs to its own pod dirs; the
+	// namespace pins are berthd's and the runtime's alone.
+	for _, d := range []struct {
+		path string
+		mode fs.FileMode
+	}{{s.sandboxesDir(), statetree.Traverse}, {s.stateSandboxesDir(), statetree.Traverse}, {s.netnsDir(), statetree.Private}} {
+		if err := statetree.Mkdir(d.path, d.mode); err != nil {
+			return nil, err
 		}
 	}
 	ids, err := s.records.IDs()
@@ -179,7 +186,15 @@ func New(opts Options) (*Store, error) {
 		return nil, err
 	}
 	for _, id := range ids {
-		if r := s.load(id); r != nil {
+		r := s.load(id)
+		var owner *userns.Mapping
+		if r != nil {
+			owner = r.sb.UserNS
+		}
+		if err := s.closePodDirs(id, owner); err != nil {
+			log.Error("cannot close a pod's directories to other host users", "pod", id, "err", err)
+		}
+		if r != nil {
 			r.publish()
 			s.objs.Add(r.sb.ID, reservationKey(r.sb.Config.GetMetadata()), r)
 		}
@@ -198,7 +213,7 @@ func (s *Store) load(id string) *entry {
 		// the orphans (CleanOrphans).
 		s.log.Info("removing sandbox directory without a record", "pod", id, "record", recordState(err))
 		os.RemoveAll(filepath.Join(s.sandboxesDir(), id))
-		os.Remove(filepath.Join(s.opts.State, "sandboxes", id))
+		os.Remove(filepath.Join(s.stateSandboxesDir(), id))
 		return nil
 	}
 	if err != nil {
@@ -227,6 +242,26 @@ func recordState(err error) string {
 
 func (s *Store) sandboxesDir() string { return filepath.Join(s.opts.Root, "sandboxes") }
 func (s *Store) netnsDir() string     { return filepath.Join(s.opts.State, "netns") }
+func (s *Store) stateSandboxesDir() string {
+	return filepath.Join(s.opts.State, "sandboxes")
+}
+
+// closePodDirs closes pod id's two dirs to host users (decision 3400),
+// as an older berthd did not: Private, or, for a user namespace pod
+// (owner set), open to the group of its root, which may pass through to
+// the pod's files and /dev/shm as the container's root does to its
+// rootfs. A dir that is missing is no error.
+func (s *Store) closePodDirs(id string, owner *userns.Mapping) error {
+	var errs []error
+	for _, dir := range []string{filepath.Join(s.sandboxesDir(), id), filepath.Join(s.stateSandboxesDir(), id)} {
+		if owner == nil {
+			errs = append(errs, statetree.Tighten(dir, statetree.Private))
+		} else if _, err := os.Lstat(dir); err == nil {
+			errs = append(errs, statetree.OpenToMappedRoot(dir, owner.GID.HostID))
+		}
+	}
+	return errors.Join(errs...)
+}
 
 // alive reports whether every namespace the sandbox owns still exists.
 func (r *entry) alive() bool {
@@ -486,16 +521,19 @@ func (s *Store) pauseBinary() (string, error) {
 // namespace cannot work on this node, or nil when they can: berth-pause
 // must be found (it holds the namespace while berthd pins it), the
 // filesystem of --root must take idmapped mounts (every such pod's
-// rootfs is built on idmapped image layers), and --root and --state must
-// be searchable by others (the container's root, an unprivileged host
-// user, reaches its rootfs and pod files through them).
+// rootfs is built on idmapped image layers), and --root, --state and
+// their containers and sandboxes dirs must be searchable by others (the
+// container's root, an unprivileged host user, reaches its rootfs and pod
+// files through them).
 func (s *Store) UserNamespaceSupport() error {
 	s.usernsOnce.Do(func() {
 		bin, err := s.pauseBinary()
 		if err == nil {
 			err = userns.ProbeIDMap(s.opts.Root, bin)
 		}
-		for _, d := range []string{s.opts.Root, s.opts.State} {
+		// The dirs below them that a pod's root passes through (decision
+		// 3400); the container store has made <root>/containers by now.
+		for _, d := range []string{filepath.Join(s.opts.Root, "containers"), s.sandboxesDir(), s.stateSandboxesDir()} {
 			if err == nil {
 				err = searchableByOthers(d)
 			}

@@ -104,7 +104,11 @@ func shmMount(in *Input) specs.Mount {
 	case hostIPC:
 		return bind("/dev/shm")
 	case in.Pod.ShmPath != "":
-		return bind(in.Pod.ShmPath)
+		// The pod's tmpfs is mounted nosuid,nodev,noexec; the bind says so
+		// too, rather than rely on inheriting the flags (containerd's).
+		m := bind(in.Pod.ShmPath)
+		m.Options = append(m.Options, "nosuid", "nodev", "noexec")
+		return m
 	}
 	return specs.Mount{Destination: "/dev/shm", Type: "tmpfs", Source: "shm", Options: []string{"nosuid", "noexec", "nodev", "mode=1777", "size=65536k"}}
 }

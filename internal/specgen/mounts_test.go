@@ -240,6 +240,8 @@ func TestPodFileMounts(t *testing.T) {
 	}
 	if m := findMount(s.Mounts, "/dev/shm"); m == nil || m.Source != shm || m.Type != "bind" {
 		t.Fatalf("/dev/shm = %+v, want the pod's", m)
+	} else if !slices.Contains(m.Options, "nosuid") || !slices.Contains(m.Options, "nodev") || !slices.Contains(m.Options, "noexec") {
+		t.Fatalf("the pod's /dev/shm bind %v: want nosuid,nodev,noexec", m.Options)
 	}
 
 	// Host IPC (asked by the container or the pod) shares the host's /dev/shm.
