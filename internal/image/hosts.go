@@ -47,7 +47,7 @@ type endpoint struct {
 // nothing configures the host and it is loopback (localhost,
 // 127.0.0.0/8, ::1), as containerd allows. Never for other hosts without
 // configuration: go-containerregistry's own rule would also take RFC 1918
-// addresses and *.local names over HTTP, where anyone on the path reads
+// addresses and *.localhost names over HTTP, where anyone on the path reads
 // the pull's credentials and changes what is pulled.
 func (e endpoint) plainHTTP() bool {
 	return e.scheme == "http" || e.httpFallback
@@ -154,7 +154,7 @@ func endpoints(dir, domain string) ([]endpoint, error) {
 		}
 		up.upstream = true
 		// Unconfigured: HTTPS; plain HTTP only for a loopback host (as
-		// containerd), never for private addresses or *.local.
+		// containerd), never for private addresses or *.localhost.
 		up.httpFallback = isLoopbackHost(up.host)
 		return []endpoint{up}, nil
 	}

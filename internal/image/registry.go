@@ -152,7 +152,7 @@ func remoteRef(ctx context.Context, ep endpoint, n Named, auth *Auth) (*repoClie
 	}
 	// Plain HTTP only where the endpoint allows it (plainHTTP, hosts.go):
 	// go-containerregistry's own rule would also use it for RFC 1918
-	// addresses and *.local names.
+	// addresses and *.localhost names.
 	scheme := "https"
 	var regOpts []name.Option
 	if ep.plainHTTP() {

@@ -90,7 +90,7 @@ func TestAuthForEndpoint(t *testing.T) {
 
 // Plain HTTP only for a loopback host without configuration, or where
 // hosts.toml says http://. go-containerregistry would also use it for RFC
-// 1918 addresses and *.local names (issue 34, finding 8).
+// 1918 addresses and *.localhost names (issue 34, finding 8).
 func TestPlainHTTPOnlyForLoopbackOrConfigured(t *testing.T) {
 	for _, tc := range []struct {
 		host string
@@ -107,6 +107,7 @@ func TestPlainHTTPOnlyForLoopbackOrConfigured(t *testing.T) {
 		{"172.16.0.1", false},
 		{"foo.local", false},
 		{"foo.local:5000", false},
+		{"foo.localhost:5000", false},
 		{"registry.localhost.example.com", false},
 		{"127.0.0.1.nip.io", false},
 		{"registry.example.com", false},

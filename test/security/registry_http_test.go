@@ -81,7 +81,8 @@ func (p *httpProbeProxy) seen(host string) (connects int, plain []string) {
 	return connects, plain
 }
 
-// A registry at an RFC 1918 address or a *.local name that nothing
+// A registry at an RFC 1918 address or a *.localhost name (the issue says
+// *.local; go-containerregistry v0.22's rule is *.localhost) that nothing
 // configures is reached over HTTPS only (issue 34, finding 8):
 // go-containerregistry's rule fell back to plain HTTP there, sending the
 // pull's credentials in clear and taking whatever an on-path attacker
@@ -101,7 +102,7 @@ func TestRegistryNoPlainHTTPForPrivateAddress(t *testing.T) {
 	d := berthdtest.Start(t, berthdtest.Options{Env: proxy.env()})
 	basic := base64.StdEncoding.EncodeToString([]byte(credsUser + ":" + credsPassword))
 
-	for _, host := range []string{"10.0.0.1:5000", "192.168.77.7:5000", "172.16.9.9", "registry.local:5000"} {
+	for _, host := range []string{"10.0.0.1:5000", "192.168.77.7:5000", "172.16.9.9", "registry.local:5000", "registry.localhost:5000"} {
 		t.Run("unconfigured "+host, func(t *testing.T) {
 			ref := host + "/app:1"
 			_, err := d.Image.PullImage(ctxT(t), &criapi.PullImageRequest{Image: &criapi.ImageSpec{Image: ref}, Auth: credsAuth("")})
