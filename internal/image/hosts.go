@@ -11,6 +11,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/BurntSushi/toml"
@@ -165,13 +166,18 @@ func endpoints(dir, domain string) ([]endpoint, error) {
 	return parseHostsFile(data, path, domain)
 }
 
-// readHostsFile reads a hosts.toml of at most maxHostsFileSize bytes.
+// readHostsFile reads a hosts.toml of at most maxHostsFileSize bytes. It
+// must be a regular file: a FIFO would block the pull, /dev/zero never
+// end (opened without blocking, checked once open).
 func readHostsFile(path string) ([]byte, error) {
-	f, err := os.Open(path)
+	f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NONBLOCK|syscall.O_CLOEXEC, 0)
 	if err != nil {
 		return nil, fmt.Errorf("read registry config %s: %w", path, err)
 	}
 	defer f.Close()
+	if st, err := f.Stat(); err != nil || !st.Mode().IsRegular() {
+		return nil, fmt.Errorf("registry config %s: not a regular file: refused", path)
+	}
 	data, err := io.ReadAll(io.LimitReader(f, maxHostsFileSize+1))
 	if err != nil {
 		return nil, fmt.Errorf("read registry config %s: %w", path, err)
