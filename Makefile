@@ -92,6 +92,8 @@ fuzz:
 	$(GO) test -run '^$$' -fuzz '^FuzzLineSplitter$$' -fuzztime $(FUZZTIME) ./internal/shim/monitor/
 	$(GO) test -run '^$$' -fuzz '^FuzzDecodeRequest$$' -fuzztime $(FUZZTIME) ./internal/shim/proto/
 	$(GO) test -run '^$$' -fuzz '^FuzzDecodeResponse$$' -fuzztime $(FUZZTIME) ./internal/shim/proto/
+	$(GO) test -run '^$$' -fuzz '^FuzzParseHostsFile$$' -fuzztime $(FUZZTIME) ./internal/image/
+	$(GO) test -run '^$$' -fuzz '^FuzzParse$$' -fuzztime $(FUZZTIME) ./internal/sigpolicy/
 
 bench: build
 	hack/install-deps.sh bench

@@ -21,9 +21,19 @@ func (s *Service) PullImage(ctx context.Context, req *runtime.PullImageRequest) 
 	}
 	var auth *image.Auth
 	if a := req.GetAuth(); a != nil {
+		// The credentials go only to the registry server_address names
+		// (the image's own when empty), never to a mirror that has not
+		// opted in (image.Auth.ServerAddress). One whose destination
+		// cannot be told is refused, as containerd's ParseAuth does.
+		if a.ServerAddress != "" {
+			if _, err := image.ServerAddressHost(a.ServerAddress); err != nil {
+				return nil, invalidArgument("PullImage: auth: %v", err)
+			}
+		}
 		auth = &image.Auth{
 			Username: a.Username, Password: a.Password, Auth: a.Auth,
 			IdentityToken: a.IdentityToken, RegistryToken: a.RegistryToken,
+			ServerAddress: a.ServerAddress,
 		}
 	}
 	img, err := s.images.Pull(ctx, ref, auth)

@@ -4,12 +4,14 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"net/url"
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/BurntSushi/toml"
@@ -19,7 +21,7 @@ import (
 // endpoint is one place to pull a registry's images from: a mirror from
 // hosts.toml or the upstream server.
 type endpoint struct {
-	scheme     string // http or https; "" lets go-containerregistry choose
+	scheme     string // http or https, as configured (https without configuration)
 	host       string // host[:port]
 	path       string // API prefix, "/v2" unless the config says otherwise
 	pull       bool
@@ -32,12 +34,44 @@ type endpoint struct {
 	header      http.Header
 	upstream    bool
 	ns          string // the registry a mirror stands in for (the ?ns= parameter)
+	// credentialDomain is the registry whose pull credentials this mirror
+	// may receive (hosts.toml credential_domain, canonicalRegistry form);
+	// "" for none, the default.
+	credentialDomain string
+	// httpFallback: no configuration chose the scheme and the host is
+	// loopback, so plain HTTP may be used (plainHTTP).
+	httpFallback bool
+}
+
+// plainHTTP tells whether requests to e may go over plain HTTP: when its
+// configuration says http:// (server or [host."http://…"]), or when
+// nothing configures the host and it is loopback (localhost,
+// 127.0.0.0/8, ::1), as containerd allows. Never for other hosts without
+// configuration: go-containerregistry's own rule would also take RFC 1918
+// addresses and *.localhost names over HTTP, where anyone on the path reads
+// the pull's credentials and changes what is pulled.
+func (e endpoint) plainHTTP() bool {
+	return e.scheme == "http" || e.httpFallback
+}
+
+// isLoopbackHost: localhost, 127.0.0.0/8 or ::1, with or without a port.
+func isLoopbackHost(hostport string) bool {
+	h := hostport
+	if host, _, err := net.SplitHostPort(hostport); err == nil {
+		h = host
+	}
+	h = strings.TrimSuffix(strings.TrimPrefix(h, "["), "]")
+	if strings.EqualFold(h, "localhost") {
+		return true
+	}
+	ip := net.ParseIP(h)
+	return ip != nil && ip.IsLoopback()
 }
 
 func (e endpoint) String() string {
 	scheme := e.scheme
-	if scheme == "" {
-		scheme = "https"
+	if e.plainHTTP() {
+		scheme = "http"
 	}
 	return scheme + "://" + e.host + e.path
 }
@@ -63,7 +97,15 @@ type hostEntry struct {
 	Header       map[string]any `toml:"header"`
 	OverridePath bool           `toml:"override_path"`
 	DialTimeout  duration       `toml:"dial_timeout"`
+	// CredentialDomain opts this mirror in to the pull credentials of
+	// that registry (containerd#10540's proposal): "docker.io",
+	// "registry.example.com:5000". Absent, the mirror pulls anonymously.
+	CredentialDomain string `toml:"credential_domain"`
 }
+
+// maxHostsFileSize bounds a hosts.toml: a configuration file is input
+// too, and a few KiB is a large one.
+const maxHostsFileSize = 1 << 20
 
 // duration reads TOML strings like "1s".
 type duration struct{ time.Duration }
@@ -77,7 +119,7 @@ func (d *duration) UnmarshalText(b []byte) error {
 // defaultServer is where a registry host's API lives without configuration.
 func defaultServer(domain string) string {
 	if domain == dockerHub {
-		return "https://registry-1.docker.io"
+		return "https://" + dockerHubAPI
 	}
 	return "https://" + domain
 }
@@ -112,15 +154,43 @@ func endpoints(dir, domain string) ([]endpoint, error) {
 			return nil, err
 		}
 		up.upstream = true
-		// Unconfigured: HTTPS, except that loopback and private addresses
-		// may fall back to plain HTTP (go-containerregistry's rule).
-		up.scheme = ""
+		// Unconfigured: HTTPS; plain HTTP only for a loopback host (as
+		// containerd), never for private addresses or *.localhost.
+		up.httpFallback = isLoopbackHost(up.host)
 		return []endpoint{up}, nil
 	}
-	data, err := os.ReadFile(path)
+	data, err := readHostsFile(path)
+	if err != nil {
+		return nil, err
+	}
+	return parseHostsFile(data, path, domain)
+}
+
+// readHostsFile reads a hosts.toml of at most maxHostsFileSize bytes. It
+// must be a regular file: a FIFO would block the pull, /dev/zero never
+// end (opened without blocking, checked once open).
+func readHostsFile(path string) ([]byte, error) {
+	f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NONBLOCK|syscall.O_CLOEXEC, 0)
 	if err != nil {
 		return nil, fmt.Errorf("read registry config %s: %w", path, err)
 	}
+	defer f.Close()
+	if st, err := f.Stat(); err != nil || !st.Mode().IsRegular() {
+		return nil, fmt.Errorf("registry config %s: not a regular file: refused", path)
+	}
+	data, err := io.ReadAll(io.LimitReader(f, maxHostsFileSize+1))
+	if err != nil {
+		return nil, fmt.Errorf("read registry config %s: %w", path, err)
+	}
+	if len(data) > maxHostsFileSize {
+		return nil, fmt.Errorf("registry config %s: larger than %d bytes: refused", path, maxHostsFileSize)
+	}
+	return data, nil
+}
+
+// parseHostsFile reads the endpoints of domain from the hosts.toml at path
+// whose content is data.
+func parseHostsFile(data []byte, path, domain string) ([]endpoint, error) {
 	var hf hostsFile
 	md, err := toml.Decode(string(data), &hf)
 	if err != nil {
@@ -145,6 +215,11 @@ func endpoints(dir, domain string) ([]endpoint, error) {
 		}
 		ep.dialTimeout = h.DialTimeout.Duration
 		ep.ns = domain
+		if h.CredentialDomain != "" {
+			if ep.credentialDomain, err = ServerAddressHost(h.CredentialDomain); err != nil {
+				return nil, fmt.Errorf("registry config %s: host %q: credential_domain: %w", path, key[1], err)
+			}
+		}
 		eps = append(eps, ep)
 	}
 	server := hf.Server
@@ -160,7 +235,7 @@ func endpoints(dir, domain string) ([]endpoint, error) {
 	}
 	up.dialTimeout = hf.DialTimeout.Duration
 	if up.host == dockerHub {
-		up.host = "registry-1.docker.io" // server = "https://docker.io" means the Hub API host
+		up.host = dockerHubAPI // server = "https://docker.io" means the Hub API host
 	}
 	up.upstream = true
 	return append(eps, up), nil
@@ -323,7 +398,8 @@ func (t *endpointTransport) RoundTrip(req *http.Request) (*http.Response, error)
 		return t.base.RoundTrip(req)
 	}
 	req = req.Clone(req.Context())
-	if t.ep.scheme != "" {
+	if !t.ep.httpFallback {
+		// The configured scheme, whatever go-containerregistry chose.
 		req.URL.Scheme = t.ep.scheme
 	}
 	if rest, ok := strings.CutPrefix(req.URL.Path, "/v2"); ok && t.ep.path != "/v2" {

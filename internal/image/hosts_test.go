@@ -87,7 +87,7 @@ func TestEndpointsNamespaceLookup(t *testing.T) {
 		t.Fatalf("host_port_ dir: %v", eps)
 	}
 	eps, err = endpoints("", "docker.io")
-	if err != nil || len(eps) != 1 || eps[0].host != "registry-1.docker.io" || eps[0].scheme != "" {
+	if err != nil || len(eps) != 1 || eps[0].host != "registry-1.docker.io" || eps[0].plainHTTP() {
 		t.Fatalf("no config: %v %v", eps, err)
 	}
 	writeHosts(t, dir, "bad.example.com", `[host."ftp://x"]`)

@@ -12,6 +12,7 @@ import (
 const (
 	dockerHub       = "docker.io"
 	dockerHubLegacy = "index.docker.io"
+	dockerHubAPI    = "registry-1.docker.io" // where docker.io's API lives
 	officialRepo    = "library/"
 	defaultTag      = "latest"
 )

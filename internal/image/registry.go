@@ -8,7 +8,9 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/url"
 	"runtime"
+	"strings"
 
 	"github.com/google/go-containerregistry/pkg/authn"
 	"github.com/google/go-containerregistry/pkg/name"
@@ -29,10 +31,16 @@ type Auth struct {
 	Auth          string // base64 "user:password"
 	IdentityToken string
 	RegistryToken string
+	// ServerAddress is the registry the credentials belong to (the CRI's
+	// server_address; the kubelet sets it from the keyring entry that
+	// matched the image): "host[:port]", with or without a scheme and a
+	// path ("https://index.docker.io/v1/"). "" means the image's own
+	// registry. The credentials go only to that host (forEndpoint).
+	ServerAddress string
 }
 
 func (a *Auth) authenticator() authn.Authenticator {
-	if a == nil || *a == (Auth{}) {
+	if a == nil || a.secretless() {
 		return authn.Anonymous
 	}
 	return authn.FromConfig(authn.AuthConfig{
@@ -41,12 +49,86 @@ func (a *Auth) authenticator() authn.Authenticator {
 	})
 }
 
+// secretless is an Auth that carries nothing to send.
+func (a *Auth) secretless() bool {
+	return a.Username == "" && a.Password == "" && a.Auth == "" && a.IdentityToken == "" && a.RegistryToken == ""
+}
+
 func (a *Auth) key() string {
 	if a == nil {
 		return ""
 	}
-	h := sha256.Sum256([]byte(a.Username + "\x00" + a.Password + "\x00" + a.Auth + "\x00" + a.IdentityToken + "\x00" + a.RegistryToken))
+	h := sha256.Sum256([]byte(a.Username + "\x00" + a.Password + "\x00" + a.Auth + "\x00" + a.IdentityToken + "\x00" + a.RegistryToken + "\x00" + a.ServerAddress))
 	return hex.EncodeToString(h[:8])
+}
+
+// ServerAddressHost is the registry host a CRI server_address names, in
+// the form endpoints compare (canonicalRegistry). It accepts what the
+// kubelet's keyring and crictl give: "host[:port]", "https://host/v1/".
+// Anything else, user information in a URL included, is refused: a
+// credential whose destination cannot be told is sent nowhere.
+func ServerAddressHost(addr string) (string, error) {
+	raw := strings.TrimSpace(addr)
+	if !strings.Contains(raw, "://") {
+		raw = "https://" + raw
+	}
+	u, err := url.Parse(raw)
+	if err != nil || u.Host == "" || u.User != nil || (u.Scheme != "http" && u.Scheme != "https") {
+		// The value is not echoed: it may hold a secret (user:password@).
+		return "", fmt.Errorf("server_address is not a registry host ([scheme://]host[:port][/path]): %w", errdefs.ErrInvalidArgument)
+	}
+	if !domainPattern.MatchString(u.Host) {
+		return "", fmt.Errorf("server_address host %q is not a registry host: %w", u.Host, errdefs.ErrInvalidArgument)
+	}
+	return canonicalRegistry(u.Host), nil
+}
+
+// canonicalRegistry is host as credentials are matched: lower case, and
+// Docker Hub's spellings as one (docker.io, index.docker.io — the
+// keyring's "https://index.docker.io/v1/" — and the API host
+// registry-1.docker.io), as containerd and the kubelet treat them.
+func canonicalRegistry(host string) string {
+	h := strings.ToLower(host)
+	switch h {
+	case dockerHub, dockerHubLegacy, dockerHubAPI:
+		return dockerHub
+	}
+	return h
+}
+
+// forEndpoint is what of a a pull of an image on registry domain may send
+// to ep: a itself, or nil (anonymous). The credentials belong to one
+// registry (ServerAddress, else domain) and go to:
+//   - ep when its host is that registry (containerd's ParseAuth rule);
+//   - the upstream endpoint of domain when they are domain's (its
+//     hosts.toml `server` is where the operator says domain lives);
+//   - a mirror only when its hosts.toml entry names that registry in
+//     credential_domain (containerd#10540): a mirror is another party,
+//     and the kubelet's pull secret is not its to see unless the operator
+//     says it is.
+//
+// A ServerAddress that does not parse sends nothing (the CRI layer
+// refuses it before).
+func (a *Auth) forEndpoint(ep endpoint, domain string) *Auth {
+	if a == nil || a.secretless() {
+		return nil
+	}
+	owner := canonicalRegistry(domain)
+	if a.ServerAddress != "" {
+		var err error
+		if owner, err = ServerAddressHost(a.ServerAddress); err != nil {
+			return nil
+		}
+	}
+	switch {
+	case canonicalRegistry(ep.host) == owner:
+		return a
+	case owner != canonicalRegistry(domain):
+		return nil
+	case ep.upstream, ep.credentialDomain == owner:
+		return a
+	}
+	return nil
 }
 
 // repoClient reaches one repository on one endpoint: the reference and
@@ -68,8 +150,13 @@ func remoteRef(ctx context.Context, ep endpoint, n Named, auth *Auth) (*repoClie
 	if err != nil {
 		return nil, err
 	}
+	// Plain HTTP only where the endpoint allows it (plainHTTP, hosts.go):
+	// go-containerregistry's own rule would also use it for RFC 1918
+	// addresses and *.localhost names.
+	scheme := "https"
 	var regOpts []name.Option
-	if ep.scheme == "http" {
+	if ep.plainHTTP() {
+		scheme = "http"
 		regOpts = append(regOpts, name.Insecure)
 	}
 	reg, err := name.NewRegistry(ep.host, regOpts...)
@@ -84,7 +171,10 @@ func remoteRef(ctx context.Context, ep endpoint, n Named, auth *Auth) (*repoClie
 	// Wrapped once here (retries, user agent, auth) so that manifest and
 	// blob requests share one token.
 	inner := transport.NewUserAgent(transport.NewRetry(tr), "berth")
-	authed, err := transport.NewWithContext(ctx, reg, auth.authenticator(), inner, []string{repo.Scope(transport.PullScope)})
+	// Credentials only where they belong (forEndpoint); a redirect to
+	// another host (blob storage) never gets them: go-containerregistry's
+	// transports add Authorization only for the registry's own host.
+	authed, err := transport.NewWithContext(ctx, reg, auth.forEndpoint(ep, n.Domain).authenticator(), inner, []string{repo.Scope(transport.PullScope)})
 	if err != nil {
 		return nil, classify(err)
 	}
@@ -97,7 +187,7 @@ func remoteRef(ctx context.Context, ep endpoint, n Named, auth *Auth) (*repoClie
 			remote.WithPlatform(v1.Platform{OS: "linux", Architecture: runtime.GOARCH}),
 		},
 		http:    &http.Client{Transport: authed},
-		blobURL: fmt.Sprintf("%s://%s/v2/%s/blobs/", reg.Scheme(), reg.RegistryStr(), repo.RepositoryStr()),
+		blobURL: fmt.Sprintf("%s://%s/v2/%s/blobs/", scheme, reg.RegistryStr(), repo.RepositoryStr()),
 	}, nil
 }
 

@@ -24,6 +24,7 @@ import (
 	"regexp"
 	"sort"
 	"strings"
+	"syscall"
 
 	"github.com/sigstore/sigstore/pkg/cryptoutils"
 	"github.com/sigstore/sigstore/pkg/signature"
@@ -102,7 +103,7 @@ func Load(path string) (*Policy, error) {
 	if path == "" {
 		return nil, nil
 	}
-	data, err := os.ReadFile(path)
+	data, err := readConfigFile(path, maxPolicySize)
 	if errors.Is(err, os.ErrNotExist) {
 		return nil, nil
 	}
@@ -115,6 +116,39 @@ func Load(path string) (*Policy, error) {
 	}
 	p.Path = path
 	return p, nil
+}
+
+// A policy and its key files are input too: bounded before they are read.
+const (
+	maxPolicySize  = 1 << 20
+	maxKeyFileSize = 64 << 10
+)
+
+// readConfigFile reads the regular file at path, at most limit bytes: a
+// larger one is refused, and so is anything else (a FIFO would block the
+// reader, /dev/zero would never end). The file is opened without blocking
+// and checked after it is open, so what is read is what was checked.
+func readConfigFile(path string, limit int64) ([]byte, error) {
+	f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NONBLOCK|syscall.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	st, err := f.Stat()
+	if err != nil {
+		return nil, err
+	}
+	if !st.Mode().IsRegular() {
+		return nil, fmt.Errorf("%s: not a regular file (%s)", path, st.Mode().Type())
+	}
+	data, err := io.ReadAll(io.LimitReader(f, limit+1))
+	if err != nil {
+		return nil, err
+	}
+	if int64(len(data)) > limit {
+		return nil, fmt.Errorf("%s: larger than %d bytes: refused", path, limit)
+	}
+	return data, nil
 }
 
 // DigestOf is p's Digest, "" for no policy.
@@ -277,7 +311,7 @@ func (ps *parser) sigstoreSigned(data []byte) (Requirement, error) {
 		if !filepath.IsAbs(p) {
 			p = filepath.Join(ps.dir, p)
 		}
-		pemData, err := os.ReadFile(p)
+		pemData, err := readConfigFile(p, maxKeyFileSize)
 		if err != nil {
 			return Requirement{}, fmt.Errorf("%s: read key: %w", TypeSigstoreSigned, err)
 		}

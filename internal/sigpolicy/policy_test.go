@@ -328,13 +328,14 @@ func TestCheckSigstoreBundles(t *testing.T) {
 	s.Payload = testimages.BundleStatement(t, "example.com/app", digestA)
 	wantRefused(t, check(p, app, digestA, s), "default", "payload was changed after signing")
 
-	// cosign v3's own statement binds the digest alone: accepted under
-	// whatever name the image is pulled, refused for another digest or key.
+	// cosign v3's own statement binds the digest alone: it claims no
+	// identity, so no signedIdentity accepts it, whatever the name
+	// (issue 34: signed for one repository, it passed under any other).
 	for _, name := range []string{"example.com/app:v1", "example.com/else:v2"} {
-		if err := check(p, ref(t, name), digestA, bundled(t, k, testimages.CosignV3Statement(t, digestA))); err != nil {
-			t.Errorf("cosign v3 bundle for %s refused: %v", name, err)
-		}
+		wantRefused(t, check(p, ref(t, name), digestA, bundled(t, k, testimages.CosignV3Statement(t, digestA))), "default", "claims no identity")
 	}
+	exactRepo := mustParse(t, fmt.Sprintf(`{"default": [{"type": "sigstoreSigned", "keyData": %q, "signedIdentity": {"type": "exactRepository", "dockerRepository": "example.com/b"}}]}`, keyData(k)))
+	wantRefused(t, check(exactRepo, ref(t, "example.com/b:v1"), digestA, bundled(t, k, testimages.CosignV3Statement(t, digestA))), "default", "claims no identity")
 	wantRefused(t, check(p, app, digestA, bundled(t, k, testimages.CosignV3Statement(t, digestB))), "default", "digest mismatch")
 	wantRefused(t, check(p, app, digestA, bundled(t, other, testimages.CosignV3Statement(t, digestA))), "default", "does not verify")
 }

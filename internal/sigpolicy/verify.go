@@ -145,9 +145,12 @@ func (r Requirement) verify(s image.CosignSignature, ref image.Named, digest str
 			return fmt.Errorf("signed by %s (sigstore bundle), but %w", signer.Name, err)
 		}
 		if id == "" {
-			// Bound to the digest alone: the content is exactly what the
-			// key signed, under whatever name it is pulled.
-			return nil
+			// Bound to the digest alone (cosign v3's statement): the key
+			// vouched for the content, not for the name it is pulled
+			// under, and every signedIdentity asks for the name. As
+			// containers/image keeps the two apart, a claim that is not
+			// there cannot be matched: refused, never skipped (issue 34).
+			return fmt.Errorf("signed by %s for %s (sigstore bundle), but the statement claims no identity (critical.identity.docker-reference) for signedIdentity %s to match %s against", signer.Name, digest, r.Identity.typeName(), refString(ref))
 		}
 		identity = id
 	} else {
@@ -233,8 +236,8 @@ func statementClaims(s image.CosignSignature, digest string) (string, error) {
 		return "", fmt.Errorf("digest mismatch: its predicate names %s, not the pulled %s", got, digest)
 	}
 	// cosign v3 signs a statement that names the digest alone (its
-	// predicate is empty): "" tells the caller there is no identity to
-	// match, only the digest, as `cosign verify` checks it.
+	// predicate is empty): "" tells the caller there is no identity, which
+	// no signedIdentity accepts (verify).
 	return st.Predicate.Critical.Identity.DockerReference, nil
 }
 
@@ -281,6 +284,15 @@ func (id Identity) match(signed string, ref image.Named) error {
 		return fmt.Errorf("its identity %q does not match %s (signedIdentity %s)", signed, want, id.Type)
 	}
 	return nil
+}
+
+// typeName is the signedIdentity type as the policy names it (the
+// default spelled out).
+func (id Identity) typeName() string {
+	if id.Type == "" {
+		return identityMatchRepoDigestOrExact
+	}
+	return id.Type
 }
 
 // repoDigestOrExact: a reference by digest needs the same repository

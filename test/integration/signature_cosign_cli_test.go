@@ -34,7 +34,9 @@ func cosignCLI(t *testing.T, dir, prog string, args ...string) string {
 // (the sha256-<hex>.sig tag), and cosign v3's default new bundle format (a
 // sigstore bundle attached as an OCI 1.1 referrer, naming the digest only), with a key pair from `cosign generate-key-pair`, both
 // pushed to the in-process registry with no transparency log. berth
-// accepts what the trusted key signed and refuses what another key signed.
+// accepts what the trusted key signed with an identity, refuses what
+// another key signed, and refuses cosign v3's bundle, which claims no
+// identity (issue 34).
 // The other way round, cosign v2 verifies a signature made by the test
 // helpers that the other signature tests use, so those are cosign's shape.
 func TestSignaturePolicyCosignCLI(t *testing.T) {
@@ -81,9 +83,12 @@ func TestSignaturePolicyCosignCLI(t *testing.T) {
 	wantSignatureRefused(t, d, reg.Ref("unsigned/app:v1"), scope, "no signature")
 	wantSignatureRefused(t, d, reg.Ref("stranger-v2/app:v1"), scope, "does not verify with the trusted key")
 	wantSignatureRefused(t, d, reg.Ref("stranger-v3/app:v1"), scope, "does not verify with the trusted key")
+	// cosign v3's statement names the digest alone: no identity for
+	// matchRepository to match (issue 34).
+	wantSignatureRefused(t, d, reg.Ref("v3/app:v1"), scope, "claims no identity")
 	wantStoreEmpty(t, d)
 	id := configDigest(t, img)
-	for _, ref := range []string{reg.Ref("v2/app:v1"), reg.Ref("v3/app:v1"), reg.Ref("v3-sig-tag/app:v1")} {
+	for _, ref := range []string{reg.Ref("v2/app:v1"), reg.Ref("v3-sig-tag/app:v1")} {
 		if got := pull(t, d, ref, nil); got != id {
 			t.Errorf("pull %s: %s, want %s", ref, got, id)
 		}
