@@ -10,8 +10,8 @@ import (
 	runtime "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/berthcri/berth/internal/errdefs"
-	"github.com/berthcri/berth/internal/sysctl"
 	"github.com/berthcri/berth/internal/network"
+	"github.com/berthcri/berth/internal/sysctl"
 	"github.com/berthcri/berth/internal/systemd"
 )
 
