@@ -10,6 +10,7 @@ import (
 	"path"
 	"path/filepath"
 	"strings"
+	"syscall"
 
 	"golang.org/x/sys/unix"
 
@@ -50,16 +51,17 @@ func WriteArchive(path, dir string) (retErr error) {
 
 // tarDir writes the tree under dir to w, names relative to dir.
 func tarDir(w io.Writer, dir string) error {
+	root, err := os.OpenRoot(dir)
+	if err != nil {
+		return err
+	}
+	defer root.Close()
 	tw := tar.NewWriter(w)
-	err := filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
-		if err != nil {
+	err = fs.WalkDir(root.FS(), ".", func(name string, d fs.DirEntry, err error) error {
+		if err != nil || name == "." {
 			return err
 		}
-		rel, err := filepath.Rel(dir, p)
-		if err != nil || rel == "." {
-			return err
-		}
-		_, err = addEntry(tw, p, filepath.ToSlash(rel))
+		_, err = addEntry(tw, root, name)
 		return err
 	})
 	if err != nil {
@@ -68,27 +70,47 @@ func tarDir(w io.Writer, dir string) error {
 	return tw.Close()
 }
 
-// addEntry adds the file at p as name; kept is false for what a tar of a
-// filesystem skips (sockets).
-func addEntry(tw *tar.Writer, p, name string) (kept bool, err error) {
-	fi, err := os.Lstat(p)
+// addEntry adds the file name below root; kept is false for what a tar
+// of a filesystem skips (sockets). The tree may be a running container's
+// writable layer: every name is resolved through root (a directory
+// swapped for a symlink cannot lead out of it), and a regular file is
+// opened with O_NOFOLLOW and described by what fstat says of the file
+// opened, never by an earlier lstat (a file swapped for a symlink after
+// the lstat is refused, not followed; issue 34, finding 9).
+func addEntry(tw *tar.Writer, root *os.Root, name string) (kept bool, err error) {
+	fi, err := root.Lstat(name)
 	if err != nil {
 		return false, err
 	}
 	if fi.Mode()&fs.ModeSocket != 0 {
 		return false, nil
 	}
+	var f *os.File
 	link := ""
-	if fi.Mode()&fs.ModeSymlink != 0 {
-		if link, err = os.Readlink(p); err != nil {
+	switch {
+	case fi.Mode()&fs.ModeSymlink != 0:
+		if link, err = root.Readlink(name); err != nil {
 			return false, err
+		}
+	case fi.Mode().IsRegular():
+		// O_NONBLOCK: a FIFO swapped in must not block the open.
+		f, err = root.OpenFile(name, os.O_RDONLY|unix.O_NOFOLLOW|unix.O_NONBLOCK, 0)
+		if err != nil {
+			return false, fmt.Errorf("%s: %w", name, err)
+		}
+		defer f.Close()
+		if fi, err = f.Stat(); err != nil {
+			return false, fmt.Errorf("%s: %w", name, err)
+		}
+		if !fi.Mode().IsRegular() {
+			return false, fmt.Errorf("%s: changed into %v while it was read", name, fi.Mode().Type())
 		}
 	}
 	hdr, err := tar.FileInfoHeader(fi, link)
 	if err != nil {
-		return false, fmt.Errorf("%s: %w", p, err)
+		return false, fmt.Errorf("%s: %w", name, err)
 	}
-	hdr.Name = name
+	hdr.Name = filepath.ToSlash(name)
 	if fi.IsDir() {
 		hdr.Name += "/"
 	}
@@ -97,16 +119,11 @@ func addEntry(tw *tar.Writer, p, name string) (kept bool, err error) {
 	if err := tw.WriteHeader(hdr); err != nil {
 		return false, err
 	}
-	if !fi.Mode().IsRegular() {
+	if f == nil {
 		return true, nil
 	}
-	f, err := os.Open(p)
-	if err != nil {
-		return false, err
-	}
-	defer f.Close()
 	if _, err := io.CopyN(tw, f, hdr.Size); err != nil {
-		return false, fmt.Errorf("%s: %w", p, err)
+		return false, fmt.Errorf("%s: %w", name, err)
 	}
 	return true, nil
 }
@@ -125,28 +142,30 @@ func WriteRootfsDiff(upper, dir string) (retErr error) {
 			retErr = fmt.Errorf("rootfs diff: %w", err)
 		}
 	}()
+	root, err := os.OpenRoot(upper)
+	if err != nil {
+		return fmt.Errorf("rootfs diff: %w", err)
+	}
+	defer root.Close()
 	tw := tar.NewWriter(f)
 	deleted := []string{}
-	err = filepath.WalkDir(upper, func(p string, d fs.DirEntry, err error) error {
-		if err != nil {
+	err = fs.WalkDir(root.FS(), ".", func(name string, d fs.DirEntry, err error) error {
+		if err != nil || name == "." {
 			return err
 		}
-		rel, err := filepath.Rel(upper, p)
-		if err != nil || rel == "." {
-			return err
-		}
-		name := filepath.ToSlash(rel)
+		p := filepath.Join(upper, name)
 		if d.Type()&fs.ModeCharDevice != 0 {
-			var st unix.Stat_t
-			if err := unix.Lstat(p, &st); err == nil && st.Rdev == 0 {
-				deleted = append(deleted, "/"+name) // a whiteout
-				return nil
+			if fi, err := root.Lstat(name); err == nil {
+				if st, ok := fi.Sys().(*syscall.Stat_t); ok && st.Rdev == 0 {
+					deleted = append(deleted, "/"+name) // a whiteout
+					return nil
+				}
 			}
 		}
 		if d.IsDir() && isOpaque(p) {
 			deleted = append(deleted, "/"+name)
 		}
-		_, err = addEntry(tw, p, name)
+		_, err = addEntry(tw, root, name)
 		return err
 	})
 	if err != nil {
@@ -188,12 +207,12 @@ func ApplyRootfsDiff(rootfs, dir string) error {
 			return fmt.Errorf("apply rootfs diff: remove %s: %w", p, err)
 		}
 	}
-	f, err := os.Open(filepath.Join(dir, RootfsDiffTar))
+	f, err := os.OpenFile(filepath.Join(dir, RootfsDiffTar), os.O_RDONLY|unix.O_NOFOLLOW, 0)
 	if err != nil {
 		return fmt.Errorf("checkpoint %s: %v: %w", dir, err, errdefs.ErrInvalidArgument)
 	}
 	defer f.Close()
-	if name, err := extractAll(root, f); err != nil {
+	if name, err := extractAll(root, f, false); err != nil {
 		if name == "" {
 			return fmt.Errorf("read %s: %w", RootfsDiffTar, err)
 		}
@@ -283,9 +302,9 @@ func IsArchive(path string) bool {
 	defer f.Close()
 	tr := tar.NewReader(f)
 	var config, spec bool
-	for !(config && spec) {
+	for n := 0; !(config && spec); n++ {
 		hdr, err := tr.Next()
-		if err != nil {
+		if err != nil || n >= maxEntries {
 			return false
 		}
 		switch name, _ := relName(hdr.Name); name {
@@ -312,7 +331,7 @@ func ExtractArchive(path, dir string) error {
 		return fmt.Errorf("extract checkpoint archive: %w", err)
 	}
 	defer root.Close()
-	if name, err := extractAll(root, f); err != nil {
+	if name, err := extractAll(root, f, true); err != nil {
 		if name == "" {
 			return fmt.Errorf("checkpoint archive %s: %w", path, err)
 		}
@@ -321,12 +340,29 @@ func ExtractArchive(path, dir string) error {
 	return nil
 }
 
-// extractAll extracts the tar stream r below root. On failure it names
-// the entry that failed, or "" when the stream itself is unreadable (an
-// InvalidArgument: a corrupt or cut archive).
-func extractAll(root *os.Root, r io.Reader) (entry string, err error) {
-	tr := tar.NewReader(r)
-	for {
+// maxEntries bounds the entries of an archive or rootfs diff berthd
+// unpacks (each one an inode on berthd's disk).
+const maxEntries = 1 << 20
+
+// extractAll extracts the tar file f below root. On failure it names the
+// entry that failed, or "" when the stream itself is unreadable or breaks
+// a bound (an InvalidArgument: a corrupt, cut or hostile archive). What it
+// writes is bounded by f's own size and maxEntries: a sparse entry, which
+// a few bytes of tar make read as terabytes of zeros (issue 34, finding
+// 9), is refused, and so is an entry larger than what is left of the file.
+//
+// plain refuses every entry but directories and regular files: a
+// checkpoint archive holds nothing else, and a symlink in it (say
+// rootfs-diff.tar pointing at a host file) would be followed by what
+// reads the unpacked checkpoint.
+func extractAll(root *os.Root, f *os.File, plain bool) (entry string, err error) {
+	fi, err := f.Stat()
+	if err != nil {
+		return "", err
+	}
+	budget := fi.Size()
+	tr := tar.NewReader(f)
+	for n := 0; ; n++ {
 		hdr, err := tr.Next()
 		if err == io.EOF {
 			return "", nil
@@ -334,8 +370,34 @@ func extractAll(root *os.Root, r io.Reader) (entry string, err error) {
 		if err != nil {
 			return "", fmt.Errorf("%v: %w", err, errdefs.ErrInvalidArgument)
 		}
+		if n >= maxEntries {
+			return "", fmt.Errorf("more than %d entries: %w", maxEntries, errdefs.ErrInvalidArgument)
+		}
+		if isSparse(hdr) {
+			return hdr.Name, fmt.Errorf("sparse entries are refused: %w", errdefs.ErrInvalidArgument)
+		}
+		if hdr.Size < 0 || hdr.Size > budget {
+			return hdr.Name, fmt.Errorf("entry of %d bytes is larger than its archive: %w", hdr.Size, errdefs.ErrInvalidArgument)
+		}
+		budget -= hdr.Size
+		if plain && hdr.Typeflag != tar.TypeDir && hdr.Typeflag != tar.TypeReg {
+			return hdr.Name, fmt.Errorf("a checkpoint archive holds only directories and regular files, not type %q: %w", hdr.Typeflag, errdefs.ErrInvalidArgument)
+		}
 		if err := extract(root, hdr, tr); err != nil {
 			return hdr.Name, err
 		}
 	}
+}
+
+// isSparse reports a GNU sparse entry, old (type 'S') or PAX (0.x, 1.0).
+func isSparse(hdr *tar.Header) bool {
+	if hdr.Typeflag == tar.TypeGNUSparse {
+		return true
+	}
+	for k := range hdr.PAXRecords {
+		if strings.HasPrefix(k, "GNU.sparse.") {
+			return true
+		}
+	}
+	return false
 }

@@ -10,8 +10,10 @@ package checkpoint
 import (
 	"encoding/json"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
+	"syscall"
 	"time"
 
 	"github.com/berthcri/berth/internal/atomicfile"
@@ -92,12 +94,25 @@ func WriteJSON(dir, name string, v any) error {
 	return atomicfile.Write(filepath.Join(dir, name), data, 0o600)
 }
 
-// ReadJSON reads dir/name into v; a missing or bad file is
+// maxJSON bounds a checkpoint's JSON files (deleted.files, of a
+// container that removed many image files, is the largest): they are
+// read whole, and a checkpoint may come from outside.
+const maxJSON = 64 << 20
+
+// ReadJSON reads dir/name into v; a missing, bad or oversized file is
 // InvalidArgument (the checkpoint is not one berth can read).
 func ReadJSON(dir, name string, v any) error {
-	data, err := os.ReadFile(filepath.Join(dir, name))
+	f, err := os.OpenFile(filepath.Join(dir, name), os.O_RDONLY|syscall.O_NOFOLLOW|syscall.O_NONBLOCK, 0)
 	if err != nil {
 		return fmt.Errorf("checkpoint %s: %v: %w", dir, err, errdefs.ErrInvalidArgument)
+	}
+	defer f.Close()
+	data, err := io.ReadAll(io.LimitReader(f, maxJSON+1))
+	if err != nil {
+		return fmt.Errorf("checkpoint %s: read %s: %v: %w", dir, name, err, errdefs.ErrInvalidArgument)
+	}
+	if len(data) > maxJSON {
+		return fmt.Errorf("checkpoint %s: %s is larger than %d bytes: %w", dir, name, maxJSON, errdefs.ErrInvalidArgument)
 	}
 	if err := json.Unmarshal(data, v); err != nil {
 		return fmt.Errorf("checkpoint %s: parse %s: %v: %w", dir, name, err, errdefs.ErrInvalidArgument)

@@ -522,3 +522,28 @@ func (t *Tracing) validate() error {
 	}
 	return nil
 }
+
+// StreamingInsecure reports whether the streaming server is reachable
+// beyond this host without TLS: exec, attach and port-forward URLs are
+// bearer tokens, and anyone on the network who sees or guesses one gets
+// a shell in the container. berthd warns at start and berthctl doctor
+// warns about it.
+func (c *Config) StreamingInsecure() bool {
+	return c.StreamingTLSCert == "" && BeyondLoopback(c.StreamingAddress)
+}
+
+// BeyondLoopback reports whether a host:port listens on more than the
+// loopback interface: an empty host or an unspecified address (all
+// interfaces), any address that is not loopback, and any host name but
+// localhost (which is not resolved here).
+func BeyondLoopback(hostport string) bool {
+	host, _, err := net.SplitHostPort(hostport)
+	if err != nil {
+		host = hostport
+	}
+	if host == "localhost" {
+		return false
+	}
+	ip := net.ParseIP(host)
+	return ip == nil || !ip.IsLoopback()
+}

@@ -40,6 +40,9 @@ type CreateRequest struct {
 	Config  *runtime.ContainerConfig
 	// LogPath is the absolute log file path ("" → no log).
 	LogPath string
+	// LogDir is the pod's log directory, LogPath's ancestor: the monitor
+	// follows no symlink below it when it opens the log.
+	LogDir string
 	// UserNS is the pod's own user namespace; nil for the host's.
 	UserNS *UserNS
 	// StopSignal is the config's stop signal by name (KEP-4960); ""
@@ -267,7 +270,7 @@ func writeBundle(dir, rootfs string, readonly bool, spec *specs.Spec, write func
 func (d *Draft) runtimeCreate(ctx context.Context, sh Shim) error {
 	cfg := d.req.Config
 	cr := &shim.CreateRequest{
-		Bundle: d.dir, LogPath: d.req.LogPath,
+		Bundle: d.dir, LogPath: d.req.LogPath, LogDir: d.req.LogDir,
 		Runtime: shim.Runtime{Binary: d.runtime.Binary, Root: d.runtime.Root, Options: d.runtime.Options},
 		Stdin:   cfg.GetStdin(), StdinOnce: cfg.GetStdinOnce(), Terminal: cfg.GetTty(),
 	}

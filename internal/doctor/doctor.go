@@ -59,6 +59,9 @@ func Run(ctx context.Context, cfg *config.Config) []Result {
 		checkDir("root", cfg.Root),
 		checkDir("state", cfg.State),
 		checkDir("socket directory", filepath.Dir(cfg.SocketPath())),
+		checkStateTree(cfg),
+		checkStreaming(cfg),
+		checkMirrorPolicy(cfg),
 	)
 	return out
 }

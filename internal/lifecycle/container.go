@@ -88,6 +88,9 @@ func (s *Service) create(ctx context.Context, req CreateRequest, restore *restor
 		PodID: sb.ID, Runtime: handler, Config: cfg, LogPath: logPath, UserNS: podUserNS,
 		StopSignal: req.StopSignal,
 	}
+	if logPath != "" {
+		creq.LogDir = sb.Config.GetLogDirectory()
+	}
 	if restore != nil {
 		creq.Restore = &restore.Restore
 	}
@@ -131,8 +134,8 @@ func containerLogPath(dir, rel string) (string, error) {
 	if dir == "" || rel == "" {
 		return "", nil
 	}
-	if !filepath.IsAbs(dir) {
-		return "", fmt.Errorf("log_directory %q is not absolute: %w", dir, errdefs.ErrInvalidArgument)
+	if !filepath.IsAbs(dir) || filepath.Clean(dir) != dir {
+		return "", fmt.Errorf("log_directory %q is not an absolute clean path: %w", dir, errdefs.ErrInvalidArgument)
 	}
 	if filepath.IsAbs(rel) {
 		return "", fmt.Errorf("log_path %q must be relative to the pod's log directory: %w", rel, errdefs.ErrInvalidArgument)

@@ -22,6 +22,8 @@ func TestContainerLogPath(t *testing.T) {
 		{"/var/log/pods/p", "/etc/passwd", "", true},
 		{"/var/log/pods/p", ".", "", true},
 		{"relative", "c.log", "", true},
+		{"/var/log/pods/p/../../../etc", "c.log", "", true},
+		{"/var/log/pods/p/", "c.log", "", true},
 	} {
 		got, err := containerLogPath(tc.dir, tc.rel)
 		if tc.bad {

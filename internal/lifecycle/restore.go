@@ -208,9 +208,15 @@ func (s *Service) CreateFromArchive(ctx context.Context, req CreateRequest, arch
 
 // restoredConfig is the request's container config with what the
 // checkpoint fixes taken from the checkpoint: the image (by ID), the
-// process's arguments, working directory, environment and user.
-// Metadata, labels, mounts, resources and the rest stay the request's;
-// restoreInput.check then compares the built spec with the checkpoint's.
+// process's arguments, working directory and environment — which CRIU
+// restores from its images anyway, whatever the spec says — as CRI-O's
+// restore does. The identity is the request's (issue 34, finding 9): the
+// kubelet (runAsNonRoot) and admission (the pod security standards)
+// decided on the request's RunAsUser and RunAsGroup, so an archive whose
+// process runs as another user or group is refused; only a field the
+// request leaves unset is taken from the archive. Metadata, labels, mounts, resources and
+// the rest stay the request's; restoreInput.check then compares the built
+// spec with the checkpoint's.
 func restoredConfig(cfg *runtime.ContainerConfig, in *restoreInput) (*runtime.ContainerConfig, error) {
 	p := in.spec.Process
 	if p == nil || len(p.Args) == 0 {
@@ -242,9 +248,21 @@ func restoredConfig(cfg *runtime.ContainerConfig, in *restoreInput) (*runtime.Co
 		out.Linux.SecurityContext = &runtime.LinuxContainerSecurityContext{}
 	}
 	sc := out.Linux.SecurityContext
-	sc.RunAsUsername = ""
-	sc.RunAsUser = &runtime.Int64Value{Value: int64(p.User.UID)}
-	sc.RunAsGroup = &runtime.Int64Value{Value: int64(p.User.GID)}
+	uid, gid := int64(p.User.UID), int64(p.User.GID)
+	switch {
+	case sc.RunAsUser != nil && sc.RunAsUser.Value != uid:
+		return nil, invalid("CreateContainer: checkpoint %q runs as uid %d, the request's runAsUser is %d", in.config.Name, uid, sc.RunAsUser.Value)
+	case sc.RunAsGroup != nil && sc.RunAsGroup.Value != gid:
+		return nil, invalid("CreateContainer: checkpoint %q runs as gid %d, the request's runAsGroup is %d", in.config.Name, gid, sc.RunAsGroup.Value)
+	}
+	if sc.RunAsUsername == "" {
+		// A user name is resolved in the image when the spec is built;
+		// restoreInput.check then holds the uid to the checkpoint's.
+		sc.RunAsUser = &runtime.Int64Value{Value: uid}
+	}
+	if sc.RunAsGroup == nil {
+		sc.RunAsGroup = &runtime.Int64Value{Value: gid}
+	}
 	return out, nil
 }
 

@@ -15,6 +15,7 @@ import (
 	"golang.org/x/sys/unix"
 	criapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
+	"github.com/berthcri/berth/internal/sysctl"
 	"github.com/berthcri/berth/internal/userns"
 )
 
@@ -118,12 +119,12 @@ func setupOnThread(req nsRequest) (int, error) {
 	return pid, nil
 }
 
-// writeSysctls sets the pod's sysctls. /proc/sys/net and the IPC sysctls
+// writeSysctls sets the pod's sysctls (keys in sysctl.Key's form). /proc/sys/net and the IPC sysctls
 // resolve against the calling thread's namespaces, which must be the
 // pod's.
 func writeSysctls(sysctls map[string]string) error {
 	for key, val := range sysctls {
-		path := "/proc/sys/" + strings.ReplaceAll(key, ".", "/")
+		path := "/proc/sys/" + sysctl.Path(key)
 		if err := os.WriteFile(path, []byte(val), 0o644); err != nil {
 			return fmt.Errorf("set sysctl %s=%s: %w", key, val, err)
 		}

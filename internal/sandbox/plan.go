@@ -96,8 +96,10 @@ func planPod(h *planHost, cfg *runtime.PodSandboxConfig, handler string) (*podPl
 	if md.GetName() == "" || md.GetNamespace() == "" || md.GetUid() == "" {
 		return nil, fmt.Errorf("sandbox metadata needs name, namespace and uid: %w", errdefs.ErrInvalidArgument)
 	}
-	if dir := cfg.GetLogDirectory(); dir != "" && !filepath.IsAbs(dir) {
-		return nil, fmt.Errorf("log_directory %q is not absolute: %w", dir, errdefs.ErrInvalidArgument)
+	// The monitor resolves the log directory the ordinary way and nothing
+	// below it (shim/monitor openLogFile): no ".." may hide in it.
+	if dir := cfg.GetLogDirectory(); dir != "" && (!filepath.IsAbs(dir) || filepath.Clean(dir) != dir) {
+		return nil, fmt.Errorf("log_directory %q is not an absolute clean path: %w", dir, errdefs.ErrInvalidArgument)
 	}
 	if h.noSystemd {
 		return nil, fmt.Errorf("the systemd cgroup driver has no connection to systemd: %w", errdefs.ErrFailedPrecondition)

@@ -10,6 +10,7 @@ import (
 	runtime "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/berthcri/berth/internal/errdefs"
+	"github.com/berthcri/berth/internal/sysctl"
 )
 
 // The same defaults containerd writes for a pod with its own network.
@@ -67,36 +68,38 @@ func resolvConfContentFrom(readFile func(string) ([]byte, error), dns *runtime.D
 	return []byte(b.String()), nil
 }
 
-// Namespaced sysctls, as runc and the kubelet define them.
-var ipcSysctls = map[string]bool{
-	"kernel.sem": true, "kernel.shmall": true, "kernel.shmmax": true, "kernel.shmmni": true,
-	"kernel.shm_rmid_forced": true, "kernel.msgmax": true, "kernel.msgmnb": true, "kernel.msgmni": true,
-}
-
-// validateSysctls normalises keys (a/b/c → a.b.c) and refuses sysctls that
-// are not namespaced or whose namespace the pod shares with the host.
+// validateSysctls normalises keys to the dotted form (package sysctl)
+// and refuses sysctls that are not namespaced or whose namespace the pod
+// shares with the host, and names or values that could be more than the
+// one sysctl they claim to be.
 func validateSysctls(in map[string]string, hostNetwork, hostIPC bool) (map[string]string, error) {
 	out := make(map[string]string, len(in))
 	for k, v := range in {
-		key := strings.ReplaceAll(k, "/", ".")
-		switch {
-		case ipcSysctls[key] || strings.HasPrefix(key, "fs.mqueue."):
+		key, err := sysctl.Key(k)
+		if err != nil {
+			return nil, fmt.Errorf("%w: %w", err, errdefs.ErrInvalidArgument)
+		}
+		switch sysctl.NamespaceOf(key) {
+		case sysctl.IPC:
 			if hostIPC {
 				return nil, fmt.Errorf("sysctl %q needs the pod's own IPC namespace, but the pod uses the host's: %w", k, errdefs.ErrInvalidArgument)
 			}
-		case strings.HasPrefix(key, "net."):
+		case sysctl.Network:
 			if hostNetwork {
 				return nil, fmt.Errorf("sysctl %q needs the pod's own network namespace, but the pod uses the host's: %w", k, errdefs.ErrInvalidArgument)
 			}
-		case key == "kernel.domainname":
+		case sysctl.UTS:
+			if key != "kernel.domainname" {
+				return nil, fmt.Errorf("sysctl %q conflicts with the pod's hostname: %w", k, errdefs.ErrInvalidArgument)
+			}
 			if hostNetwork {
 				return nil, fmt.Errorf("sysctl %q needs the pod's own UTS namespace: %w", k, errdefs.ErrInvalidArgument)
 			}
 		default:
 			return nil, fmt.Errorf("sysctl %q is not namespaced and cannot be set per pod: %w", k, errdefs.ErrInvalidArgument)
 		}
-		if strings.Contains(key, "..") {
-			return nil, fmt.Errorf("sysctl %q: %w", k, errdefs.ErrInvalidArgument)
+		if err := sysctl.CheckValue(k, v); err != nil {
+			return nil, fmt.Errorf("%w: %w", err, errdefs.ErrInvalidArgument)
 		}
 		out[key] = v
 	}

@@ -11,6 +11,7 @@ import (
 
 	"github.com/berthcri/berth/internal/errdefs"
 	"github.com/berthcri/berth/internal/network"
+	"github.com/berthcri/berth/internal/sysctl"
 	"github.com/berthcri/berth/internal/systemd"
 )
 
@@ -34,8 +35,10 @@ func TestPodCgroupPath(t *testing.T) {
 }
 
 func TestValidateSysctls(t *testing.T) {
-	got, err := validateSysctls(map[string]string{"net/ipv4/ip_forward": "1", "kernel.shmmax": "100", "fs.mqueue.msg_max": "20"}, false, false)
-	if err != nil || got["net.ipv4.ip_forward"] != "1" || got["kernel.shmmax"] != "100" || len(got) != 3 {
+	got, err := validateSysctls(map[string]string{"net/ipv4/ip_forward": "1", "kernel.shmmax": "100", "fs.mqueue.msg_max": "20",
+		"net/ipv4/conf/eth0.100/forwarding": "1"}, false, false)
+	if err != nil || got["net.ipv4.ip_forward"] != "1" || got["kernel.shmmax"] != "100" || len(got) != 4 ||
+		got["net.ipv4.conf.eth0/100.forwarding"] != "1" {
 		t.Fatalf("got %v, %v", got, err)
 	}
 	for _, tc := range []struct {
@@ -47,9 +50,36 @@ func TestValidateSysctls(t *testing.T) {
 		{"net.ipv4.ip_forward", true, false},
 		{"kernel.shmmax", false, true},
 		{"kernel.domainname", true, false},
+		{"kernel.hostname", false, false},
+		{"net/ipv4/../../kernel/core_pattern", false, false},
+		{"net.ipv4.ip_forward=1+kernel.core_pattern=|/x", false, false},
 	} {
 		if _, err := validateSysctls(map[string]string{tc.key: "1"}, tc.hostNet, tc.hostIPC); !errors.Is(err, errdefs.ErrInvalidArgument) {
 			t.Errorf("sysctl %s (hostNet %v hostIPC %v): err %v, want InvalidArgument", tc.key, tc.hostNet, tc.hostIPC, err)
+		}
+	}
+}
+
+// TestValidateSysctlsRefusesInjectedValues: CVE-2022-0811's '+'/'='
+// smuggling of a second sysctl, and line breaks.
+func TestValidateSysctlsRefusesInjectedValues(t *testing.T) {
+	for _, v := range []string{"1+kernel.core_pattern=|/tmp/x", "1\nkernel.core_pattern=x", "a=b"} {
+		if _, err := validateSysctls(map[string]string{"net.ipv4.ip_forward": v}, false, false); !errors.Is(err, errdefs.ErrInvalidArgument) {
+			t.Errorf("value %q: err %v, want InvalidArgument", v, err)
+		}
+	}
+}
+
+// TestSysctlPathOfADottedInterface: the slash form's dotted interface
+// name is written to its own file, not one a level deeper.
+func TestSysctlPathOfADottedInterface(t *testing.T) {
+	got, err := validateSysctls(map[string]string{"net/ipv4/conf/eth0.100/forwarding": "1"}, false, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for key := range got {
+		if p := "/proc/sys/" + sysctl.Path(key); p != "/proc/sys/net/ipv4/conf/eth0.100/forwarding" {
+			t.Fatalf("written to %s", p)
 		}
 	}
 }

@@ -1,12 +1,10 @@
 package specgen
 
 import (
-	"slices"
-	"strings"
-
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	runtime "k8s.io/cri-api/pkg/apis/runtime/v1"
 
+	"github.com/berthcri/berth/internal/sysctl"
 	"github.com/berthcri/berth/internal/userns"
 )
 
@@ -131,49 +129,33 @@ func applySysctls(in *Input, s *specs.Spec) error {
 	}
 	out := make(map[string]string, len(sysctls))
 	for k, v := range sysctls {
-		key := sysctlDots(k)
+		key, err := sysctl.Key(k)
+		if err != nil {
+			return invalid("%v", err)
+		}
 		var need specs.LinuxNamespaceType
-		switch {
-		case strings.HasPrefix(key, "net."):
+		switch sysctl.NamespaceOf(key) {
+		case sysctl.Network:
 			need = specs.NetworkNamespace
-		case strings.HasPrefix(key, "fs.mqueue.") || slices.Contains(ipcSysctls, key):
+		case sysctl.IPC:
 			need = specs.IPCNamespace
-		case key == "kernel.domainname":
+		case sysctl.UTS:
+			if key != "kernel.domainname" {
+				// runc refuses it: the spec's hostname field (the pod's) owns it.
+				return invalid("sysctl kernel.hostname conflicts with the pod hostname")
+			}
 			need = specs.UTSNamespace
-		case key == "kernel.hostname":
-			// runc refuses it: the spec's hostname field (the pod's) owns it.
-			return invalid("sysctl kernel.hostname conflicts with the pod hostname")
 		default:
 			return invalid("sysctl %q is not namespaced", k)
 		}
 		if !has[need] {
 			return invalid("sysctl %q needs a %s namespace of the pod's own, not the host's", k, need)
 		}
+		if err := sysctl.CheckValue(k, v); err != nil {
+			return invalid("%v", err)
+		}
 		out[key] = v
 	}
 	s.Linux.Sysctl = out
 	return nil
-}
-
-// ipcSysctls are the IPC-namespaced sysctls runc accepts (besides fs.mqueue.*).
-var ipcSysctls = []string{
-	"kernel.msgmax", "kernel.msgmnb", "kernel.msgmni", "kernel.sem",
-	"kernel.shmall", "kernel.shmmax", "kernel.shmmni", "kernel.shm_rmid_forced",
-}
-
-// sysctlDots turns a slash-separated name (net/ipv4/conf/eth0.100/x) into
-// the dotted form, swapping its dots for slashes, as runc and kubelet do.
-func sysctlDots(k string) string {
-	if i := strings.IndexAny(k, "./"); i < 0 || k[i] == '.' {
-		return k
-	}
-	return strings.Map(func(r rune) rune {
-		switch r {
-		case '/':
-			return '.'
-		case '.':
-			return '/'
-		}
-		return r
-	}, k)
 }

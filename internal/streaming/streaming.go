@@ -20,6 +20,8 @@ import (
 	criapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 	"k8s.io/cri-streaming/pkg/streaming"
 	remotecommandserver "k8s.io/cri-streaming/pkg/streaming/remotecommand"
+
+	"github.com/berthcri/berth/internal/config"
 )
 
 // TerminalSize is a TTY resize event.
@@ -50,6 +52,12 @@ func New(addr string, tlsConfig *tls.Config, containers Containers, pods PodNetw
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		return nil, fmt.Errorf("listen for streaming on %s: %w", addr, err)
+	}
+	if tlsConfig == nil && config.BeyondLoopback(ln.Addr().String()) {
+		// The kubelet's default is loopback (127.0.0.1:0); an address
+		// beyond it without TLS hands exec and attach to the network.
+		log.Warn("the streaming server listens beyond loopback without TLS: anyone who reaches it with a URL's token gets exec, attach and port-forward; set streaming_tls_cert and streaming_tls_key, or listen on 127.0.0.1",
+			"address", ln.Addr().String())
 	}
 	cfg := streaming.DefaultConfig
 	cfg.Addr = ln.Addr().String()

@@ -61,6 +61,7 @@ var badRequests = []badRequest{
 	{"RunPodSandbox/empty namespace", badPod("nons", func(c *criapi.PodSandboxConfig) { c.Metadata.Namespace = "" }), codes.InvalidArgument},
 	{"RunPodSandbox/empty uid", badPod("nouid", func(c *criapi.PodSandboxConfig) { c.Metadata.Uid = "" }), codes.InvalidArgument},
 	{"RunPodSandbox/relative log directory", badPod("rellog", func(c *criapi.PodSandboxConfig) { c.LogDirectory = "var/log/pods/x" }), codes.InvalidArgument},
+	{"RunPodSandbox/unclean log directory", badPod("dotlog", func(c *criapi.PodSandboxConfig) { c.LogDirectory = "/var/log/pods/x/../../../etc" }), codes.InvalidArgument},
 	{"RunPodSandbox/container port 0", badPod("port0", func(c *criapi.PodSandboxConfig) {
 		c.PortMappings = []*criapi.PortMapping{{ContainerPort: 0, HostPort: 18080}}
 	}), codes.InvalidArgument},

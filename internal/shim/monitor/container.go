@@ -84,7 +84,7 @@ func newContainer(id string, cr *proto.CreateRequest, rt *ocicli.Runtime, logf f
 		stdinOnce: cr.StdinOnce,
 		logf:      logf,
 		exited:    make(chan struct{}),
-		log:       logSink{path: cr.LogPath},
+		log:       logSink{path: cr.LogPath, dir: cr.LogDir},
 		attaches:  attachSet{m: map[*attachment]struct{}{}},
 	}
 }

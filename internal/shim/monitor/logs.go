@@ -5,6 +5,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"time"
 	"unsafe"
@@ -24,6 +25,9 @@ const maxLogLine = 16 << 10
 // slow disk).
 type logSink struct {
 	path string // fixed at create; "" means no CRI log
+	// dir is the pod's log directory, path's ancestor: nothing between
+	// them may be a symlink (openLogFile).
+	dir string
 
 	mu sync.Mutex
 	f  *os.File
@@ -43,12 +47,9 @@ func (l *logSink) open() error {
 	if l.path == "" {
 		return nil
 	}
-	if err := os.MkdirAll(filepath.Dir(l.path), 0o755); err != nil {
-		return fmt.Errorf("create log dir: %w", err)
-	}
-	f, err := os.OpenFile(l.path, os.O_WRONLY|os.O_CREATE|os.O_APPEND|unix.O_CLOEXEC, 0o640)
+	f, err := openLogFile(l.dir, l.path)
 	if err != nil {
-		return fmt.Errorf("open log %s: %w", l.path, err)
+		return err
 	}
 	l.mu.Lock()
 	old := l.f
@@ -58,6 +59,74 @@ func (l *logSink) open() error {
 		old.Close()
 	}
 	return nil
+}
+
+// openLogFile opens the CRI log file path for appending, creating it
+// (and the directories between dir and it) as needed. The monitor runs as
+// root and the pod's log directory may be reachable from a container
+// (a log collector's hostPath volume, or a pod that mounts
+// /var/log/pods): a symlink or hard link planted there must not make a
+// container's output append to a host file (issue 34, finding 6). So
+// dir, the kubelet's own log_directory, is the only path resolved the
+// ordinary way; every component below it is opened with O_NOFOLLOW from
+// its parent's descriptor — which works on every kernel, unlike openat2's
+// RESOLVE_NO_SYMLINKS, and also lets the missing directories be made
+// beneath the same descriptors — and the file must be a regular file with
+// no other link. O_NONBLOCK keeps a planted FIFO from blocking the open.
+// An empty dir (an older berthd) is path's own directory.
+func openLogFile(dir, path string) (*os.File, error) {
+	if dir == "" {
+		dir = filepath.Dir(path)
+	}
+	rel, err := filepath.Rel(dir, path)
+	if !filepath.IsAbs(dir) || filepath.Clean(dir) != dir || !filepath.IsAbs(path) || err != nil ||
+		rel == "." || rel == ".." || strings.HasPrefix(rel, "../") {
+		return nil, fmt.Errorf("log %s is not beneath the pod's log directory %s: %w", path, dir, errdefs.ErrInvalidArgument)
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, fmt.Errorf("create log dir: %w", err)
+	}
+	dfd, err := unix.Open(dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, fmt.Errorf("open log dir %s: %w", dir, err)
+	}
+	defer func() { unix.Close(dfd) }()
+	parts := strings.Split(rel, "/")
+	for _, name := range parts[:len(parts)-1] {
+		if err := unix.Mkdirat(dfd, name, 0o755); err != nil && err != unix.EEXIST {
+			return nil, fmt.Errorf("create log dir %s: %w", filepath.Join(dir, name), err)
+		}
+		nfd, err := unix.Openat(dfd, name, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+		if err != nil {
+			return nil, fmt.Errorf("open log %s: %s is a symlink or not a directory (%w): %w",
+				path, name, err, errdefs.ErrFailedPrecondition)
+		}
+		unix.Close(dfd)
+		dfd = nfd
+	}
+	name := parts[len(parts)-1]
+	fd, err := unix.Openat(dfd, name, unix.O_WRONLY|unix.O_CREAT|unix.O_APPEND|unix.O_NOFOLLOW|unix.O_NONBLOCK|unix.O_CLOEXEC, 0o640)
+	if err != nil {
+		if err == unix.ELOOP || err == unix.ENXIO {
+			err = fmt.Errorf("%w: %w", err, errdefs.ErrFailedPrecondition)
+		}
+		return nil, fmt.Errorf("open log %s (symlinks refused): %w", path, err)
+	}
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		unix.Close(fd)
+		return nil, fmt.Errorf("stat log %s: %w", path, err)
+	}
+	if st.Mode&unix.S_IFMT != unix.S_IFREG || st.Nlink != 1 {
+		unix.Close(fd)
+		return nil, fmt.Errorf("log %s is not a regular file of one link (mode %#o, %d links): %w",
+			path, st.Mode, st.Nlink, errdefs.ErrFailedPrecondition)
+	}
+	if err := unix.SetNonblock(fd, false); err != nil {
+		unix.Close(fd)
+		return nil, fmt.Errorf("log %s: %w", path, err)
+	}
+	return os.NewFile(uintptr(fd), path), nil
 }
 
 func (l *logSink) close() {

@@ -81,18 +81,23 @@ func accept(ln *os.File) (*os.File, error) {
 }
 
 // recvFd reads one message from conn and returns the file descriptor it
-// carries (SCM_RIGHTS).
+// carries (SCM_RIGHTS): the runtime's console. Whatever else arrives with
+// it — more descriptors, in one control message or several — is closed:
+// the monitor lives as long as its pods, and a peer that sends more than
+// it should must not leave descriptors open in it (issue 34, finding 11).
 func recvFd(conn *os.File) (int, error) {
 	rc, err := conn.SyscallConn()
 	if err != nil {
 		return -1, err
 	}
 	buf := make([]byte, 256)
-	oob := make([]byte, unix.CmsgSpace(4))
-	var oobn int
+	// Room for a few descriptors: the kernel closes those that do not fit
+	// (MSG_CTRUNC), but ones that fit must be seen to be closed.
+	oob := make([]byte, unix.CmsgSpace(maxRecvFds*4))
+	var oobn, flags int
 	var rerr error
 	err = rc.Read(func(fd uintptr) bool {
-		_, oobn, _, _, rerr = unix.Recvmsg(int(fd), buf, oob, unix.MSG_CMSG_CLOEXEC)
+		_, oobn, flags, _, rerr = unix.Recvmsg(int(fd), buf, oob, unix.MSG_CMSG_CLOEXEC)
 		return rerr != unix.EAGAIN
 	})
 	if err != nil {
@@ -101,12 +106,14 @@ func recvFd(conn *os.File) (int, error) {
 	if rerr != nil {
 		return -1, os.NewSyscallError("recvmsg", rerr)
 	}
-	msgs, err := unix.ParseSocketControlMessage(oob[:oobn])
-	if err != nil || len(msgs) != 1 {
-		return -1, errBadConsole
+	msgs, perr := unix.ParseSocketControlMessage(oob[:oobn])
+	var fds []int
+	for i := range msgs {
+		if got, err := unix.ParseUnixRights(&msgs[i]); err == nil {
+			fds = append(fds, got...)
+		}
 	}
-	fds, err := unix.ParseUnixRights(&msgs[0])
-	if err != nil || len(fds) != 1 {
+	if perr != nil || len(fds) != 1 || flags&unix.MSG_CTRUNC != 0 {
 		for _, fd := range fds {
 			unix.Close(fd)
 		}
@@ -114,3 +121,6 @@ func recvFd(conn *os.File) (int, error) {
 	}
 	return fds[0], nil
 }
+
+// maxRecvFds is how many descriptors recvFd makes room for (it wants one).
+const maxRecvFds = 8

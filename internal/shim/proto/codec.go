@@ -70,6 +70,7 @@ func AppendRequest(b []byte, r *Request) []byte {
 		c2 := beginObject(o.b)
 		c2.str("bundle", c.Bundle)
 		c2.strOmit("log_path", c.LogPath)
+		c2.strOmit("log_dir", c.LogDir)
 		c2.key("runtime")
 		rt := beginObject(c2.b)
 		rt.str("binary", c.Runtime.Binary)
@@ -219,6 +220,8 @@ func (d *decoder) create(c *CreateRequest) error {
 			c.Bundle, err = d.str()
 		case "log_path":
 			c.LogPath, err = d.str()
+		case "log_dir":
+			c.LogDir, err = d.str()
 		case "runtime":
 			err = d.object(func(key string) (err error) {
 				switch key {

@@ -35,6 +35,8 @@ var wireRequests = []struct {
 	// Added since: a berthd of the previous version leaves them out.
 	{`{"op":"create","id":"c5","create":{"bundle":"/b","runtime":{"binary":"runc","root":"/r"},"restore":"/b/checkpoint","criu":"/usr/sbin/criu"}}`,
 		Request{Op: OpCreate, ID: "c5", Create: &CreateRequest{Bundle: "/b", Runtime: Runtime{Binary: "runc", Root: "/r"}, Restore: "/b/checkpoint", CRIU: "/usr/sbin/criu"}}},
+	{`{"op":"create","id":"c6","create":{"bundle":"/b","log_path":"/var/log/pods/x/c/0.log","log_dir":"/var/log/pods/x","runtime":{"binary":"runc","root":"/r"}}}`,
+		Request{Op: OpCreate, ID: "c6", Create: &CreateRequest{Bundle: "/b", LogPath: "/var/log/pods/x/c/0.log", LogDir: "/var/log/pods/x", Runtime: Runtime{Binary: "runc", Root: "/r"}}}},
 }
 
 var wireResponses = []struct {

@@ -26,8 +26,13 @@ type Runtime struct {
 // CreateRequest is what OpCreate needs: a bundle the runtime creates, the
 // CRI log file and the container's stdio.
 type CreateRequest struct {
-	Bundle    string  // "bundle"
-	LogPath   string  // "log_path", omitted when empty (no CRI log)
+	Bundle  string // "bundle"
+	LogPath string // "log_path", omitted when empty (no CRI log)
+	// LogDir is the pod's log directory (CRI log_directory), LogPath's
+	// ancestor: the monitor opens the log file beneath it without
+	// following a symlink. Omitted when empty (an older berthd: the
+	// monitor takes LogPath's own directory).
+	LogDir    string  // "log_dir"
 	Runtime   Runtime // "runtime"
 	Stdin     bool    // "stdin"
 	StdinOnce bool    // "stdin_once"
