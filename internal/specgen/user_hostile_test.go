@@ -6,6 +6,8 @@ import (
 	"path/filepath"
 	"runtime"
 	"slices"
+	"strconv"
+	"strings"
 	"testing"
 
 	specs "github.com/opencontainers/runtime-spec/specs-go"
@@ -184,5 +186,31 @@ func TestResolveUserDatabaseMemoryBounded(t *testing.T) {
 		in.Image.Config.User = "berthuser"
 		_, err := resolveUser(&in)
 		wantErr(t, err, errInvalid)
+	})
+}
+
+// FuzzResolveUser: whatever the image's /etc/passwd, /etc/group and USER
+// hold, resolving never panics, and a USER that is a number runs as
+// that number or is refused: never as another uid (root above all).
+func FuzzResolveUser(f *testing.F) {
+	f.Add("root:x:0:0::/:/bin/sh\n-1:x:0:0::/:\napp:x:1000:1000::/:\n", "app:x:1000:\ng:x:5:a,app,b\n", "app")
+	f.Add("-1:x:0:0::/:\n", "", "-1")
+	f.Add("a:x:1:1\n", "g:x:2:a\n", "1:g")
+	f.Add("+7:x:0:0\n", "", "+7")
+	f.Fuzz(func(t *testing.T, passwd, group, user string) {
+		in := testInput(t)
+		writeEtc(t, in.RootfsPath, passwd, group)
+		in.Image.Config.User = user
+		got, err := resolveUser(&in)
+		if err != nil {
+			return
+		}
+		userPart, _, _ := strings.Cut(user, ":")
+		if n, perr := strconv.ParseInt(userPart, 10, 64); perr == nil && int64(got.UID) != n {
+			t.Fatalf("USER %q ran as uid %d", user, got.UID)
+		}
+		if got.UID > maxID || got.GID > maxID {
+			t.Fatalf("USER %q: ids out of runc's range: %+v", user, got)
+		}
 	})
 }
