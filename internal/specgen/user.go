@@ -126,6 +126,9 @@ const (
 type userDB struct {
 	root string
 	buf  []byte // the line buffer, shared by the scans
+	// uidName is the passwd name of uidNamed, when lookup scanned for it.
+	uidNamed bool
+	uidName  string
 }
 
 // lookup resolves user ("name" or "uid") and optional group ("name" or
@@ -138,16 +141,19 @@ func (db *userDB) lookup(user, group string) (specs.User, error) {
 	if uid, err := parseID(user); err == nil {
 		u.UID = uid
 		if group == "" {
-			if _, gid, ok, err := db.findUser(func(_ string, id uint32) bool { return id == uid }); err != nil {
+			name, _, gid, ok, err := db.findUser(func(_ string, id uint32) bool { return id == uid })
+			if err != nil {
 				return u, err
-			} else if ok {
+			}
+			if ok {
 				u.GID = gid
 			}
+			db.uidNamed, db.uidName = true, name
 		}
 	} else if errors.Is(err, errOutOfRange) {
 		return u, invalid("uid %q out of range", user)
 	} else {
-		uid, gid, ok, err := db.findUser(func(name string, _ uint32) bool { return name == user })
+		_, uid, gid, ok, err := db.findUser(func(name string, _ uint32) bool { return name == user })
 		if err != nil {
 			return u, err
 		}
@@ -186,9 +192,9 @@ func (db *userDB) lookup(user, group string) (specs.User, error) {
 	return u, nil
 }
 
-// findUser is the uid and gid of the first valid passwd entry match
-// accepts.
-func (db *userDB) findUser(match func(name string, uid uint32) bool) (uid, gid uint32, ok bool, err error) {
+// findUser is the name, uid and gid of the first valid passwd entry
+// match accepts.
+func (db *userDB) findUser(match func(name string, uid uint32) bool) (name string, uid, gid uint32, ok bool, err error) {
 	err = db.scan("/etc/passwd", func(f *[4][]byte, n int) bool {
 		if n < 4 || len(f[0]) == 0 {
 			return false
@@ -199,28 +205,18 @@ func (db *userDB) findUser(match func(name string, uid uint32) bool) (uid, gid u
 		if err1 != nil || err2 != nil || !match(string(f[0]), u) {
 			return false
 		}
-		uid, gid, ok = u, g, true
+		name, uid, gid, ok = string(f[0]), u, g, true
 		return true
 	})
-	return uid, gid, ok, err
+	return name, uid, gid, ok, err
 }
 
-// nameOf is the passwd name of uid, or "".
+// nameOf is the passwd name of uid, or "": what lookup found, else a scan.
 func (db *userDB) nameOf(uid uint32) (string, error) {
-	var name string
-	err := db.scan("/etc/passwd", func(f *[4][]byte, n int) bool {
-		if n < 4 || len(f[0]) == 0 {
-			return false
-		}
-		gidField, _, _ := bytes.Cut(f[3], []byte{':'})
-		u, err1 := parseID(string(f[2]))
-		_, err2 := parseID(string(gidField))
-		if err1 != nil || err2 != nil || u != uid {
-			return false
-		}
-		name = string(f[0])
-		return true
-	})
+	if db.uidNamed {
+		return db.uidName, nil
+	}
+	name, _, _, _, err := db.findUser(func(_ string, id uint32) bool { return id == uid })
 	return name, err
 }
 
