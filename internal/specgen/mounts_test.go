@@ -67,6 +67,7 @@ func TestApplyMounts(t *testing.T) {
 		optional   string // host mount's propagation in mountinfo
 		rro        bool   // runtime supports rro
 		privileged bool
+		selinux    bool // the host runs SELinux
 		err        error
 		checks     []check
 	}{
@@ -81,6 +82,20 @@ func TestApplyMounts(t *testing.T) {
 			},
 		}},
 		{name: "privileged sysfs and cgroup rw", privileged: true, checks: []check{hasOpts("/sys", "rw"), hasOpts("/sys/fs/cgroup", "rw")}},
+		// berth never relabels: relabelling a hostPath relabels host
+		// files (CVE-2021-43816), so on an SELinux host it is refused,
+		// and elsewhere it is a no-op (no relabel option reaches runc).
+		{name: "selinux relabel refused on SELinux host", selinux: true, mounts: func(h string) []*runtime.Mount {
+			return []*runtime.Mount{{ContainerPath: "/data", HostPath: h, SelinuxRelabel: true}}
+		}, err: errInvalid},
+		{name: "selinux relabel ignored without SELinux", mounts: func(h string) []*runtime.Mount {
+			return []*runtime.Mount{{ContainerPath: "/data", HostPath: h, SelinuxRelabel: true}}
+		}, checks: []check{func(t *testing.T, s *specs.Spec, _ string) {
+			m := findMount(s.Mounts, "/data")
+			if m == nil || slices.ContainsFunc(m.Options, func(o string) bool { return o == "z" || o == "Z" || strings.HasPrefix(o, "context=") }) {
+				t.Fatalf("relabel reached the spec: %+v", m)
+			}
+		}}},
 		{name: "bind rw private", mounts: func(h string) []*runtime.Mount {
 			return []*runtime.Mount{{ContainerPath: "/data", HostPath: h}}
 		}, checks: []check{hasOpts("/data", "rbind", "rprivate", "rw"), propagation("")}},
@@ -194,6 +209,7 @@ func TestApplyMounts(t *testing.T) {
 			host := t.TempDir()
 			in.Host.MountInfoPath = fakeMountinfo(t, host, tc.optional)
 			in.Host.RecursiveReadOnly = tc.rro
+			in.Host.SELinux = tc.selinux
 			sc(&in).Privileged = tc.privileged
 			if tc.mounts != nil {
 				in.Config.Mounts = tc.mounts(host)

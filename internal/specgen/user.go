@@ -1,7 +1,7 @@
 package specgen
 
 import (
-	"bufio"
+	"bytes"
 	"errors"
 	"fmt"
 	"io"
@@ -28,18 +28,6 @@ func applyUser(in *Input, s *specs.Spec) error {
 	}
 	s.Process.User = u
 	return nil
-}
-
-// passwdEntry is one line of /etc/passwd; groupEntry one of /etc/group.
-type passwdEntry struct {
-	name     string
-	uid, gid uint32
-}
-
-type groupEntry struct {
-	name    string
-	gid     uint32
-	members []string
 }
 
 // resolveUser picks the user string as containerd does (RunAsUsername,
@@ -92,19 +80,17 @@ func resolveUser(in *Input) (specs.User, error) {
 		// Groups whose member list names the user, as containerd's
 		// WithAdditionalGIDs (by the user's name; a uid not in passwd has none).
 		name := userPart
-		if _, err := strconv.Atoi(userPart); err == nil {
-			name = db.nameOf(u.UID)
+		if _, err := parseID(userPart); err == nil {
+			if name, err = db.nameOf(u.UID); err != nil {
+				return specs.User{}, err
+			}
 		}
 		if name != "" {
-			groups, err := db.groups()
+			gids, err := db.memberOf(name)
 			if err != nil {
 				return specs.User{}, err
 			}
-			for _, g := range groups {
-				if g.name != name && slices.Contains(g.members, name) {
-					extra = append(extra, g.gid)
-				}
-			}
+			extra = append(extra, gids...)
 		}
 	case runtime.SupplementalGroupsPolicy_Strict:
 	default:
@@ -124,46 +110,57 @@ func resolveUser(in *Input) (specs.User, error) {
 	return u, nil
 }
 
-// userDB reads /etc/passwd and /etc/group inside a rootfs, once each.
+// The image's /etc/passwd and /etc/group are hostile input: each is
+// refused above maxUserDBSize bytes or with a line above maxUserDBLine,
+// and is scanned line by line for what the lookup needs, never split into
+// entries or member lists, so that memory stays one line's buffer however
+// the file is built (1 MiB of "a,a,a,…" would be 8 MiB of string headers
+// split; CVE-2026-47262, CVE-2025-4437).
+const (
+	maxUserDBSize = 16 << 20
+	maxUserDBLine = 1 << 20
+)
+
+// userDB looks users and groups up in a rootfs's /etc/passwd and
+// /etc/group, scanning the file for each lookup.
 type userDB struct {
-	root       string
-	passwdRead bool
-	passwd     []passwdEntry
-	groupRead  bool
-	group      []groupEntry
+	root string
+	buf  []byte // the line buffer, shared by the scans
+	// uidName is the passwd name of uidNamed, when lookup scanned for it.
+	uidNamed bool
+	uidName  string
 }
 
 // lookup resolves user ("name" or "uid") and optional group ("name" or
 // "gid"). A numeric uid missing from passwd runs with gid 0 (containerd);
-// a name must exist.
+// a name must exist. A string that is a number (what ImageStatus reports
+// as a uid) is never looked up as a name, so that "-1" or "4294967296"
+// cannot become a passwd name mapped to root (CVE-2026-46680).
 func (db *userDB) lookup(user, group string) (specs.User, error) {
 	var u specs.User
 	if uid, err := parseID(user); err == nil {
 		u.UID = uid
 		if group == "" {
-			users, err := db.users()
+			name, _, gid, ok, err := db.findUser(func(_ string, id uint32) bool { return id == uid })
 			if err != nil {
 				return u, err
 			}
-			for _, e := range users {
-				if e.uid == uid {
-					u.GID = e.gid
-					break
-				}
+			if ok {
+				u.GID = gid
 			}
+			db.uidNamed, db.uidName = true, name
 		}
 	} else if errors.Is(err, errOutOfRange) {
 		return u, invalid("uid %q out of range", user)
 	} else {
-		users, err := db.users()
+		_, uid, gid, ok, err := db.findUser(func(name string, _ uint32) bool { return name == user })
 		if err != nil {
 			return u, err
 		}
-		i := slices.IndexFunc(users, func(e passwdEntry) bool { return e.name == user })
-		if i < 0 {
+		if !ok {
 			return u, invalid("user %q not found in the image's /etc/passwd", user)
 		}
-		u.UID, u.GID = users[i].uid, users[i].gid
+		u.UID, u.GID = uid, gid
 	}
 	if group == "" {
 		return u, nil
@@ -174,94 +171,128 @@ func (db *userDB) lookup(user, group string) (specs.User, error) {
 	} else if errors.Is(err, errOutOfRange) {
 		return u, invalid("gid %q out of range", group)
 	}
-	groups, err := db.groups()
+	found := false
+	err := db.scan("/etc/group", func(f *[4][]byte, n int) bool {
+		if n < 3 || string(f[0]) != group {
+			return false
+		}
+		gid, err := parseID(string(f[2]))
+		if err != nil {
+			return false
+		}
+		u.GID, found = gid, true
+		return true
+	})
 	if err != nil {
 		return u, err
 	}
-	i := slices.IndexFunc(groups, func(e groupEntry) bool { return e.name == group })
-	if i < 0 {
+	if !found {
 		return u, invalid("group %q not found in the image's /etc/group", group)
 	}
-	u.GID = groups[i].gid
 	return u, nil
 }
 
-// nameOf is the passwd name of uid, or "".
-func (db *userDB) nameOf(uid uint32) string {
-	users, err := db.users()
-	if err != nil {
-		return ""
-	}
-	for _, e := range users {
-		if e.uid == uid {
-			return e.name
+// findUser is the name, uid and gid of the first valid passwd entry
+// match accepts.
+func (db *userDB) findUser(match func(name string, uid uint32) bool) (name string, uid, gid uint32, ok bool, err error) {
+	err = db.scan("/etc/passwd", func(f *[4][]byte, n int) bool {
+		if n < 4 || len(f[0]) == 0 {
+			return false
 		}
-	}
-	return ""
+		gidField, _, _ := bytes.Cut(f[3], []byte{':'})
+		u, err1 := parseID(string(f[2]))
+		g, err2 := parseID(string(gidField))
+		if err1 != nil || err2 != nil || !match(string(f[0]), u) {
+			return false
+		}
+		name, uid, gid, ok = string(f[0]), u, g, true
+		return true
+	})
+	return name, uid, gid, ok, err
 }
 
-var errOutOfRange = errors.New("id out of range")
-
-// parseID parses a decimal uid/gid within runc's range.
-func parseID(s string) (uint32, error) {
-	v, err := strconv.ParseUint(s, 10, 64)
-	if err != nil {
-		if errors.Is(err, strconv.ErrRange) {
-			return 0, errOutOfRange
-		}
-		return 0, err
+// nameOf is the passwd name of uid, or "": what lookup found, else a scan.
+func (db *userDB) nameOf(uid uint32) (string, error) {
+	if db.uidNamed {
+		return db.uidName, nil
 	}
-	if v > maxID {
+	name, _, _, _, err := db.findUser(func(_ string, id uint32) bool { return id == uid })
+	return name, err
+}
+
+// memberOf is the gids of the groups, other than one named name, whose
+// member list names name (containerd's WithAdditionalGIDs).
+func (db *userDB) memberOf(name string) ([]uint32, error) {
+	var gids []uint32
+	err := db.scan("/etc/group", func(f *[4][]byte, n int) bool {
+		if n < 4 || len(f[0]) == 0 || string(f[0]) == name {
+			return false
+		}
+		members, _, _ := bytes.Cut(f[3], []byte{':'})
+		if !hasMember(members, name) {
+			return false
+		}
+		if gid, err := parseID(string(f[2])); err == nil && !slices.Contains(gids, gid) {
+			gids = append(gids, gid)
+		}
+		return false
+	})
+	return gids, err
+}
+
+// hasMember reports whether the comma-separated list names name.
+func hasMember(list []byte, name string) bool {
+	for len(list) > 0 {
+		var m []byte
+		m, list, _ = bytes.Cut(list, []byte{','})
+		if string(m) == name {
+			return true
+		}
+	}
+	return false
+}
+
+var (
+	errOutOfRange = errors.New("id out of range")
+	errNotNumber  = errors.New("not a number")
+)
+
+// parseID parses a decimal uid/gid within runc's range. Anything that
+// strconv.ParseInt reads as a number (a sign, then digits) is a number:
+// negative or above maxID it is errOutOfRange, never a name.
+func parseID(s string) (uint32, error) {
+	neg := false
+	if s != "" && (s[0] == '+' || s[0] == '-') {
+		neg, s = s[0] == '-', s[1:]
+	}
+	if s == "" {
+		return 0, errNotNumber
+	}
+	var v uint64
+	over := false
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if c < '0' || c > '9' {
+			return 0, errNotNumber
+		}
+		if v > maxID {
+			over = true
+			continue
+		}
+		v = v*10 + uint64(c-'0')
+	}
+	if over || v > maxID || (neg && v != 0) {
 		return 0, errOutOfRange
 	}
 	return uint32(v), nil
 }
 
-func (db *userDB) users() ([]passwdEntry, error) {
-	if db.passwdRead {
-		return db.passwd, nil
-	}
-	db.passwdRead = true
-	err := db.readLines("/etc/passwd", func(f []string) {
-		if len(f) < 4 {
-			return
-		}
-		uid, err1 := parseID(f[2])
-		gid, err2 := parseID(f[3])
-		if f[0] == "" || err1 != nil || err2 != nil {
-			return
-		}
-		db.passwd = append(db.passwd, passwdEntry{name: f[0], uid: uid, gid: gid})
-	})
-	return db.passwd, err
-}
-
-func (db *userDB) groups() ([]groupEntry, error) {
-	if db.groupRead {
-		return db.group, nil
-	}
-	db.groupRead = true
-	err := db.readLines("/etc/group", func(f []string) {
-		if len(f) < 3 {
-			return
-		}
-		gid, err := parseID(f[2])
-		if f[0] == "" || err != nil {
-			return
-		}
-		g := groupEntry{name: f[0], gid: gid}
-		if len(f) > 3 && f[3] != "" {
-			g.members = strings.Split(f[3], ",")
-		}
-		db.group = append(db.group, g)
-	})
-	return db.group, err
-}
-
-// readLines calls fn with the colon-separated fields of each line of the
-// file at name inside the rootfs. A missing file (or no rootfs) is empty:
-// images without /etc/passwd run numeric users fine.
-func (db *userDB) readLines(name string, fn func([]string)) error {
+// scan calls fn with the colon-separated fields of each line of the file
+// at name inside the rootfs (the fourth field holds the rest of the
+// line), until fn returns true. A missing file (or no rootfs) is empty:
+// images without /etc/passwd run numeric users fine. The fields alias
+// the line buffer: fn must copy what it keeps.
+func (db *userDB) scan(name string, fn func(f *[4][]byte, n int) bool) error {
 	if db.root == "" {
 		return nil
 	}
@@ -274,26 +305,77 @@ func (db *userDB) readLines(name string, fn func([]string)) error {
 	}
 	defer h.Close()
 	// Only a regular file: a FIFO planted by the image would block the open.
-	if st, err := h.Stat(); err != nil || !st.Mode().IsRegular() {
+	st, err := h.Stat()
+	if err != nil || !st.Mode().IsRegular() {
 		return invalid("%s in the image is not a regular file", name)
+	}
+	if st.Size() > maxUserDBSize {
+		return invalid("%s in the image is %d bytes, over the limit of %d", name, st.Size(), maxUserDBSize)
 	}
 	f, err := pathrs.Reopen(h, unix.O_RDONLY|unix.O_CLOEXEC)
 	if err != nil {
 		return fmt.Errorf("open %s in rootfs: %w", name, err)
 	}
 	defer f.Close()
-	// A hostile image may ship a huge file; a few MiB is plenty.
-	sc := bufio.NewScanner(io.LimitReader(f, 16<<20))
-	sc.Buffer(make([]byte, 0, 4096), 1<<20)
-	for sc.Scan() {
-		line := strings.TrimSpace(sc.Text())
-		if line == "" || strings.HasPrefix(line, "#") {
-			continue
+	// One line, and its newline, fits the buffer; a file shorter than a
+	// line needs no more than itself.
+	if need := int(min(st.Size(), maxUserDBLine)) + 1; len(db.buf) < need {
+		db.buf = make([]byte, need)
+	}
+	buf := db.buf
+	r := io.LimitReader(f, maxUserDBSize)
+	var fields [4][]byte
+	line := func(l []byte) bool {
+		l = bytes.TrimSpace(l)
+		if len(l) == 0 || l[0] == '#' {
+			return false
 		}
-		fn(strings.Split(line, ":"))
+		return fn(&fields, splitFields(l, &fields))
 	}
-	if err := sc.Err(); err != nil {
-		return fmt.Errorf("read %s in rootfs: %w", name, err)
+	held := 0
+	for {
+		n, rerr := r.Read(buf[held:])
+		held += n
+		start := 0
+		for {
+			i := bytes.IndexByte(buf[start:held], '\n')
+			if i < 0 {
+				break
+			}
+			if line(buf[start : start+i]) {
+				return nil
+			}
+			start += i + 1
+		}
+		held = copy(buf, buf[start:held])
+		if errors.Is(rerr, io.EOF) {
+			if held > 0 {
+				line(buf[:held])
+			}
+			return nil
+		}
+		if rerr != nil {
+			return fmt.Errorf("read %s in rootfs: %w", name, rerr)
+		}
+		if held == len(buf) {
+			return invalid("%s in the image has a line over %d bytes", name, maxUserDBLine)
+		}
 	}
-	return nil
+}
+
+// splitFields cuts line at its first three colons into f and says how
+// many fields it found; the last holds the rest of the line.
+func splitFields(line []byte, f *[4][]byte) int {
+	n := 0
+	for n < len(f)-1 {
+		field, rest, ok := bytes.Cut(line, []byte{':'})
+		f[n] = field
+		n++
+		if !ok {
+			return n
+		}
+		line = rest
+	}
+	f[n] = line
+	return n + 1
 }
