@@ -142,6 +142,10 @@ func StartHolder(m Mapping, o HolderOptions) (*exec.Cmd, error) {
 		UidMappings:                []syscall.SysProcIDMap{{ContainerID: int(m.UID.ContainerID), HostID: int(m.UID.HostID), Size: int(m.UID.Size)}},
 		GidMappings:                []syscall.SysProcIDMap{{ContainerID: int(m.GID.ContainerID), HostID: int(m.GID.HostID), Size: int(m.GID.Size)}},
 		GidMappingsEnableSetgroups: true,
+		// The namespace's root (berthd's uid 0 is not mapped in it), so
+		// that berth-pause has the capabilities over its own mount
+		// namespace to pivot into an empty root before it drops them.
+		Credential: &syscall.Credential{Uid: 0, Gid: 0},
 		// Its own process group keeps signals to berthd's group away.
 		Setpgid: true,
 	}
