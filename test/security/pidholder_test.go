@@ -51,7 +51,7 @@ func TestSharedPIDHolderExposesNothingOfTheHost(t *testing.T) {
 			Gids: []*criapi.IDMapping{{ContainerId: 0, HostId: 1000, Length: 100000}}}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			d := berthdtest.Start(t, berthdtest.Options{
+			e := startPhEnv(t, berthdtest.Options{
 				Env: []string{pidHolderSecret},
 				Configure: func(c *config.Config) {
 					// A user namespace's root must reach its rootfs
@@ -63,57 +63,13 @@ func TestSharedPIDHolderExposesNothingOfTheHost(t *testing.T) {
 					}
 				},
 			})
-			ctx := ctxT(t)
-			reg := testimages.StartRegistry(t)
-			reg.PushStandard(t)
-			img := reg.Ref("busybox:latest")
-			if _, err := d.Image.PullImage(ctx, &criapi.PullImageRequest{Image: &criapi.ImageSpec{Image: img}}); err != nil {
-				t.Fatalf("pull: %v", err)
-			}
 			nsOpts := &criapi.NamespaceOption{Pid: criapi.NamespaceMode_POD, UsernsOptions: tc.userns}
-			name := "pidholder-" + strings.ReplaceAll(tc.name, " ", "-")
-			pod := &criapi.PodSandboxConfig{
-				Metadata:     &criapi.PodSandboxMetadata{Name: name, Namespace: "default", Uid: name + "-uid"},
-				Hostname:     name,
-				LogDirectory: filepath.Join(d.Dir, "podlogs"),
-				Linux: &criapi.LinuxPodSandboxConfig{SecurityContext: &criapi.LinuxSandboxSecurityContext{
-					NamespaceOptions: nsOpts,
-				}},
-			}
-			run, err := d.Runtime.RunPodSandbox(ctx, &criapi.RunPodSandboxRequest{Config: pod})
-			if err != nil {
-				t.Fatalf("RunPodSandbox: %v", err)
-			}
-			t.Cleanup(func() {
-				_, _ = d.Runtime.StopPodSandbox(ctxT(t), &criapi.StopPodSandboxRequest{PodSandboxId: run.PodSandboxId})
-				_, _ = d.Runtime.RemovePodSandbox(ctxT(t), &criapi.RemovePodSandboxRequest{PodSandboxId: run.PodSandboxId})
-			})
-			ctr := &criapi.ContainerConfig{
-				Metadata: &criapi.ContainerMetadata{Name: "tracer"},
-				Image:    &criapi.ImageSpec{Image: img},
-				Command:  []string{"sleep", "600"},
-				LogPath:  "tracer.log",
-				Linux: &criapi.LinuxContainerConfig{SecurityContext: &criapi.LinuxContainerSecurityContext{
-					NamespaceOptions: nsOpts,
-					Capabilities:     &criapi.Capability{AddCapabilities: []string{"SYS_PTRACE"}},
-					Apparmor:         &criapi.SecurityProfile{ProfileType: criapi.SecurityProfile_Unconfined},
-				}},
-			}
-			cr, err := d.Runtime.CreateContainer(ctx, &criapi.CreateContainerRequest{PodSandboxId: run.PodSandboxId, Config: ctr, SandboxConfig: pod})
-			if err != nil {
-				t.Fatalf("CreateContainer: %v", err)
-			}
-			if _, err := d.Runtime.StartContainer(ctx, &criapi.StartContainerRequest{ContainerId: cr.ContainerId}); err != nil {
-				t.Fatalf("StartContainer: %v", err)
-			}
-			sh := func(script string) (string, int32) {
-				t.Helper()
-				r, err := d.Runtime.ExecSync(ctx, &criapi.ExecSyncRequest{ContainerId: cr.ContainerId, Cmd: []string{"sh", "-c", script}, Timeout: 30})
-				if err != nil {
-					t.Fatalf("exec %q: %v", script, err)
-				}
-				return string(r.Stdout) + string(r.Stderr), r.ExitCode
-			}
+			pod, podID := e.runPod(t, "pidholder-"+strings.ReplaceAll(tc.name, " ", "-"), nsOpts)
+			ctr := e.container("tracer", nsOpts)
+			ctr.Linux.SecurityContext.Capabilities = &criapi.Capability{AddCapabilities: []string{"SYS_PTRACE"}}
+			ctr.Linux.SecurityContext.Apparmor = &criapi.SecurityProfile{ProfileType: criapi.SecurityProfile_Unconfined}
+			id := e.runContainer(t, podID, pod, ctr)
+			sh := func(script string) (string, int32) { t.Helper(); return e.sh(t, id, script) }
 
 			// The container did get what the attacker needs: pid 1 is
 			// the holder, and CAP_SYS_PTRACE (bit 19) is effective.
@@ -165,4 +121,82 @@ func hasCapBit(t *testing.T, line string, bit uint) bool {
 		t.Fatalf("parse %q: %v", line, err)
 	}
 	return mask&(1<<bit) != 0
+}
+
+// phEnv is a berthd with busybox pulled, for the tests of this file and
+// of sockets_test.go and fdleak_test.go.
+type phEnv struct {
+	d   *berthdtest.Daemon
+	img string
+}
+
+func startPhEnv(t *testing.T, opts berthdtest.Options) *phEnv {
+	t.Helper()
+	d := berthdtest.Start(t, opts)
+	reg := testimages.StartRegistry(t)
+	reg.PushStandard(t)
+	img := reg.Ref("busybox:latest")
+	if _, err := d.Image.PullImage(ctxT(t), &criapi.PullImageRequest{Image: &criapi.ImageSpec{Image: img}}); err != nil {
+		t.Fatalf("pull: %v", err)
+	}
+	return &phEnv{d: d, img: img}
+}
+
+// runPod runs a pod with namespace options ns; it is removed at the end.
+func (e *phEnv) runPod(t *testing.T, name string, ns *criapi.NamespaceOption) (*criapi.PodSandboxConfig, string) {
+	t.Helper()
+	pod := &criapi.PodSandboxConfig{
+		Metadata:     &criapi.PodSandboxMetadata{Name: name, Namespace: "default", Uid: name + "-uid"},
+		Hostname:     name,
+		LogDirectory: filepath.Join(e.d.Dir, "podlogs"),
+		Linux: &criapi.LinuxPodSandboxConfig{SecurityContext: &criapi.LinuxSandboxSecurityContext{
+			NamespaceOptions: ns,
+		}},
+	}
+	run, err := e.d.Runtime.RunPodSandbox(ctxT(t), &criapi.RunPodSandboxRequest{Config: pod})
+	if err != nil {
+		t.Fatalf("RunPodSandbox %s: %v", name, err)
+	}
+	t.Cleanup(func() {
+		_, _ = e.d.Runtime.StopPodSandbox(ctxT(t), &criapi.StopPodSandboxRequest{PodSandboxId: run.PodSandboxId})
+		_, _ = e.d.Runtime.RemovePodSandbox(ctxT(t), &criapi.RemovePodSandboxRequest{PodSandboxId: run.PodSandboxId})
+	})
+	return pod, run.PodSandboxId
+}
+
+// container is a busybox container sleeping, with namespace options ns.
+func (e *phEnv) container(name string, ns *criapi.NamespaceOption) *criapi.ContainerConfig {
+	return &criapi.ContainerConfig{
+		Metadata: &criapi.ContainerMetadata{Name: name},
+		Image:    &criapi.ImageSpec{Image: e.img},
+		Command:  []string{"sleep", "600"},
+		LogPath:  name + ".log",
+		Linux: &criapi.LinuxContainerConfig{SecurityContext: &criapi.LinuxContainerSecurityContext{
+			NamespaceOptions: ns,
+		}},
+	}
+}
+
+func (e *phEnv) runContainer(t *testing.T, podID string, pod *criapi.PodSandboxConfig, ctr *criapi.ContainerConfig) string {
+	t.Helper()
+	ctx := ctxT(t)
+	cr, err := e.d.Runtime.CreateContainer(ctx, &criapi.CreateContainerRequest{PodSandboxId: podID, Config: ctr, SandboxConfig: pod})
+	if err != nil {
+		t.Fatalf("CreateContainer %s: %v", ctr.Metadata.Name, err)
+	}
+	if _, err := e.d.Runtime.StartContainer(ctx, &criapi.StartContainerRequest{ContainerId: cr.ContainerId}); err != nil {
+		t.Fatalf("StartContainer %s: %v", ctr.Metadata.Name, err)
+	}
+	return cr.ContainerId
+}
+
+// sh runs script in the container (ExecSync) and returns its stdout and
+// stderr together, and its exit code.
+func (e *phEnv) sh(t *testing.T, id, script string) (string, int32) {
+	t.Helper()
+	r, err := e.d.Runtime.ExecSync(ctxT(t), &criapi.ExecSyncRequest{ContainerId: id, Cmd: []string{"sh", "-c", script}, Timeout: 30})
+	if err != nil {
+		t.Fatalf("exec %q: %v", script, err)
+	}
+	return string(r.Stdout) + string(r.Stderr), r.ExitCode
 }
