@@ -23,12 +23,17 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/berthcri/berth/internal/fdsafe"
 	"github.com/berthcri/berth/internal/shim/keeper"
 	"github.com/berthcri/berth/internal/shim/monitor"
 	"github.com/berthcri/berth/internal/shim/proto"
 )
 
 func main() {
+	// The descriptors the keeper and the monitor are handed (readiness
+	// pipe, launch lock, the monitor's link to the keeper) and anything
+	// else inherited stay theirs: no runc they start gets one.
+	fdsafe.CloseOnExecFrom3()
 	if len(os.Args) < 2 || (os.Args[1] != "keeper" && os.Args[1] != "monitor") {
 		fmt.Fprintln(os.Stderr, "usage: berth-shim keeper|monitor --dir <shims>/.node")
 		os.Exit(2)

@@ -24,6 +24,7 @@ import (
 
 	"github.com/berthcri/berth/internal/config"
 	"github.com/berthcri/berth/internal/daemon"
+	"github.com/berthcri/berth/internal/fdsafe"
 )
 
 // version is set at build time with -ldflags "-X main.version=...":
@@ -67,6 +68,9 @@ func isSemver(v string) bool {
 }
 
 func main() {
+	// Whatever berthd inherited beyond stdio must not reach the shim,
+	// runc or a CNI plugin.
+	fdsafe.CloseOnExecFrom3()
 	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
 }
 

@@ -245,7 +245,8 @@ func (d *Draft) Commit(ctx context.Context, spec *specs.Spec, resources *runtime
 
 // writeBundle points the spec at the container's rootfs and writes it as
 // the bundle's config.json with write. Masked paths that are symlinks in
-// the image become plain files first (replaceMaskedSymlinks). The runtime
+// the image become plain files first (replaceMaskedSymlinks), and so does
+// a /dev that is one (replaceDevSymlink). The runtime
 // reads the file at once; later only a running container's stats, exec
 // and NRI views read it, and none runs after a power loss, so it needs
 // no fsync before the create goes on (decision 1600).
@@ -254,6 +255,9 @@ func writeBundle(dir, rootfs string, readonly bool, spec *specs.Spec, write func
 		spec.Root = &specs.Root{}
 	}
 	spec.Root.Path, spec.Root.Readonly = rootfs, readonly
+	if err := replaceDevSymlink(rootfs); err != nil {
+		return err
+	}
 	if spec.Linux != nil {
 		if err := replaceMaskedSymlinks(rootfs, spec.Linux.MaskedPaths, spec.Mounts); err != nil {
 			return err

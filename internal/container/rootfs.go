@@ -214,6 +214,36 @@ func unmountImageVolumes(dir string) error {
 	return errors.Join(errs...)
 }
 
+// replaceDevSymlink makes the image's /dev an empty directory in the
+// container's writable layer when it is a symlink (CVE-2026-41579): runc
+// before 1.3.6 and 1.4.3 mounts /dev's tmpfs where the link leads inside
+// the rootfs, but then removes ptmx and creates its /dev symlinks (fd,
+// stdin, stdout, stderr, ptmx) through a plain join of the rootfs path,
+// which follows an absolute link to the host. berth always mounts a tmpfs
+// on /dev, so what the image has there is never seen and an empty
+// directory loses nothing: Docker's read-only init layer does the same.
+// berth does it whatever the runc, as containerd does not.
+func replaceDevSymlink(rootfs string) error {
+	p := filepath.Join(rootfs, "dev")
+	fi, err := os.Lstat(p)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("image /dev: %w", err)
+	}
+	if fi.Mode()&os.ModeSymlink == 0 {
+		return nil
+	}
+	if err := os.Remove(p); err != nil {
+		return fmt.Errorf("image /dev is a symlink: replace it: %w", err)
+	}
+	if err := os.Mkdir(p, 0o755); err != nil {
+		return fmt.Errorf("image /dev is a symlink: replace it: %w", err)
+	}
+	return nil
+}
+
 // replaceMaskedSymlinks makes a masked path that is a symlink in the
 // rootfs an empty file (or directory, if the link leads to one) in the
 // container's writable layer. The runtime masks a path by mounting over

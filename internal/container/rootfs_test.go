@@ -56,3 +56,50 @@ func TestReplaceMaskedSymlinks(t *testing.T) {
 		t.Fatalf("busybox: %q, %v", data, err)
 	}
 }
+
+// An image's /dev that is a symlink (CVE-2026-41579) becomes an empty
+// directory; its target, on the host here, is left alone. A real /dev and
+// a rootfs without one are untouched.
+func TestReplaceDevSymlink(t *testing.T) {
+	host := t.TempDir()
+	if err := os.WriteFile(filepath.Join(host, "ptmx"), []byte("host"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for name, setup := range map[string]func(root string) error{
+		"absolute link": func(root string) error { return os.Symlink(host, filepath.Join(root, "dev")) },
+		"relative link": func(root string) error { return os.Symlink("../../../../../.."+host, filepath.Join(root, "dev")) },
+		"directory": func(root string) error {
+			if err := os.Mkdir(filepath.Join(root, "dev"), 0o755); err != nil {
+				return err
+			}
+			return os.WriteFile(filepath.Join(root, "dev", "keep"), nil, 0o644)
+		},
+		"none": func(string) error { return nil },
+	} {
+		t.Run(name, func(t *testing.T) {
+			root := t.TempDir()
+			if err := setup(root); err != nil {
+				t.Fatal(err)
+			}
+			if err := replaceDevSymlink(root); err != nil {
+				t.Fatal(err)
+			}
+			fi, err := os.Lstat(filepath.Join(root, "dev"))
+			switch {
+			case name == "none":
+				if !os.IsNotExist(err) {
+					t.Fatalf("dev created: %v %v", fi, err)
+				}
+			case err != nil || !fi.IsDir():
+				t.Fatalf("dev: %v %v, want a directory", fi, err)
+			case name == "directory":
+				if _, err := os.Stat(filepath.Join(root, "dev", "keep")); err != nil {
+					t.Fatalf("a real /dev was replaced: %v", err)
+				}
+			}
+			if data, err := os.ReadFile(filepath.Join(host, "ptmx")); err != nil || string(data) != "host" {
+				t.Fatalf("host ptmx: %q %v", data, err)
+			}
+		})
+	}
+}

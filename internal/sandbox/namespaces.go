@@ -109,8 +109,10 @@ func setupOnThread(req nsRequest) (int, error) {
 	// Forked from this thread, the child inherits the pod's net/ipc/uts;
 	// CLONE_NEWPID makes it pid 1 of the pod's PID namespace. Its own
 	// process group keeps signals to berthd's group away from it.
+	// StartPause adds its own mount namespace and an empty environment,
+	// and waits until it has dropped every privilege.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Cloneflags: unix.CLONE_NEWPID, Setpgid: true}
-	if err := cmd.Start(); err != nil {
+	if err := userns.StartPause(cmd); err != nil {
 		return 0, fmt.Errorf("start pause %s: %w", req.pause.binary, err)
 	}
 	pid := cmd.Process.Pid

@@ -7,12 +7,15 @@
 package userns
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
+	"io"
 	"math"
 	"os"
 	"os/exec"
 	"syscall"
+	"time"
 
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"golang.org/x/sys/unix"
@@ -139,13 +142,66 @@ func StartHolder(m Mapping, o HolderOptions) (*exec.Cmd, error) {
 		UidMappings:                []syscall.SysProcIDMap{{ContainerID: int(m.UID.ContainerID), HostID: int(m.UID.HostID), Size: int(m.UID.Size)}},
 		GidMappings:                []syscall.SysProcIDMap{{ContainerID: int(m.GID.ContainerID), HostID: int(m.GID.HostID), Size: int(m.GID.Size)}},
 		GidMappingsEnableSetgroups: true,
+		// The namespace's root (berthd's uid 0 is not mapped in it), so
+		// that berth-pause has the capabilities over its own mount
+		// namespace to pivot into an empty root before it drops them.
+		Credential: &syscall.Credential{Uid: 0, Gid: 0},
 		// Its own process group keeps signals to berthd's group away.
 		Setpgid: true,
 	}
-	if err := cmd.Start(); err != nil {
+	if err := StartPause(cmd); err != nil {
 		return nil, fmt.Errorf("start %s in a new user namespace: %w", o.Binary, err)
 	}
 	return cmd, nil
+}
+
+// pauseReadyTimeout bounds how long StartPause waits for berth-pause to
+// harden itself: a few system calls, but the node may be loaded.
+const pauseReadyTimeout = 30 * time.Second
+
+// StartPause starts cmd, a prepared berth-pause, the way it must run: in
+// a mount namespace of its own (it pivots into an empty root there; the
+// child marks the copy private before exec, so nothing propagates back),
+// with an empty environment, and it returns once berth-pause reports
+// that it dropped its privileges (docs/sandboxes.md). On failure the
+// process is killed and reaped, and the error carries what it said.
+func StartPause(cmd *exec.Cmd) error {
+	if cmd.SysProcAttr == nil {
+		cmd.SysProcAttr = &syscall.SysProcAttr{}
+	}
+	cmd.SysProcAttr.Unshareflags |= unix.CLONE_NEWNS
+	cmd.Env = []string{}
+	var p [2]int
+	if err := unix.Pipe2(p[:], unix.O_CLOEXEC); err != nil {
+		return fmt.Errorf("pipe for berth-pause: %w", err)
+	}
+	// Only berthd's end is non-blocking (for the deadline): a
+	// non-blocking stdout would start the holder's network poller, two
+	// more descriptors in pid 1 of the pod.
+	if err := unix.SetNonblock(p[0], true); err != nil {
+		unix.Close(p[0])
+		unix.Close(p[1])
+		return fmt.Errorf("pipe for berth-pause: %w", err)
+	}
+	r, w := os.NewFile(uintptr(p[0]), "berth-pause report"), os.NewFile(uintptr(p[1]), "berth-pause stdout")
+	defer r.Close()
+	cmd.Stdout, cmd.Stderr = w, w
+	err := cmd.Start()
+	w.Close()
+	if err != nil {
+		return err
+	}
+	_ = r.SetReadDeadline(time.Now().Add(pauseReadyTimeout))
+	// Bounded: a holder that fails says one line.
+	msg, err := io.ReadAll(io.LimitReader(r, 4096))
+	if err == nil && string(msg) == "ok\n" {
+		return nil
+	}
+	StopHolder(cmd)
+	if err != nil {
+		return fmt.Errorf("wait for berth-pause to drop its privileges: %w", err)
+	}
+	return fmt.Errorf("berth-pause could not drop its privileges: %s", bytes.TrimSpace(msg))
 }
 
 // StopHolder kills a holder and reaps it.

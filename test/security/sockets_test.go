@@ -1,0 +1,278 @@
+package security
+
+import (
+	"bufio"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"syscall"
+	"testing"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+	criapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+
+	"github.com/berthcri/berth/internal/config"
+	"github.com/berthcri/berth/internal/testutil/berthdtest"
+)
+
+// socketNobody is the unprivileged host user the socket tests play.
+const socketNobody = 65534
+
+// dialUnixAs connects to the unix socket at path with uid and gid as
+// credentials, from a thread of its own that never runs other code: the
+// thread's credentials change (setresuid on one thread, not the process)
+// and it exits with its goroutine. A path longer than sun_path is reached
+// through a descriptor of its directory opened as root.
+func dialUnixAs(uid, gid int, path string) error {
+	dirFD := -1
+	if len(path) >= 100 {
+		fd, err := unix.Open(filepath.Dir(path), unix.O_PATH|unix.O_CLOEXEC, 0)
+		if err != nil {
+			return fmt.Errorf("open %s: %w", filepath.Dir(path), err)
+		}
+		defer unix.Close(fd)
+		dirFD = fd
+	}
+	errc := make(chan error, 1)
+	go func() {
+		// Never unlocked: the thread exits with this goroutine.
+		runtime.LockOSThread()
+		if _, _, e := unix.RawSyscall(unix.SYS_SETGROUPS, 0, 0, 0); e != 0 {
+			errc <- fmt.Errorf("setgroups: %w", e)
+			return
+		}
+		if _, _, e := unix.RawSyscall(unix.SYS_SETRESGID, uintptr(gid), uintptr(gid), uintptr(gid)); e != 0 {
+			errc <- fmt.Errorf("setresgid: %w", e)
+			return
+		}
+		if _, _, e := unix.RawSyscall(unix.SYS_SETRESUID, uintptr(uid), uintptr(uid), uintptr(uid)); e != 0 {
+			errc <- fmt.Errorf("setresuid: %w", e)
+			return
+		}
+		fd, err := unix.Socket(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+		if err != nil {
+			errc <- err
+			return
+		}
+		defer unix.Close(fd)
+		name := path
+		if dirFD >= 0 {
+			name = fmt.Sprintf("/proc/thread-self/fd/%d/%s", dirFD, filepath.Base(path))
+		}
+		errc <- unix.Connect(fd, &unix.SockaddrUnix{Name: name})
+	}()
+	return <-errc
+}
+
+// The CRI socket is root-equivalent: it is 0660 root:root, a host user
+// gets EACCES on connect, and it never exists with another mode, even for
+// a moment and under umask 0 (it is bound elsewhere, chmodded, then
+// renamed into place: the directory sees it moved in, never created).
+func TestCRISocketClosedToHostUsers(t *testing.T) {
+	var sock string
+	inFD := -1
+	d := berthdtest.Start(t, berthdtest.Options{
+		Configure: func(c *config.Config) { sock = c.SocketPath() },
+		StartProcess: func(cmd *exec.Cmd) error {
+			in, err := unix.InotifyInit1(unix.IN_CLOEXEC | unix.IN_NONBLOCK)
+			if err != nil {
+				return err
+			}
+			if _, err := unix.InotifyAddWatch(in, filepath.Dir(sock), unix.IN_CREATE|unix.IN_MOVED_TO|unix.IN_ATTRIB); err != nil {
+				unix.Close(in)
+				return err
+			}
+			inFD = in
+			t.Cleanup(func() { unix.Close(in) })
+			// Under umask 0 a socket bound in place is 0777 until chmod.
+			args := append([]string{"sh", "-c", `umask 000 && exec "$0" "$@"`, cmd.Path}, cmd.Args[1:]...)
+			cmd.Path, cmd.Args = "/bin/sh", args
+			return cmd.Start()
+		},
+	})
+	fi, err := os.Lstat(d.Socket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	st := fi.Sys().(*syscall.Stat_t)
+	if fi.Mode().Type() != fs.ModeSocket || fi.Mode().Perm() != 0o660 || st.Uid != 0 || st.Gid != 0 {
+		t.Errorf("%s: %v owned by %d:%d, want a socket 0660 root:root", d.Socket, fi.Mode(), st.Uid, st.Gid)
+	}
+	if err := dialUnixAs(0, 0, d.Socket); err != nil {
+		t.Fatalf("root cannot connect to %s: %v", d.Socket, err)
+	}
+	if err := dialUnixAs(socketNobody, socketNobody, d.Socket); !errors.Is(err, unix.EACCES) {
+		t.Errorf("nobody connecting to %s: %v, want EACCES", d.Socket, err)
+	}
+	// What the socket's directory saw of its name while berthd started.
+	events := readSocketEvents(t, inFD, filepath.Base(d.Socket))
+	for _, ev := range events {
+		if ev == "IN_CREATE" {
+			t.Errorf("%s was created in place (%v): it existed with the umask's mode (0777 here) before its chmod to 0660", d.Socket, events)
+		}
+	}
+	if len(events) == 0 {
+		t.Errorf("no event for %s in its directory", d.Socket)
+	}
+}
+
+// readSocketEvents drains the inotify descriptor in and returns the event
+// kinds (IN_CREATE, IN_MOVED_TO, IN_ATTRIB) seen for name.
+func readSocketEvents(t *testing.T, in int, name string) []string {
+	t.Helper()
+	var kinds []string
+	buf := make([]byte, 64*1024)
+	for {
+		n, err := unix.Read(in, buf)
+		if err != nil || n <= 0 {
+			return kinds
+		}
+		for off := 0; off+unix.SizeofInotifyEvent <= n; {
+			ev := (*unix.InotifyEvent)(unsafe.Pointer(&buf[off]))
+			nameBytes := buf[off+unix.SizeofInotifyEvent : off+unix.SizeofInotifyEvent+int(ev.Len)]
+			off += unix.SizeofInotifyEvent + int(ev.Len)
+			if strings.TrimRight(string(nameBytes), "\x00") != name {
+				continue
+			}
+			switch {
+			case ev.Mask&unix.IN_CREATE != 0:
+				kinds = append(kinds, "IN_CREATE")
+			case ev.Mask&unix.IN_MOVED_TO != 0:
+				kinds = append(kinds, "IN_MOVED_TO")
+			case ev.Mask&unix.IN_ATTRIB != 0:
+				kinds = append(kinds, "IN_ATTRIB")
+			}
+		}
+	}
+}
+
+// CVE-2020-15257: containerd's shim listened on an abstract unix socket,
+// which lives in the network namespace: a hostNetwork container reached
+// it. berthd, the keeper and the monitor hold no abstract socket; their
+// sockets (node.sock, each pod's shim.sock) are paths a hostNetwork
+// container cannot reach (it has its own mount namespace), and a host user
+// gets EACCES on them.
+func TestBerthSocketsUnreachableFromHostNetworkAndHostUsers(t *testing.T) {
+	e := startPhEnv(t, berthdtest.Options{})
+	hostNet := &criapi.NamespaceOption{Network: criapi.NamespaceMode_NODE, Pid: criapi.NamespaceMode_CONTAINER, Ipc: criapi.NamespaceMode_POD}
+	pod, podID := e.runPod(t, "hostnet-sockets", hostNet)
+	id := e.runContainer(t, podID, pod, e.container("prober", hostNet))
+	// A second pod with its own network: its shim.sock too.
+	ownNet := &criapi.NamespaceOption{Pid: criapi.NamespaceMode_CONTAINER}
+	pod2, podID2 := e.runPod(t, "ownnet-sockets", ownNet)
+	e.runContainer(t, podID2, pod2, e.container("other", ownNet))
+
+	// berth's processes and every unix socket they hold.
+	pids := map[string][]int{"berthd": {e.d.Pid()}}
+	pids["keeper"] = berthdtest.ShimPids(e.d.State, "keeper")
+	pids["monitor"] = berthdtest.ShimPids(e.d.State, "monitor")
+	if len(pids["monitor"]) == 0 {
+		t.Fatalf("no monitor found for %s", e.d.State)
+	}
+	unixSockets := procNetUnix(t, fmt.Sprintf("/proc/%d/net/unix", e.d.Pid()))
+	held := 0
+	for who, ps := range pids {
+		for _, pid := range ps {
+			for _, inode := range socketInodes(t, pid) {
+				name, ok := unixSockets[inode]
+				if !ok {
+					continue // not a unix socket
+				}
+				held++
+				if strings.HasPrefix(name, "@") {
+					t.Errorf("%s (pid %d) holds the abstract unix socket %q", who, pid, name)
+				}
+			}
+		}
+	}
+	if held == 0 {
+		t.Fatal("found no unix socket held by berth's processes: the test sees nothing")
+	}
+
+	// The sockets on disk: berth.sock, node.sock and every shim.sock.
+	var paths []string
+	for _, top := range []string{e.d.State, e.d.Root, filepath.Dir(e.d.Socket)} {
+		_ = filepath.WalkDir(top, func(p string, de fs.DirEntry, err error) error {
+			if err == nil && de.Type() == fs.ModeSocket && (de.Name() == "node.sock" || de.Name() == "shim.sock" || p == e.d.Socket) {
+				paths = append(paths, p)
+			}
+			return nil
+		})
+	}
+	var sawNode, sawShim bool
+	for _, p := range paths {
+		sawNode = sawNode || filepath.Base(p) == "node.sock"
+		sawShim = sawShim || filepath.Base(p) == "shim.sock"
+		if err := dialUnixAs(0, 0, p); err != nil {
+			t.Errorf("root cannot connect to %s: %v", p, err)
+		}
+		if err := dialUnixAs(socketNobody, socketNobody, p); !errors.Is(err, unix.EACCES) {
+			t.Errorf("nobody connecting to %s: %v, want EACCES", p, err)
+		}
+		// From the hostNetwork container, by path: not there.
+		if out, code := e.sh(t, id, "ls -l "+p+" 2>&1; test -e "+p); code == 0 {
+			t.Errorf("a hostNetwork container sees %s: %q", p, out)
+		}
+	}
+	if !sawNode || !sawShim {
+		t.Fatalf("found node.sock %v, shim.sock %v among %v", sawNode, sawShim, paths)
+	}
+	// The container shares the host's network namespace, so it sees the
+	// host's unix sockets in /proc/net/unix: none of berth's is abstract.
+	out, _ := e.sh(t, id, "cat /proc/net/unix")
+	for _, line := range strings.Split(out, "\n") {
+		if f := strings.Fields(line); len(f) == 8 && strings.HasPrefix(f[7], "@") && strings.Contains(f[7], "berth") {
+			t.Errorf("an abstract socket of berth's is visible to a hostNetwork container: %q", line)
+		}
+	}
+}
+
+// procNetUnix maps socket inode to its name in a /proc/net/unix table
+// ("" for an unnamed one, "@…" for an abstract one).
+func procNetUnix(t *testing.T, path string) map[string]string {
+	t.Helper()
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	m := map[string]string{}
+	sc := bufio.NewScanner(f)
+	sc.Scan() // header
+	for sc.Scan() {
+		f := strings.Fields(sc.Text())
+		if len(f) < 7 {
+			continue
+		}
+		name := ""
+		if len(f) >= 8 {
+			name = f[7]
+		}
+		m[f[6]] = name
+	}
+	return m
+}
+
+// socketInodes lists the inodes of the sockets pid holds.
+func socketInodes(t *testing.T, pid int) []string {
+	t.Helper()
+	dir := fmt.Sprintf("/proc/%d/fd", pid)
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		t.Fatalf("list %s: %v", dir, err)
+	}
+	var inodes []string
+	for _, e := range entries {
+		l, err := os.Readlink(filepath.Join(dir, e.Name()))
+		if err == nil && strings.HasPrefix(l, "socket:[") {
+			inodes = append(inodes, strings.TrimSuffix(strings.TrimPrefix(l, "socket:["), "]"))
+		}
+	}
+	return inodes
+}
