@@ -3,6 +3,8 @@ package integration
 import (
 	"context"
 	"fmt"
+	"os"
+	"path/filepath"
 	"syscall"
 	"testing"
 	"time"
@@ -132,7 +134,10 @@ func (n *hungNode) readRPCs() []struct {
 			_, err := rt.ListPodSandboxMetrics(ctx, &criapi.ListPodSandboxMetricsRequest{})
 			return err
 		}},
-		{"ImageFsInfo", func(ctx context.Context) error { _, err := img.ImageFsInfo(ctx, &criapi.ImageFsInfoRequest{}); return err }},
+		{"ImageFsInfo", func(ctx context.Context) error {
+			_, err := img.ImageFsInfo(ctx, &criapi.ImageFsInfoRequest{})
+			return err
+		}},
 	}
 }
 
@@ -196,6 +201,58 @@ func TestHungMonitorLeavesReadsAnswering(t *testing.T) {
 	}
 	if _, err := rt.StopContainer(ctxT(t), &criapi.StopContainerRequest{ContainerId: n.sleepers[1], Timeout: 1}); err != nil {
 		t.Errorf("StopContainer after the monitor went on: %v", err)
+	}
+	n.teardown(t)
+}
+
+// TestHungMonitorIsReplaced: a monitor that stays stopped is killed by
+// its keeper once it has left a ping unanswered for the keeper's bound,
+// and replaced as after a crash: a stop that waited on it completes
+// through the next monitor, the container that exited meanwhile shows
+// EXITED with its code, the others run on, unrestarted (decision 3300).
+func TestHungMonitorIsReplaced(t *testing.T) {
+	t.Parallel()
+	n := newHungNode(t)
+	rt := n.e.d.Runtime
+	pids := map[string]int{}
+	for _, id := range n.sleepers {
+		pids[id] = n.e.ctrPid(id)
+	}
+	n.stop(t)
+	n.pods[0].exec(n.quitter, "touch", "/quit")
+
+	// The keeper kills a monitor within 15 s of its last answer (a ping
+	// every 5 s, 10 s to answer it): a minute is a hang guard.
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	start := time.Now()
+	_, err := rt.StopContainer(ctx, &criapi.StopContainerRequest{ContainerId: n.sleepers[1], Timeout: 1})
+	cancel()
+	if err != nil {
+		log, _ := os.ReadFile(filepath.Join(n.e.d.State, "shims", ".node", "shim.log"))
+		t.Fatalf("StopContainer with the monitor stopped for good: %v (after %v), want it done through the next monitor; shim log:\n%s", err, time.Since(start).Round(time.Millisecond), log)
+	}
+	t.Logf("StopContainer with the monitor stopped took %v", time.Since(start).Round(time.Millisecond))
+	if processRuns(n.monitor) {
+		t.Fatalf("the stopped monitor %d still runs", n.monitor)
+	}
+	keepers, _ := oneKeeperOneMonitor(t, n.e.d)
+	if keepers[0] != n.keeper {
+		t.Fatalf("keeper %d, was %d", keepers[0], n.keeper)
+	}
+	if st := n.e.status(n.sleepers[1]); st.State != criapi.ContainerState_CONTAINER_EXITED {
+		t.Errorf("stopped sleeper: %s", st.State)
+	}
+	ex := n.pods[0].waitExited(n.quitter)
+	if ex.ExitCode != 7 {
+		t.Errorf("quitter exited %d (%s: %s), want 7", ex.ExitCode, ex.Reason, ex.Message)
+	}
+	for _, id := range []string{n.sleepers[0], n.sleepers[2]} {
+		if st := n.e.status(id); st.State != criapi.ContainerState_CONTAINER_RUNNING {
+			t.Errorf("sleeper %s after the monitor's replacement: %s (%s: %s)", id, st.State, st.Reason, st.Message)
+		}
+		if pid := n.e.ctrPid(id); pid != pids[id] {
+			t.Errorf("sleeper %s runs as %d, was %d: restarted", id, pid, pids[id])
+		}
 	}
 	n.teardown(t)
 }

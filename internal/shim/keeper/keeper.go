@@ -62,6 +62,13 @@ type Keeper struct {
 	// linkDone closes once the current monitor's link is read to its
 	// end (serveLink returned): every message it sent is applied.
 	linkDone chan struct{}
+
+	// wmu guards the watchdog's view of the current monitor (watch.go);
+	// never held across a blocking call, so a monitor that stops reading
+	// its link (its buffer full, the keeper blocked in a send under mu)
+	// is still found hung and killed.
+	wmu   sync.Mutex
+	watch watchState
 }
 
 // entry is one container the keeper holds.
@@ -74,7 +81,8 @@ type entry struct {
 // New returns the keeper of the node dir dir, starting its monitors from
 // binary.
 func New(dir, binary string, logf func(string, ...any)) *Keeper {
-	return &Keeper{dir: dir, binary: binary, logf: logf, ctrs: map[string]*entry{}, byPid: map[int]*entry{}, link: -1}
+	return &Keeper{dir: dir, binary: binary, logf: logf, ctrs: map[string]*entry{}, byPid: map[int]*entry{}, link: -1,
+		watch: watchState{pidfd: -1, link: -1}}
 }
 
 // HoldKeeperLock takes the node dir's keeper lock (proto.KeeperLockPath),
@@ -113,6 +121,8 @@ func (k *Keeper) Run(ready, launchLock *os.File) int {
 	}
 	delay := minRestartDelay
 	startedAt := time.Now()
+	stopWatch := k.startWatchdog()
+	defer stopWatch()
 	for {
 		// Asleep until a child dies: map only what it runs from here on
 		// (decision 3100).
@@ -138,6 +148,7 @@ func (k *Keeper) Run(ready, launchLock *os.File) int {
 		k.monitor = 0
 		drained := k.linkDone
 		k.mu.Unlock()
+		k.monitorReaped()
 		// What the monitor said before it died is applied first: its
 		// last message is often the forget of the node's last container,
 		// sent just before a clean exit, and read on another goroutine
@@ -263,6 +274,8 @@ func (k *Keeper) startMonitor(ready, launchLock *os.File) error {
 	if err := proto.SendKeeperMsg(mine, &proto.KeeperMsg{Op: proto.KeeperAdopted}, nil); err != nil {
 		k.logf("end the adopt list: %v", err)
 	}
+	// Watched from now on: its pings come after the adopt list.
+	k.watchMonitor(pid, mine)
 	k.logf("monitor %d started with %d containers", pid, len(k.ctrs))
 	go k.serveLink(mine, done)
 	return nil
@@ -284,7 +297,7 @@ func (k *Keeper) serveLink(fd int, done chan struct{}) {
 				k.link = -1
 			}
 			k.mu.Unlock()
-			unix.Close(fd)
+			k.closeLink(fd)
 			return
 		}
 		shimfault.Pause(shimfault.KeeperSlowLink, time.Second, k.logf)
@@ -341,6 +354,8 @@ func (k *Keeper) applyLocked(m *proto.KeeperMsg, fds []int) {
 		if e != nil {
 			k.forgetLocked(e)
 		}
+	case proto.KeeperPong:
+		k.ponged()
 	default:
 		k.logf("unknown message %q from the monitor", m.Op)
 	}
