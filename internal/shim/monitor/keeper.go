@@ -327,7 +327,7 @@ func (m *Monitor) HandOver(timeout time.Duration) {
 // probeLock takes and lets go of the pod's lock: whether it can be taken
 // is the answer to the keeper's ping.
 func probeLock(p *Pod) {
-	//lint:ignore SA2001 an empty critical section: the lock's availability is what is probed
 	p.mu.Lock()
+	//lint:ignore SA2001 an empty critical section: the lock's availability is what is probed
 	p.mu.Unlock()
 }
