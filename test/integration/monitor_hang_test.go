@@ -167,6 +167,14 @@ func TestHungMonitorLeavesReadsAnswering(t *testing.T) {
 	if status.Code(err) != codes.DeadlineExceeded {
 		t.Fatalf("StopContainer with the monitor stopped: %v, want DeadlineExceeded", err)
 	}
+	// A create too; it is undone (the teardown's leak check finds any
+	// piece of it left).
+	ctx, cancel = context.WithTimeout(context.Background(), 2*time.Second)
+	_, err = rt.CreateContainer(ctx, &criapi.CreateContainerRequest{PodSandboxId: n.pods[2].pod, Config: n.pods[2].config("late", "sleep", "3600"), SandboxConfig: n.pods[2].podCfg})
+	cancel()
+	if status.Code(err) != codes.DeadlineExceeded {
+		t.Fatalf("CreateContainer with the monitor stopped: %v, want DeadlineExceeded", err)
+	}
 
 	for _, r := range n.readRPCs() {
 		ctx, cancel := context.WithTimeout(context.Background(), hungReadBound)
@@ -202,6 +210,10 @@ func TestHungMonitorLeavesReadsAnswering(t *testing.T) {
 	if _, err := rt.StopContainer(ctxT(t), &criapi.StopContainerRequest{ContainerId: n.sleepers[1], Timeout: 1}); err != nil {
 		t.Errorf("StopContainer after the monitor went on: %v", err)
 	}
+	if ls := listed(t, n.e.d); len(ls) != len(n.sleepers)+1 {
+		t.Errorf("containers after the monitor went on: %v, want the sleepers and the quitter", ls)
+	}
+	n.pods[2].run(n.pods[2].config("after", "true"))
 	n.teardown(t)
 }
 
