@@ -142,9 +142,10 @@ func (n *hungNode) readRPCs() []struct {
 }
 
 // TestHungMonitorLeavesReadsAnswering stops the node's monitor (SIGSTOP)
-// with three pods running: a call that needs the monitor fails when its
-// caller's deadline ends, every read answers within hungReadBound from
-// the last known state, exec works, and once the monitor goes on (SIGCONT)
+// with three pods running: a call that needs the monitor (stop, create)
+// fails when its caller's deadline ends, every read answers within
+// hungReadBound from the last known state (while a stop waiting on the
+// monitor holds the container read about), exec works, and once the monitor goes on (SIGCONT)
 // the node converges: the container that exited meanwhile shows EXITED
 // with its code, nothing restarted, teardown leaves nothing (issue #35:
 // verbose ContainerStatus waited on the stopped monitor until its
@@ -159,6 +160,15 @@ func TestHungMonitorLeavesReadsAnswering(t *testing.T) {
 	}
 	n.stop(t)
 
+	// A stop waiting on the monitor holds the container's lock, as the
+	// kubelet's would: the reads below ask about that container.
+	waiting := make(chan error, 1)
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 7*time.Second)
+		defer cancel()
+		_, err := rt.StopContainer(ctx, &criapi.StopContainerRequest{ContainerId: n.sleepers[0], Timeout: 1})
+		waiting <- err
+	}()
 	// First, while the keeper surely has not given up on the monitor:
 	// a stop waits on the monitor and fails with its caller's deadline.
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
@@ -191,6 +201,9 @@ func TestHungMonitorLeavesReadsAnswering(t *testing.T) {
 	}
 	// Exec needs no monitor; the quitter exits while nobody reports it.
 	n.pods[0].exec(n.quitter, "touch", "/quit")
+	if err := <-waiting; status.Code(err) != codes.DeadlineExceeded {
+		t.Fatalf("StopContainer waiting on the stopped monitor: %v, want DeadlineExceeded", err)
+	}
 
 	if err := syscall.Kill(n.monitor, syscall.SIGCONT); err != nil {
 		t.Fatalf("SIGCONT the monitor: %v", err)
@@ -198,6 +211,10 @@ func TestHungMonitorLeavesReadsAnswering(t *testing.T) {
 	ex := n.pods[0].waitExited(n.quitter)
 	if ex.ExitCode != 7 {
 		t.Errorf("quitter exited %d (%s: %s), want 7", ex.ExitCode, ex.Reason, ex.Message)
+	}
+	if !processRuns(n.monitor) {
+		// Either way the node converges; this one took the other path.
+		t.Logf("the keeper replaced the stopped monitor before SIGCONT came")
 	}
 	for _, id := range n.sleepers {
 		if st := n.e.status(id); st.State != criapi.ContainerState_CONTAINER_RUNNING {
