@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -13,6 +14,7 @@ import (
 	"google.golang.org/grpc/status"
 	criapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
+	"github.com/berthcri/berth/internal/config"
 	"github.com/berthcri/berth/internal/testutil/berthdtest"
 	"github.com/berthcri/berth/internal/testutil/leakcheck"
 )
@@ -40,7 +42,8 @@ type hungNode struct {
 
 func newHungNode(t *testing.T) *hungNode {
 	t.Helper()
-	d := berthdtest.Start(t, berthdtest.Options{})
+	// Metrics for its goroutine count.
+	d := berthdtest.Start(t, berthdtest.Options{Configure: func(c *config.Config) { c.MetricsAddress = "127.0.0.1:0" }})
 	e := newCtrEnvOn(t, d)
 	n := &hungNode{e: e}
 	n.scope, n.before = nodeLeakBaseline(t, e)
@@ -194,6 +197,27 @@ func TestHungMonitorLeavesReadsAnswering(t *testing.T) {
 		if err != nil {
 			t.Errorf("%s with the monitor stopped: %v (after %v), want an answer within %v", r.name, err, time.Since(start).Round(time.Millisecond), hungReadBound)
 		}
+	}
+	// Calls queued behind the waiting stop (the kubelet retries its stop)
+	// leave at their own deadlines: nothing piles up in berthd while the
+	// monitor hangs.
+	g0 := goroutines(t, n.e.d)
+	var wg sync.WaitGroup
+	for range 20 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+			defer cancel()
+			_, err := rt.StopContainer(ctx, &criapi.StopContainerRequest{ContainerId: n.sleepers[0], Timeout: 1})
+			if status.Code(err) != codes.DeadlineExceeded {
+				t.Errorf("a StopContainer queued behind one waiting on the stopped monitor: %v, want DeadlineExceeded", err)
+			}
+		}()
+	}
+	wg.Wait()
+	if g1 := goroutines(t, n.e.d); g1 > g0+10 {
+		t.Errorf("berthd's goroutines grew with calls given up on the stopped monitor: %d → %d", g0, g1)
 	}
 	st, err := rt.ContainerStatus(ctxT(t), &criapi.ContainerStatusRequest{ContainerId: n.quitter})
 	if err != nil || st.Status.State != criapi.ContainerState_CONTAINER_RUNNING {
