@@ -103,6 +103,10 @@ func runKeeper(dir string, logf func(string, ...any)) int {
 }
 
 func runMonitor(dir string, logf func(string, ...any)) int {
+	// The link to the keeper is the monitor's alone: no runtime it runs
+	// may hold it, so that it ends when the monitor does and the keeper,
+	// reading it to its end, knows all the monitor said (keeper.Run).
+	unix.CloseOnExec(keeper.LinkFd)
 	m := monitor.New(dir, logf, keeper.LinkFd)
 	// Adopt, then Listen: berthd takes a ping on node.sock that does not
 	// name a pod as "this pod was not adopted, its containers are lost"

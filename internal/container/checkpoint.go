@@ -54,7 +54,7 @@ func (s *Store) Checkpoint(ctx context.Context, dumps []Dump, criu string) (retE
 		}
 	}()
 	for _, d := range dumps {
-		e, err := s.lock(d.ID)
+		e, err := s.lock(ctx, d.ID)
 		if err != nil {
 			return err
 		}

@@ -46,7 +46,7 @@ func (s *Store) Exec(ctx context.Context, id string, o ExecOptions) (int, error)
 	if len(o.Cmd) == 0 {
 		return -1, fmt.Errorf("exec needs a command: %w", errdefs.ErrInvalidArgument)
 	}
-	e, err := s.lock(id)
+	e, err := s.lock(ctx, id)
 	if err != nil {
 		return -1, err
 	}

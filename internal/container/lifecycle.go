@@ -25,7 +25,7 @@ const startUndoTimeout = 10 * time.Second
 // It returns with one truth in memory, on disk and in its answer: running
 // and recorded so, or an error and exited (reason StartError).
 func (s *Store) Start(ctx context.Context, id string) (*Container, error) {
-	e, err := s.lock(id)
+	e, err := s.lock(ctx, id)
 	if err != nil {
 		return nil, err
 	}
@@ -118,7 +118,7 @@ func parseSignal(name string) (syscall.Signal, error) {
 // Stop sends the stop signal, waits up to timeout, then SIGKILLs and waits
 // for the exit. Exited containers and unknown IDs are no-ops.
 func (s *Store) Stop(ctx context.Context, id string, timeout time.Duration) error {
-	e, err := s.lock(id)
+	e, err := s.lock(ctx, id)
 	if errdefs.IsNotFound(err) {
 		return nil
 	}
@@ -180,7 +180,7 @@ func (s *Store) stopLocked(ctx context.Context, e *entry, timeout time.Duration)
 // nil. The log file stays (the kubelet owns it). A Remove that fails
 // leaves the container listed, for a retry to finish.
 func (s *Store) Remove(ctx context.Context, id string) (*Container, error) {
-	e, err := s.lock(id)
+	e, err := s.lock(ctx, id)
 	if errdefs.IsNotFound(err) {
 		return nil, nil
 	}
@@ -262,7 +262,7 @@ func (s *Store) RemovePod(ctx context.Context, podID string) ([]*Container, erro
 // UpdateResources applies new limits to a created or running container
 // and records them for status.
 func (s *Store) UpdateResources(ctx context.Context, id string, res *specs.LinuxResources, cri *runtime.LinuxContainerResources) error {
-	e, err := s.lock(id)
+	e, err := s.lock(ctx, id)
 	if err != nil {
 		return err
 	}
@@ -298,7 +298,7 @@ func (s *Store) dropLimits(id string, res *specs.LinuxResources) {
 // ReopenLog makes the shim reopen the container's log file (after the
 // kubelet rotated it). The container must be running.
 func (s *Store) ReopenLog(ctx context.Context, id string) error {
-	e, err := s.lock(id)
+	e, err := s.lock(ctx, id)
 	if err != nil {
 		return err
 	}

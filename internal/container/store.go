@@ -117,7 +117,7 @@ type Store struct {
 
 // entry is a container in memory; mu serialises its lifecycle operations.
 type entry struct {
-	mu  sync.Mutex
+	mu  entryMu
 	rec *Container
 	// removed is set, under mu, once Remove deleted the container: an
 	// operation that looked the entry up before then finds it gone.
@@ -130,7 +130,7 @@ type entry struct {
 }
 
 func newEntry(rec *Container) *entry {
-	e := &entry{rec: rec}
+	e := &entry{mu: newEntryMu(), rec: rec}
 	e.publish()
 	return e
 }
@@ -252,14 +252,17 @@ func (s *Store) forget(r *Container) {
 // entry resolves a full ID or unique prefix, as crictl passes.
 func (s *Store) entry(id string) (*entry, error) { return s.objs.Lookup(id) }
 
-// lock resolves id and locks its entry; a container removed meanwhile is
-// NotFound. The caller unlocks with e.unlock.
-func (s *Store) lock(id string) (*entry, error) {
+// lock resolves id and locks its entry, waiting at most until ctx ends;
+// a container removed meanwhile is NotFound. The caller unlocks with
+// e.unlock.
+func (s *Store) lock(ctx context.Context, id string) (*entry, error) {
 	e, err := s.entry(id)
 	if err != nil {
 		return nil, err
 	}
-	e.mu.Lock()
+	if err := e.mu.LockCtx(ctx); err != nil {
+		return nil, fmt.Errorf("container %s: %w", id, err)
+	}
 	if e.removed {
 		e.mu.Unlock()
 		return nil, fmt.Errorf("container %q: %w", id, errdefs.ErrNotFound)

@@ -59,6 +59,16 @@ type Keeper struct {
 	unclaimed exits.Unclaimed   // orphans' exits, and inits' not registered yet
 	link      int               // the current monitor's link, -1 when none
 	monitor   int               // the current monitor's pid, 0 when none
+	// linkDone closes once the current monitor's link is read to its
+	// end (serveLink returned): every message it sent is applied.
+	linkDone chan struct{}
+
+	// wmu guards the watchdog's view of the current monitor (watch.go);
+	// never held across a blocking call, so a monitor that stops reading
+	// its link (its buffer full, the keeper blocked in a send under mu)
+	// is still found hung and killed.
+	wmu   sync.Mutex
+	watch watchState
 }
 
 // entry is one container the keeper holds.
@@ -71,7 +81,8 @@ type entry struct {
 // New returns the keeper of the node dir dir, starting its monitors from
 // binary.
 func New(dir, binary string, logf func(string, ...any)) *Keeper {
-	return &Keeper{dir: dir, binary: binary, logf: logf, ctrs: map[string]*entry{}, byPid: map[int]*entry{}, link: -1}
+	return &Keeper{dir: dir, binary: binary, logf: logf, ctrs: map[string]*entry{}, byPid: map[int]*entry{}, link: -1,
+		watch: watchState{pidfd: -1, link: -1}}
 }
 
 // HoldKeeperLock takes the node dir's keeper lock (proto.KeeperLockPath),
@@ -110,6 +121,8 @@ func (k *Keeper) Run(ready, launchLock *os.File) int {
 	}
 	delay := minRestartDelay
 	startedAt := time.Now()
+	stopWatch := k.startWatchdog()
+	defer stopWatch()
 	for {
 		// Asleep until a child dies: map only what it runs from here on
 		// (decision 3100).
@@ -133,6 +146,17 @@ func (k *Keeper) Run(ready, launchLock *os.File) int {
 			continue
 		}
 		k.monitor = 0
+		drained := k.linkDone
+		k.mu.Unlock()
+		k.monitorReaped()
+		// What the monitor said before it died is applied first: its
+		// last message is often the forget of the node's last container,
+		// sent just before a clean exit, and read on another goroutine
+		// that wait4 may well beat (issue #35: a keeper that counted the
+		// container still held took the exit for a crash and started a
+		// monitor that served the removed container for ever).
+		k.awaitDrained(drained)
+		k.mu.Lock()
 		held := len(k.ctrs)
 		k.mu.Unlock()
 		if ws.Exited() && ws.ExitStatus() == 0 && held == 0 {
@@ -157,6 +181,27 @@ func (k *Keeper) Run(ready, launchLock *os.File) int {
 			break
 		}
 		startedAt = time.Now()
+	}
+}
+
+// linkDrainTimeout bounds the wait for a dead monitor's link to end. The
+// monitor's end closes with it (close-on-exec: none of its children
+// holds it), so the end is only the keeper reading what is left; the
+// bound is for a process that somehow kept a copy.
+const linkDrainTimeout = 5 * time.Second
+
+// awaitDrained waits until the link whose serveLink closes done has been
+// read to its end, at most linkDrainTimeout.
+func (k *Keeper) awaitDrained(done chan struct{}) {
+	if done == nil {
+		return
+	}
+	t := time.NewTimer(linkDrainTimeout)
+	defer t.Stop()
+	select {
+	case <-done:
+	case <-t.C:
+		k.logf("the dead monitor's link did not end in %v; deciding on what it said so far", linkDrainTimeout)
 	}
 }
 
@@ -206,7 +251,8 @@ func (k *Keeper) startMonitor(ready, launchLock *os.File) error {
 	}
 	k.mu.Lock()
 	defer k.mu.Unlock()
-	k.monitor, k.link = pid, mine
+	done := make(chan struct{})
+	k.monitor, k.link, k.linkDone = pid, mine, done
 	// The adopt list goes out under the lock, so an exit reaped meanwhile
 	// is either in an entry or sent after the list.
 	for _, e := range k.ctrs {
@@ -228,13 +274,17 @@ func (k *Keeper) startMonitor(ready, launchLock *os.File) error {
 	if err := proto.SendKeeperMsg(mine, &proto.KeeperMsg{Op: proto.KeeperAdopted}, nil); err != nil {
 		k.logf("end the adopt list: %v", err)
 	}
+	// Watched from now on: its pings come after the adopt list.
+	k.watchMonitor(pid, mine)
 	k.logf("monitor %d started with %d containers", pid, len(k.ctrs))
-	go k.serveLink(mine)
+	go k.serveLink(mine, done)
 	return nil
 }
 
-// serveLink applies the monitor's messages until its link closes.
-func (k *Keeper) serveLink(fd int) {
+// serveLink applies the monitor's messages until its link closes, then
+// closes done.
+func (k *Keeper) serveLink(fd int, done chan struct{}) {
+	defer close(done)
 	r := proto.NewKeeperReader(fd)
 	for {
 		m, fds, err := r.Recv()
@@ -247,9 +297,10 @@ func (k *Keeper) serveLink(fd int) {
 				k.link = -1
 			}
 			k.mu.Unlock()
-			unix.Close(fd)
+			k.closeLink(fd)
 			return
 		}
+		shimfault.Pause(shimfault.KeeperSlowLink, time.Second, k.logf)
 		k.mu.Lock()
 		k.applyLocked(m, fds)
 		k.mu.Unlock()
@@ -303,6 +354,8 @@ func (k *Keeper) applyLocked(m *proto.KeeperMsg, fds []int) {
 		if e != nil {
 			k.forgetLocked(e)
 		}
+	case proto.KeeperPong:
+		k.ponged()
 	default:
 		k.logf("unknown message %q from the monitor", m.Op)
 	}

@@ -2,7 +2,10 @@ package keeper
 
 import (
 	"os"
+	"os/exec"
+	"syscall"
 	"testing"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -87,5 +90,57 @@ func TestStdinCustody(t *testing.T) {
 	}
 	if _, err := unix.FcntlInt(uintptr(bad), unix.F_GETFD, 0); err == nil {
 		t.Fatal("the refused register's fd is still open")
+	}
+}
+
+// The watchdog (decision 3300) pings the monitor at each tick; one that
+// said it serves and leaves a ping unanswered for hungAfter's ticks is
+// killed; an answer in time resets the count; a monitor that never said
+// it serves (still adopting) is not timed.
+func TestWatchdogKillsOnlyAMonitorThatStoppedAnswering(t *testing.T) {
+	ticks := int(hungAfter / pingInterval)
+	for _, c := range []struct {
+		name       string
+		served     bool // the monitor's first pong came
+		answerAt   int  // the tick after which it answers (-1: never)
+		wantKilled bool
+	}{
+		{"hung", true, -1, true},
+		{"answers in time", true, ticks - 1, false},
+		{"still adopting", false, -1, false},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			k, mon := linked(t)
+			cmd := exec.Command("sleep", "100")
+			if err := cmd.Start(); err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+			k.watchMonitor(cmd.Process.Pid, k.link)
+			t.Cleanup(k.monitorReaped)
+			if c.served {
+				k.ponged()
+			}
+			now := time.Now()
+			for i := 0; i <= ticks+1; i++ {
+				k.checkMonitor(now.Add(time.Duration(i) * pingInterval))
+				if i == c.answerAt {
+					if m, _, err := mon.Recv(); err != nil || m.Op != proto.KeeperPing {
+						t.Fatalf("monitor got %+v, %v; want a ping", m, err)
+					}
+					k.ponged()
+				}
+			}
+			var ws syscall.WaitStatus
+			flags := syscall.WNOHANG // not killed: still running
+			if c.wantKilled {
+				flags = 0 // killed: reaped at once (sleep would end only in 100 s)
+			}
+			pid, err := syscall.Wait4(cmd.Process.Pid, &ws, flags, nil)
+			killed := err == nil && pid == cmd.Process.Pid && ws.Signaled() && ws.Signal() == syscall.SIGKILL
+			if killed != c.wantKilled {
+				t.Fatalf("killed %v (wait4: %d, %v, %v), want %v", killed, pid, ws, err, c.wantKilled)
+			}
+		})
 	}
 }

@@ -105,8 +105,11 @@ func (k *keeperLink) note(op, id string) {
 	}
 }
 
-// serve delivers the keeper's exits until the link closes.
+// serve delivers the keeper's exits and answers its pings until the
+// link closes. Its first pong goes unasked: the monitor serves from now
+// on, and the keeper times its answers from then (decision 3300).
 func (k *keeperLink) serve() {
+	k.note(proto.KeeperPong, "")
 	for {
 		m, fds, err := k.r.Recv()
 		proto.CloseFds(fds)
@@ -120,8 +123,16 @@ func (k *keeperLink) serve() {
 			k.mon.keeperLost()
 			return
 		}
-		if m.Op == proto.KeeperExit {
+		switch m.Op {
+		case proto.KeeperExit:
 			k.mon.reaper.deliver(m.Pid, unix.WaitStatus(m.Status))
+			continue
+		case proto.KeeperPing:
+			// Answered once the monitor's locks can be taken: a
+			// monitor wedged on one is as hung as a stopped one, and
+			// the keeper replaces it (decision 3300).
+			k.mon.eachPod(probeLock)
+			k.note(proto.KeeperPong, "")
 			continue
 		}
 		k.mon.logf("unexpected keeper message %q", m.Op)
@@ -311,4 +322,12 @@ func (m *Monitor) HandOver(timeout time.Duration) {
 		}
 	}
 	m.logf("handed over %d containers", len(ctrs))
+}
+
+// probeLock takes and lets go of the pod's lock: whether it can be taken
+// is the answer to the keeper's ping.
+func probeLock(p *Pod) {
+	p.mu.Lock()
+	//lint:ignore SA2001 an empty critical section: the lock's availability is what is probed
+	p.mu.Unlock()
 }

@@ -40,6 +40,13 @@ const (
 	KeeperAdopt = "adopt"
 	// KeeperAdopted (keeper → a new monitor): the adopt list is over.
 	KeeperAdopted = "adopted"
+	// KeeperPing (keeper → monitor): are you there? Sent only after the
+	// adopt list, one at a time (decision 3300).
+	KeeperPing = "ping"
+	// KeeperPong (monitor → keeper): the answer to a ping, sent once the
+	// monitor could take its own locks; and once unasked, when the
+	// monitor starts serving (after adoption).
+	KeeperPong = "pong"
 )
 
 // MonitorHandedOver is the exit code of a monitor that handed its
@@ -148,6 +155,22 @@ func SendKeeperMsg(fd int, m *KeeperMsg, fds []int) error {
 	}
 	for {
 		err := unix.Sendmsg(fd, b, oob, nil, unix.MSG_NOSIGNAL)
+		if err == unix.EINTR {
+			continue
+		}
+		if err != nil {
+			return os.NewSyscallError("sendmsg", err)
+		}
+		return nil
+	}
+}
+
+// TrySendKeeperMsg is SendKeeperMsg (without fds) that never blocks:
+// unix.EAGAIN when the peer's buffer is full (it does not read).
+func TrySendKeeperMsg(fd int, m *KeeperMsg) error {
+	b := AppendKeeperMsg(make([]byte, 0, 64), m)
+	for {
+		err := unix.Sendmsg(fd, b, nil, nil, unix.MSG_NOSIGNAL|unix.MSG_DONTWAIT)
 		if err == unix.EINTR {
 			continue
 		}

@@ -20,6 +20,7 @@ import (
 	"strconv"
 	"strings"
 	"syscall"
+	"time"
 )
 
 // EnvVar names the file that arms crash points.
@@ -51,6 +52,34 @@ const (
 
 // Points lists every shim crash point.
 var Points = []Point{MonitorMidAdopt, MonitorMidCreate, MonitorMidCreateUnheld, MonitorMidStart, KeeperMidCreate}
+
+// Pause points: where a shim process, armed, sleeps (Pause) rather than
+// dies. They make certain an interleaving that a loaded machine makes
+// only likely.
+const (
+	// KeeperSlowLink: the keeper has read a message from its monitor's
+	// link and not applied it yet (the goroutine that reads the link not
+	// scheduled), while the monitor may go on and exit.
+	KeeperSlowLink Point = "keeper-slow-link"
+)
+
+// Pause sleeps d if p is armed in the process's environment, every time
+// it is reached while the file arms it (no count: a test disarms it by
+// rewriting the file). logf, if set, says so first.
+func Pause(p Point, d time.Duration, logf func(string, ...any)) {
+	file := os.Getenv(EnvVar)
+	if file == "" {
+		return
+	}
+	spec, err := os.ReadFile(file)
+	if err != nil || armed(string(spec), p) == 0 {
+		return
+	}
+	if logf != nil {
+		logf("test fault %s: pausing %v", p, d)
+	}
+	time.Sleep(d)
+}
 
 // Hit kills the calling process with SIGKILL if p is armed in its
 // environment and has fired fewer times than armed; dir (the node's dir)

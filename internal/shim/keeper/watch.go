@@ -1,0 +1,135 @@
+package keeper
+
+import (
+	"errors"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/berthcri/berth/internal/shim/proto"
+)
+
+// The watchdog (decision 3300): a monitor that is alive but does not
+// serve (stopped, deadlocked, stuck in the kernel) would freeze every
+// call of every pod that needs it, for as long as it lasts. The keeper
+// pings it over the link every pingInterval; a monitor that said it
+// serves (its first pong, unasked, once past adoption) and then leaves a
+// ping unanswered for hungAfter is killed with SIGKILL and restarted as after
+// a crash: the next monitor adopts every container, berthd's waiting
+// calls ask it again. A monitor still adopting is not timed: adoption
+// of a full node runs the runtime per created container.
+const (
+	pingInterval = 5 * time.Second
+	hungAfter    = 10 * time.Second
+)
+
+// watchState is the watchdog's view of the current monitor; Keeper.wmu
+// guards it.
+type watchState struct {
+	pidfd    int       // the monitor's pidfd, -1 when none is watched
+	pid      int       // for the log
+	link     int       // its link, -1 once closed
+	pingSent time.Time // the ping not answered yet; zero when none
+	missed   int       // ticks since pingSent without an answer
+	answered bool      // it sent a pong: it serves, and is timed
+}
+
+// startWatchdog pings the current monitor every pingInterval until the
+// returned stop is called.
+func (k *Keeper) startWatchdog() (stop func()) {
+	t := time.NewTicker(pingInterval)
+	done := make(chan struct{})
+	go func() {
+		for {
+			select {
+			case <-done:
+				return
+			case <-t.C:
+				k.checkMonitor(time.Now())
+			}
+		}
+	}()
+	return func() { t.Stop(); close(done) }
+}
+
+// watchMonitor starts watching the monitor pid on link, once its adopt
+// list is sent. Called on Run's goroutine before the monitor can be
+// reaped, so the pidfd is the monitor's.
+func (k *Keeper) watchMonitor(pid, link int) {
+	pidfd, err := unix.PidfdOpen(pid, 0)
+	if err != nil {
+		k.logf("watch monitor %d: pidfd: %v; it is not watched", pid, err)
+		pidfd = -1
+	}
+	k.wmu.Lock()
+	defer k.wmu.Unlock()
+	k.dropWatchLocked()
+	k.watch = watchState{pidfd: pidfd, pid: pid, link: link}
+}
+
+// monitorReaped ends the watch of the monitor Run just reaped.
+func (k *Keeper) monitorReaped() {
+	k.wmu.Lock()
+	defer k.wmu.Unlock()
+	k.dropWatchLocked()
+}
+
+func (k *Keeper) dropWatchLocked() {
+	if k.watch.pidfd >= 0 {
+		unix.Close(k.watch.pidfd)
+	}
+	k.watch = watchState{pidfd: -1, link: -1}
+}
+
+// closeLink closes a monitor's link fd under wmu, so that the watchdog
+// never sends to the number once it is closed (and maybe reused).
+func (k *Keeper) closeLink(fd int) {
+	k.wmu.Lock()
+	defer k.wmu.Unlock()
+	if k.watch.link == fd {
+		k.watch.link = -1
+	}
+	unix.Close(fd)
+}
+
+// ponged records the monitor's answer to the outstanding ping.
+func (k *Keeper) ponged() {
+	k.wmu.Lock()
+	defer k.wmu.Unlock()
+	k.watch.pingSent = time.Time{}
+	k.watch.answered = true
+}
+
+// checkMonitor is one tick of the watchdog: kill a monitor that left a
+// ping unanswered for hungAfter, or ping it. It never blocks: the ping
+// is sent without waiting (a monitor whose buffer is full does not read,
+// and its ping stays unanswered).
+func (k *Keeper) checkMonitor(now time.Time) {
+	k.wmu.Lock()
+	defer k.wmu.Unlock()
+	w := &k.watch
+	if w.pidfd < 0 || w.link < 0 {
+		return
+	}
+	if !w.pingSent.IsZero() {
+		// Counted in ticks, not read off the clock: a tick a hair
+		// early must not add a whole interval to the bound.
+		w.missed++
+		if w.answered && w.missed >= int(hungAfter/pingInterval) {
+			k.logf("monitor %d did not answer for %v: killing it as hung; the next one adopts every container", w.pid, now.Sub(w.pingSent).Round(time.Second))
+			if err := unix.PidfdSendSignal(w.pidfd, unix.SIGKILL, nil, 0); err != nil {
+				k.logf("kill hung monitor %d: %v", w.pid, err)
+			}
+			// Reaped and restarted by Run; not watched meanwhile.
+			unix.Close(w.pidfd)
+			w.pidfd = -1
+		}
+		return
+	}
+	if err := proto.TrySendKeeperMsg(w.link, &proto.KeeperMsg{Op: proto.KeeperPing}); err != nil && !errors.Is(err, unix.EAGAIN) {
+		k.logf("ping monitor %d: %v", w.pid, err)
+		return
+	}
+	// Sent, or its buffer is full: either way an answer is due.
+	w.pingSent, w.missed = now, 0
+}
