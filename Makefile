@@ -92,6 +92,9 @@ fuzz:
 	$(GO) test -run '^$$' -fuzz '^FuzzLineSplitter$$' -fuzztime $(FUZZTIME) ./internal/shim/monitor/
 	$(GO) test -run '^$$' -fuzz '^FuzzDecodeRequest$$' -fuzztime $(FUZZTIME) ./internal/shim/proto/
 	$(GO) test -run '^$$' -fuzz '^FuzzDecodeResponse$$' -fuzztime $(FUZZTIME) ./internal/shim/proto/
+	# The layer unpacker and the image importer (issue 34; as root: they chown and mknod).
+	$(GO) test -run '^$$' -fuzz '^FuzzUnpack$$' -fuzztime $(FUZZTIME) ./internal/image/
+	$(GO) test -run '^$$' -fuzz '^FuzzImportArchive$$' -fuzztime $(FUZZTIME) ./internal/image/
 
 bench: build
 	hack/install-deps.sh bench
