@@ -132,8 +132,10 @@ func (l *unpackRawLayer) Digest() (v1.Hash, error) {
 	h, _, err := v1.SHA256(bytes.NewReader(l.blob))
 	return h, err
 }
-func (l *unpackRawLayer) DiffID() (v1.Hash, error)             { return l.diffID, nil }
-func (l *unpackRawLayer) Compressed() (io.ReadCloser, error)   { return io.NopCloser(bytes.NewReader(l.blob)), nil }
+func (l *unpackRawLayer) DiffID() (v1.Hash, error) { return l.diffID, nil }
+func (l *unpackRawLayer) Compressed() (io.ReadCloser, error) {
+	return io.NopCloser(bytes.NewReader(l.blob)), nil
+}
 func (l *unpackRawLayer) Uncompressed() (io.ReadCloser, error) { return nil, fmt.Errorf("not needed") }
 func (l *unpackRawLayer) Size() (int64, error)                 { return int64(len(l.blob)), nil }
 func (l *unpackRawLayer) MediaType() (types.MediaType, error)  { return l.mt, nil }
