@@ -3,6 +3,7 @@ package image
 import (
 	"archive/tar"
 	"bytes"
+	"context"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -65,7 +66,8 @@ func BenchmarkUnpack(b *testing.B) {
 		if err := os.Mkdir(dir, 0o755); err != nil {
 			b.Fatal(err)
 		}
-		if _, err := benchUnpack(bytes.NewReader(layer), dir); err != nil {
+		opts := UnpackOptions{MaxLayerSize: 32 << 30, MaxEntries: 1 << 22, MaxDirs: 1 << 20}
+		if _, err := Unpack(context.Background(), bytes.NewReader(layer), dir, "bench", opts); err != nil {
 			b.Fatal(err)
 		}
 		b.StopTimer()
