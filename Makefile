@@ -94,6 +94,9 @@ fuzz:
 	$(GO) test -run '^$$' -fuzz '^FuzzDecodeResponse$$' -fuzztime $(FUZZTIME) ./internal/shim/proto/
 	$(GO) test -run '^$$' -fuzz '^FuzzParseHostsFile$$' -fuzztime $(FUZZTIME) ./internal/image/
 	$(GO) test -run '^$$' -fuzz '^FuzzParse$$' -fuzztime $(FUZZTIME) ./internal/sigpolicy/
+	# The layer unpacker and the image importer (issue 34; as root: they chown and mknod).
+	$(GO) test -run '^$$' -fuzz '^FuzzUnpack$$' -fuzztime $(FUZZTIME) ./internal/image/
+	$(GO) test -run '^$$' -fuzz '^FuzzImportArchive$$' -fuzztime $(FUZZTIME) ./internal/image/
 
 bench: build
 	hack/install-deps.sh bench

@@ -109,7 +109,7 @@ func unpackFile(b *testing.B, file, dir string) {
 		b.Fatal(err)
 	}
 	defer rc.Close()
-	if _, err := image.Unpack(rc, dir, file, image.UnpackOptions{}); err != nil {
+	if _, err := image.Unpack(context.Background(), rc, dir, file, image.UnpackOptions{}); err != nil {
 		b.Fatal(err)
 	}
 }

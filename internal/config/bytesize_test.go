@@ -36,3 +36,23 @@ func TestImageRangeFetchValidation(t *testing.T) {
 		t.Fatalf("disabled: %v", err)
 	}
 }
+
+func TestImageLimitsDefaultsAndValidation(t *testing.T) {
+	cfg := Default()
+	if cfg.ImageLimits.MaxLayerSize != 32<<30 || cfg.ImageLimits.MaxImageSize != 64<<30 ||
+		cfg.ImageLimits.MaxLayerEntries != 1<<22 || cfg.ImageLimits.MaxLayerDirs != 1<<20 {
+		t.Fatalf("defaults: %+v", cfg.ImageLimits)
+	}
+	out, err := cfg.TOML()
+	if err != nil || !strings.Contains(string(out), `max_layer_size = "32GiB"`) {
+		t.Fatalf("TOML: %v\n%s", err, out)
+	}
+	cfg.ImageLimits.MaxLayerSize = 0 // off
+	if err := cfg.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	cfg.ImageLimits.MaxLayerDirs = -1
+	if err := cfg.Validate(); err == nil || !strings.Contains(err.Error(), "image_limits") {
+		t.Fatalf("negative limit: %v", err)
+	}
+}

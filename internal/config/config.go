@@ -101,6 +101,9 @@ type Config struct {
 	// ImageRangeFetch fetches large layer blobs in parallel HTTP range
 	// requests (decision 3000).
 	ImageRangeFetch ImageRangeFetch `toml:"image_range_fetch" json:"image_range_fetch"`
+	// ImageLimits bound what one image may make berthd unpack (decision
+	// 3420): every image is hostile input.
+	ImageLimits ImageLimits `toml:"image_limits" json:"image_limits"`
 	// DefaultNetwork is the embedded CNI network used while CNIConfDir
 	// holds no config.
 	DefaultNetwork DefaultNetwork `toml:"default_network" json:"default_network"`
@@ -278,6 +281,40 @@ func (r ImageRangeFetch) validate() error {
 	return nil
 }
 
+// ImageLimits bound one image's layers, in bytes and entries, for pulls and
+// imports alike. A limit of 0 turns that check off.
+type ImageLimits struct {
+	// MaxLayerSize bounds one layer's uncompressed tar stream and the sum
+	// of the apparent sizes of its files (a sparse file counts at its
+	// full size).
+	MaxLayerSize ByteSize `toml:"max_layer_size" json:"max_layer_size"`
+	// MaxImageSize bounds the sum of the apparent sizes of the files of
+	// all the layers one pull or import unpacks.
+	MaxImageSize ByteSize `toml:"max_image_size" json:"max_image_size"`
+	// MaxLayerEntries bounds the tar entries of one layer.
+	MaxLayerEntries int64 `toml:"max_layer_entries" json:"max_layer_entries"`
+	// MaxLayerDirs bounds the directories of one layer (berthd keeps a
+	// record of each until the layer is done).
+	MaxLayerDirs int64 `toml:"max_layer_dirs" json:"max_layer_dirs"`
+}
+
+// Defaults of [image_limits]: far above any image seen in practice (the
+// largest machine-learning images hold layers of a few GiB and a few
+// hundred thousand files), far below what fills a node.
+const (
+	DefaultImageMaxLayerSize    = 32 << 30
+	DefaultImageMaxImageSize    = 64 << 30
+	DefaultImageMaxLayerEntries = 1 << 22
+	DefaultImageMaxLayerDirs    = 1 << 20
+)
+
+func (l ImageLimits) validate() error {
+	if l.MaxLayerSize < 0 || l.MaxImageSize < 0 || l.MaxLayerEntries < 0 || l.MaxLayerDirs < 0 {
+		return fmt.Errorf("image_limits: limits must not be negative (0 turns one off)")
+	}
+	return nil
+}
+
 // DefaultNetwork shapes the embedded bridge network. Two daemons on one
 // node must not share a bridge or subnet, so both are configurable.
 type DefaultNetwork struct {
@@ -343,6 +380,10 @@ func Default() *Config {
 		ImageRangeFetch: ImageRangeFetch{
 			Enable: true, MinLayerSize: DefaultImageRangeMinLayerSize, ChunkSize: DefaultImageRangeChunkSize,
 			Parallel: DefaultImageRangeParallel, Retries: DefaultImageRangeRetries,
+		},
+		ImageLimits: ImageLimits{
+			MaxLayerSize: DefaultImageMaxLayerSize, MaxImageSize: DefaultImageMaxImageSize,
+			MaxLayerEntries: DefaultImageMaxLayerEntries, MaxLayerDirs: DefaultImageMaxLayerDirs,
 		},
 		Tracing: Tracing{
 			Endpoint: DefaultTracingEndpoint, Protocol: TracingProtocolGRPC,
@@ -461,6 +502,9 @@ func (c *Config) Validate() error {
 		return fmt.Errorf("image_pull_progress_timeout must not be negative")
 	}
 	if err := c.ImageRangeFetch.validate(); err != nil {
+		return err
+	}
+	if err := c.ImageLimits.validate(); err != nil {
 		return err
 	}
 	if c.NRI.Enable && !filepath.IsAbs(c.NRI.SocketPath) {

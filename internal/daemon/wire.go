@@ -82,6 +82,12 @@ func (d *Daemon) openLiveConfig(context.Context) error {
 }
 
 func (d *Daemon) openImages(context.Context) (err error) {
+	// Read at start only, like [image_range_fetch].
+	l := d.cfg.ImageLimits
+	limits := image.Limits{
+		MaxLayerSize: int64(l.MaxLayerSize), MaxImageSize: int64(l.MaxImageSize),
+		MaxLayerEntries: l.MaxLayerEntries, MaxLayerDirs: l.MaxLayerDirs,
+	}
 	d.images, err = image.Open(image.Options{
 		Root:         filepath.Join(d.cfg.Root, "images"),
 		PinnedImages: d.cfg.PinnedImages,
@@ -96,6 +102,7 @@ func (d *Daemon) openImages(context.Context) (err error) {
 				ProgressTimeout:   live.PullProgressTimeout(),
 				SignaturePolicy:   live.ImageSignaturePolicy(),
 				RangeFetch:        rangeFetch(live.Config.ImageRangeFetch),
+				Limits:            limits,
 			}
 		},
 	})

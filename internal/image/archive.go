@@ -54,14 +54,14 @@ func (s *Store) Import(ctx context.Context, r io.Reader) ([]*Image, error) {
 	if err != nil {
 		return nil, fmt.Errorf("receive image archive: %w", err)
 	}
-	entries, err := tarNames(archive)
+	entries, err := readArchiveEntries(archive)
 	if err != nil {
 		return nil, fmt.Errorf("read image archive: %w: %w", err, errdefs.ErrInvalidArgument)
 	}
 	switch {
-	case entries["manifest.json"]:
-		return s.importDockerArchive(ctx, archive)
-	case entries["index.json"]:
+	case entries.has("manifest.json"):
+		return s.importDockerArchive(ctx, archive, entries)
+	case entries.has("index.json"):
 		dir := filepath.Join(work, "layout")
 		if err := extractLayout(archive, dir); err != nil {
 			return nil, err
@@ -71,23 +71,89 @@ func (s *Store) Import(ctx context.Context, r io.Reader) ([]*Image, error) {
 	return nil, fmt.Errorf("image archive has neither manifest.json (docker-archive) nor index.json (OCI layout): %w", errdefs.ErrInvalidArgument)
 }
 
-func tarNames(p string) (map[string]bool, error) {
+// Bounds of an import archive, whose JSON files go-containerregistry reads
+// whole: maxImportJSON for manifest.json and index.json (containerd's
+// limit since CVE-2023-25153), maxArchiveEntries for the names kept while
+// reading it (a docker save of a hundred images has a few thousand).
+const (
+	maxImportJSON     = 20 << 20
+	maxArchiveEntries = 1 << 16
+)
+
+// archiveEntry is what an import needs of one tar entry before reading it.
+type archiveEntry struct {
+	typ  byte
+	size int64
+	link string
+}
+
+// archiveEntries are an archive's entries by cleaned name, the first of
+// each name (the one go-containerregistry's reader opens).
+type archiveEntries map[string]archiveEntry
+
+func (e archiveEntries) has(name string) bool {
+	_, ok := e[name]
+	return ok
+}
+
+// size is the size of the file name opens, following links as
+// go-containerregistry's tarball reader does.
+func (e archiveEntries) size(name string) (int64, error) {
+	seen := map[string]bool{}
+	for {
+		n := path.Clean(name)
+		if seen[n] {
+			return 0, fmt.Errorf("link cycle at %s", name)
+		}
+		seen[n] = true
+		ent, ok := e[n]
+		if !ok {
+			return 0, fmt.Errorf("%s is not in the archive", name)
+		}
+		if ent.typ != tar.TypeSymlink && ent.typ != tar.TypeLink {
+			return ent.size, nil
+		}
+		name = path.Join(path.Dir(n), path.Clean(ent.link))
+	}
+}
+
+// checkSize refuses the archive file name when it is over max bytes, or
+// missing, before anything reads it whole.
+func (e archiveEntries) checkSize(name string, max int64) error {
+	n, err := e.size(name)
+	if err != nil {
+		return fmt.Errorf("image archive: %w: %w", err, errdefs.ErrInvalidArgument)
+	}
+	if n > max {
+		return fmt.Errorf("image archive: %s of %d bytes, over the limit of %d: %w", name, n, max, errdefs.ErrResourceExhausted)
+	}
+	return nil
+}
+
+func readArchiveEntries(p string) (archiveEntries, error) {
 	f, err := os.Open(p)
 	if err != nil {
 		return nil, err
 	}
 	defer f.Close()
-	names := map[string]bool{}
+	entries := archiveEntries{}
 	tr := tar.NewReader(f)
 	for {
 		h, err := tr.Next()
 		if errors.Is(err, io.EOF) {
-			return names, nil
+			return entries, nil
 		}
 		if err != nil {
 			return nil, err
 		}
-		names[path.Clean(h.Name)] = true
+		n := path.Clean(h.Name)
+		if _, ok := entries[n]; ok {
+			continue
+		}
+		if len(entries) >= maxArchiveEntries {
+			return nil, fmt.Errorf("more than %d entries", maxArchiveEntries)
+		}
+		entries[n] = archiveEntry{typ: h.Typeflag, size: h.Size, link: h.Linkname}
 	}
 }
 
@@ -115,6 +181,9 @@ func extractLayout(archive, dir string) error {
 		if h.Typeflag != tar.TypeReg || !(n == "index.json" || n == "oci-layout" || layoutBlobName.MatchString(n)) {
 			continue
 		}
+		if (n == "index.json" || n == "oci-layout") && h.Size > maxImportJSON {
+			return fmt.Errorf("OCI layout archive: %s of %d bytes, over the limit of %d: %w", n, h.Size, maxImportJSON, errdefs.ErrResourceExhausted)
+		}
 		out, err := os.OpenFile(filepath.Join(dir, filepath.FromSlash(n)), os.O_CREATE|os.O_TRUNC|os.O_WRONLY, 0o600)
 		if err != nil {
 			return err
@@ -129,8 +198,12 @@ func extractLayout(archive, dir string) error {
 	}
 }
 
-func (s *Store) importDockerArchive(ctx context.Context, archive string) ([]*Image, error) {
+func (s *Store) importDockerArchive(ctx context.Context, archive string, entries archiveEntries) ([]*Image, error) {
 	opener := func() (io.ReadCloser, error) { return os.Open(archive) }
+	// go-containerregistry reads manifest.json and each config whole.
+	if err := entries.checkSize("manifest.json", maxImportJSON); err != nil {
+		return nil, err
+	}
 	m, err := tarball.LoadManifest(opener)
 	if err != nil {
 		return nil, fmt.Errorf("docker-archive manifest.json: %w: %w", err, errdefs.ErrInvalidArgument)
@@ -151,6 +224,9 @@ func (s *Store) importDockerArchive(ctx context.Context, archive string) ([]*Ima
 			tag = &t
 		} else if len(m) > 1 {
 			return nil, fmt.Errorf("docker-archive image %d has no tag and is not the only one: %w", i, errdefs.ErrInvalidArgument)
+		}
+		if err := entries.checkSize(d.Config, maxConfigSize); err != nil {
+			return nil, fmt.Errorf("docker-archive image %d config: %w", i, err)
 		}
 		img, err := tarball.Image(opener, tag)
 		if err != nil {
@@ -228,6 +304,11 @@ func (s *Store) importLayout(ctx context.Context, dir string) ([]*Image, error) 
 	var todo []pending
 	for _, desc := range im.Manifests {
 		var img v1.Image
+		if desc.MediaType.IsIndex() || desc.MediaType.IsImage() {
+			if err := layoutBlobFits(dir, desc.Digest, maxManifestSize); err != nil {
+				return nil, err
+			}
+		}
 		switch {
 		case desc.MediaType.IsIndex():
 			sub, err := idx.ImageIndex(desc.Digest)
@@ -242,6 +323,9 @@ func (s *Store) importLayout(ctx context.Context, dir string) ([]*Image, error) 
 			if err != nil {
 				return nil, err
 			}
+			if err := layoutBlobFits(dir, chosen.Digest, maxManifestSize); err != nil {
+				return nil, err
+			}
 			if img, err = sub.Image(chosen.Digest); err != nil {
 				return nil, fmt.Errorf("OCI layout image %s: %w", chosen.Digest, err)
 			}
@@ -251,6 +335,15 @@ func (s *Store) importLayout(ctx context.Context, dir string) ([]*Image, error) 
 			}
 		default:
 			continue
+		}
+		m, err := img.Manifest()
+		if err != nil {
+			return nil, fmt.Errorf("OCI layout image %s: %w: %w", desc.Digest, err, errdefs.ErrInvalidArgument)
+		}
+		// The layout reads the config's file whole, whatever the manifest
+		// says its size is.
+		if err := layoutBlobFits(dir, m.Config.Digest, maxConfigSize); err != nil {
+			return nil, err
 		}
 		var names []string
 		var refs []Named
@@ -278,6 +371,22 @@ func (s *Store) importLayout(ctx context.Context, dir string) ([]*Image, error) 
 		return nil, fmt.Errorf("OCI layout has no images: %w", errdefs.ErrInvalidArgument)
 	}
 	return out, nil
+}
+
+// layoutBlobFits refuses an OCI layout blob that go-containerregistry would
+// read whole into memory when its file is over max bytes.
+func layoutBlobFits(dir string, h v1.Hash, max int64) error {
+	if h.Algorithm != "sha256" || !digestPattern.MatchString(h.String()) {
+		return fmt.Errorf("OCI layout: digest %q is not sha256:<64 hex>: %w", h, errdefs.ErrInvalidArgument)
+	}
+	fi, err := os.Stat(filepath.Join(dir, "blobs", "sha256", h.Hex))
+	if err != nil {
+		return fmt.Errorf("OCI layout: blob %s: %w: %w", h, err, errdefs.ErrInvalidArgument)
+	}
+	if fi.Size() > max {
+		return fmt.Errorf("OCI layout: blob %s of %d bytes, over the limit of %d: %w", h, fi.Size(), max, errdefs.ErrResourceExhausted)
+	}
+	return nil
 }
 
 // layoutName is the full image name an OCI layout entry carries: containerd's

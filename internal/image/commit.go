@@ -27,6 +27,16 @@ import (
 // (unpack.go) into the layer store, one syncfs, and the record into the
 // index last.
 
+// Limits on what is read whole into memory (decision 3420). A manifest or
+// index: 4 MiB, what the OCI distribution spec asks registries to accept
+// at least (go-containerregistry itself stops at 100 MiB). A config, or an
+// import's manifest.json or index.json: 20 MiB, containerd's limit for the
+// JSON files of an import since CVE-2023-25153.
+const (
+	maxManifestSize = 4 << 20
+	maxConfigSize   = 20 << 20
+)
+
 // layerParallelism is how many layers of one image download and unpack at
 // once: enough to overlap one layer's network waits with another's
 // decompression on a small node, few enough not to thrash its disk.
@@ -94,9 +104,15 @@ func (s *Store) commit(ctx context.Context, img v1.Image, names []string, open b
 	if err := s.content.writeBlob(rec.ConfigDigest, d.config); err != nil {
 		return nil, err
 	}
+	limits := s.settings().Limits
 	for _, lr := range rec.Layers {
 		if !types.MediaType(lr.MediaType).IsDistributable() {
 			return nil, fmt.Errorf("layer %s is non-distributable: %w", lr.Digest, errdefs.ErrFailedPrecondition)
+		}
+		if max := limits.MaxLayerSize; max > 0 && lr.Size > max+max/64+1<<20 {
+			// gzip and zstd grow incompressible data by far less than
+			// 1/64: this blob cannot unpack within the limit.
+			return nil, fmt.Errorf("layer %s: blob of %d bytes, over the limit image_limits.max_layer_size (%d bytes unpacked): %w", lr.Digest, lr.Size, max, errdefs.ErrResourceExhausted)
 		}
 	}
 	chains := make([]string, len(rec.Layers))
@@ -107,7 +123,11 @@ func (s *Store) commit(ctx context.Context, img v1.Image, names []string, open b
 	if open == nil {
 		open = imageLayers(d.layers)
 	}
-	if err := s.storeLayers(ctx, rec.Layers, open); err != nil {
+	opts := UnpackOptions{
+		MaxLayerSize: limits.MaxLayerSize, MaxEntries: limits.MaxLayerEntries, MaxDirs: limits.MaxLayerDirs,
+		Image: NewSizeBudget(limits.MaxImageSize), Log: s.log,
+	}
+	if err := s.storeLayers(ctx, rec.Layers, open, opts); err != nil {
 		return nil, err
 	}
 	// One flush of the filesystem makes every blob and layer file this
@@ -129,9 +149,22 @@ func describe(img v1.Image) (*described, error) {
 	if err != nil {
 		return nil, classify(fmt.Errorf("read manifest: %w", err))
 	}
+	if len(manifest) > maxManifestSize {
+		return nil, fmt.Errorf("manifest of %d bytes, over the limit of %d: %w", len(manifest), maxManifestSize, errdefs.ErrResourceExhausted)
+	}
 	mdigest, err := img.Digest()
 	if err != nil {
 		return nil, fmt.Errorf("manifest digest: %w", err)
+	}
+	m, err := img.Manifest()
+	if err != nil {
+		return nil, classify(fmt.Errorf("parse manifest: %w", err))
+	}
+	// The config is read whole into memory before its digest can be
+	// checked: its declared size must be sane before one byte is read
+	// (CVE-2023-25153's class).
+	if m.Config.Size < 0 || m.Config.Size > maxConfigSize {
+		return nil, fmt.Errorf("image config %s declares %d bytes, over the limit of %d: %w", m.Config.Digest, m.Config.Size, maxConfigSize, errdefs.ErrResourceExhausted)
 	}
 	cfgRaw, err := img.RawConfigFile()
 	if err != nil {
@@ -220,7 +253,7 @@ func imageLayers(layers []v1.Layer) blobOpener {
 // unpacks into its own dir, so layers stream in parallel. As each layer is
 // in place its files start going to disk while the others still unpack,
 // so the caller's syncfs waits for little.
-func (s *Store) storeLayers(ctx context.Context, layers []layerMeta, open blobOpener) error {
+func (s *Store) storeLayers(ctx context.Context, layers []layerMeta, open blobOpener, opts UnpackOptions) error {
 	g, gctx := errgroup.WithContext(ctx)
 	g.SetLimit(layerParallelism)
 	var early sync.WaitGroup
@@ -228,7 +261,7 @@ func (s *Store) storeLayers(ctx context.Context, layers []layerMeta, open blobOp
 	defer early.Wait()
 	for _, lr := range layers {
 		g.Go(func() error {
-			if err := s.ensureLayer(gctx, lr, open); err != nil {
+			if err := s.ensureLayer(gctx, lr, open, opts); err != nil {
 				return err
 			}
 			if earlyRunning.CompareAndSwap(false, true) {
@@ -247,9 +280,9 @@ func (s *Store) storeLayers(ctx context.Context, layers []layerMeta, open blobOp
 
 // ensureLayer makes layer lr present, its blob in blobs/ and its unpacked
 // dir in layers/, once per chain ID however many pulls need it at once.
-func (s *Store) ensureLayer(ctx context.Context, lr layerMeta, open blobOpener) error {
+func (s *Store) ensureLayer(ctx context.Context, lr layerMeta, open blobOpener, opts UnpackOptions) error {
 	for attempt := 0; ; attempt++ {
-		err := s.fetchLayer(ctx, lr, open)
+		err := s.fetchLayer(ctx, lr, open, opts)
 		// A shared stream started by a pull whose callers all left is
 		// cancelled; a caller still waiting streams it again itself.
 		if err != nil && errors.Is(err, context.Canceled) && ctx.Err() == nil && attempt == 0 {
@@ -263,7 +296,7 @@ func (s *Store) layerPresent(lr layerMeta) bool {
 	return s.layers.has(lr.ChainID) && s.content.has(lr.Digest)
 }
 
-func (s *Store) fetchLayer(ctx context.Context, lr layerMeta, open blobOpener) (err error) {
+func (s *Store) fetchLayer(ctx context.Context, lr layerMeta, open blobOpener, opts UnpackOptions) (err error) {
 	if s.layerPresent(lr) {
 		return nil
 	}
@@ -273,7 +306,7 @@ func (s *Store) fetchLayer(ctx context.Context, lr layerMeta, open blobOpener) (
 		if s.layerPresent(lr) {
 			return struct{}{}, nil
 		}
-		err := s.streamLayer(ctx, lr, open)
+		err := s.streamLayer(ctx, lr, open, opts)
 		if err == nil && ctx.Err() != nil {
 			// Every pull that wanted the layer left (one failed) while it
 			// was being stored: nothing will record it, collect it.
@@ -292,7 +325,7 @@ func (s *Store) fetchLayer(ctx context.Context, lr layerMeta, open blobOpener) (
 // layers/; any failure, a digest mismatch included, removes what the
 // stream wrote. A blob already stored is unpacked from disk; a layer
 // already unpacked only has its blob fetched.
-func (s *Store) streamLayer(ctx context.Context, lr layerMeta, open blobOpener) error {
+func (s *Store) streamLayer(ctx context.Context, lr layerMeta, open blobOpener, opts UnpackOptions) error {
 	count, stopCount := s.streams.start(lr.ChainID)
 	defer stopCount()
 	bf, err := s.startBlobFetch(ctx, lr, open, count)
@@ -307,7 +340,7 @@ func (s *Store) streamLayer(ctx context.Context, lr layerMeta, open blobOpener) 
 		}
 		defer tx.abort()
 		_, span := tracing.Start(ctx, "image.layer.unpack", tracing.AttrLayer.String(lr.Digest))
-		err = unpackLayer(bf, lr, tx.diffDir(), s.unpack)
+		err = unpackLayer(ctx, bf, lr, tx.diffDir(), opts)
 		tracing.End(span, err)
 	}
 	if err := bf.finish(err); err != nil {

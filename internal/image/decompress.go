@@ -3,6 +3,7 @@ package image
 import (
 	"bufio"
 	"bytes"
+	"context"
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
@@ -52,8 +53,10 @@ const (
 // unpackLayer decompresses the blob stream r into dir and checks the
 // uncompressed digest against the diff ID. Decompression (with the
 // download and hashing before it) runs ahead of the unpack on its own
-// goroutine.
-func unpackLayer(r io.Reader, lr layerMeta, dir string, opts UnpackOptions) error {
+// goroutine. The uncompressed stream, tar padding after the end marker
+// included, is bounded by opts.MaxLayerSize, and everything stops when
+// ctx is cancelled.
+func unpackLayer(ctx context.Context, r io.Reader, lr layerMeta, dir string, opts UnpackOptions) error {
 	rc, err := Decompress(r)
 	if err != nil {
 		return fmt.Errorf("layer %s: %w", lr.Digest, err)
@@ -62,11 +65,14 @@ func unpackLayer(r io.Reader, lr layerMeta, dir string, opts UnpackOptions) erro
 	h := sha256.New()
 	ra := newReadAhead(io.TeeReader(rc, h), readAheadChunk, readAheadDepth)
 	defer ra.Close()
-	if _, err := Unpack(ra, dir, lr.Digest, opts); err != nil {
+	n, err := Unpack(ctx, ra, dir, lr.Digest, opts)
+	if err != nil {
 		return err
 	}
-	// Tar padding after the end marker still counts for the diff ID.
-	if _, err := io.Copy(io.Discard, ra); err != nil {
+	// Tar padding after the end marker still counts for the diff ID, and
+	// for the layer's size: a stream of zeros after it is cut too.
+	tail := &countingReader{r: ra, n: n, max: opts.MaxLayerSize, layer: lr.Digest}
+	if _, err := copyCtx(ctx, io.Discard, tail); err != nil {
 		return fmt.Errorf("layer %s: read: %w", lr.Digest, err)
 	}
 	ra.Close() // the hash is complete once the filler returned

@@ -150,6 +150,9 @@ func (s *Store) pullFrom(ctx context.Context, ep endpoint, n, asked Named, names
 		return nil, classify(err)
 	}
 	w.step()
+	if desc.Size > maxManifestSize {
+		return nil, fmt.Errorf("manifest %s of %d bytes, over the limit of %d: %w", desc.Digest, desc.Size, maxManifestSize, errdefs.ErrResourceExhausted)
+	}
 	if policy != nil {
 		// desc.Digest is computed from the manifest received (and, by
 		// digest, checked against it): the index, manifest, config and
@@ -180,6 +183,10 @@ func (s *Store) pullFrom(ctx context.Context, ep endpoint, n, asked Named, names
 		chosen, err := pickManifest(im)
 		if err != nil {
 			return nil, err
+		}
+		// Checked before it is fetched: the index says how big it is.
+		if chosen.Size < 0 || chosen.Size > maxManifestSize {
+			return nil, fmt.Errorf("manifest %s declares %d bytes, over the limit of %d: %w", chosen.Digest, chosen.Size, maxManifestSize, errdefs.ErrResourceExhausted)
 		}
 		if img, err = idx.Image(chosen.Digest); err != nil {
 			return nil, classify(err)

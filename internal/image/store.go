@@ -42,8 +42,9 @@ type Options struct {
 	RegistryConfigDir string
 	// PinnedImages are references reported pinned and never removed by GC.
 	PinnedImages []string
-	Unpack       UnpackOptions
-	Logger       *slog.Logger
+	// Limits bound each image's layers (when Settings is nil).
+	Limits Limits
+	Logger *slog.Logger
 	// Observer, if set, hears about downloads (berthd's metrics).
 	Observer PullObserver
 	// Faults, for crash-recovery tests only, kills berthd at armed points
@@ -79,6 +80,23 @@ type PullSettings struct {
 	// RangeFetch is how large layer blobs are fetched in parallel ranges;
 	// the zero value fetches each blob as one stream.
 	RangeFetch RangeFetch
+	// Limits bound what each image may unpack (pulls and imports).
+	Limits Limits
+}
+
+// Limits bound what one image may make berthd unpack (decision 3420,
+// [image_limits]); a zero limit is no limit.
+type Limits struct {
+	// MaxLayerSize bounds one layer's uncompressed stream and the
+	// apparent size of its files.
+	MaxLayerSize int64
+	// MaxImageSize bounds the apparent size of the files of all the
+	// layers one pull or import unpacks.
+	MaxImageSize int64
+	// MaxLayerEntries bounds one layer's tar entries.
+	MaxLayerEntries int64
+	// MaxLayerDirs bounds the directories one layer makes.
+	MaxLayerDirs int64
 }
 
 // PullObserver is told how many bytes pulls download and how long
@@ -108,7 +126,6 @@ type PullObserver interface {
 type Store struct {
 	dir      string
 	settings func() PullSettings
-	unpack   UnpackOptions
 	log      *slog.Logger
 	observer PullObserver
 	faults   *fault.Injector
@@ -171,7 +188,6 @@ func newStore(opts Options) *Store {
 	s := &Store{
 		dir:      opts.Root,
 		settings: opts.Settings,
-		unpack:   opts.Unpack,
 		log:      log,
 		observer: opts.Observer,
 		faults:   opts.Faults,
@@ -180,7 +196,7 @@ func newStore(opts Options) *Store {
 		usage:    &usageCache{dir: opts.Root, trash: filepath.Join(opts.Root, "trash")},
 	}
 	if s.settings == nil {
-		static := PullSettings{RegistryConfigDir: opts.RegistryConfigDir, ProgressTimeout: opts.PullProgressTimeout, RangeFetch: opts.RangeFetch}
+		static := PullSettings{RegistryConfigDir: opts.RegistryConfigDir, ProgressTimeout: opts.PullProgressTimeout, RangeFetch: opts.RangeFetch, Limits: opts.Limits}
 		s.settings = func() PullSettings { return static }
 	}
 	s.index = &imageIndex{

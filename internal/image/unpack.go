@@ -6,11 +6,13 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"os"
 	"path"
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 
 	securejoin "github.com/cyphar/filepath-securejoin"
 	"golang.org/x/sync/semaphore"
@@ -27,41 +29,85 @@ const (
 	paxXattrPrefix = "SCHILY.xattr."
 )
 
-// UnpackOptions bound what a layer may do.
+// UnpackOptions bound what a layer may do (decision 3420). A zero limit
+// is no limit.
 type UnpackOptions struct {
-	// MaxFileSize refuses regular files whose size is larger; 0 means no limit.
-	MaxFileSize int64
+	// MaxLayerSize bounds the layer's uncompressed tar stream, and the sum
+	// of the apparent sizes of its regular files: a sparse file counts at
+	// its full size, from its header, before anything is written.
+	MaxLayerSize int64
+	// MaxEntries bounds the tar entries of the layer.
+	MaxEntries int64
+	// MaxDirs bounds the directories the layer creates (each one's times
+	// are kept until the end, to be set last).
+	MaxDirs int64
+	// Image, if set, is shared by the layers of one pull or import: the
+	// apparent size of each file counts against it too.
+	Image *SizeBudget
+	// Log, if set, hears what the unpack leaves out (xattrs dropped).
+	Log *slog.Logger
+}
+
+// SizeBudget is a byte limit shared by the layers of one image, which
+// unpack in parallel.
+type SizeBudget struct {
+	max  int64
+	used atomic.Int64
+}
+
+// NewSizeBudget returns a budget of max bytes; max 0 is no limit (nil is
+// one too).
+func NewSizeBudget(max int64) *SizeBudget { return &SizeBudget{max: max} }
+
+// take counts n more bytes and reports whether the budget still holds.
+func (b *SizeBudget) take(n int64) bool {
+	if b == nil || b.max <= 0 {
+		return true
+	}
+	return b.used.Add(n) <= b.max
 }
 
 // Unpack extracts the uncompressed tar stream r into root, an empty
 // directory that becomes one overlayfs lower layer. OCI whiteouts become
 // overlay whiteouts (char 0/0) and opaque directories (trusted.overlay.opaque).
-// Ownership, modes, xattrs, hardlinks, symlinks and timestamps are kept.
-// Entries that would leave root (absolute names, "..", writes or hardlinks
-// through symlinks) and device nodes are refused with an error naming the
-// layer and the entry; nothing outside root is ever touched. Small regular
-// files are written by a few writers in parallel, ordered against every
-// later entry that could see them. It returns the number of tar bytes read.
-func Unpack(r io.Reader, root, layer string, opts UnpackOptions) (int64, error) {
-	return unpack(r, root, layer, opts, maxTrackedNames)
+// Ownership, modes, hardlinks, symlinks, device nodes and timestamps are
+// kept; of the xattrs only the unprivileged ones (allowedXattr). Entries
+// that would leave root (absolute names, "..", writes or hardlinks through
+// symlinks) are refused with an error naming the layer and the entry;
+// nothing outside root is ever touched. A layer past one of opts' limits
+// is refused (ErrResourceExhausted) as soon as it is seen, and the unpack
+// stops when ctx is cancelled: what it wrote is the caller's to remove.
+// Small regular files are written by a few writers in parallel, ordered
+// against every later entry that could see them. It returns the number of
+// tar bytes read.
+func Unpack(ctx context.Context, r io.Reader, root, layer string, opts UnpackOptions) (int64, error) {
+	return unpack(ctx, r, root, layer, opts, maxTrackedNames)
 }
 
 // unpack is Unpack keeping track of at most maxNames created names.
-func unpack(r io.Reader, root, layer string, opts UnpackOptions, maxNames int) (int64, error) {
-	cr := &countingReader{r: r}
+func unpack(ctx context.Context, r io.Reader, root, layer string, opts UnpackOptions, maxNames int) (int64, error) {
+	cr := &countingReader{r: r, max: opts.MaxLayerSize, layer: layer}
 	tr := tar.NewReader(cr)
-	u := &unpacker{root: filepath.Clean(root), layer: layer, opts: opts, dirsOK: map[string]bool{}, buf: make([]byte, 128<<10),
+	u := &unpacker{ctx: ctx, root: filepath.Clean(root), layer: layer, opts: opts, dirsOK: map[string]bool{}, buf: make([]byte, 128<<10),
 		created: map[string]bool{}, maxNames: maxNames,
 		pending: map[string]bool{}, inFlight: semaphore.NewWeighted(parallelBytes)}
+	defer u.reportDropped()
 	// Whatever happens, no writer is left running when Unpack returns.
 	defer u.flush()
 	for {
+		if err := ctx.Err(); err != nil {
+			return cr.n, fmt.Errorf("layer %s: unpack: %w", layer, err)
+		}
 		hdr, err := tr.Next()
 		if errors.Is(err, io.EOF) {
 			break
 		}
 		if err != nil {
 			return cr.n, fmt.Errorf("layer %s: read tar: %w", layer, err)
+		}
+		u.entries++
+		if u.opts.MaxEntries > 0 && u.entries > u.opts.MaxEntries {
+			return cr.n, u.exhausted(hdr.Name, fmt.Sprintf("more than %d entries", u.opts.MaxEntries), "image_limits.max_layer_entries")
 		}
 		if err := u.entry(hdr, tr); err != nil {
 			return cr.n, err
@@ -73,8 +119,8 @@ func unpack(r io.Reader, root, layer string, opts UnpackOptions, maxNames int) (
 	// Directory times last: creating entries inside them changed them.
 	for i := len(u.dirs) - 1; i >= 0; i-- {
 		d := u.dirs[i]
-		if err := setTimes(d.path, d.hdr); err != nil {
-			return cr.n, fmt.Errorf("layer %s: entry %q: %w", layer, d.hdr.Name, err)
+		if err := unix.UtimesNanoAt(unix.AT_FDCWD, d.path, d.times[:], unix.AT_SYMLINK_NOFOLLOW); err != nil {
+			return cr.n, fmt.Errorf("layer %s: directory %q: set times: %w", layer, strings.TrimPrefix(d.path, u.root), err)
 		}
 	}
 	return cr.n, nil
@@ -86,10 +132,19 @@ func unpack(r io.Reader, root, layer string, opts UnpackOptions, maxNames int) (
 // tar; the writers it starts touch only their jobs, bufs, inFlight and
 // err.
 type unpacker struct {
+	// ctx is Unpack's, checked between entries and within long files.
+	ctx   context.Context
 	root  string
 	layer string
 	opts  UnpackOptions
 	dirs  []dirTimes
+	// entries, ndirs and size count the layer's tar entries, the
+	// directories it made and the apparent size of its files, against
+	// opts' limits.
+	entries, ndirs, size int64
+	// dropped counts the xattrs left out, by name (the writers drop too).
+	dropMu  sync.Mutex
+	dropped map[string]int
 	// dirsOK holds the relative paths of directories known to be real
 	// directories inside root (made by this unpack or checked), so that
 	// the thousands of entries of one directory check it once. Anything
@@ -122,6 +177,58 @@ type unpacker struct {
 // maxTrackedNames bounds the memory of created (about 100 bytes a name):
 // a layer with more names than that is unpacked with an lstat per name.
 const maxTrackedNames = 1 << 18
+
+// maxDirsOK bounds dirsOK the same way: it is a cache, emptied when full.
+const maxDirsOK = 1 << 16
+
+// dirOK records that rel is a directory checked or made inside root.
+func (u *unpacker) dirOK(rel string) {
+	if len(u.dirsOK) >= maxDirsOK {
+		clear(u.dirsOK)
+	}
+	u.dirsOK[rel] = true
+}
+
+// newDir counts a directory the layer makes against opts.MaxDirs.
+func (u *unpacker) newDir(entry string) error {
+	u.ndirs++
+	if u.opts.MaxDirs > 0 && u.ndirs > u.opts.MaxDirs {
+		return u.exhausted(entry, fmt.Sprintf("more than %d directories", u.opts.MaxDirs), "image_limits.max_layer_dirs")
+	}
+	return nil
+}
+
+// drop records that the xattr name was left out (allowedXattr).
+func (u *unpacker) drop(name string) {
+	u.dropMu.Lock()
+	defer u.dropMu.Unlock()
+	if u.dropped == nil {
+		u.dropped = map[string]int{}
+	}
+	// A hostile layer may name many: bounded memory, the count goes on.
+	if _, ok := u.dropped[name]; ok || len(u.dropped) < 32 {
+		u.dropped[name]++
+	} else {
+		u.dropped["(others)"]++
+	}
+}
+
+// reportDropped logs, once per layer, the xattrs it left out.
+func (u *unpacker) reportDropped() {
+	u.dropMu.Lock()
+	defer u.dropMu.Unlock()
+	if len(u.dropped) == 0 || u.opts.Log == nil {
+		return
+	}
+	u.opts.Log.Warn("layer xattrs dropped: only user.*, security.capability and POSIX ACLs are applied",
+		"layer", u.layer, "dropped", u.dropped)
+}
+
+// exhausted is the error of a layer past one of its limits: what, and the
+// configuration key that sets it.
+func (u *unpacker) exhausted(name, what, key string) error {
+	return fmt.Errorf("layer %s: entry %q: %s, over the limit %s: %w", u.layer, name, what, key, errdefs.ErrResourceExhausted)
+}
 
 // made records that the unpack created rel.
 func (u *unpacker) made(rel string) {
@@ -159,9 +266,11 @@ func (u *unpacker) absent(rel, target string) bool {
 // have been (or held) one of them.
 func (u *unpacker) removed() { clear(u.dirsOK) }
 
+// dirTimes is a directory's times, kept to be set last: its path and two
+// timespecs, not the whole header (a layer may hold a million).
 type dirTimes struct {
-	path string
-	hdr  *tar.Header
+	path  string
+	times [2]unix.Timespec
 }
 
 func (u *unpacker) refuse(name, why string) error {
@@ -208,6 +317,9 @@ func (u *unpacker) parentDir(entry, rel string, create bool) (string, error) {
 			case os.IsNotExist(err) && !create:
 				return "", u.refuse(entry, "directory "+strings.TrimPrefix(cur, u.root)+" is not in this layer")
 			case os.IsNotExist(err):
+				if err := u.newDir(entry); err != nil {
+					return "", err
+				}
 				if err := os.Mkdir(cur, 0o755); err != nil {
 					return "", fmt.Errorf("layer %s: entry %q: create parent: %w", u.layer, entry, err)
 				}
@@ -232,7 +344,7 @@ func (u *unpacker) parentDir(entry, rel string, create bool) (string, error) {
 		return "", u.refuse(entry, "path resolves outside its lexical location")
 	}
 	for d := dir; d != "." && !u.dirsOK[d]; d = path.Dir(d) {
-		u.dirsOK[d] = true
+		u.dirOK(d)
 	}
 	return cur, nil
 }
@@ -261,14 +373,23 @@ func (u *unpacker) entry(hdr *tar.Header, r io.Reader) error {
 	target := filepath.Join(parent, base)
 
 	switch hdr.Typeflag {
-	case tar.TypeChar, tar.TypeBlock:
-		return u.refuse(hdr.Name, "device nodes are not allowed in layers")
 	case tar.TypeDir, tar.TypeReg, tar.TypeSymlink, tar.TypeLink, tar.TypeFifo:
+	case tar.TypeChar, tar.TypeBlock:
+		// Created as containerd does (decision 3420): a container's /dev
+		// is a fresh tmpfs and its device rules deny what it was not given.
 	default:
 		return u.refuse(hdr.Name, fmt.Sprintf("unsupported tar entry type %q", hdr.Typeflag))
 	}
-	if hdr.Typeflag == tar.TypeReg && u.opts.MaxFileSize > 0 && hdr.Size > u.opts.MaxFileSize {
-		return u.refuse(hdr.Name, fmt.Sprintf("file size %d exceeds the limit %d", hdr.Size, u.opts.MaxFileSize))
+	if hdr.Typeflag == tar.TypeReg {
+		// The apparent size, from the header: a sparse file of 1 TiB is
+		// refused before a byte of it is written.
+		if max := u.opts.MaxLayerSize; max > 0 && hdr.Size > max-u.size {
+			return u.exhausted(hdr.Name, fmt.Sprintf("files of more than %d bytes", max), "image_limits.max_layer_size")
+		}
+		u.size += hdr.Size
+		if !u.opts.Image.take(hdr.Size) {
+			return u.exhausted(hdr.Name, fmt.Sprintf("an image of more than %d bytes", u.opts.Image.max), "image_limits.max_image_size")
+		}
 	}
 
 	wrap := func(err error) error { return fmt.Errorf("layer %s: entry %q: %w", u.layer, hdr.Name, err) }
@@ -329,8 +450,12 @@ func (u *unpacker) special(hdr *tar.Header, rel, target string, wrap func(error)
 	case tar.TypeDir:
 		if err := os.Mkdir(target, 0o700); err != nil && !os.IsExist(err) {
 			return wrap(err)
+		} else if err == nil {
+			if err := u.newDir(hdr.Name); err != nil {
+				return err
+			}
 		}
-		u.dirsOK[rel] = true
+		u.dirOK(rel)
 	case tar.TypeSymlink:
 		if err := os.Symlink(hdr.Linkname, target); err != nil {
 			return wrap(err)
@@ -338,6 +463,17 @@ func (u *unpacker) special(hdr *tar.Header, rel, target string, wrap func(error)
 	case tar.TypeFifo:
 		if err := unix.Mkfifo(target, 0o600); err != nil {
 			return wrap(err)
+		}
+	case tar.TypeChar, tar.TypeBlock:
+		mode := uint32(unix.S_IFCHR)
+		if hdr.Typeflag == tar.TypeBlock {
+			mode = unix.S_IFBLK
+		}
+		if hdr.Devmajor < 0 || hdr.Devminor < 0 || hdr.Devmajor > 0xfffff || hdr.Devminor > 0xfffff {
+			return u.refuse(hdr.Name, fmt.Sprintf("device number %d:%d out of range", hdr.Devmajor, hdr.Devminor))
+		}
+		if err := unix.Mknod(target, mode|0o600, int(unix.Mkdev(uint32(hdr.Devmajor), uint32(hdr.Devminor)))); err != nil {
+			return wrap(fmt.Errorf("create device node: %w", err))
 		}
 	case tar.TypeLink:
 		// A hard link shares its target's inode and metadata.
@@ -347,7 +483,7 @@ func (u *unpacker) special(hdr *tar.Header, rel, target string, wrap func(error)
 	if err := os.Lchown(target, hdr.Uid, hdr.Gid); err != nil {
 		return wrap(fmt.Errorf("chown: %w", err))
 	}
-	if err := setXattrs(target, hdr); err != nil {
+	if err := setXattrs(target, hdr, u.drop); err != nil {
 		return wrap(err)
 	}
 	if hdr.Typeflag != tar.TypeSymlink {
@@ -357,7 +493,7 @@ func (u *unpacker) special(hdr *tar.Header, rel, target string, wrap func(error)
 		}
 	}
 	if hdr.Typeflag == tar.TypeDir {
-		u.dirs = append(u.dirs, dirTimes{path: target, hdr: hdr})
+		u.dirs = append(u.dirs, dirTimes{path: target, times: timespecs(hdr)})
 		return nil
 	}
 	if err := setTimes(target, hdr); err != nil {
@@ -457,7 +593,7 @@ func (u *unpacker) regular(hdr *tar.Header, rel, target string, r io.Reader, wra
 		unix.Close(fd)
 		return wrap(err)
 	}
-	if err := finishFile(fd, hdr); err != nil {
+	if err := finishFile(fd, hdr, u.drop); err != nil {
 		return wrap(err)
 	}
 	return nil
@@ -470,6 +606,11 @@ func (u *unpacker) writeData(fd int, r io.Reader, size int64) error {
 	var written int64
 	holeAtEnd := false
 	for written < size {
+		// A file may be large (up to the layer limit): the unpack stops
+		// within it when its pull is gone.
+		if err := u.ctx.Err(); err != nil {
+			return err
+		}
 		want := int64(len(buf))
 		if size-written < want {
 			want = size - written

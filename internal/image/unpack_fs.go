@@ -11,22 +11,24 @@ import (
 	"unsafe"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/berthcri/berth/internal/errdefs"
 )
 
 // The unpacker's file system calls: creating files and setting their
 // metadata by descriptor or by path.
 
 // finishFile sets a written file's owner, xattrs, mode and times, and
-// closes fd, whatever happens.
-func finishFile(fd int, hdr *tar.Header) error {
-	err := setFileMeta(fd, hdr)
+// closes fd, whatever happens. drop hears of each xattr left out.
+func finishFile(fd int, hdr *tar.Header, drop func(string)) error {
+	err := setFileMeta(fd, hdr, drop)
 	if cerr := unix.Close(fd); err == nil && cerr != nil {
 		err = fmt.Errorf("close: %w", cerr)
 	}
 	return err
 }
 
-func setFileMeta(fd int, hdr *tar.Header) error {
+func setFileMeta(fd int, hdr *tar.Header, drop func(string)) error {
 	if err := unix.Fchown(fd, hdr.Uid, hdr.Gid); err != nil {
 		return fmt.Errorf("chown: %w", err)
 	}
@@ -35,6 +37,10 @@ func setFileMeta(fd int, hdr *tar.Header) error {
 			continue
 		}
 		attr := strings.TrimPrefix(k, paxXattrPrefix)
+		if !allowedXattr(attr) {
+			drop(attr)
+			continue
+		}
 		if err := unix.Fsetxattr(fd, attr, []byte(v), 0); err != nil && !errors.Is(err, unix.ENOTSUP) {
 			return fmt.Errorf("set xattr %s: %w", attr, err)
 		}
@@ -81,12 +87,33 @@ func writeAll(fd int, p []byte) error {
 	return nil
 }
 
-func setXattrs(target string, hdr *tar.Header) error {
+// allowedXattr reports whether a layer may set the xattr name. Only the
+// unprivileged namespace, file capabilities and POSIX ACLs: trusted.*
+// holds overlayfs's own metadata (trusted.overlay.opaque, .redirect,
+// .metacopy would change what the container sees of the layers below;
+// berth sets opaque itself, from OCI whiteouts), security.* other than
+// capabilities holds LSM labels that are the runtime's to set, and any
+// other namespace means nothing to a container.
+func allowedXattr(name string) bool {
+	switch {
+	case strings.HasPrefix(name, "user."):
+		return true
+	case name == "security.capability", name == "system.posix_acl_access", name == "system.posix_acl_default":
+		return true
+	}
+	return false
+}
+
+func setXattrs(target string, hdr *tar.Header, drop func(string)) error {
 	for k, v := range hdr.PAXRecords {
 		if !strings.HasPrefix(k, paxXattrPrefix) {
 			continue
 		}
 		attr := strings.TrimPrefix(k, paxXattrPrefix)
+		if !allowedXattr(attr) {
+			drop(attr)
+			continue
+		}
 		if err := unix.Lsetxattr(target, attr, []byte(v), 0); err != nil && !errors.Is(err, unix.ENOTSUP) {
 			return fmt.Errorf("set xattr %s: %w", attr, err)
 		}
@@ -122,13 +149,18 @@ func isZero(b []byte) bool {
 	return true
 }
 
-func setTimes(p string, hdr *tar.Header) error {
+// timespecs are hdr's access and modification times for utimensat.
+func timespecs(hdr *tar.Header) [2]unix.Timespec {
 	atime := hdr.AccessTime
 	if atime.IsZero() {
 		atime = hdr.ModTime
 	}
-	ts := []unix.Timespec{toTimespec(atime), toTimespec(hdr.ModTime)}
-	if err := unix.UtimesNanoAt(unix.AT_FDCWD, p, ts, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+	return [2]unix.Timespec{toTimespec(atime), toTimespec(hdr.ModTime)}
+}
+
+func setTimes(p string, hdr *tar.Header) error {
+	ts := timespecs(hdr)
+	if err := unix.UtimesNanoAt(unix.AT_FDCWD, p, ts[:], unix.AT_SYMLINK_NOFOLLOW); err != nil {
 		return fmt.Errorf("set times: %w", err)
 	}
 	return nil
@@ -141,13 +173,33 @@ func toTimespec(t time.Time) unix.Timespec {
 	return unix.NsecToTimespec(t.UnixNano())
 }
 
+// countingReader counts the bytes of a layer's tar stream and fails once
+// they pass max (when max is set): a stream of zeros that decompresses
+// without end is cut there.
 type countingReader struct {
-	r io.Reader
-	n int64
+	r     io.Reader
+	n     int64
+	max   int64
+	layer string
 }
 
 func (c *countingReader) Read(p []byte) (int, error) {
+	if c.max > 0 {
+		if c.n > c.max {
+			return 0, c.tooBig()
+		}
+		if rest := c.max - c.n + 1; int64(len(p)) > rest {
+			p = p[:rest]
+		}
+	}
 	n, err := c.r.Read(p)
 	c.n += int64(n)
+	if c.max > 0 && c.n > c.max {
+		return n, c.tooBig()
+	}
 	return n, err
+}
+
+func (c *countingReader) tooBig() error {
+	return fmt.Errorf("layer %s: uncompressed stream of more than %d bytes, over the limit image_limits.max_layer_size: %w", c.layer, c.max, errdefs.ErrResourceExhausted)
 }

@@ -123,7 +123,7 @@ func (u *unpacker) writeSmall(job fileJob) error {
 		unix.Close(fd)
 		return err
 	}
-	return finishFile(fd, job.hdr)
+	return finishFile(fd, job.hdr, u.drop)
 }
 
 // writeErr is the first error of a writer, if any.
