@@ -149,6 +149,9 @@ func (s *Store) pullFrom(ctx context.Context, ep endpoint, n, asked Named, names
 	if err != nil {
 		return nil, classify(err)
 	}
+	if err := checkManifestKind(desc.Manifest, desc.MediaType); err != nil {
+		return nil, err
+	}
 	w.step()
 	if policy != nil {
 		// desc.Digest is computed from the manifest received (and, by
@@ -183,6 +186,9 @@ func (s *Store) pullFrom(ctx context.Context, ep endpoint, n, asked Named, names
 		}
 		if img, err = idx.Image(chosen.Digest); err != nil {
 			return nil, classify(err)
+		}
+		if err := checkChildManifestKind(img); err != nil {
+			return nil, err
 		}
 	} else if img, err = desc.Image(); err != nil {
 		return nil, classify(err)
