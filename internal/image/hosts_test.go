@@ -125,9 +125,9 @@ func TestPickManifest(t *testing.T) {
 	}
 }
 
-type recordingRoundTripper struct{ got []string }
+type cleartextProbeRoundTripper struct{ got []string }
 
-func (r *recordingRoundTripper) RoundTrip(req *http.Request) (*http.Response, error) {
+func (r *cleartextProbeRoundTripper) RoundTrip(req *http.Request) (*http.Response, error) {
 	r.got = append(r.got, req.Method+" "+req.URL.String())
 	return &http.Response{StatusCode: http.StatusOK, Body: http.NoBody, Request: req}, nil
 }
@@ -152,7 +152,7 @@ func TestEndpointTransportNoCleartextCredentials(t *testing.T) {
 		{"registry configured for http", "http", http.MethodGet, "http://token.example/token", "Basic YWxpY2U6czNjcmV0", true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			base := &recordingRoundTripper{}
+			base := &cleartextProbeRoundTripper{}
 			tr := &endpointTransport{ep: endpoint{scheme: tc.scheme, host: "registry.example", path: "/v2"}, base: base}
 			req, err := http.NewRequest(tc.method, tc.url, nil)
 			if err != nil {

@@ -61,9 +61,9 @@ func TestAmbiguousManifestRefused(t *testing.T) {
 	}
 	mixedChild := with(child, "digest", fmt.Sprintf("sha256:%x", sha256.Sum256(mixed)))
 	mixedChild["size"] = len(mixed)
-	putRawManifest(t, reg, mixedChild["digest"].(string), mixed, types.OCIManifestSchema1)
+	ambiguousPutManifest(t, reg, mixedChild["digest"].(string), mixed, types.OCIManifestSchema1)
 
-	before := listImageRefs(t, d)
+	before := ambiguousListImages(t, d)
 	for _, tc := range []struct {
 		name        string
 		tag         string
@@ -81,7 +81,7 @@ func TestAmbiguousManifestRefused(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			putRawManifest(t, reg, tc.tag, body, tc.contentType)
+			ambiguousPutManifest(t, reg, tc.tag, body, tc.contentType)
 			ref := reg.Host + "/app:" + tc.tag
 			_, err = d.Image.PullImage(ctxT(t), &criapi.PullImageRequest{Image: &criapi.ImageSpec{Image: ref}})
 			t.Logf("pull: %v", err)
@@ -93,14 +93,14 @@ func TestAmbiguousManifestRefused(t *testing.T) {
 			if st.Image != nil {
 				t.Errorf("the refused image is stored as %s", st.Image.Id)
 			}
-			if after := listImageRefs(t, d); len(after) != len(before) {
+			if after := ambiguousListImages(t, d); len(after) != len(before) {
 				t.Errorf("images before %v, after %v", before, after)
 			}
 		})
 	}
 }
 
-func listImageRefs(t *testing.T, d *berthdtest.Daemon) []string {
+func ambiguousListImages(t *testing.T, d *berthdtest.Daemon) []string {
 	t.Helper()
 	resp, err := d.Image.ListImages(ctxT(t), &criapi.ListImagesRequest{})
 	if err != nil {
@@ -113,9 +113,9 @@ func listImageRefs(t *testing.T, d *berthdtest.Daemon) []string {
 	return out
 }
 
-// putRawManifest stores body as app:<tagOrDigest> with contentType,
+// ambiguousPutManifest stores body as app:<tagOrDigest> with contentType,
 // as the registry's client (and attacker) may.
-func putRawManifest(t *testing.T, reg *credsRegistry, tagOrDigest string, body []byte, contentType types.MediaType) {
+func ambiguousPutManifest(t *testing.T, reg *credsRegistry, tagOrDigest string, body []byte, contentType types.MediaType) {
 	t.Helper()
 	req, err := http.NewRequest(http.MethodPut, "http://"+reg.push+"/v2/app/manifests/"+tagOrDigest, bytes.NewReader(body))
 	if err != nil {
