@@ -239,6 +239,9 @@ func (d *Daemon) openStreaming(context.Context) error {
 // them in the live configuration.
 func (d *Daemon) probeHandlers(ctx context.Context) error {
 	features := hostprobe.RuntimeFeatures(ctx, d.runtimes, d.sandboxes.UserNamespaceSupport(), d.log)
+	// The runtime's own CVEs are closed only by the host's runtime: say
+	// so once, at start (berthctl doctor says it too).
+	hostprobe.WarnRuntimeVersions(ctx, d.runtimes, d.log)
 	_, err := d.live.Swap(func(cur *liveconfig.Snapshot, _ func(string) int) (*liveconfig.Snapshot, error) {
 		next := liveconfig.NewSnapshot(cur.Generation, cur.Config, handlersOf(cur.Config, d.runtimes, features))
 		next.SignaturePolicy = cur.SignaturePolicy

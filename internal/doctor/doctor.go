@@ -18,6 +18,7 @@ import (
 	"github.com/berthcri/berth/internal/cgroupctrl"
 	"github.com/berthcri/berth/internal/checkpoint"
 	"github.com/berthcri/berth/internal/config"
+	"github.com/berthcri/berth/internal/hostprobe"
 	"github.com/berthcri/berth/internal/systemd"
 )
 
@@ -109,12 +110,34 @@ func checkRuntimes(ctx context.Context, cfg *config.Config) []Result {
 		if err != nil {
 			r.Level, r.Message = Fail, fmt.Sprintf("%s --version failed: %v", path, err)
 			r.Hint = "reinstall the runtime; it must run on this kernel"
-		} else {
-			r.Level, r.Message = OK, fmt.Sprintf("%s (%s)", path, firstLine(string(v)))
+			out = append(out, r)
+			continue
 		}
+		r.Level, r.Message = OK, fmt.Sprintf("%s (%s)", path, firstLine(string(v)))
 		out = append(out, r)
+		if vr := runtimeVersionResult(name, string(v)); vr != nil {
+			out = append(out, *vr)
+		}
 	}
 	return out
+}
+
+// runtimeVersionResult warns when the handler's runtime predates the
+// upstream fixes of its own CVEs (hostprobe.runtimeAdvisories). A
+// warning, not a failure: distributions backport fixes without changing
+// the version, and berthd runs either way. nil when there is nothing to
+// say beyond the runtime line.
+func runtimeVersionResult(handler, versionOut string) *Result {
+	v, err := hostprobe.ParseRuntimeVersion(versionOut)
+	if err != nil {
+		return nil // the runtime line shows what it printed
+	}
+	w := v.Warning()
+	if w == "" {
+		return nil
+	}
+	return &Result{Name: "runtime " + handler + " version", Level: Warn, Message: w,
+		Hint: "upgrade " + v.Name + " to a release with the fixes, or check that your distribution's package carries them (docs/security.md)"}
 }
 
 // requiredPlugins are what berth's embedded default network uses.

@@ -395,6 +395,16 @@ type endpointTransport struct {
 func (t *endpointTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 	// Token servers live elsewhere: only the registry's own requests move.
 	if req.URL.Host != t.ep.host {
+		// A credential never crosses the network in clear text on behalf
+		// of a registry reached over TLS: a challenge's realm (or a
+		// redirect from it) naming http:// would hand the pull secret to
+		// anyone on the path (CVE-2019-10214). go-containerregistry
+		// refuses such a realm too; this holds whatever it does. An
+		// OAuth2 token request is a POST carrying the password or
+		// refresh token in its body.
+		if req.URL.Scheme == "http" && !t.ep.plainHTTP() && (req.Header.Get("Authorization") != "" || req.Method == http.MethodPost) {
+			return nil, fmt.Errorf("refusing to send credentials in clear text to %s for the TLS registry %s", req.URL.Host, t.ep.host)
+		}
 		return t.base.RoundTrip(req)
 	}
 	req = req.Clone(req.Context())

@@ -1,6 +1,7 @@
 package image
 
 import (
+	"net/http"
 	"os"
 	"path/filepath"
 	goruntime "runtime"
@@ -121,5 +122,52 @@ func TestPickManifest(t *testing.T) {
 		if err != nil || got.Digest.Hex != tc.want {
 			t.Errorf("%s: picked %v, %v; want %s", name, got.Digest, err, tc.want)
 		}
+	}
+}
+
+type cleartextProbeRoundTripper struct{ got []string }
+
+func (r *cleartextProbeRoundTripper) RoundTrip(req *http.Request) (*http.Response, error) {
+	r.got = append(r.got, req.Method+" "+req.URL.String())
+	return &http.Response{StatusCode: http.StatusOK, Body: http.NoBody, Request: req}, nil
+}
+
+// TestEndpointTransportNoCleartextCredentials: for a registry reached
+// over TLS, no request to another host (a token realm, a redirect) goes
+// over plain HTTP with credentials (CVE-2019-10214); plain GETs without
+// them (blob storage) and a registry configured for HTTP are left alone.
+func TestEndpointTransportNoCleartextCredentials(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		scheme string // the endpoint's
+		method string
+		url    string
+		auth   string
+		sent   bool
+	}{
+		{"basic auth to an http realm", "https", http.MethodGet, "http://token.example/token", "Basic YWxpY2U6czNjcmV0", false},
+		{"oauth form to an http realm", "https", http.MethodPost, "http://token.example/token", "", false},
+		{"basic auth to an https realm", "https", http.MethodGet, "https://token.example/token", "Basic YWxpY2U6czNjcmV0", true},
+		{"anonymous GET to http blob storage", "https", http.MethodGet, "http://cdn.example/blob", "", true},
+		{"registry configured for http", "http", http.MethodGet, "http://token.example/token", "Basic YWxpY2U6czNjcmV0", true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			base := &cleartextProbeRoundTripper{}
+			tr := &endpointTransport{ep: endpoint{scheme: tc.scheme, host: "registry.example", path: "/v2"}, base: base}
+			req, err := http.NewRequest(tc.method, tc.url, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if tc.auth != "" {
+				req.Header.Set("Authorization", tc.auth)
+			}
+			resp, err := tr.RoundTrip(req)
+			if resp != nil {
+				resp.Body.Close()
+			}
+			if sent := len(base.got) > 0; sent != tc.sent || (err == nil) != tc.sent {
+				t.Fatalf("sent %v (err %v), want sent %v", base.got, err, tc.sent)
+			}
+		})
 	}
 }

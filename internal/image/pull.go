@@ -149,6 +149,9 @@ func (s *Store) pullFrom(ctx context.Context, ep endpoint, n, asked Named, names
 	if err != nil {
 		return nil, classify(err)
 	}
+	if err := checkManifestKind(desc.Manifest, desc.MediaType); err != nil {
+		return nil, err
+	}
 	w.step()
 	if desc.Size > maxManifestSize {
 		return nil, fmt.Errorf("manifest %s of %d bytes, over the limit of %d: %w", desc.Digest, desc.Size, maxManifestSize, errdefs.ErrResourceExhausted)
@@ -190,6 +193,9 @@ func (s *Store) pullFrom(ctx context.Context, ep endpoint, n, asked Named, names
 		}
 		if img, err = idx.Image(chosen.Digest); err != nil {
 			return nil, classify(err)
+		}
+		if err := checkChildManifestKind(img); err != nil {
+			return nil, err
 		}
 	} else if img, err = desc.Image(); err != nil {
 		return nil, classify(err)

@@ -3,14 +3,18 @@ package image
 import (
 	"context"
 	"crypto/sha256"
+	"encoding/base64"
 	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
 	"net/http"
 	"net/url"
+	"regexp"
 	"runtime"
+	"slices"
 	"strings"
+	"unicode"
 
 	"github.com/google/go-containerregistry/pkg/authn"
 	"github.com/google/go-containerregistry/pkg/name"
@@ -150,6 +154,9 @@ func remoteRef(ctx context.Context, ep endpoint, n Named, auth *Auth) (*repoClie
 	if err != nil {
 		return nil, err
 	}
+	// Innermost, so that it sees each request as sent (its Authorization,
+	// the redirect's URL) and each error body before anything quotes it.
+	tr = &scrubTransport{base: tr, secrets: auth.secrets()}
 	// Plain HTTP only where the endpoint allows it (plainHTTP, hosts.go):
 	// go-containerregistry's own rule would also use it for RFC 1918
 	// addresses and *.localhost names.
@@ -256,16 +263,198 @@ func (b registryBlobs) openRange(ctx context.Context, lr layerMeta, start, end i
 
 func (b registryBlobs) ranges() RangeFetch { return b.set }
 
-// classify maps registry errors to error kinds.
+// classify maps registry errors to error kinds, with any credential in
+// the text scrubbed (scrubError): the message goes to the kubelet, which
+// puts it in the pod's events, and to berthd's log.
 func classify(err error) error {
+	if err == nil {
+		return nil
+	}
 	var terr *transport.Error
-	if errors.As(err, &terr) {
+	if errors.As(err, &terr) && !errors.Is(err, errdefs.ErrUnauthenticated) && !errors.Is(err, errdefs.ErrNotFound) {
 		switch terr.StatusCode {
 		case http.StatusUnauthorized, http.StatusForbidden:
-			return fmt.Errorf("%w: %w", errdefs.ErrUnauthenticated, err)
+			err = fmt.Errorf("%w: %w", errdefs.ErrUnauthenticated, err)
 		case http.StatusNotFound:
-			return fmt.Errorf("%w: %w", errdefs.ErrNotFound, err)
+			err = fmt.Errorf("%w: %w", errdefs.ErrNotFound, err)
 		}
+	}
+	return scrubError(err)
+}
+
+// Credentials in registry errors (containerd 1.7.31, #12805: registry
+// errors returned over gRPC leaked credentials into pod events). A
+// registry's error body is its own text: a hostile or careless one
+// echoes the request's Authorization, and a redirect's URL (a pre-signed
+// storage URL) carries a token in its query. Two layers keep them out:
+// scrubTransport replaces the secrets it knows in every error body as it
+// arrives, and scrubError rewrites what any error text says of URLs and
+// Authorization values.
+
+// maxErrorBody bounds what of a registry's error response is read: the
+// body becomes an error message, and a few KiB is a long one.
+const maxErrorBody = 64 << 10
+
+// minSecretLen: shorter strings are not scrubbed from error bodies, where
+// replacing every "ab" would leave nothing to read. Real credentials are
+// longer.
+const minSecretLen = 4
+
+// redacted replaces a secret.
+const redacted = "REDACTED"
+
+// secrets are a's credentials in each form a registry could echo: as
+// given, base64 "user:password" (the Basic header) and its decoding.
+func (a *Auth) secrets() []string {
+	if a == nil || a.secretless() {
+		return nil
+	}
+	out := []string{a.Password, a.Auth, a.IdentityToken, a.RegistryToken}
+	if a.Username != "" || a.Password != "" {
+		out = append(out, base64.StdEncoding.EncodeToString([]byte(a.Username+":"+a.Password)))
+	}
+	if raw, err := base64.StdEncoding.DecodeString(a.Auth); err == nil {
+		out = append(out, string(raw))
+		if _, pw, ok := strings.Cut(string(raw), ":"); ok {
+			out = append(out, pw)
+		}
+	}
+	return out
+}
+
+// requestSecrets are what req itself carries that must not come back in
+// an error: its Authorization credential (and a Basic one decoded), and
+// the values of its query parameters that are not the registry
+// protocol's own.
+func requestSecrets(req *http.Request) []string {
+	var out []string
+	if h := req.Header.Get("Authorization"); h != "" {
+		scheme, cred, ok := strings.Cut(h, " ")
+		if !ok {
+			cred = scheme
+		}
+		out = append(out, h, cred)
+		if strings.EqualFold(scheme, "basic") {
+			if raw, err := base64.StdEncoding.DecodeString(cred); err == nil {
+				out = append(out, string(raw))
+				if _, pw, ok := strings.Cut(string(raw), ":"); ok {
+					out = append(out, pw)
+				}
+			}
+		}
+	}
+	for k, vs := range req.URL.Query() {
+		if !publicQueryParam[k] {
+			out = append(out, vs...)
+		}
+	}
+	return out
+}
+
+// publicQueryParam are the registry API's query parameters, which say
+// nothing secret (go-containerregistry's redaction allowlist, and the
+// ns= of a mirror). Any other value may be a token.
+var publicQueryParam = map[string]bool{"scope": true, "service": true, "mount": true, "from": true, "digest": true, "n": true, "last": true, "ns": true}
+
+// scrubSecrets replaces each secret (longest first, so that a secret
+// holding another goes whole) in s.
+func scrubSecrets(s string, secrets []string) string {
+	secrets = slices.Clone(secrets)
+	slices.SortFunc(secrets, func(a, b string) int { return len(b) - len(a) })
+	for _, sec := range secrets {
+		if len(sec) >= minSecretLen {
+			s = strings.ReplaceAll(s, sec, redacted)
+		}
+	}
+	return s
+}
+
+// scrubTransport reads each error response's body (at most maxErrorBody
+// bytes) and hands it on with the secrets it knows and the request's own
+// replaced.
+type scrubTransport struct {
+	base    http.RoundTripper
+	secrets []string
+}
+
+func (t *scrubTransport) RoundTrip(req *http.Request) (*http.Response, error) {
+	resp, err := t.base.RoundTrip(req)
+	if err != nil || resp.StatusCode < http.StatusBadRequest {
+		return resp, err
+	}
+	body, _ := io.ReadAll(io.LimitReader(resp.Body, maxErrorBody))
+	resp.Body.Close()
+	clean := scrubSecrets(string(body), append(requestSecrets(req), t.secrets...))
+	resp.Body = io.NopCloser(strings.NewReader(clean))
+	resp.ContentLength = int64(len(clean))
+	resp.Header.Del("Content-Length")
+	return resp, nil
+}
+
+var (
+	// urlInText is a URL in an error's text (url.Error quotes it).
+	urlInText = regexp.MustCompile(`[a-zA-Z][a-zA-Z0-9+.-]*://[^\s"'<>]+`)
+	// authInText is an Authorization value in an error's text.
+	authInText = regexp.MustCompile(`(?i)\b(?:basic|bearer)\s+[A-Za-z0-9._~+/=-]{8,}`)
+)
+
+// scrubText removes what any text may say of credentials: the user
+// information and the non-protocol query values of the URLs in it, and
+// Basic or Bearer credentials.
+func scrubText(s string) string {
+	s = urlInText.ReplaceAllStringFunc(s, func(match string) string {
+		// The punctuation that follows a URL in prose ("GET <url>: …").
+		raw := strings.TrimRight(match, ":;,.)]")
+		tail := match[len(raw):]
+		u, err := url.Parse(raw)
+		if err != nil {
+			return match
+		}
+		changed := false
+		if u.User != nil {
+			u.User, changed = nil, true
+		}
+		if u.RawQuery != "" {
+			q := u.Query()
+			for k, vs := range q {
+				if publicQueryParam[k] {
+					continue
+				}
+				for i := range vs {
+					vs[i], changed = redacted, true
+				}
+			}
+			u.RawQuery = q.Encode()
+		}
+		if !changed {
+			return match
+		}
+		return u.String() + tail
+	})
+	return authInText.ReplaceAllStringFunc(s, func(m string) string {
+		i := strings.LastIndexFunc(m, unicode.IsSpace)
+		if cred := m[i+1:]; strings.ToLower(cred) == cred && !strings.ContainsAny(cred, "0123456789+/=._~-") {
+			return m // a word ("basic authentication"), not a credential
+		}
+		return m[:i+1] + redacted
+	})
+}
+
+// scrubbedError is an error whose text had credentials scrubbed; it
+// unwraps to the original, so its kind (errdefs, transport.Error) holds.
+type scrubbedError struct {
+	msg string
+	err error
+}
+
+func (e *scrubbedError) Error() string { return e.msg }
+func (e *scrubbedError) Unwrap() error { return e.err }
+
+// scrubError is err with scrubText applied to its text.
+func scrubError(err error) error {
+	msg := err.Error()
+	if clean := scrubText(msg); clean != msg {
+		return &scrubbedError{msg: clean, err: err}
 	}
 	return err
 }
