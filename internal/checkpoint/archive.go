@@ -74,14 +74,21 @@ func tarDir(w io.Writer, dir string) error {
 // of a filesystem skips (sockets). The tree may be a running container's
 // writable layer: every name is resolved through root (a directory
 // swapped for a symlink cannot lead out of it), and a regular file is
-// opened with O_NOFOLLOW and described by what fstat says of the file
-// opened, never by an earlier lstat (a file swapped for a symlink after
-// the lstat is refused, not followed; issue 34, finding 9).
+// opened and described by what fstat says of the file opened, which
+// must be the one the lstat saw (a file swapped for a symlink after the
+// lstat is refused, not followed; issue 34, finding 9).
 func addEntry(tw *tar.Writer, root *os.Root, name string) (kept bool, err error) {
 	fi, err := root.Lstat(name)
 	if err != nil {
 		return false, err
 	}
+	return addLstated(tw, root, name, fi)
+}
+
+// addLstated is addEntry once name has been lstat'ed as fi, which may be
+// stale by now (the container runs): split out so that a test can swap
+// the file between the two.
+func addLstated(tw *tar.Writer, root *os.Root, name string, fi fs.FileInfo) (kept bool, err error) {
 	if fi.Mode()&fs.ModeSocket != 0 {
 		return false, nil
 	}
@@ -99,11 +106,18 @@ func addEntry(tw *tar.Writer, root *os.Root, name string) (kept bool, err error)
 			return false, fmt.Errorf("%s: %w", name, err)
 		}
 		defer f.Close()
+		lfi := fi
 		if fi, err = f.Stat(); err != nil {
 			return false, fmt.Errorf("%s: %w", name, err)
 		}
 		if !fi.Mode().IsRegular() {
 			return false, fmt.Errorf("%s: changed into %v while it was read", name, fi.Mode().Type())
+		}
+		// os.Root follows a symlink that stays inside the root even
+		// with O_NOFOLLOW: a file swapped for a symlink to another file
+		// of the tree opens that file. Only the file lstat saw is read.
+		if !os.SameFile(lfi, fi) {
+			return false, fmt.Errorf("%s: replaced by another file while it was read", name)
 		}
 	}
 	hdr, err := tar.FileInfoHeader(fi, link)

@@ -253,3 +253,62 @@ func TestArchiveRoundTripAndIsArchive(t *testing.T) {
 		t.Fatalf("ExtractArchive of a non-tar: %v, want InvalidArgument", err)
 	}
 }
+
+// A container that is not frozen could swap a file of its upper dir for
+// a symlink between the walk's lstat and its open (issue 34, finding 9;
+// berth pauses the containers before the walk, this is the second
+// line): the entry is refused, not followed, and what the symlink names
+// never reaches the diff. The swap is made exactly in that window:
+// addLstated gets the lstat of the regular file after the file became
+// the symlink. Targets: a host file, directory and FIFO (which would
+// block a plain open), a relative escape, and a file inside the upper
+// dir (which os.Root alone would follow).
+func TestRootfsDiffSwappedForSymlinkIsNotFollowed(t *testing.T) {
+	host := t.TempDir()
+	secret := filepath.Join(host, "secret")
+	mustWrite(t, secret, "host only\n")
+	fifo := filepath.Join(host, "fifo")
+	if err := unix.Mkfifo(fifo, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct{ name, target string }{
+		{"host file", secret},
+		{"host directory", host},
+		{"host fifo", fifo},
+		{"relative", "../../../../../../../../" + secret},
+		{"inside the upper dir", "shadow"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			upper := t.TempDir()
+			name := "etc/passwd"
+			mustWrite(t, filepath.Join(upper, name), "container's own\n")
+			mustWrite(t, filepath.Join(upper, "etc", "shadow"), "host only\n")
+			root, err := os.OpenRoot(upper)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer root.Close()
+			fi, err := root.Lstat(name)
+			if err != nil || !fi.Mode().IsRegular() {
+				t.Fatalf("lstat: %v, %v", fi, err)
+			}
+			// The swap, between the walk's lstat and its open.
+			if err := os.Remove(filepath.Join(upper, name)); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.Symlink(tc.target, filepath.Join(upper, name)); err != nil {
+				t.Fatal(err)
+			}
+			var buf strings.Builder
+			tw := tar.NewWriter(&buf)
+			kept, err := addLstated(tw, root, name, fi)
+			if err == nil {
+				t.Fatalf("the swapped entry was archived (kept %v)", kept)
+			}
+			t.Logf("refused: %v", err)
+			if strings.Contains(buf.String(), "host only") {
+				t.Fatalf("the host file's content is in the diff")
+			}
+		})
+	}
+}
