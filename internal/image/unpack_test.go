@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -171,6 +172,67 @@ func TestUnpackRefusesMaliciousLayers(t *testing.T) {
 			}
 			if _, err := os.Stat("/etc/x"); err == nil {
 				t.Fatal("/etc/x exists")
+			}
+		})
+	}
+}
+
+// TestUnpackSameNameChmodStaysInTheLayer is containerd's CVE-2021-32760:
+// a symlink entry to a host file, then an entry of the same name with
+// another mode; a chmod (or chown) that followed the link changed the
+// host file. berth replaces what the earlier entry made, so the mode and
+// owner land on the layer's own entry and the host file is untouched.
+func TestUnpackSameNameChmodStaysInTheLayer(t *testing.T) {
+	requireRoot(t)
+	for _, tc := range []struct {
+		name string
+		then entry
+	}{
+		{"file setuid", entry{name: "x", typ: tar.TypeReg, data: "layer", mode: 0o4755, uid: 1234, gid: 1234}},
+		{"dir world-writable", entry{name: "x", typ: tar.TypeDir, mode: 0o777, uid: 1234, gid: 1234}},
+		{"symlink again", entry{name: "x", typ: tar.TypeSymlink, link: "elsewhere", mode: 0o777}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			outer := t.TempDir()
+			host := filepath.Join(outer, "HOSTFILE")
+			if err := os.WriteFile(host, []byte("host\n"), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			root := filepath.Join(outer, "layer")
+			if err := os.Mkdir(root, 0o755); err != nil {
+				t.Fatal(err)
+			}
+			before := snapshot(t, outer)
+			layer := tarOf(t, entry{name: "x", typ: tar.TypeSymlink, link: host}, tc.then)
+			if _, err := Unpack(context.Background(), bytes.NewReader(layer), root, "sha256:chmod", UnpackOptions{MaxLayerSize: 32 << 20}); err != nil {
+				t.Fatalf("unpack: %v", err)
+			}
+			fi, err := os.Stat(host)
+			if err != nil {
+				t.Fatal(err)
+			}
+			st := fi.Sys().(*syscall.Stat_t)
+			if fi.Mode().Perm() != 0o600 || fi.Mode()&os.ModeSetuid != 0 || st.Uid != 0 || st.Gid != 0 {
+				t.Fatalf("host file is now %v uid %d gid %d, want -rw------- 0 0", fi.Mode(), st.Uid, st.Gid)
+			}
+			if data, _ := os.ReadFile(host); string(data) != "host\n" {
+				t.Fatalf("host file content changed: %q", data)
+			}
+			after := snapshot(t, outer)
+			for p, v := range after {
+				if strings.HasPrefix(p, root+"/") || p == root {
+					continue
+				}
+				if before[p] != v {
+					t.Fatalf("%s outside the layer root changed or appeared", p)
+				}
+			}
+			got, err := os.Lstat(filepath.Join(root, "x"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if want := tc.then.typ == tar.TypeSymlink; (got.Mode()&os.ModeSymlink != 0) != want {
+				t.Fatalf("layer's x is %v, want the second entry's type", got.Mode())
 			}
 		})
 	}
