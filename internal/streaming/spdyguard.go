@@ -126,13 +126,26 @@ func (c *spdyGuardConn) nextFrame() error {
 	}
 	frame := make([]byte, 8+length)
 	copy(frame, h[:])
-	if _, err := io.ReadFull(c.r, frame[8:]); err != nil {
+	typ := binary.BigEndian.Uint16(h[2:4])
+	read := 8
+	if typ == 4 && length >= 4 {
+		// SETTINGS: the entry count comes first, and is judged at once
+		// (the library would have read it, and refused, by now).
+		if _, err := io.ReadFull(c.r, frame[8:12]); err != nil {
+			return err
+		}
+		if n := binary.BigEndian.Uint32(frame[8:12]); n > uint32(length-4)/8 {
+			return fmt.Errorf("%w: SETTINGS declares %d entries in %d bytes", errSPDYRefused, n, length)
+		}
+		read = 12
+	}
+	if _, err := io.ReadFull(c.r, frame[read:]); err != nil {
 		return err
 	}
 	// SPDY/3: SYN_STREAM's header block starts after the stream IDs,
 	// priority and slot; SYN_REPLY's and HEADERS' after the stream ID.
 	off := -1
-	switch binary.BigEndian.Uint16(h[2:4]) {
+	switch typ {
 	case 1:
 		off = 10
 	case 2, 8:

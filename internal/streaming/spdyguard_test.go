@@ -85,6 +85,7 @@ func TestSPDYGuardRefusesBombs(t *testing.T) {
 	for name, wire := range map[string][]byte{
 		"big control frame": control(4, make([]byte, maxSPDYControlFrame+1)),
 		"header bomb":       control(1, synStream),
+		"settings count":    control(4, binary.BigEndian.AppendUint32(nil, 1<<31))[:12+4],
 		"headers bomb":      control(8, synStream[6:]),
 	} {
 		got, err := guardRead(t, wire)
