@@ -31,18 +31,35 @@ func newExecTTY(pidFile string) (*execTTY, error) {
 	return &execTTY{master: m, slave: s, pidFile: pidFile}, nil
 }
 
+// ptyControl runs fn on f's descriptor without File.Fd: Fd would put the
+// master in blocking mode, where Close no longer interrupts a read of it
+// (finish's drain bound then cannot end the output relay), and a resize
+// racing Close could hit a reused descriptor number. Control holds the
+// descriptor for fn's duration and fails once f is closed.
+func ptyControl(f *os.File, fn func(fd int) error) error {
+	rc, err := f.SyscallConn()
+	if err != nil {
+		return err
+	}
+	var ferr error
+	if err := rc.Control(func(fd uintptr) { ferr = fn(int(fd)) }); err != nil {
+		return err
+	}
+	return ferr
+}
+
 // openPTY opens a new pseudo-terminal pair.
 func openPTY() (master, slave *os.File, err error) {
 	m, err := os.OpenFile("/dev/ptmx", os.O_RDWR|unix.O_NOCTTY|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return nil, nil, err
 	}
-	if err := unix.IoctlSetPointerInt(int(m.Fd()), unix.TIOCSPTLCK, 0); err != nil {
+	if err := ptyControl(m, func(fd int) error { return unix.IoctlSetPointerInt(fd, unix.TIOCSPTLCK, 0) }); err != nil {
 		m.Close()
 		return nil, nil, fmt.Errorf("unlock pty: %w", err)
 	}
-	n, err := unix.IoctlGetInt(int(m.Fd()), unix.TIOCGPTN)
-	if err != nil {
+	var n int
+	if err := ptyControl(m, func(fd int) (err error) { n, err = unix.IoctlGetInt(fd, unix.TIOCGPTN); return err }); err != nil {
 		m.Close()
 		return nil, nil, fmt.Errorf("pty number: %w", err)
 	}
@@ -79,7 +96,11 @@ func (t *execTTY) start(o ExecOptions) {
 }
 
 func (t *execTTY) resize(sz TerminalSize) {
-	_ = unix.IoctlSetWinsize(int(t.master.Fd()), unix.TIOCSWINSZ, &unix.Winsize{Col: sz.Width, Row: sz.Height})
+	if ptyControl(t.master, func(fd int) error {
+		return unix.IoctlSetWinsize(fd, unix.TIOCSWINSZ, &unix.Winsize{Col: sz.Width, Row: sz.Height})
+	}) != nil {
+		return // the session is over
+	}
 	// runc relays the size when it gets SIGWINCH; it is the parent of the
 	// exec'd process (it makes itself a subreaper while it waits).
 	if data, err := os.ReadFile(t.pidFile); err == nil {

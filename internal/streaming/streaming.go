@@ -76,7 +76,7 @@ func New(addr string, tlsConfig *tls.Config, containers Containers, pods PodNetw
 	}
 	return &Server{
 		lib:  lib,
-		http: &http.Server{Handler: withTunnels(lib), TLSConfig: tlsConfig, ReadHeaderTimeout: 30 * time.Second},
+		http: &http.Server{Handler: withTunnels(withSPDYGuard(lib)), TLSConfig: tlsConfig, ReadHeaderTimeout: 30 * time.Second},
 		ln:   ln,
 		log:  log,
 	}, nil
