@@ -244,6 +244,11 @@ func hangMonitor(t *testing.T, e *env, names []string, was map[string]ctrInstanc
 	var relistsHung int
 	polls := 0
 	for stillHung() {
+		// The watchdog's bound is 15 s and a restart (decision 3300);
+		// a minute is its failure, not a slow machine.
+		if time.Since(start) > time.Minute {
+			t.Fatalf("the monitor %d still hangs %s after it stopped: no watchdog replaced it", hungPid, time.Since(start).Round(time.Second))
+		}
 		polls++
 		for _, name := range names {
 			p := k.Pod(t, name)
