@@ -3,6 +3,7 @@ package kubelet
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
@@ -268,6 +269,11 @@ func hangMonitor(t *testing.T, e *env, names []string, was map[string]ctrInstanc
 				}
 			}
 		}
+		if polls == 2 {
+			// The kubelet's stats (eviction manager, /stats/summary)
+			// read through berth's stats RPCs, which must not wait either.
+			summaryHasPods(t, k, names)
+		}
 		if stillHung() {
 			// Counted only while the same monitor is still stopped.
 			relistsHung = plegRelists(t, k) - relistsBefore
@@ -386,4 +392,36 @@ func plegRelists(t *testing.T, k *kubelet) int {
 	}
 	t.Fatalf("kubelet /metrics has no kubelet_pleg_relist_duration_seconds_count")
 	return 0
+}
+
+// summaryHasPods reads the kubelet's /stats/summary and checks that it
+// holds each pod of names with its container.
+func summaryHasPods(t *testing.T, k *kubelet, names []string) {
+	t.Helper()
+	body, err := k.Get(k.APIURL("/stats/summary", nil))
+	if err != nil {
+		t.Fatalf("kubelet /stats/summary while the monitor hangs: %v", err)
+	}
+	var sum struct {
+		Pods []struct {
+			PodRef struct {
+				Name string `json:"name"`
+			} `json:"podRef"`
+			Containers []struct {
+				Name string `json:"name"`
+			} `json:"containers"`
+		} `json:"pods"`
+	}
+	if err := json.Unmarshal(body, &sum); err != nil {
+		t.Fatalf("decode /stats/summary: %v", err)
+	}
+	for _, name := range names {
+		found := false
+		for _, p := range sum.Pods {
+			found = found || (p.PodRef.Name == k.PodName(name) && len(p.Containers) == 1 && p.Containers[0].Name == "logger")
+		}
+		if !found {
+			t.Errorf("pod %s not in the kubelet's /stats/summary while the monitor hangs:\n%s", name, body)
+		}
+	}
 }
