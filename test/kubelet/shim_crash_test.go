@@ -232,7 +232,11 @@ func hangMonitor(t *testing.T, e *env, names []string, was map[string]ctrInstanc
 	}
 	// A failure below must not leave the monitor stopped for the
 	// teardown (the watchdog would replace it anyway, 15 s later).
-	t.Cleanup(func() { _ = syscall.Kill(hungPid, syscall.SIGCONT) })
+	t.Cleanup(func() {
+		if procState(hungPid) == 'T' {
+			_ = syscall.Kill(hungPid, syscall.SIGCONT)
+		}
+	})
 	waitFor(t, "the monitor to stop", 10*time.Second, func() bool { return procState(hungPid) == 'T' })
 	start := time.Now()
 	k.Delete(t, doomedPod)
