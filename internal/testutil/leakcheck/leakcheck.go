@@ -166,8 +166,26 @@ func CheckSettled(t testing.TB, s Scope, before, after Snapshot) {
 		}
 	}
 	if len(confirmed) > 0 {
-		t.Fatalf("leaked %d items:\n%s", len(confirmed), strings.Join(confirmed, "\n"))
+		t.Fatalf("leaked %d items:\n%s", len(confirmed), strings.Join(withSmallFiles(confirmed), "\n"))
 	}
+}
+
+// withSmallFiles adds the text of each leaked file of at most 8 KiB (a
+// log, a record) to its line: what wrote it is usually named there, and
+// the file may be gone by the time anyone looks.
+func withSmallFiles(leaks []string) []string {
+	out := make([]string, 0, len(leaks))
+	for _, l := range leaks {
+		if p, ok := strings.CutPrefix(l, "file: "); ok {
+			if fi, err := os.Lstat(p); err == nil && fi.Mode().IsRegular() && fi.Size() <= 8<<10 {
+				if data, err := os.ReadFile(p); err == nil {
+					l += "\n    " + strings.ReplaceAll(strings.TrimRight(string(data), "\n"), "\n", "\n    ")
+				}
+			}
+		}
+		out = append(out, l)
+	}
+	return out
 }
 
 // unreferencedCNIChains lists CNI-* chains (per table) that no rule jumps
