@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -17,59 +16,8 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/berthcri/berth/internal/errdefs"
+	"github.com/berthcri/berth/internal/testutil/testimages"
 )
-
-// rawUstar is one ustar header block, written by hand: archive/tar's
-// writer will not write GNU sparse records, and hostile layers do.
-func rawUstar(name string, typ byte, size int64) []byte {
-	b := make([]byte, 512)
-	copy(b[0:100], name)
-	copy(b[100:108], "0000644\x00")
-	copy(b[108:116], "0000000\x00")
-	copy(b[116:124], "0000000\x00")
-	copy(b[124:136], fmt.Sprintf("%011o\x00", size))
-	copy(b[136:148], fmt.Sprintf("%011o\x00", 1600000000))
-	copy(b[148:156], "        ")
-	b[156] = typ
-	copy(b[257:263], "ustar\x00")
-	copy(b[263:265], "00")
-	sum := 0
-	for _, c := range b {
-		sum += int(c)
-	}
-	copy(b[148:156], fmt.Sprintf("%06o\x00 ", sum))
-	return b
-}
-
-func paxRecord(k, v string) string {
-	rec := " " + k + "=" + v + "\n"
-	n := len(rec) + 1
-	for len(strconv.Itoa(n))+len(rec) != n {
-		n = len(strconv.Itoa(n)) + len(rec)
-	}
-	return strconv.Itoa(n) + rec
-}
-
-func padBlock(b []byte) []byte {
-	if r := len(b) % 512; r != 0 {
-		b = append(b, make([]byte, 512-r)...)
-	}
-	return b
-}
-
-// sparseTar is a layer whose one entry, name, is a GNU sparse 1.0 file
-// of realSize bytes that is all hole: 3 KiB of tar that archive/tar
-// reads as realSize zeros.
-func sparseTar(name string, realSize int64) []byte {
-	recs := paxRecord("GNU.sparse.major", "1") + paxRecord("GNU.sparse.minor", "0") +
-		paxRecord("GNU.sparse.name", name) + paxRecord("GNU.sparse.realsize", strconv.FormatInt(realSize, 10))
-	var out []byte
-	out = append(out, rawUstar("PaxHeaders/"+name, tar.TypeXHeader, int64(len(recs)))...)
-	out = append(out, padBlock([]byte(recs))...)
-	out = append(out, rawUstar("GNUSparseFile.0/"+name, tar.TypeReg, 512)...)
-	out = append(out, padBlock([]byte("0\n"))...)
-	return append(out, make([]byte, 1024)...)
-}
 
 func TestUnpackLimits(t *testing.T) {
 	requireRoot(t)
@@ -85,7 +33,7 @@ func TestUnpackLimits(t *testing.T) {
 		layer []byte
 		want  string
 	}{
-		{"sparse 1 TiB", sparseTar("big", 1<<40), "image_limits.max_layer_size"},
+		{"sparse 1 TiB", testimages.SparseTar("big", 1<<40), "image_limits.max_layer_size"},
 		{"dense over the layer size", tarOf(t, entry{name: "big", typ: tar.TypeReg, sparse: true, size: 2 << 20, data: "x"}), "image_limits.max_layer_size"},
 		{"files add up over the layer size", tarOf(t,
 			entry{name: "a", typ: tar.TypeReg, sparse: true, size: 600 << 10, data: "x"},
@@ -138,7 +86,7 @@ func TestUnpackStopsWhenCancelled(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() {
-		_, err := Unpack(ctx, bytes.NewReader(sparseTar("big", 1<<40)), t.TempDir(), "sha256:cancel", UnpackOptions{})
+		_, err := Unpack(ctx, bytes.NewReader(testimages.SparseTar("big", 1<<40)), t.TempDir(), "sha256:cancel", UnpackOptions{})
 		done <- err
 	}()
 	time.Sleep(200 * time.Millisecond)
@@ -245,7 +193,7 @@ func FuzzUnpack(f *testing.F) {
 		t := &testing.T{}
 		return tarOf(t, entries...)
 	}
-	f.Add(sparseTar("big", 1<<40))
+	f.Add(testimages.SparseTar("big", 1<<40))
 	f.Add(seed(entry{name: "dir/", typ: tar.TypeDir}, entry{name: "dir/f", typ: tar.TypeReg, data: "hello"},
 		entry{name: "dir/.wh.x", typ: tar.TypeReg}, entry{name: "dir/l", typ: tar.TypeLink, link: "dir/f"}))
 	f.Add(seed(entry{name: "evil", typ: tar.TypeSymlink, link: "/"}, entry{name: "evil/x", typ: tar.TypeReg, data: "x"}))

@@ -166,6 +166,18 @@ func hostTree(t *testing.T, dir string) map[string]string {
 	return out
 }
 
+// secretCanary is a host directory holding one file, secret, whose
+// content "host-secret" must never show in a container, and its tree
+// for sameTree.
+func secretCanary(t *testing.T) (dir string, before map[string]string) {
+	t.Helper()
+	dir = t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "secret"), []byte("host-secret\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return dir, hostTree(t, dir)
+}
+
 func sameTree(t *testing.T, dir string, before map[string]string) {
 	t.Helper()
 	after := hostTree(t, dir)
@@ -264,11 +276,7 @@ func TestImageLabelsAndPodAnnotationsNeverReachRuntime(t *testing.T) {
 // files into the container) leaves no host path mounted into or copied
 // into the container, and the host directory unchanged.
 func TestImageConfigVolumesAreIgnored(t *testing.T) {
-	canary := t.TempDir()
-	if err := os.WriteFile(filepath.Join(canary, "secret"), []byte("host-secret\n"), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	before := hostTree(t, canary)
+	canary, before := secretCanary(t)
 	p := newInjPod(t, nil)
 	ref := p.push("volumes:1", injImage(t, nil, v1.Config{
 		Cmd: []string{"sh"},
@@ -297,11 +305,7 @@ func TestImageConfigVolumesAreIgnored(t *testing.T) {
 // image is resolved inside the image (and refused where nothing is
 // there): the container never sees the host's files.
 func TestImageVolumeSubPathSymlinkStaysInside(t *testing.T) {
-	canary := t.TempDir()
-	if err := os.WriteFile(filepath.Join(canary, "secret"), []byte("host-secret\n"), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	before := hostTree(t, canary)
+	canary, before := secretCanary(t)
 	p := newInjPod(t, nil)
 	busybox := p.push("busybox:latest", injImage(t, nil, v1.Config{Cmd: []string{"sh"}}))
 	vol := p.push("evilvol:1", injImage(t, [][]testimages.File{{

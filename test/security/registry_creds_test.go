@@ -56,7 +56,7 @@ func startCredsRegistry(t *testing.T, needAuth bool) *credsRegistry {
 	t.Helper()
 	inner := registry.New(registry.Logger(log.New(io.Discard, "", 0)))
 	r := &credsRegistry{needAuth: needAuth}
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+	r.Host, r.push = serveFrontedRegistry(t, inner, http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
 		r.mu.Lock()
 		r.auths = append(r.auths, req.Method+" "+req.URL.Path+": "+req.Header.Get("Authorization"))
 		redirect := r.redirect
@@ -75,12 +75,20 @@ func startCredsRegistry(t *testing.T, needAuth bool) *credsRegistry {
 		}
 		inner.ServeHTTP(w, req)
 	}))
+	return r
+}
+
+// serveFrontedRegistry serves the registry inner on two loopback
+// listeners: host through front (which records, refuses or redirects
+// what berthd asks, and passes the rest to inner), push unwrapped, for
+// the test to store its images through. It returns both hosts.
+func serveFrontedRegistry(t *testing.T, inner, front http.Handler) (host, push string) {
+	t.Helper()
+	srv := httptest.NewServer(front)
 	t.Cleanup(srv.Close)
 	pushSrv := httptest.NewServer(inner)
 	t.Cleanup(pushSrv.Close)
-	r.Host = strings.TrimPrefix(srv.URL, "http://")
-	r.push = strings.TrimPrefix(pushSrv.URL, "http://")
-	return r
+	return strings.TrimPrefix(srv.URL, "http://"), strings.TrimPrefix(pushSrv.URL, "http://")
 }
 
 // pushImage stores img as repo:tag (through the unrecorded listener).

@@ -61,7 +61,7 @@ func startLeakRegistry(t *testing.T) *leakRegistry {
 	dead := l.Addr().String()
 	l.Close()
 	query := "?X-Amz-Credential=AKIAEXAMPLE&X-Amz-Signature=" + leakURLSignature + "&token=" + leakURLToken
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+	r.Host, r.push = serveFrontedRegistry(t, inner, http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
 		r.mu.Lock()
 		mode, keep := r.mode, r.keep
 		r.mu.Unlock()
@@ -93,11 +93,6 @@ func startLeakRegistry(t *testing.T) *leakRegistry {
 		}
 		inner.ServeHTTP(w, req)
 	}))
-	t.Cleanup(srv.Close)
-	pushSrv := httptest.NewServer(inner)
-	t.Cleanup(pushSrv.Close)
-	r.Host = strings.TrimPrefix(srv.URL, "http://")
-	r.push = strings.TrimPrefix(pushSrv.URL, "http://")
 	return r
 }
 

@@ -29,7 +29,7 @@ func TestUnpackSparseTerabyteRefusedAndStops(t *testing.T) {
 		c.ImagePullProgressTimeout = config.Duration(10 * time.Second)
 	}})
 	reg := testimages.StartRegistry(t)
-	reg.Push(t, "sparse:1", unpackImage(t, []string{"true"}, unpackLayerOf(t, unpackSparseTar("big", 1<<40))))
+	reg.Push(t, "sparse:1", unpackImage(t, []string{"true"}, unpackLayerOf(t, testimages.SparseTar("big", 1<<40))))
 
 	err := unpackPull(t, d, reg.Ref("sparse:1"))
 	wantCode(t, err, codes.ResourceExhausted)

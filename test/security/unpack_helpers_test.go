@@ -27,57 +27,6 @@ import (
 	"github.com/berthcri/berth/internal/testutil/testimages"
 )
 
-// unpackUstar is one ustar header block written by hand: archive/tar's
-// writer will not write GNU sparse records, and hostile layers do.
-func unpackUstar(name string, typ byte, size int64) []byte {
-	b := make([]byte, 512)
-	copy(b[0:100], name)
-	copy(b[100:108], "0000644\x00")
-	copy(b[108:116], "0000000\x00")
-	copy(b[116:124], "0000000\x00")
-	copy(b[124:136], fmt.Sprintf("%011o\x00", size))
-	copy(b[136:148], fmt.Sprintf("%011o\x00", 1600000000))
-	copy(b[148:156], "        ")
-	b[156] = typ
-	copy(b[257:263], "ustar\x00")
-	copy(b[263:265], "00")
-	sum := 0
-	for _, c := range b {
-		sum += int(c)
-	}
-	copy(b[148:156], fmt.Sprintf("%06o\x00 ", sum))
-	return b
-}
-
-func unpackPaxRecord(k, v string) string {
-	rec := " " + k + "=" + v + "\n"
-	n := len(rec) + 1
-	for len(strconv.Itoa(n))+len(rec) != n {
-		n = len(strconv.Itoa(n)) + len(rec)
-	}
-	return strconv.Itoa(n) + rec
-}
-
-func unpackPad(b []byte) []byte {
-	if r := len(b) % 512; r != 0 {
-		b = append(b, make([]byte, 512-r)...)
-	}
-	return b
-}
-
-// unpackSparseTar is a layer whose one entry is a GNU sparse 1.0 file of
-// realSize bytes, all hole: 3 KiB of tar that reads as realSize zeros.
-func unpackSparseTar(name string, realSize int64) []byte {
-	recs := unpackPaxRecord("GNU.sparse.major", "1") + unpackPaxRecord("GNU.sparse.minor", "0") +
-		unpackPaxRecord("GNU.sparse.name", name) + unpackPaxRecord("GNU.sparse.realsize", strconv.FormatInt(realSize, 10))
-	var out []byte
-	out = append(out, unpackUstar("PaxHeaders/"+name, tar.TypeXHeader, int64(len(recs)))...)
-	out = append(out, unpackPad([]byte(recs))...)
-	out = append(out, unpackUstar("GNUSparseFile.0/"+name, tar.TypeReg, 512)...)
-	out = append(out, unpackPad([]byte("0\n"))...)
-	return append(out, make([]byte, 1024)...)
-}
-
 // unpackTar writes headers (and data for regular files) as a tar.
 func unpackTar(t *testing.T, hdrs []*tar.Header, data map[string]string) []byte {
 	t.Helper()
