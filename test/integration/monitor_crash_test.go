@@ -24,12 +24,18 @@ import (
 )
 
 // nodeLeakBaseline warms the daemon up (bridge, lock files: its first pod
-// run and removed) and takes the leak snapshot the test ends against.
+// run and removed) and takes the leak snapshot the test ends against,
+// once the node that pod started has ended: its monitor removes the
+// node's dir file by file as it goes, and a snapshot taken meanwhile
+// (a slow guest, a loaded CI) holds part of it, so a later node's dir
+// would read as a leak of the parts it missed (the cgroup v2 lane once
+// reported a lone shim.log so).
 func nodeLeakBaseline(t *testing.T, e *ctrEnv) (leakcheck.Scope, leakcheck.Snapshot) {
 	t.Helper()
 	scope := leakcheck.ForDaemon(e.d)
 	scope.Root = e.d.Root
 	stopRemove(t, e.d, e.pod)
+	waitNodeGone(t, e.d)
 	return scope, leakcheck.Take(t, scope)
 }
 
@@ -560,8 +566,13 @@ func TestRecoveryKillsContainersOfADeadShim(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	// Gone means dead to the kernel, not only nameless: a process being
+	// killed loses its command line before it lets go of its descriptors,
+	// and a keeper lock still held then makes the restarted berthd leave
+	// the node's dir to a keeper it takes for alive.
 	waitUntil(t, "keeper and monitor to go", func() bool {
-		return len(berthdtest.ShimPids(e.d.State, "keeper"))+len(berthdtest.ShimPids(e.d.State, "monitor")) == 0
+		return !processRuns(keepers[0]) && !processRuns(monitors[0]) &&
+			len(berthdtest.ShimPids(e.d.State, "keeper"))+len(berthdtest.ShimPids(e.d.State, "monitor")) == 0
 	})
 	if !processRuns(pid) {
 		t.Fatalf("the container's init %d died with its shim", pid)
