@@ -15,14 +15,14 @@ import (
 	"github.com/berthcri/berth/internal/testutil/berthdtest"
 )
 
-// The pod cgroup layout of issue #22 (docs/cgroups.md, internal/cgroupplan):
+// The pod cgroup layout (docs/cgroups.md, internal/cgroupplan):
 // a pod's holder process (berth-pause, run for a PID namespace shared by the
 // pod and for a user namespace) sits in a cgroup of its own below the pod
 // cgroup, never in the pod cgroup itself. On cgroup v2 a cgroup holding a
 // process cannot have children with domain controllers, so a holder in the
-// pod cgroup failed every CreateContainer ("cannot enter cgroupv2 ... with
-// domain controllers -- it is in an invalid state"). On this v1 node these
-// tests check the layout; on a v2 node they are the proof.
+// pod cgroup fails every CreateContainer ("cannot enter cgroupv2 ... with
+// domain controllers -- it is in an invalid state"; decision 2200). On
+// this v1 node these tests check the layout; on a v2 node they are the proof.
 
 func cgroupV2() bool {
 	_, err := os.Stat("/sys/fs/cgroup/cgroup.controllers")
@@ -140,7 +140,7 @@ func checkHolderLayout(t *testing.T, e *ctrEnv, userns bool, hierarchy, holderNa
 		t.Fatalf("holder in %s, want %s", holderCg, want)
 	}
 
-	// The failing step of issue #22: CreateContainer, twice.
+	// The step a holder in the pod cgroup fails: CreateContainer, twice.
 	c1 := e.run(sharedPIDCtr(e, "first", userns))
 	c2 := e.run(sharedPIDCtr(e, "second", userns))
 	holderNS, _ := os.Readlink(proc(holder) + "/ns/pid")
