@@ -52,7 +52,7 @@ run: deps build
 # bench/ is a module of its own (its chart library stays out of the
 # daemon's go.mod); lint and test cover it too. The shape limits: no
 # function unreachable from a main or a test (deadcode -test), and
-# hack/shapecheck (no non-test file over 800 lines, no function over 120,
+# hack/shapecheck (no non-test file over 800 lines nor function over 120,
 # every directory of Go code named in docs/architecture.md).
 lint: DEADCODE_VERSION := v0.52.0
 lint:
