@@ -28,6 +28,8 @@ type ctrEnv struct {
 	logDir string
 }
 
+// newCtrEnv starts a berthd, pulls images (busybox when none) from a
+// registry of the standard images and runs one pod.
 func newCtrEnv(t *testing.T, images ...string) *ctrEnv {
 	t.Helper()
 	return newCtrEnvOn(t, berthdtest.Start(t, berthdtest.Options{}), images...)
@@ -77,6 +79,7 @@ func (e *ctrEnv) config(name string, args ...string) *criapi.ContainerConfig {
 	}
 }
 
+// create creates cfg in the env's pod and returns its ID.
 func (e *ctrEnv) create(cfg *criapi.ContainerConfig) string {
 	e.t.Helper()
 	resp, err := e.d.Runtime.CreateContainer(ctxT(e.t), &criapi.CreateContainerRequest{PodSandboxId: e.pod, Config: cfg, SandboxConfig: e.podCfg})
@@ -86,6 +89,7 @@ func (e *ctrEnv) create(cfg *criapi.ContainerConfig) string {
 	return resp.ContainerId
 }
 
+// start starts container id.
 func (e *ctrEnv) start(id string) {
 	e.t.Helper()
 	if _, err := e.d.Runtime.StartContainer(ctxT(e.t), &criapi.StartContainerRequest{ContainerId: id}); err != nil {
@@ -93,6 +97,7 @@ func (e *ctrEnv) start(id string) {
 	}
 }
 
+// run creates and starts cfg in the env's pod and returns its ID.
 func (e *ctrEnv) run(cfg *criapi.ContainerConfig) string {
 	e.t.Helper()
 	id := e.create(cfg)
@@ -100,6 +105,7 @@ func (e *ctrEnv) run(cfg *criapi.ContainerConfig) string {
 	return id
 }
 
+// status is container id's ContainerStatus.
 func (e *ctrEnv) status(id string) *criapi.ContainerStatus {
 	e.t.Helper()
 	resp, err := e.d.Runtime.ContainerStatus(ctxT(e.t), &criapi.ContainerStatusRequest{ContainerId: id})
@@ -134,6 +140,8 @@ func (e *ctrEnv) output(cfg *criapi.ContainerConfig) ([]string, *criapi.Containe
 	return lines, st
 }
 
+// exec runs cmd in container id, failing unless it exits 0, and
+// returns its trimmed stdout.
 func (e *ctrEnv) exec(id string, cmd ...string) string {
 	e.t.Helper()
 	resp, err := e.d.Runtime.ExecSync(ctxT(e.t), &criapi.ExecSyncRequest{ContainerId: id, Cmd: cmd, Timeout: 10})
@@ -146,6 +154,7 @@ func (e *ctrEnv) exec(id string, cmd ...string) string {
 	return strings.TrimSpace(string(resp.Stdout))
 }
 
+// execSync is ExecSync of cmd in container id, with timeout seconds.
 func execSync(t *testing.T, d *berthdtest.Daemon, id string, timeout int64, cmd ...string) (*criapi.ExecSyncResponse, error) {
 	t.Helper()
 	return d.Runtime.ExecSync(ctxT(t), &criapi.ExecSyncRequest{ContainerId: id, Cmd: cmd, Timeout: timeout})
@@ -179,8 +188,10 @@ func closeStdin(t *testing.T, d *berthdtest.Daemon, pod, id string) {
 	s.Close()
 }
 
+// criLogLine is one line of a CRI log file: time, stream, tag, message.
 var criLogLine = regexp.MustCompile(`^(\S+) (stdout|stderr) (F|P) (.*)$`)
 
+// logRecord is one parsed CRI log line.
 type logRecord struct {
 	stream, tag, msg string
 }
@@ -209,6 +220,7 @@ func readCRILog(t *testing.T, path string) []logRecord {
 	return recs
 }
 
+// containerStats is container id's ContainerStats.
 func containerStats(t *testing.T, d *berthdtest.Daemon, id string) *criapi.ContainerStats {
 	t.Helper()
 	resp, err := d.Runtime.ContainerStats(ctxT(t), &criapi.ContainerStatsRequest{ContainerId: id})

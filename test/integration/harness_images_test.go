@@ -14,6 +14,8 @@ import (
 	"github.com/berthcri/berth/internal/testutil/testimages"
 )
 
+// pull pulls ref (with auth, when given) and returns the image ref
+// PullImage answers.
 func pull(t *testing.T, d *berthdtest.Daemon, ref string, auth *criapi.AuthConfig) string {
 	t.Helper()
 	resp, err := d.Image.PullImage(ctxT(t), &criapi.PullImageRequest{Image: &criapi.ImageSpec{Image: ref}, Auth: auth})
@@ -26,6 +28,7 @@ func pull(t *testing.T, d *berthdtest.Daemon, ref string, auth *criapi.AuthConfi
 	return resp.ImageRef
 }
 
+// imageStatus is ref's ImageStatus image, nil when berthd does not have it.
 func imageStatus(t *testing.T, d *berthdtest.Daemon, ref string) *criapi.Image {
 	t.Helper()
 	resp, err := d.Image.ImageStatus(ctxT(t), &criapi.ImageStatusRequest{Image: &criapi.ImageSpec{Image: ref}})
@@ -35,6 +38,7 @@ func imageStatus(t *testing.T, d *berthdtest.Daemon, ref string) *criapi.Image {
 	return resp.Image
 }
 
+// listImages is ListImages' answer.
 func listImages(t *testing.T, d *berthdtest.Daemon) []*criapi.Image {
 	t.Helper()
 	resp, err := d.Image.ListImages(ctxT(t), &criapi.ListImagesRequest{})
@@ -58,12 +62,14 @@ func dirEntries(t *testing.T, d *berthdtest.Daemon, sub string) []string {
 	return names
 }
 
+// mustImage returns what build makes, failing the test on its error.
 func mustImage(t *testing.T, build func() (v1.Image, error)) v1.Image {
 	t.Helper()
 	img, err := build()
 	return testimages.Must(t, img, err)
 }
 
+// configDigest is img's config digest.
 func configDigest(t *testing.T, img v1.Image) string {
 	t.Helper()
 	h, err := img.ConfigName()

@@ -51,6 +51,7 @@ func berthctl(t *testing.T) string {
 	return berthctlPath
 }
 
+// runCtl runs berthctl against d and returns its combined output.
 func runCtl(t *testing.T, d *berthdtest.Daemon, args ...string) (string, error) {
 	t.Helper()
 	cmd := exec.Command(berthctl(t), args...)
@@ -59,6 +60,8 @@ func runCtl(t *testing.T, d *berthdtest.Daemon, args ...string) (string, error) 
 	return string(out), err
 }
 
+// runBerthctl runs berthctl with args and returns its combined output
+// and exit code.
 func runBerthctl(t *testing.T, args ...string) (string, int) {
 	t.Helper()
 	cmd := exec.Command(berthctl(t), args...)
@@ -72,6 +75,7 @@ func runBerthctl(t *testing.T, args ...string) (string, int) {
 	return string(out), code
 }
 
+// cgroupV2 reports whether the node runs the unified hierarchy alone.
 func cgroupV2() bool {
 	_, err := os.Stat("/sys/fs/cgroup/cgroup.controllers")
 	return err == nil
@@ -124,6 +128,7 @@ func cgroupDir(controller, group string) string {
 // the unified one (v2).
 func memoryCgroupDir(group string) string { return cgroupDir("memory", group) }
 
+// readCgroupFile is file of group in hierarchy ("" on v2), trimmed.
 func readCgroupFile(t *testing.T, hierarchy, group, file string) string {
 	t.Helper()
 	data, err := os.ReadFile(filepath.Join("/sys/fs/cgroup", hierarchy, group, file))
@@ -180,6 +185,8 @@ func memoryLimitOf(t *testing.T, pid int) (string, error) {
 	return strings.TrimSpace(string(data)), err
 }
 
+// removeCgroupTree removes root and the cgroups below it in every
+// hierarchy, deepest first, retrying a busy one a while.
 func removeCgroupTree(t *testing.T, root string) {
 	for _, top := range cgroupDirs(root) {
 		var dirs []string
@@ -212,6 +219,7 @@ type privateSystemd struct {
 	Root string // systemd's cgroup root below the hierarchy roots ("/" for the host's)
 }
 
+// systemdBinary is the systemd a private systemd runs.
 const systemdBinary = "/lib/systemd/systemd"
 
 // startPrivateSystemd boots a private systemd, or skips the test (saying
@@ -358,6 +366,7 @@ func (sd *privateSystemd) cgroupUnitsOf(t *testing.T, id string) []string {
 	return sd.units(t, "*"+id+"*.slice", "*"+id+"*.scope")
 }
 
+// units lists the loaded units matching any of patterns.
 func (sd *privateSystemd) units(t *testing.T, patterns ...string) []string {
 	t.Helper()
 	out, err := sd.systemctl(append([]string{"list-units", "--all", "--plain", "--no-legend"}, patterns...)...)

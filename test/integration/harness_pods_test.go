@@ -20,6 +20,8 @@ import (
 	"github.com/berthcri/berth/internal/testutil/berthdtest"
 )
 
+// podConfig is a pod named name as the kubelet sends it without
+// shareProcessNamespace.
 func podConfig(name string) *criapi.PodSandboxConfig {
 	return &criapi.PodSandboxConfig{
 		Metadata: &criapi.PodSandboxMetadata{Name: name, Namespace: "default", Uid: name + "-uid", Attempt: 0},
@@ -33,6 +35,7 @@ func podConfig(name string) *criapi.PodSandboxConfig {
 	}
 }
 
+// runPod runs cfg and returns the pod's ID.
 func runPod(t *testing.T, d *berthdtest.Daemon, cfg *criapi.PodSandboxConfig) string {
 	t.Helper()
 	resp, err := d.Runtime.RunPodSandbox(ctxT(t), &criapi.RunPodSandboxRequest{Config: cfg})
@@ -42,6 +45,7 @@ func runPod(t *testing.T, d *berthdtest.Daemon, cfg *criapi.PodSandboxConfig) st
 	return resp.PodSandboxId
 }
 
+// stopRemove stops and removes pod id.
 func stopRemove(t *testing.T, d *berthdtest.Daemon, id string) {
 	t.Helper()
 	if _, err := d.Runtime.StopPodSandbox(ctxT(t), &criapi.StopPodSandboxRequest{PodSandboxId: id}); err != nil {
@@ -66,6 +70,7 @@ type podInfo struct {
 	ShmPath        string `json:"shmPath"`
 }
 
+// podStatus is pod id's verbose PodSandboxStatus and its info.
 func podStatus(t *testing.T, d *berthdtest.Daemon, id string) (*criapi.PodSandboxStatus, podInfo) {
 	t.Helper()
 	resp, err := d.Runtime.PodSandboxStatus(ctxT(t), &criapi.PodSandboxStatusRequest{PodSandboxId: id, Verbose: true})
@@ -79,6 +84,7 @@ func podStatus(t *testing.T, d *berthdtest.Daemon, id string) (*criapi.PodSandbo
 	return resp.Status, info
 }
 
+// podStats is pod id's PodSandboxStats.
 func podStats(t *testing.T, d *berthdtest.Daemon, id string) *criapi.PodSandboxStats {
 	t.Helper()
 	resp, err := d.Runtime.PodSandboxStats(ctxT(t), &criapi.PodSandboxStatsRequest{PodSandboxId: id})
@@ -168,6 +174,7 @@ func serveInNetns(t *testing.T, netns string, port int) {
 	}()
 }
 
+// dialHello connects to addr and expects serveInNetns's greeting.
 func dialHello(addr string) error {
 	c, err := net.DialTimeout("tcp4", addr, 3*time.Second)
 	if err != nil {
@@ -212,6 +219,8 @@ func startUsernsDaemon(t *testing.T) *berthdtest.Daemon {
 	}})
 }
 
+// newUsernsEnv is a ctrEnv whose pod has a user namespace of its own,
+// with pid as its PID namespace mode.
 func newUsernsEnv(t *testing.T, pid criapi.NamespaceMode) *ctrEnv {
 	t.Helper()
 	e := newCtrEnvOn(t, startUsernsDaemon(t))

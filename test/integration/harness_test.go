@@ -61,6 +61,7 @@ func waitUntil[C func() bool | func() error](t testing.TB, what string, cond C) 
 	}
 }
 
+// ctxT is a context for one call of a test, cancelled when it ends.
 func ctxT(t *testing.T) context.Context {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
@@ -68,6 +69,7 @@ func ctxT(t *testing.T) context.Context {
 	return ctx
 }
 
+// wantCode fails unless err has the gRPC code want.
 func wantCode(t *testing.T, err error, want codes.Code) {
 	t.Helper()
 	if got := status.Code(err); got != want {
@@ -148,6 +150,7 @@ func lastChanges(t *testing.T, last map[string]any) map[string]map[string]any {
 	return out
 }
 
+// wantResult fails unless a reload's last result is result.
 func wantResult(t *testing.T, last map[string]any, result string) {
 	t.Helper()
 	if last["result"] != result {
