@@ -50,7 +50,11 @@ run: deps build
 	$(BIN)/berthd $(ARGS)
 
 # bench/ is a module of its own (its chart library stays out of the
-# daemon's go.mod); lint and test cover it too.
+# daemon's go.mod); lint and test cover it too. The shape limits: no
+# function unreachable from a main or a test (deadcode -test), and
+# hack/shapecheck (no non-test file over 800 lines nor function over 120,
+# every directory of Go code named in docs/architecture.md).
+lint: DEADCODE_VERSION := v0.52.0
 lint:
 	$(GO) vet ./...
 	cd bench && $(GO) vet ./...
@@ -58,6 +62,9 @@ lint:
 	cd bench && $(GO) run honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK_VERSION) ./...
 	@unformatted=$$(gofmt -l $$(git ls-files '*.go')); \
 	  if [ -n "$$unformatted" ]; then echo "gofmt needed:"; echo "$$unformatted"; exit 1; fi
+	$(GO) run ./hack/shapecheck
+	@dead=$$($(GO) run golang.org/x/tools/cmd/deadcode@$(DEADCODE_VERSION) -test ./...) || exit 1; \
+	  if [ -n "$$dead" ]; then echo "unreachable functions (deadcode -test):"; echo "$$dead"; exit 1; fi
 
 # The kubelet test runs after the other packages, not beside them: it
 # changes what the whole host sees (a hugetlb hierarchy mounted for its

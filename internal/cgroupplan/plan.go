@@ -16,8 +16,9 @@
 //
 // cgroup v2 forbids a non-root cgroup that holds processes to hand domain
 // controllers (memory, io, ...) to children ("no internal processes"):
-// a holder sitting in the pod cgroup itself made runc's container cgroups
-// "domain invalid" and every CreateContainer fail. The holder therefore
+// a holder sitting in the pod cgroup itself would make runc's container
+// cgroups "domain invalid" and every CreateContainer fail (decision 2200).
+// The holder therefore
 // has a leaf of its own, as containerd's pause container and CRI-O's
 // infra container do.
 package cgroupplan

@@ -96,8 +96,8 @@ func TestPlanUnderAKubeletParent(t *testing.T) {
 	}
 }
 
-// The layout before the fix: berth-pause in the pod cgroup, containers
-// below it. Check must catch it.
+// A holder in the pod cgroup, containers below it: what cgroup v2's
+// no-internal-process rule forbids (decision 2200). Check must catch it.
 func TestCheckCatchesAHolderInThePodCgroup(t *testing.T) {
 	pod := "/berth/pod-" + podID
 	all := []string{"cpu", "memory", "pids"}

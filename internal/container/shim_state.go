@@ -13,9 +13,7 @@ import (
 // disk). It is an RPC to the monitor, unlike Get: for verbose status and
 // metrics, not the kubelet's polling. It waits at most ShimStateTimeout
 // whatever ctx allows: its callers are reads, which answer from the
-// last known state without it when the monitor hangs (issue #35: a
-// stopped monitor held verbose ContainerStatus until the client's
-// deadline).
+// last known state without it when the monitor hangs (decision 3300).
 func (s *Store) ShimState(ctx context.Context, id string) (*shim.State, error) {
 	e, err := s.entry(id)
 	if err != nil {

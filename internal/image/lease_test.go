@@ -210,8 +210,8 @@ func TestRequestsDuringAPassGetTheNextPass(t *testing.T) {
 
 // TestLeasesDoNotWaitForCollection: while a pass is stopped (after its
 // listing, before it decides), creates and removals (Acquire, Release)
-// go on; before decision 1500 each Release collected inline under the
-// lock every Acquire takes.
+// go on: no Release collects under the lock every Acquire takes
+// (decision 1500).
 func TestLeasesDoNotWaitForCollection(t *testing.T) {
 	s, img, ref := pulledStore(t, Options{})
 	ctx := context.Background()

@@ -16,8 +16,7 @@ import (
 	"github.com/berthcri/berth/internal/errdefs"
 )
 
-// Parallel range requests within one large layer blob (issue 26, decision
-// 3000). A layer of at least RangeFetch.MinSize, from a registry that
+// Parallel range requests within one large layer blob (decision 3000). A layer of at least RangeFetch.MinSize, from a registry that
 // answers a Range request with 206 and a matching Content-Range, is
 // fetched as chunks of ChunkSize by Parallel workers, each writing its
 // chunk into the ingest file at its offset. The blob's reader follows the

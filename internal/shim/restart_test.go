@@ -15,7 +15,7 @@ import (
 	"github.com/berthcri/berth/internal/testutil/bundletest"
 )
 
-// A pod's client rides out the monitor's crash (issue #27): a wait
+// A pod's client rides out the monitor's crash (decision 1701): a wait
 // parked when the monitor dies, and calls made while the keeper restarts
 // it, wait for the next monitor and get its answers, not ErrNoShim or EOF.
 func TestPodClientRidesOutAMonitorCrash(t *testing.T) {

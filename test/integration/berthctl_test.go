@@ -13,19 +13,6 @@ import (
 	"github.com/berthcri/berth/internal/testutil/berthdtest"
 )
 
-func runBerthctl(t *testing.T, args ...string) (string, int) {
-	t.Helper()
-	cmd := exec.Command(berthctl(t), args...)
-	out, err := cmd.CombinedOutput()
-	code := 0
-	if ee, ok := err.(*exec.ExitError); ok {
-		code = ee.ExitCode()
-	} else if err != nil {
-		t.Fatalf("run berthctl: %v", err)
-	}
-	return string(out), code
-}
-
 func TestBerthctlInfoReportsTheDaemon(t *testing.T) {
 	t.Parallel()
 	d := berthdtest.Start(t, berthdtest.Options{})

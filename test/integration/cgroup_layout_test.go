@@ -15,44 +15,14 @@ import (
 	"github.com/berthcri/berth/internal/testutil/berthdtest"
 )
 
-// The pod cgroup layout of issue #22 (docs/cgroups.md, internal/cgroupplan):
+// The pod cgroup layout (docs/cgroups.md, internal/cgroupplan):
 // a pod's holder process (berth-pause, run for a PID namespace shared by the
 // pod and for a user namespace) sits in a cgroup of its own below the pod
 // cgroup, never in the pod cgroup itself. On cgroup v2 a cgroup holding a
 // process cannot have children with domain controllers, so a holder in the
-// pod cgroup failed every CreateContainer ("cannot enter cgroupv2 ... with
-// domain controllers -- it is in an invalid state"). On this v1 node these
-// tests check the layout; on a v2 node they are the proof.
-
-func cgroupV2() bool {
-	_, err := os.Stat("/sys/fs/cgroup/cgroup.controllers")
-	return err == nil
-}
-
-// procCgroup is the cgroup of the process at proc (/proc/<pid>): the
-// unified one on v2; on v1 the one in hierarchy (a controller, or
-// "name=systemd").
-func procCgroup(t *testing.T, proc, hierarchy string) string {
-	t.Helper()
-	data, err := os.ReadFile(proc + "/cgroup")
-	if err != nil {
-		t.Fatalf("cgroup of %s: %v", proc, err)
-	}
-	for _, line := range strings.Split(string(data), "\n") {
-		parts := strings.SplitN(line, ":", 3)
-		if len(parts) != 3 {
-			continue
-		}
-		if cgroupV2() && parts[0] == "0" && parts[1] == "" {
-			return parts[2]
-		}
-		if !cgroupV2() && slices.Contains(strings.Split(parts[1], ","), hierarchy) {
-			return parts[2]
-		}
-	}
-	t.Fatalf("no %s cgroup for %s in\n%s", hierarchy, proc, data)
-	return ""
-}
+// pod cgroup fails every CreateContainer ("cannot enter cgroupv2 ... with
+// domain controllers -- it is in an invalid state"; decision 2200). On
+// this v1 node these tests check the layout; on a v2 node they are the proof.
 
 // checkV2NoInternalProcesses walks the pod cgroup on v2: every cgroup
 // holding a process has no children and enables no domain controller for
@@ -140,7 +110,7 @@ func checkHolderLayout(t *testing.T, e *ctrEnv, userns bool, hierarchy, holderNa
 		t.Fatalf("holder in %s, want %s", holderCg, want)
 	}
 
-	// The failing step of issue #22: CreateContainer, twice.
+	// The step a holder in the pod cgroup fails: CreateContainer, twice.
 	c1 := e.run(sharedPIDCtr(e, "first", userns))
 	c2 := e.run(sharedPIDCtr(e, "second", userns))
 	holderNS, _ := os.Readlink(proc(holder) + "/ns/pid")
@@ -165,9 +135,6 @@ func checkHolderLayout(t *testing.T, e *ctrEnv, userns bool, hierarchy, holderNa
 }
 
 func cgroupfsCtrName(id string) string { return id }
-
-// hostProc is /proc/<pid> for berthd's pids on the host's PID namespace.
-func hostProc(pid int) string { return fmt.Sprintf("/proc/%d", pid) }
 
 // procIn is /proc/<pid> for a berthd running in the PID namespace whose
 // init is host pid nsInit: its own /proc (unshare --mount-proc).

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"os"
@@ -48,18 +49,6 @@ func deadlineCtx(t *testing.T, d time.Duration) context.Context {
 	return ctx
 }
 
-func (e *ctrEnv) exec(id string, cmd ...string) string {
-	e.t.Helper()
-	resp, err := e.d.Runtime.ExecSync(ctxT(e.t), &criapi.ExecSyncRequest{ContainerId: id, Cmd: cmd, Timeout: 10})
-	if err != nil {
-		e.t.Fatalf("ExecSync %v in %s: %v", cmd, id, err)
-	}
-	if resp.ExitCode != 0 {
-		e.t.Fatalf("ExecSync %v in %s: exit %d: %s", cmd, id, resp.ExitCode, resp.Stderr)
-	}
-	return strings.TrimSpace(string(resp.Stdout))
-}
-
 // count reads counter's count (again, when it caught the file being
 // rewritten).
 func (e *ctrEnv) count(id string) int {
@@ -80,17 +69,14 @@ func (e *ctrEnv) count(id string) int {
 // waitCount waits until counter's count reaches n and returns it.
 func (e *ctrEnv) waitCount(id string, n int) int {
 	e.t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		c := e.count(id)
-		if c >= n {
-			return c
+	var c int
+	waitUntil(e.t, fmt.Sprintf("counter's count to reach %d", n), func() error {
+		if c = e.count(id); c < n {
+			return fmt.Errorf("stuck at %d", c)
 		}
-		if time.Now().After(deadline) {
-			e.t.Fatalf("count stuck at %d, want %d", c, n)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+		return nil
+	})
+	return c
 }
 
 func (e *ctrEnv) podIP(pod string) string {
@@ -160,7 +146,7 @@ func TestCheckpointRestorePod(t *testing.T) {
 		}
 	}
 	// Gone before the restore: nothing of it is needed.
-	stopRemovePod(t, e.d, e.pod)
+	stopRemove(t, e.d, e.pod)
 
 	cfg := podConfig("restored")
 	// The kubelet restores a pod of the same name: the same hostname
@@ -207,21 +193,18 @@ func TestCheckpointRestorePod(t *testing.T) {
 	}
 	e.waitCount(ids["counter"], atCheckpoint+3)
 	logPath := filepath.Join(cfg.LogDirectory, "counter.log")
-	for deadline := time.Now().Add(20 * time.Second); ; {
+	waitUntil(t, fmt.Sprintf("the restored counter to log a tick after %d", atCheckpoint), func() error {
 		var last int
 		for _, r := range readCRILogIfAny(t, logPath) {
 			if n, ok := strings.CutPrefix(r.msg, "tick "); ok {
 				last, _ = strconv.Atoi(n)
 			}
 		}
-		if last > atCheckpoint {
-			break
+		if last <= atCheckpoint {
+			return fmt.Errorf("last tick %d", last)
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("restored counter logged no tick after %d (last %d)", atCheckpoint, last)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+		return nil
+	})
 	if got := e.exec(ids["counter"], "cat", "/data.txt"); got != "hello" {
 		t.Fatalf("/data.txt = %q", got)
 	}
@@ -239,17 +222,7 @@ func TestCheckpointRestorePod(t *testing.T) {
 	if st := e.status(ids["counter"]); st.State != criapi.ContainerState_CONTAINER_EXITED || st.ExitCode != 128+9 || st.FinishedAt == 0 {
 		t.Fatalf("stopped restored counter: %s, exit %d", st.State, st.ExitCode)
 	}
-	stopRemovePod(t, e.d, resp.PodSandboxId)
-}
-
-func stopRemovePod(t *testing.T, d *berthdtest.Daemon, pod string) {
-	t.Helper()
-	if _, err := d.Runtime.StopPodSandbox(ctxT(t), &criapi.StopPodSandboxRequest{PodSandboxId: pod}); err != nil {
-		t.Fatalf("StopPodSandbox: %v", err)
-	}
-	if _, err := d.Runtime.RemovePodSandbox(ctxT(t), &criapi.RemovePodSandboxRequest{PodSandboxId: pod}); err != nil {
-		t.Fatalf("RemovePodSandbox: %v", err)
-	}
+	stopRemove(t, e.d, resp.PodSandboxId)
 }
 
 // TestCheckpointContainerArchive checks the archive CheckpointContainer
@@ -379,17 +352,12 @@ func TestCheckpointFailuresLeaveNothing(t *testing.T) {
 	// alive checks the pod is running and thawed, and out is empty.
 	alive := func(what string) {
 		t.Helper()
-		deadline := time.Now().Add(20 * time.Second)
-		for {
-			es, _ := os.ReadDir(out)
-			if len(es) == 0 {
-				break
+		waitUntil(t, what+": output_path to empty", func() error {
+			if es, _ := os.ReadDir(out); len(es) != 0 {
+				return fmt.Errorf("it keeps %d entries", len(es))
 			}
-			if time.Now().After(deadline) {
-				t.Fatalf("%s: output_path keeps %d entries", what, len(es))
-			}
-			time.Sleep(50 * time.Millisecond)
-		}
+			return nil
+		})
 		n := e.count(counter) // an exec into a frozen container would hang
 		e.waitCount(counter, n+2)
 		// The pod's network is not left locked by CRIU.

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"regexp"
 	"strconv"
 	"strings"
 	"testing"
@@ -16,149 +15,10 @@ import (
 	criapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/berthcri/berth/internal/config"
-	"github.com/berthcri/berth/internal/shim"
 	"github.com/berthcri/berth/internal/testutil/berthdtest"
 	"github.com/berthcri/berth/internal/testutil/leakcheck"
 	"github.com/berthcri/berth/internal/testutil/testimages"
 )
-
-// ctrEnv is a daemon with the standard images pulled and one pod.
-type ctrEnv struct {
-	t      *testing.T
-	d      *berthdtest.Daemon
-	reg    *testimages.Registry
-	pod    string
-	podCfg *criapi.PodSandboxConfig
-	logDir string
-}
-
-func newCtrEnv(t *testing.T, images ...string) *ctrEnv {
-	t.Helper()
-	return newCtrEnvOn(t, berthdtest.Start(t, berthdtest.Options{}), images...)
-}
-
-// newCtrEnvOn is newCtrEnv on a daemon the test started itself.
-func newCtrEnvOn(t *testing.T, d *berthdtest.Daemon, images ...string) *ctrEnv {
-	t.Helper()
-	reg := testimages.StartRegistry(t)
-	reg.PushStandard(t)
-	if len(images) == 0 {
-		images = []string{"busybox:latest"}
-	}
-	for _, img := range images {
-		pull(t, d, reg.Ref(img), nil)
-	}
-	e := &ctrEnv{t: t, d: d, reg: reg, logDir: filepath.Join(d.Dir, "podlogs")}
-	e.podCfg = podConfig(strings.ToLower(strings.ReplaceAll(t.Name(), "/", "-")))
-	e.podCfg.LogDirectory = e.logDir
-	e.podCfg.Linux.CgroupParent = ""
-	e.pod = runPod(t, d, e.podCfg)
-	return e
-}
-
-// config is a container running args in busybox with log <name>.log.
-func (e *ctrEnv) config(name string, args ...string) *criapi.ContainerConfig {
-	return &criapi.ContainerConfig{
-		Metadata: &criapi.ContainerMetadata{Name: name},
-		Image:    &criapi.ImageSpec{Image: e.reg.Ref("busybox:latest")},
-		Command:  args,
-		LogPath:  name + ".log",
-		Labels:   map[string]string{"name": name},
-		// What the kubelet sends without shareProcessNamespace.
-		Linux: &criapi.LinuxContainerConfig{SecurityContext: &criapi.LinuxContainerSecurityContext{
-			NamespaceOptions: &criapi.NamespaceOption{Pid: criapi.NamespaceMode_CONTAINER},
-		}},
-	}
-}
-
-func (e *ctrEnv) create(cfg *criapi.ContainerConfig) string {
-	e.t.Helper()
-	resp, err := e.d.Runtime.CreateContainer(ctxT(e.t), &criapi.CreateContainerRequest{PodSandboxId: e.pod, Config: cfg, SandboxConfig: e.podCfg})
-	if err != nil {
-		e.t.Fatalf("CreateContainer %s: %v", cfg.Metadata.Name, err)
-	}
-	return resp.ContainerId
-}
-
-func (e *ctrEnv) start(id string) {
-	e.t.Helper()
-	if _, err := e.d.Runtime.StartContainer(ctxT(e.t), &criapi.StartContainerRequest{ContainerId: id}); err != nil {
-		e.t.Fatalf("StartContainer: %v", err)
-	}
-}
-
-func (e *ctrEnv) run(cfg *criapi.ContainerConfig) string {
-	e.t.Helper()
-	id := e.create(cfg)
-	e.start(id)
-	return id
-}
-
-func (e *ctrEnv) status(id string) *criapi.ContainerStatus {
-	e.t.Helper()
-	resp, err := e.d.Runtime.ContainerStatus(ctxT(e.t), &criapi.ContainerStatusRequest{ContainerId: id})
-	if err != nil {
-		e.t.Fatalf("ContainerStatus: %v", err)
-	}
-	return resp.Status
-}
-
-func (e *ctrEnv) waitExited(id string) *criapi.ContainerStatus {
-	e.t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		st := e.status(id)
-		if st.State == criapi.ContainerState_CONTAINER_EXITED {
-			return st
-		}
-		if time.Now().After(deadline) {
-			e.t.Fatalf("container %s still %s", id, st.State)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-}
-
-var criLogLine = regexp.MustCompile(`^(\S+) (stdout|stderr) (F|P) (.*)$`)
-
-type logRecord struct {
-	stream, tag, msg string
-}
-
-// readCRILog parses a CRI log file, failing on any malformed line.
-func readCRILog(t *testing.T, path string) []logRecord {
-	t.Helper()
-	data, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatalf("read log: %v", err)
-	}
-	var recs []logRecord
-	for _, line := range strings.Split(strings.TrimSuffix(string(data), "\n"), "\n") {
-		if line == "" {
-			continue
-		}
-		m := criLogLine.FindStringSubmatch(line)
-		if m == nil {
-			t.Fatalf("log line not in CRI format: %q", line)
-		}
-		if _, err := time.Parse(time.RFC3339Nano, m[1]); err != nil {
-			t.Fatalf("bad timestamp in %q: %v", line, err)
-		}
-		recs = append(recs, logRecord{m[2], m[3], m[4]})
-	}
-	return recs
-}
-
-// output runs a container to completion and returns its stdout lines.
-func (e *ctrEnv) output(cfg *criapi.ContainerConfig) ([]string, *criapi.ContainerStatus) {
-	e.t.Helper()
-	id := e.run(cfg)
-	st := e.waitExited(id)
-	var lines []string
-	for _, r := range readCRILog(e.t, st.LogPath) {
-		lines = append(lines, r.msg)
-	}
-	return lines, st
-}
 
 func TestContainerRunLogsExitCodesAndStatus(t *testing.T) {
 	t.Parallel()
@@ -411,7 +271,7 @@ func TestContainerLongLineAndReopenLog(t *testing.T) {
 	cfg.Stdin, cfg.StdinOnce = true, true
 	id := e.run(cfg)
 	logPath := e.status(id).LogPath
-	waitFor(t, func() bool { data, _ := os.ReadFile(logPath); return strings.Count(string(data), "\n") >= 3 })
+	waitUntil(t, "three lines in the log", func() bool { data, _ := os.ReadFile(logPath); return strings.Count(string(data), "\n") >= 3 })
 	var tags []string
 	total := 0
 	for _, r := range readCRILog(t, logPath) {
@@ -429,7 +289,7 @@ func TestContainerLongLineAndReopenLog(t *testing.T) {
 		t.Fatal(err)
 	}
 	closeStdin(t, e.d, e.pod, id)
-	waitFor(t, func() bool { data, _ := os.ReadFile(logPath); return strings.Contains(string(data), "after") })
+	waitUntil(t, "\"after\" in the reopened log", func() bool { data, _ := os.ReadFile(logPath); return strings.Contains(string(data), "after") })
 	if recs := readCRILog(t, logPath); len(recs) != 1 || recs[0].msg != "after" {
 		t.Fatalf("new log %+v", recs)
 	}
@@ -502,87 +362,6 @@ func TestContainerSurvivesDaemonCrash(t *testing.T) {
 		}
 	}
 	stopRemove(t, e.d, e.pod)
-}
-
-func waitFor(t *testing.T, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(15 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatal("condition not met in 15s")
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-}
-
-// containerPid finds the container's init pid from the runtime's state.
-func containerPid(t *testing.T, d *berthdtest.Daemon, id string) int {
-	t.Helper()
-	data, err := os.ReadFile(filepath.Join(d.Root, "containers", id, "init.pid"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	pid, err := strconv.Atoi(strings.TrimSpace(string(data)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	return pid
-}
-
-// memoryCgroupDir is group's directory in the memory hierarchy (v1) or
-// the unified one (v2).
-func memoryCgroupDir(group string) string {
-	if cgroupV2() {
-		return filepath.Join("/sys/fs/cgroup", group)
-	}
-	return filepath.Join("/sys/fs/cgroup/memory", group)
-}
-
-// memoryLimitOf reads the memory limit of pid's cgroup (memory.max on v2,
-// memory.limit_in_bytes on v1).
-func memoryLimitOf(t *testing.T, pid int) (string, error) {
-	t.Helper()
-	file := "memory.limit_in_bytes"
-	if cgroupV2() {
-		file = "memory.max"
-	}
-	data, err := os.ReadFile(filepath.Join(memoryCgroupDir(cgroupOf(t, pid, "memory")), file))
-	return strings.TrimSpace(string(data)), err
-}
-
-// cgroupOf is pid's cgroup in controller's v1 hierarchy, or its unified
-// cgroup on v2.
-func cgroupOf(t *testing.T, pid int, controller string) string {
-	t.Helper()
-	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/cgroup", pid))
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, line := range strings.Split(string(data), "\n") {
-		parts := strings.SplitN(line, ":", 3)
-		if cgroupV2() && len(parts) == 3 && parts[0] == "0" && parts[1] == "" {
-			return parts[2]
-		}
-		if len(parts) == 3 && strings.Contains(","+parts[1]+",", ","+controller+",") {
-			return parts[2]
-		}
-	}
-	t.Fatalf("no %s cgroup for %d", controller, pid)
-	return ""
-}
-
-// closeStdin closes a container's stdin straight through its shim (CRI
-// Attach belongs to the streaming server), working while berthd is down.
-func closeStdin(t *testing.T, d *berthdtest.Daemon, pod, id string) {
-	t.Helper()
-	s, err := shim.NewClient(filepath.Join(d.State, "shims", pod)).Attach(context.Background(), id, true, false, false)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := s.CloseStdin(); err != nil {
-		t.Fatal(err)
-	}
-	s.Close()
 }
 
 func TestContainerSeccompRuntimeDefaultBlocksUnshare(t *testing.T) {

@@ -64,7 +64,7 @@ func TestStopSignalFromConfigOverridesImage(t *testing.T) {
 		if got := e.status(id).StopSignal; got != tc.want {
 			t.Fatalf("%s: status stop_signal %v, want %v", tc.name, got, tc.want)
 		}
-		waitFor(t, func() bool {
+		waitUntil(t, "the container's traps (/tmp/ready)", func() bool {
 			r, err := e.d.Runtime.ExecSync(ctxT(t), &criapi.ExecSyncRequest{ContainerId: id, Cmd: []string{"test", "-e", "/tmp/ready"}, Timeout: 5})
 			return err == nil && r.ExitCode == 0
 		})

@@ -14,7 +14,6 @@ import (
 	"io"
 	"math/big"
 	"net"
-	"net/http"
 	"net/url"
 	"os"
 	"path/filepath"
@@ -34,11 +33,6 @@ import (
 	"github.com/berthcri/berth/internal/config"
 	"github.com/berthcri/berth/internal/testutil/berthdtest"
 )
-
-func execSync(t *testing.T, d *berthdtest.Daemon, id string, timeout int64, cmd ...string) (*criapi.ExecSyncResponse, error) {
-	t.Helper()
-	return d.Runtime.ExecSync(ctxT(t), &criapi.ExecSyncRequest{ContainerId: id, Cmd: cmd, Timeout: timeout})
-}
 
 func TestExecSyncOutputsExitCodesAndErrors(t *testing.T) {
 	t.Parallel()
@@ -236,7 +230,7 @@ func TestAttachReadsOutputAndSendsInput(t *testing.T) {
 				done <- executor(t, transport, resp.Url).StreamWithContext(ctx, remotecommand.StreamOptions{Stdin: inR, Stdout: out, Stderr: out})
 			}()
 			fmt.Fprintf(inW, "hello %s\n", transport)
-			waitFor(t, func() bool { return strings.Contains(out.String(), "got:hello "+transport) })
+			waitUntil(t, "the echo of the input over "+transport, func() bool { return strings.Contains(out.String(), "got:hello "+transport) })
 			cancel()
 			inW.Close()
 			<-done
@@ -304,32 +298,6 @@ func shimPid(t *testing.T, d *berthdtest.Daemon) int {
 		}
 	}
 	t.Fatal("no berth-shim monitor for this daemon")
-	return 0
-}
-
-// goroutines reads berthd's goroutine count from its own metrics.
-func goroutines(t *testing.T, d *berthdtest.Daemon) int {
-	t.Helper()
-	st, err := d.Runtime.Status(ctxT(t), &criapi.StatusRequest{Verbose: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	resp, err := http.Get("http://" + st.Info["metricsAddress"] + "/metrics")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	var buf bytes.Buffer
-	buf.ReadFrom(resp.Body)
-	for _, line := range strings.Split(buf.String(), "\n") {
-		if v, ok := strings.CutPrefix(line, "go_goroutines "); ok {
-			n, err := strconv.ParseFloat(v, 64)
-			if err == nil {
-				return int(n)
-			}
-		}
-	}
-	t.Fatal("no go_goroutines metric")
 	return 0
 }
 

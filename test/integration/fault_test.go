@@ -436,7 +436,7 @@ func TestStartWhoseRecordFailsStopsTheContainer(t *testing.T) {
 		evs[1].ContainerEventType != criapi.ContainerEventType_CONTAINER_STOPPED_EVENT {
 		t.Fatalf("events %v, %v; want created, stopped", evs[0].ContainerEventType, evs[1].ContainerEventType)
 	}
-	waitFor(t, func() bool { return slices.Contains(p.eventsFor(e.pod, id), "StopContainer") })
+	waitUntil(t, "NRI's StopContainer of the container", func() bool { return slices.Contains(p.eventsFor(e.pod, id), "StopContainer") })
 	if got := p.eventsFor(e.pod, id); !slices.Equal(got, []string{"CreateContainer", "PostCreateContainer", "StartContainer", "StopContainer"}) {
 		t.Fatalf("NRI events %v", got)
 	}

@@ -1,9 +1,6 @@
-// Package integration drives a real berthd binary over CRI, with real runc,
-// overlayfs, CNI plugins and an in-process registry. Tests need root.
 package integration
 
 import (
-	"context"
 	"encoding/json"
 	"os"
 	"os/exec"
@@ -11,30 +8,14 @@ import (
 	"strings"
 	"syscall"
 	"testing"
-	"time"
 
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 	utilversion "k8s.io/apimachinery/pkg/util/version"
 	criapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/berthcri/berth/internal/config"
 	"github.com/berthcri/berth/internal/testutil/berthdtest"
 )
-
-func ctxT(t *testing.T) context.Context {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	t.Cleanup(cancel)
-	return ctx
-}
-
-func wantCode(t *testing.T, err error, want codes.Code) {
-	t.Helper()
-	if got := status.Code(err); got != want {
-		t.Fatalf("got code %s (%v), want %s", got, err, want)
-	}
-}
 
 func TestVersionReportsBerthAndCRIv1(t *testing.T) {
 	t.Parallel()

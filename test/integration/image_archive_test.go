@@ -6,11 +6,9 @@ import (
 	"io"
 	"io/fs"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
-	"sync"
 	"testing"
 
 	"github.com/google/go-containerregistry/pkg/name"
@@ -22,41 +20,6 @@ import (
 	"github.com/berthcri/berth/internal/testutil/berthdtest"
 	"github.com/berthcri/berth/internal/testutil/testimages"
 )
-
-var (
-	berthctlOnce sync.Once
-	berthctlPath string
-	berthctlErr  error
-)
-
-// berthctl is $BERTH_BIN_DIR/berthctl (make test) or one built from this
-// checkout.
-func berthctl(t *testing.T) string {
-	t.Helper()
-	if dir := os.Getenv("BERTH_BIN_DIR"); dir != "" {
-		return filepath.Join(dir, "berthctl")
-	}
-	berthctlOnce.Do(func() {
-		dir, err := os.MkdirTemp("", "berthctl-bin-")
-		if err != nil {
-			berthctlErr = err
-			return
-		}
-		berthctlPath, berthctlErr = berthdtest.BuildCommand(dir, "berthctl")
-	})
-	if berthctlErr != nil {
-		t.Fatalf("build berthctl: %v", berthctlErr)
-	}
-	return berthctlPath
-}
-
-func runCtl(t *testing.T, d *berthdtest.Daemon, args ...string) (string, error) {
-	t.Helper()
-	cmd := exec.Command(berthctl(t), args...)
-	cmd.Env = append(os.Environ(), "BERTH_ADDRESS=unix://"+d.Socket)
-	out, err := cmd.CombinedOutput()
-	return string(out), err
-}
 
 // tarDir packs a directory (an OCI layout) into a tarball.
 func tarDir(t *testing.T, dir, out string) {

@@ -14,11 +14,12 @@ import (
 	"google.golang.org/grpc/codes"
 	criapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
+	v1 "github.com/google/go-containerregistry/pkg/v1"
+
 	"github.com/berthcri/berth/internal/config"
 	"github.com/berthcri/berth/internal/testutil/berthdtest"
 	"github.com/berthcri/berth/internal/testutil/leakcheck"
 	"github.com/berthcri/berth/internal/testutil/testimages"
-	v1 "github.com/google/go-containerregistry/pkg/v1"
 )
 
 // smallRanges makes berthd fetch the test images' busybox layer (about
@@ -45,20 +46,6 @@ func storeLeakScope(t *testing.T, d *berthdtest.Daemon) (leakcheck.Scope, leakch
 	scope := leakcheck.ForDaemon(d)
 	scope.Root = d.Root
 	return scope, leakcheck.Take(t, scope)
-}
-
-// bottomLayerDigest is the digest of img's first layer.
-func bottomLayerDigest(t *testing.T, img v1.Image) string {
-	t.Helper()
-	layers, err := img.Layers()
-	if err != nil {
-		t.Fatal(err)
-	}
-	ld, err := layers[0].Digest()
-	if err != nil {
-		t.Fatal(err)
-	}
-	return ld.String()
 }
 
 // TestImagePullRangeCutMidwayResumes pulls through a real berthd in

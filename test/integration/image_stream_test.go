@@ -2,6 +2,7 @@ package integration
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -20,22 +21,18 @@ import (
 // after the RPC answered, have removed what they wrote.
 func waitStoreEmpty(t *testing.T, d *berthdtest.Daemon) {
 	t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
-	for {
+	waitUntil(t, "a failed pull's store to empty", func() error {
 		var left []string
 		for _, sub := range []string{"ingest", "layers", "blobs/sha256", "records", "trash"} {
 			for _, e := range dirEntries(t, d, sub) {
 				left = append(left, sub+"/"+e)
 			}
 		}
-		if len(left) == 0 {
-			return
+		if len(left) > 0 {
+			return fmt.Errorf("left: %v", left)
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("a failed pull left: %v", left)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+		return nil
+	})
 }
 
 // TestImagePullLayerDigestFailureUndoesLayers arms the layer digest check

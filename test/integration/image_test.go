@@ -13,7 +13,6 @@ import (
 	"testing"
 	"time"
 
-	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"golang.org/x/sys/unix"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -23,59 +22,6 @@ import (
 	"github.com/berthcri/berth/internal/testutil/berthdtest"
 	"github.com/berthcri/berth/internal/testutil/testimages"
 )
-
-func pull(t *testing.T, d *berthdtest.Daemon, ref string, auth *criapi.AuthConfig) string {
-	t.Helper()
-	resp, err := d.Image.PullImage(ctxT(t), &criapi.PullImageRequest{Image: &criapi.ImageSpec{Image: ref}, Auth: auth})
-	if err != nil {
-		t.Fatalf("pull %s: %v", ref, err)
-	}
-	if !strings.HasPrefix(resp.ImageRef, "sha256:") || len(resp.ImageRef) != 71 {
-		t.Fatalf("pull %s: image ref %q is not a sha256 ID", ref, resp.ImageRef)
-	}
-	return resp.ImageRef
-}
-
-func imageStatus(t *testing.T, d *berthdtest.Daemon, ref string) *criapi.Image {
-	t.Helper()
-	resp, err := d.Image.ImageStatus(ctxT(t), &criapi.ImageStatusRequest{Image: &criapi.ImageSpec{Image: ref}})
-	if err != nil {
-		t.Fatalf("image status %s: %v", ref, err)
-	}
-	return resp.Image
-}
-
-func listImages(t *testing.T, d *berthdtest.Daemon) []*criapi.Image {
-	t.Helper()
-	resp, err := d.Image.ListImages(ctxT(t), &criapi.ListImagesRequest{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return resp.Images
-}
-
-// dirEntries lists a store subdirectory (blobs/sha256, layers, ingest).
-func dirEntries(t *testing.T, d *berthdtest.Daemon, sub string) []string {
-	t.Helper()
-	es, err := os.ReadDir(filepath.Join(d.Root, "images", sub))
-	if err != nil {
-		t.Fatal(err)
-	}
-	var names []string
-	for _, e := range es {
-		names = append(names, e.Name())
-	}
-	return names
-}
-
-func configDigest(t *testing.T, img v1.Image) string {
-	t.Helper()
-	h, err := img.ConfigName()
-	if err != nil {
-		t.Fatal(err)
-	}
-	return h.String()
-}
 
 func TestImagePullByTagThenRemoveByOtherTagRemovesAll(t *testing.T) {
 	t.Parallel()
@@ -444,13 +390,12 @@ func TestImagePullDeadlineExceeded(t *testing.T) {
 		t.Fatalf("timed-out pulls left images: %v", imgs)
 	}
 	// The abandoned pull is cancelled and cleans up after itself.
-	deadline := time.Now().Add(20 * time.Second)
-	for len(dirEntries(t, d, "blobs/sha256"))+len(dirEntries(t, d, "ingest")) != 0 {
-		if time.Now().After(deadline) {
-			t.Fatalf("garbage left after timed-out pulls: blobs %v ingest %v", dirEntries(t, d, "blobs/sha256"), dirEntries(t, d, "ingest"))
+	waitUntil(t, "the timed-out pulls to remove what they wrote", func() error {
+		if blobs, ingest := dirEntries(t, d, "blobs/sha256"), dirEntries(t, d, "ingest"); len(blobs)+len(ingest) != 0 {
+			return fmt.Errorf("blobs %v ingest %v", blobs, ingest)
 		}
-		time.Sleep(50 * time.Millisecond)
-	}
+		return nil
+	})
 }
 
 func TestImageStatusUserPinnedAndVerboseConfig(t *testing.T) {
@@ -560,12 +505,6 @@ func TestImageFsInfoReportsStoreUsage(t *testing.T) {
 	if gone := fsInfo(); gone.UsedBytes.GetValue() >= after.UsedBytes.GetValue() || gone.InodesUsed.GetValue() >= after.InodesUsed.GetValue() {
 		t.Fatalf("usage did not drop after remove: %v/%v then %v/%v", after.UsedBytes, after.InodesUsed, gone.UsedBytes, gone.InodesUsed)
 	}
-}
-
-func mustImage(t *testing.T, build func() (v1.Image, error)) v1.Image {
-	t.Helper()
-	img, err := build()
-	return testimages.Must(t, img, err)
 }
 
 func sameSet(a, b []string) bool {

@@ -81,7 +81,7 @@ func TestSplitContainerFilesystem(t *testing.T) {
 	if err := unix.Statfs(upper, &fs); err != nil || fs.Type != unix.TMPFS_MAGIC {
 		t.Fatalf("the writable layer %s is not on the container filesystem (statfs type %#x, %v)", upper, fs.Type, err)
 	}
-	waitFor(t, func() bool { _, err := os.Stat(filepath.Join(upper, "done")); return err == nil })
+	waitUntil(t, "the container's write (done in its writable layer)", func() bool { _, err := os.Stat(filepath.Join(upper, "done")); return err == nil })
 	img1, ctr1 := fsInfo()
 	if ctr1.UsedBytes.GetValue() < ctr0.UsedBytes.GetValue()+fill {
 		t.Fatalf("container filesystem usage %d → %d after a %d-byte write", ctr0.UsedBytes.GetValue(), ctr1.UsedBytes.GetValue(), fill)

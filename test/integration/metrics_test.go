@@ -9,8 +9,6 @@ import (
 	"syscall"
 	"testing"
 
-	"github.com/prometheus/common/expfmt"
-	"github.com/prometheus/common/model"
 	criapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/berthcri/berth/internal/config"
@@ -76,40 +74,6 @@ func TestStreamingServerListensOnARealPort(t *testing.T) {
 	if resp.StatusCode != http.StatusNotFound {
 		t.Fatalf("unknown exec token: HTTP %d, want 404", resp.StatusCode)
 	}
-}
-
-// scrapeMetrics reads berthd's /metrics at addr into name{label=value}... →
-// value (a histogram's sample count), failing if it does not parse.
-func scrapeMetrics(t *testing.T, addr string) map[string]float64 {
-	t.Helper()
-	resp, err := http.Get("http://" + addr + "/metrics")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	parser := expfmt.NewTextParser(model.UTF8Validation)
-	families, err := parser.TextToMetricFamilies(resp.Body)
-	if err != nil {
-		t.Fatalf("metrics do not parse: %v", err)
-	}
-	out := map[string]float64{}
-	for name, f := range families {
-		for _, m := range f.GetMetric() {
-			key := name
-			for _, l := range m.GetLabel() {
-				key += "{" + l.GetName() + "=" + l.GetValue() + "}"
-			}
-			switch {
-			case m.GetGauge() != nil:
-				out[key] = m.GetGauge().GetValue()
-			case m.GetCounter() != nil:
-				out[key] = m.GetCounter().GetValue()
-			case m.GetHistogram() != nil:
-				out[key] = float64(m.GetHistogram().GetSampleCount())
-			}
-		}
-	}
-	return out
 }
 
 // A container whose CRI log sits on a full disk: berthd reports the records

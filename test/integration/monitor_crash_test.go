@@ -59,19 +59,6 @@ func waitNodeGone(t *testing.T, d *berthdtest.Daemon) {
 	})
 }
 
-// waitUntil polls cond until it holds, failing after a generous bound
-// (the bound is a hang guard, not a timing assertion).
-func waitUntil(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(90 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("gave up waiting for %s", what)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
-
 // killMonitor kills the node's monitor with SIGKILL and waits for the
 // keeper's next one (the keeper unchanged); it returns the new pid.
 func killMonitor(t *testing.T, d *berthdtest.Daemon) int {

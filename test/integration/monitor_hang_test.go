@@ -142,9 +142,8 @@ func (n *hungNode) readRPCs() []struct {
 // hungReadBound from the last known state (while a stop waiting on the
 // monitor holds the container read about), exec works, and once the monitor goes on (SIGCONT)
 // the node converges: the container that exited meanwhile shows EXITED
-// with its code, nothing restarted, teardown leaves nothing (issue #35:
-// verbose ContainerStatus waited on the stopped monitor until its
-// client's deadline).
+// with its code, nothing restarted, teardown leaves nothing (decision
+// 3300).
 func TestHungMonitorLeavesReadsAnswering(t *testing.T) {
 	t.Parallel()
 	n := newHungNode(t)

@@ -15,16 +15,13 @@ import (
 // TestNodeEndsWithItsLastContainerWhileTheKeeperLags: the keeper reads its
 // monitor's link on one goroutine and reaps on another. When the node's
 // last container is removed, the monitor tells the keeper to forget it
-// and exits at once; a keeper that reaped the monitor before it applied
+// and exits at once; a keeper that reaps the monitor before it applies
 // that forget (its link goroutine not scheduled yet: a loaded machine)
-// saw a container still held, took the clean exit for a crash and
-// started a monitor that adopted the removed container and recreated
-// its pod's directory, serving it for ever: the node monitor that
-// outlived its last pod (issue #35; CI, in
-// TestHugepageLimitsOnAHostWithoutHugetlbHierarchy's leak check). The
-// keeper-slow-link pause makes that interleaving certain: the keeper
-// must apply everything its monitor said before it decides whether the
-// monitor's exit was the node's end.
+// sees a container still held and must not take the clean exit for a
+// crash, or its next monitor adopts the removed container and serves it
+// for ever (decision 3300). The keeper-slow-link pause makes that
+// interleaving certain: the keeper must apply everything its monitor
+// said before it decides whether the monitor's exit was the node's end.
 func TestNodeEndsWithItsLastContainerWhileTheKeeperLags(t *testing.T) {
 	t.Parallel()
 	faults := filepath.Join(t.TempDir(), "shim-faults")

@@ -318,7 +318,7 @@ func TestNRILifecycleEvents(t *testing.T) {
 	want := []string{"RunPodSandbox", "CreateContainer", "PostCreateContainer", "StartContainer", "PostStartContainer",
 		"UpdateContainer", "PostUpdateContainer", "UpdatePodSandbox", "PostUpdatePodSandbox", "StopContainer", "RemoveContainer", "StopPodSandbox", "RemovePodSandbox"}
 	var got []string
-	waitFor(t, func() bool { got = p.eventsFor(e.pod, ""); return len(got) >= len(want) })
+	waitUntil(t, "the pod's NRI events", func() bool { got = p.eventsFor(e.pod, ""); return len(got) >= len(want) })
 	time.Sleep(300 * time.Millisecond) // a late duplicate would show now
 	if got = p.eventsFor(e.pod, ""); !slices.Equal(got, want) {
 		t.Fatalf("events\n got %v\nwant %v", got, want)
@@ -361,7 +361,7 @@ func TestNRIExitedContainerIsStopped(t *testing.T) {
 	if st := e.waitExited(id); st.ExitCode != 1 {
 		t.Fatalf("exit code %d", st.ExitCode)
 	}
-	waitFor(t, func() bool { return p.find("StopContainer", id) != nil })
+	waitUntil(t, "NRI's StopContainer", func() bool { return p.find("StopContainer", id) != nil })
 	if stop := p.find("StopContainer", id).ctr; stop.ExitCode != 1 || stop.State != api.ContainerState_CONTAINER_STOPPED {
 		t.Fatalf("stop event: exit code %d state %s", stop.ExitCode, stop.State)
 	}
@@ -373,7 +373,7 @@ func TestNRIExitedContainerIsStopped(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := []string{"CreateContainer", "PostCreateContainer", "StartContainer", "PostStartContainer", "StopContainer", "RemoveContainer"}
-	waitFor(t, func() bool { return len(p.eventsFor(e.pod, id)) >= len(want) })
+	waitUntil(t, "the container's NRI events", func() bool { return len(p.eventsFor(e.pod, id)) >= len(want) })
 	if got := p.eventsFor(e.pod, id); !slices.Equal(got, want) {
 		t.Fatalf("events\n got %v\nwant %v", got, want)
 	}
@@ -758,7 +758,7 @@ func TestNRISynchronize(t *testing.T) {
 	if len(all) != 5 {
 		t.Fatalf("created %d containers", len(all))
 	}
-	waitFor(t, func() bool {
+	waitUntil(t, "the late plugin to see every container", func() bool {
 		for _, id := range all {
 			if !late.seen(id) {
 				return false
@@ -846,7 +846,7 @@ func TestNRIAfterRestart(t *testing.T) {
 	stopRemove(t, d, e.pod)
 	// The exited container's stop was before the restart: not again.
 	want := []string{"StopContainer", "StopPodSandbox", "RemoveContainer", "RemoveContainer", "RemovePodSandbox"}
-	waitFor(t, func() bool { return len(p.eventsFor(e.pod, "")) >= len(want) })
+	waitUntil(t, "the pod's NRI events after the restart", func() bool { return len(p.eventsFor(e.pod, "")) >= len(want) })
 	time.Sleep(300 * time.Millisecond)
 	if got := p.eventsFor(e.pod, ""); !slices.Equal(got, want) {
 		t.Fatalf("events after restart\n got %v\nwant %v", got, want)
@@ -888,7 +888,7 @@ func TestNRIPreinstalledPlugin(t *testing.T) {
 	id := runPod(t, d, podConfig("preinstalled"))
 	stopRemove(t, d, id)
 	var lines []string
-	waitFor(t, func() bool {
+	waitUntil(t, "the preinstalled plugin's three lines", func() bool {
 		data, _ := os.ReadFile(out)
 		lines = strings.Split(strings.TrimSpace(string(data)), "\n")
 		return len(lines) >= 3

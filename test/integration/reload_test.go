@@ -44,26 +44,6 @@ func mirrorOnly(mirror string) string {
 	return s
 }
 
-// lastChanges maps each key of a reload's changes to whether it applied,
-// and its reason.
-func lastChanges(t *testing.T, last map[string]any) map[string]map[string]any {
-	t.Helper()
-	out := map[string]map[string]any{}
-	changes, _ := last["changes"].([]any)
-	for _, c := range changes {
-		m, _ := c.(map[string]any)
-		out[m["key"].(string)] = m
-	}
-	return out
-}
-
-func wantResult(t *testing.T, last map[string]any, result string) {
-	t.Helper()
-	if last["result"] != result {
-		t.Fatalf("reload result %v, want %s: %+v", last["result"], result, last)
-	}
-}
-
 func metricsAddr(t *testing.T, d *berthdtest.Daemon) string {
 	t.Helper()
 	st, err := d.Runtime.Status(ctxT(t), &criapi.StatusRequest{Verbose: true})
@@ -236,7 +216,7 @@ func TestReloadRuntimeHandlerAddedThenRemovalRefusedWhileInUse(t *testing.T) {
 	if c == nil || c["applied"] != false || !strings.Contains(c["reason"].(string), "in use") || !strings.Contains(c["reason"].(string), pod[:12]) {
 		t.Fatalf("removal of the in-use handler: %+v", last)
 	}
-	waitFor(t, func() bool {
+	waitUntil(t, "the reload's \"not applied\" log line", func() bool {
 		return strings.Contains(d.Logs(), `msg="configuration reload: not applied" component=config key=runtime_handlers.second`)
 	})
 	if !slices.Contains(handlerNames(t, d), "second") {
@@ -310,7 +290,7 @@ func TestReloadBadFileKeepsTheConfigInEffect(t *testing.T) {
 	wantResult(t, d.Reload(), "failure")
 	refused := len(bad) + 1
 	// The log is a pipe: wait for the lines to come through.
-	waitFor(t, func() bool {
+	waitUntil(t, "the refused reloads' log lines", func() bool {
 		return strings.Count(d.Logs(), `msg="configuration reload refused: the configuration in effect stays"`) == refused
 	})
 	after := d.RunningConfig()
@@ -362,7 +342,7 @@ func TestReloadLogLevel(t *testing.T) {
 	// The log is a pipe: wait for the last line to come through; all
 	// before it has then.
 	var logs string
-	waitFor(t, func() bool {
+	waitUntil(t, "the second reload's version line in the log", func() bool {
 		logs = d.Logs()
 		i := nthIndex(logs, reloaded, 2)
 		return i >= 0 && strings.Contains(logs[i:], versionLine)

@@ -16,16 +16,6 @@ import (
 	"github.com/berthcri/berth/internal/testutil/testimages"
 )
 
-// podEnv switches a ctrEnv to a pod of the test's own making.
-func (e *ctrEnv) podEnv(cfg *criapi.PodSandboxConfig) *ctrEnv {
-	e.t.Helper()
-	cfg.LogDirectory = e.logDir
-	pe := *e
-	pe.podCfg = cfg
-	pe.pod = runPod(e.t, e.d, cfg)
-	return &pe
-}
-
 // The pod's hostname, DNS config, sysctls, /dev/shm and network
 // namespace are what its containers see.
 func TestSandboxSettingsVisibleInContainer(t *testing.T) {
@@ -123,7 +113,7 @@ func TestSandboxPortMappingToContainer(t *testing.T) {
 		net.JoinHostPort(gw.String(), fmt.Sprint(hostPort)),
 	} {
 		var body string
-		waitFor(t, func() bool {
+		waitUntil(t, "an HTTP 200 from "+addr, func() bool {
 			c := http.Client{Timeout: 2 * time.Second}
 			resp, err := c.Get("http://" + addr + "/")
 			if err != nil {

@@ -1,14 +1,11 @@
 package integration
 
 import (
-	"bufio"
-	"encoding/json"
 	"fmt"
 	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"sort"
 	"strconv"
 	"strings"
@@ -24,130 +21,6 @@ import (
 	"github.com/berthcri/berth/internal/testutil/berthdtest"
 	"github.com/berthcri/berth/internal/testutil/leakcheck"
 )
-
-func podConfig(name string) *criapi.PodSandboxConfig {
-	return &criapi.PodSandboxConfig{
-		Metadata: &criapi.PodSandboxMetadata{Name: name, Namespace: "default", Uid: name + "-uid", Attempt: 0},
-		Hostname: name,
-		Labels:   map[string]string{"app": name},
-		// What the kubelet sends without shareProcessNamespace. (The zero
-		// value, POD, asks for a shared PID namespace.)
-		Linux: &criapi.LinuxPodSandboxConfig{SecurityContext: &criapi.LinuxSandboxSecurityContext{
-			NamespaceOptions: &criapi.NamespaceOption{Pid: criapi.NamespaceMode_CONTAINER},
-		}},
-	}
-}
-
-func runPod(t *testing.T, d *berthdtest.Daemon, cfg *criapi.PodSandboxConfig) string {
-	t.Helper()
-	resp, err := d.Runtime.RunPodSandbox(ctxT(t), &criapi.RunPodSandboxRequest{Config: cfg})
-	if err != nil {
-		t.Fatalf("RunPodSandbox %s: %v", cfg.Metadata.Name, err)
-	}
-	return resp.PodSandboxId
-}
-
-// podInfo is PodSandboxStatus's verbose info.
-type podInfo struct {
-	NetNSPath      string `json:"netnsPath"`
-	IPCNSPath      string `json:"ipcnsPath"`
-	UTSNSPath      string `json:"utsnsPath"`
-	PIDNSPath      string `json:"pidnsPath"`
-	CgroupParent   string `json:"cgroupParent"`
-	CgroupUnit     string `json:"cgroupUnit"`
-	HostnamePath   string `json:"hostnamePath"`
-	HostsPath      string `json:"hostsPath"`
-	ResolvConfPath string `json:"resolvConfPath"`
-	ShmPath        string `json:"shmPath"`
-}
-
-func podStatus(t *testing.T, d *berthdtest.Daemon, id string) (*criapi.PodSandboxStatus, podInfo) {
-	t.Helper()
-	resp, err := d.Runtime.PodSandboxStatus(ctxT(t), &criapi.PodSandboxStatusRequest{PodSandboxId: id, Verbose: true})
-	if err != nil {
-		t.Fatalf("PodSandboxStatus %s: %v", id, err)
-	}
-	var info podInfo
-	if err := json.Unmarshal([]byte(resp.Info["info"]), &info); err != nil {
-		t.Fatalf("verbose info %q: %v", resp.Info["info"], err)
-	}
-	return resp.Status, info
-}
-
-func stopRemove(t *testing.T, d *berthdtest.Daemon, id string) {
-	t.Helper()
-	if _, err := d.Runtime.StopPodSandbox(ctxT(t), &criapi.StopPodSandboxRequest{PodSandboxId: id}); err != nil {
-		t.Fatalf("StopPodSandbox: %v", err)
-	}
-	if _, err := d.Runtime.RemovePodSandbox(ctxT(t), &criapi.RemovePodSandboxRequest{PodSandboxId: id}); err != nil {
-		t.Fatalf("RemovePodSandbox: %v", err)
-	}
-}
-
-// inNamespace runs fn on an OS thread joined to the namespace pinned at
-// path. The thread is never unlocked, so it dies with its goroutine.
-func inNamespace(t *testing.T, path string, nstype int, fn func() error) error {
-	t.Helper()
-	errc := make(chan error, 1)
-	go func() {
-		runtime.LockOSThread()
-		f, err := os.Open(path)
-		if err != nil {
-			errc <- err
-			return
-		}
-		defer f.Close()
-		if err := unix.Setns(int(f.Fd()), nstype); err != nil {
-			errc <- fmt.Errorf("setns %s: %w", path, err)
-			return
-		}
-		errc <- fn()
-	}()
-	return <-errc
-}
-
-// serveInNetns listens on TCP :port inside the pod's network namespace and
-// answers every connection with "hello from pod\n".
-func serveInNetns(t *testing.T, netns string, port int) {
-	t.Helper()
-	var ln net.Listener
-	err := inNamespace(t, netns, unix.CLONE_NEWNET, func() error {
-		var err error
-		ln, err = net.Listen("tcp4", fmt.Sprintf("0.0.0.0:%d", port))
-		return err
-	})
-	if err != nil {
-		t.Fatalf("listen in pod netns: %v", err)
-	}
-	t.Cleanup(func() { ln.Close() })
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			fmt.Fprintf(c, "hello from pod\n")
-			c.Close()
-		}
-	}()
-}
-
-func dialHello(addr string) error {
-	c, err := net.DialTimeout("tcp4", addr, 3*time.Second)
-	if err != nil {
-		return err
-	}
-	defer c.Close()
-	_ = c.SetDeadline(time.Now().Add(3 * time.Second))
-	line, err := bufio.NewReader(c).ReadString('\n')
-	if err != nil {
-		return fmt.Errorf("read from %s: %w", addr, err)
-	}
-	if line != "hello from pod\n" {
-		return fmt.Errorf("%s answered %q", addr, line)
-	}
-	return nil
-}
 
 func readFile(t *testing.T, path string) string {
 	t.Helper()
@@ -339,13 +212,7 @@ func TestSandboxDefaultNetworkMasqueradesOncePerNode(t *testing.T) {
 	if err != nil {
 		t.Fatalf("send from the pod: %v", err)
 	}
-	deadline := time.Now().Add(5 * time.Second)
-	for masqueraded() == before {
-		if time.Now().After(deadline) {
-			t.Fatalf("the pod's packet to an outside address was not masqueraded by %s", chain)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	waitUntil(t, "the pod's packet to an outside address to be masqueraded by "+chain, func() bool { return masqueraded() != before })
 	stopRemove(t, d, id)
 	if got := natRules(); strings.Join(got, "\n") != strings.Join(want, "\n") {
 		t.Fatalf("nat rules after the pod's DEL:\n%s", strings.Join(got, "\n"))

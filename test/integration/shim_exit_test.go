@@ -8,10 +8,9 @@ import (
 	criapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 )
 
-// The kubelet removes a pod's containers concurrently. The shim exits
-// once the last one is gone, and each delete must still get its reply:
-// the shim used to exit as soon as the delete that emptied it answered,
-// and the others saw EOF.
+// The kubelet removes a pod's containers concurrently. The pod ends
+// once the last one is gone, and each delete must still get its reply,
+// not EOF (decision 1701).
 func TestParallelRemovalOfAPodsLastContainers(t *testing.T) {
 	e := newCtrEnv(t)
 	for round := 0; round < 8; round++ {

@@ -20,24 +20,6 @@ import (
 	"github.com/berthcri/berth/internal/testutil/testimages"
 )
 
-func containerStats(t *testing.T, d *berthdtest.Daemon, id string) *criapi.ContainerStats {
-	t.Helper()
-	resp, err := d.Runtime.ContainerStats(ctxT(t), &criapi.ContainerStatsRequest{ContainerId: id})
-	if err != nil {
-		t.Fatalf("ContainerStats %s: %v", id, err)
-	}
-	return resp.Stats
-}
-
-func podStats(t *testing.T, d *berthdtest.Daemon, id string) *criapi.PodSandboxStats {
-	t.Helper()
-	resp, err := d.Runtime.PodSandboxStats(ctxT(t), &criapi.PodSandboxStatsRequest{PodSandboxId: id})
-	if err != nil {
-		t.Fatalf("PodSandboxStats %s: %v", id, err)
-	}
-	return resp.Stats
-}
-
 // One pod with a CPU burner, a 70 MiB memory holder and a file writer:
 // CPU rate, working set, writable layer, the pod's own stats, list filters
 // and NotFound, all on the real daemon and real cgroups.
@@ -81,8 +63,8 @@ func TestStatsContainersAndPod(t *testing.T) {
 
 	// Memory: working set above 64 MiB once the writes are done, with the
 	// limit's headroom as available bytes.
-	// The writes first (slow machines, such as the TCG guest of the
-	// cgroup v2 lane, take longer than waitFor's 15 s for them).
+	// The writes first, bounded by ctx: slow machines, such as the TCG
+	// guest of the cgroup v2 lane, can take longer than waitUntil's bound.
 	for {
 		r, err := e.d.Runtime.ExecSync(ctx, &criapi.ExecSyncRequest{ContainerId: mem, Cmd: []string{"test", "-e", "/dev/shm/done"}, Timeout: 10})
 		if err != nil {
@@ -94,7 +76,7 @@ func TestStatsContainersAndPod(t *testing.T) {
 		time.Sleep(200 * time.Millisecond)
 	}
 	var ms *criapi.ContainerStats
-	waitFor(t, func() bool {
+	waitUntil(t, "a working set above 64 MiB", func() bool {
 		ms = containerStats(t, e.d, mem)
 		return ms.GetMemory().GetWorkingSetBytes().GetValue() > 64<<20
 	})
@@ -114,7 +96,7 @@ func TestStatsContainersAndPod(t *testing.T) {
 	if before.GetFsId().GetMountpoint() == "" || before.GetInodesUsed().GetValue() == 0 || before.GetUsedBytes().GetValue() >= 8<<20 {
 		t.Fatalf("writable layer before the write %+v", before)
 	}
-	waitFor(t, func() bool {
+	waitUntil(t, "the writable layer to grow by the write", func() bool {
 		after := containerStats(t, e.d, writer).GetWritableLayer()
 		return after.GetUsedBytes().GetValue() >= before.GetUsedBytes().GetValue()+8<<20 &&
 			after.GetInodesUsed().GetValue() > before.GetInodesUsed().GetValue()
@@ -272,38 +254,6 @@ var expectedCadvisorMetrics = []string{
 	"container_processes", "container_sockets", "container_spec_cpu_period", "container_spec_cpu_shares",
 	"container_spec_memory_limit_bytes", "container_spec_memory_swap_limit_bytes", "container_start_time_seconds",
 	"container_threads", "container_threads_max",
-}
-
-// podMetricsOf returns the metrics of pod (pod level and the container
-// ctr's), by name; a metric sent several times (per interface, device,
-// failure type) keeps every sample.
-func podMetricsOf(t *testing.T, d *berthdtest.Daemon, pod, ctr string) (podLevel, ctrLevel map[string][]*criapi.Metric) {
-	t.Helper()
-	resp, err := d.Runtime.ListPodSandboxMetrics(ctxT(t), &criapi.ListPodSandboxMetricsRequest{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, pm := range resp.PodMetrics {
-		if pm.PodSandboxId != pod {
-			continue
-		}
-		podLevel = map[string][]*criapi.Metric{}
-		for _, m := range pm.Metrics {
-			podLevel[m.Name] = append(podLevel[m.Name], m)
-		}
-		for _, cm := range pm.ContainerMetrics {
-			if cm.ContainerId == ctr {
-				ctrLevel = map[string][]*criapi.Metric{}
-				for _, m := range cm.Metrics {
-					ctrLevel[m.Name] = append(ctrLevel[m.Name], m)
-				}
-			}
-		}
-	}
-	if podLevel == nil || ctrLevel == nil {
-		t.Fatalf("no metrics for pod %s / container %s in %v", pod, ctr, resp.PodMetrics)
-	}
-	return podLevel, ctrLevel
 }
 
 // enableBlkioAccounting sets a no-op write limit (10 GB/s) on the block
@@ -483,20 +433,6 @@ func TestStatsMetricDescriptorsAndContainerMetrics(t *testing.T) {
 		}
 	}
 	stopRemove(t, e.d, e.pod)
-}
-
-// recvEvents collects events from a stream until n arrived or it fails.
-func recvEvents(t *testing.T, stream criapi.RuntimeService_GetContainerEventsClient, n int) []*criapi.ContainerEventResponse {
-	t.Helper()
-	var out []*criapi.ContainerEventResponse
-	for len(out) < n {
-		ev, err := stream.Recv()
-		if err != nil {
-			t.Fatalf("after %d events: %v", len(out), err)
-		}
-		out = append(out, ev)
-	}
-	return out
 }
 
 // A full lifecycle reaches two subscribers in order, each event with the

@@ -21,51 +21,6 @@ import (
 	"github.com/berthcri/berth/internal/testutil/leakcheck"
 )
 
-// The mapping critest and a typical kubelet hand out: container 0..99999
-// is host 1000..100999.
-var usernsMapping = []*criapi.IDMapping{{ContainerId: 0, HostId: 1000, Length: 100000}}
-
-// startUsernsDaemon starts a daemon whose scratch dir others may search:
-// a user namespace's root (host uid 1000) must reach its rootfs and pod
-// files below --root and --state, and berthd checks that at start.
-func startUsernsDaemon(t *testing.T) *berthdtest.Daemon {
-	t.Helper()
-	return berthdtest.Start(t, berthdtest.Options{Configure: func(c *config.Config) {
-		if err := os.Chmod(filepath.Dir(c.Root), 0o711); err != nil {
-			t.Fatal(err)
-		}
-	}})
-}
-
-// usernsPodConfig is a pod with its own user namespace, as the kubelet
-// sends for hostUsers: false; pid is the pod's PID namespace mode.
-func usernsPodConfig(name string, pid criapi.NamespaceMode) *criapi.PodSandboxConfig {
-	cfg := podConfig(name)
-	cfg.Linux.SecurityContext.NamespaceOptions = &criapi.NamespaceOption{
-		Pid:           pid,
-		UsernsOptions: &criapi.UserNamespace{Mode: criapi.NamespaceMode_POD, Uids: usernsMapping, Gids: usernsMapping},
-	}
-	return cfg
-}
-
-// usernsCtrConfig is a container of e's pod restating the pod's user
-// namespace options, as the kubelet does.
-func (e *ctrEnv) usernsCtrConfig(name string, args ...string) *criapi.ContainerConfig {
-	c := e.config(name, args...)
-	c.Linux.SecurityContext.NamespaceOptions.UsernsOptions = e.podCfg.Linux.SecurityContext.NamespaceOptions.UsernsOptions
-	return c
-}
-
-func newUsernsEnv(t *testing.T, pid criapi.NamespaceMode) *ctrEnv {
-	t.Helper()
-	e := newCtrEnvOn(t, startUsernsDaemon(t))
-	stopRemove(t, e.d, e.pod)
-	e.podCfg = usernsPodConfig(strings.ToLower(strings.ReplaceAll(t.Name(), "/", "-"))+"-userns", pid)
-	e.podCfg.LogDirectory = e.logDir
-	e.pod = runPod(t, e.d, e.podCfg)
-	return e
-}
-
 func ownerOf(t *testing.T, path string) (uint32, uint32) {
 	t.Helper()
 	var st syscall.Stat_t

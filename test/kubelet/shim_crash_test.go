@@ -60,9 +60,8 @@ func processesWith(s string) int {
 
 // TestKubeletShimCrash kills the node's berth-shim monitor, and in
 // another kubelet its keeper, with SIGKILL under several running pods
-// (issue #27); in a third it stops the monitor with SIGSTOP and leaves
-// it hung until the keeper's watchdog replaces it (issue #35, decision
-// 3300). The kubelet must restart nothing: the same container, the same
+// (decision 1701); in a third it stops the monitor with SIGSTOP and leaves
+// it hung until the keeper's watchdog replaces it (decision 3300). The kubelet must restart nothing: the same container, the same
 // restart count, one process per container, every pod Ready again (and,
 // while the monitor hangs, throughout) and its logs growing; then the
 // pods go and leave nothing.

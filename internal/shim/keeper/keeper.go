@@ -152,9 +152,8 @@ func (k *Keeper) Run(ready, launchLock *os.File) int {
 		// What the monitor said before it died is applied first: its
 		// last message is often the forget of the node's last container,
 		// sent just before a clean exit, and read on another goroutine
-		// that wait4 may well beat (issue #35: a keeper that counted the
-		// container still held took the exit for a crash and started a
-		// monitor that served the removed container for ever).
+		// that wait4 may well beat; counted before it, the container
+		// still looks held and the clean exit like a crash (decision 3300).
 		k.awaitDrained(drained)
 		k.mu.Lock()
 		held := len(k.ctrs)

@@ -16,9 +16,8 @@ import (
 )
 
 // Monitor is the monitor process, one per node (decision 1701): it serves
-// every pod (a Pod) on the pod's own socket (<shims>/<pod-id>/shim.sock,
-// where berthd found a per-pod shim before 1701) and takes new pods on
-// its own (<shims>/.node/node.sock). It is the keeper's child, not a
+// every pod (a Pod) on the pod's own socket (<shims>/<pod-id>/shim.sock)
+// and takes new pods on its own (<shims>/.node/node.sock). It is the keeper's child, not a
 // subreaper: container inits reparent to the keeper, which reaps them and
 // tells the monitor (keeperLink).
 type Monitor struct {

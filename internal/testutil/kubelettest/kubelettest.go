@@ -188,6 +188,27 @@ type Kubelet struct {
 // cgroups and the mounts below Dir removed when tb ends.
 func Start(tb testing.TB, bin string, opts Options) *Kubelet {
 	tb.Helper()
+	opts.setDefaults()
+	k := newKubelet(tb, opts, randomSuffix())
+	tb.Cleanup(k.cleanup)
+	k.makeCgroupRoot()
+	configPath := k.writeConfig(tb)
+	argv := append([]string{filepath.Join(bin, "kubelet"),
+		"--config=" + configPath,
+		"--container-runtime-endpoint=" + opts.Endpoint,
+		"--root-dir=" + k.RootDir,
+		"--cert-dir=" + k.CertDir,
+		"--hostname-override=" + k.NodeName,
+	}, opts.Flags...)
+	argv = append(argv, "--v=2")
+	// sh and the tools exec: the pid stays the kubelet's.
+	k.argv = append(append(k.mountNamespace(tb), "/bin/sh", "-c", privateDevicePlugins, "kubelet"), argv...)
+	k.start(tb)
+	return k
+}
+
+// setDefaults fills in what the caller left zero.
+func (opts *Options) setDefaults() {
 	if opts.CgroupFS == "" {
 		opts.CgroupFS = cgroupctrl.DefaultRoot
 	}
@@ -206,7 +227,12 @@ func Start(tb testing.TB, bin string, opts Options) *Kubelet {
 	if opts.ClientTimeout == 0 {
 		opts.ClientTimeout = 30 * time.Second
 	}
-	suffix := randomSuffix()
+}
+
+// newKubelet lays a kubelet out below opts.Dir (its directories made),
+// its node name and cgroup root ending in suffix.
+func newKubelet(tb testing.TB, opts Options, suffix string) *Kubelet {
+	tb.Helper()
 	ports := FreePorts(tb, 3)
 	k := &Kubelet{
 		tb:           tb,
@@ -240,9 +266,14 @@ func Start(tb testing.TB, bin string, opts Options) *Kubelet {
 		k.slice = opts.CgroupPrefix + "_" + suffix + ".slice"
 		k.CgroupRoot = "/" + k.slice
 	}
-	tb.Cleanup(k.cleanup)
-	k.makeCgroupRoot()
+	return k
+}
 
+// writeConfig writes the kubelet's KubeletConfiguration and returns its
+// path.
+func (k *Kubelet) writeConfig(tb testing.TB) string {
+	tb.Helper()
+	opts := k.Opts
 	config := fmt.Sprintf(`apiVersion: kubelet.config.k8s.io/v1beta1
 kind: KubeletConfiguration
 staticPodPath: %[1]s
@@ -282,41 +313,35 @@ makeIPTablesUtilChains: false
 	if err := os.WriteFile(configPath, []byte(config), 0o644); err != nil {
 		tb.Fatal(err)
 	}
-	argv := append([]string{filepath.Join(bin, "kubelet"),
-		"--config=" + configPath,
-		"--container-runtime-endpoint=" + opts.Endpoint,
-		"--root-dir=" + k.RootDir,
-		"--cert-dir=" + k.CertDir,
-		"--hostname-override=" + k.NodeName,
-	}, opts.Flags...)
-	argv = append(argv, "--v=2")
-	var prefix []string
-	if opts.JoinMountNS != "" {
-		prefix = []string{"nsenter", "--mount=" + opts.JoinMountNS, "--"}
-	} else {
-		// A mount namespace of its own, but for Dir: a shared mount there
-		// makes the kubelet's volume mounts (below its root dir) reach
-		// the node's namespace, where the runtime must see them.
-		// Dir's bind gets a peer group of its own (private, then shared):
-		// on a node whose / is shared (systemd's) a bind of it joins /'s
-		// group, so each volume mount would also land on / beneath the
-		// bind, and a restarted kubelet, whose / is private, would keep
-		// that hidden copy: its rmdir of the volume then fails EBUSY.
-		if err := unix.Mount(opts.Dir, opts.Dir, "", unix.MS_BIND, ""); err != nil {
-			tb.Fatalf("bind %s: %v", opts.Dir, err)
-		}
-		if err := unix.Mount("", opts.Dir, "", unix.MS_PRIVATE, ""); err != nil {
-			tb.Fatalf("make %s private: %v", opts.Dir, err)
-		}
-		if err := unix.Mount("", opts.Dir, "", unix.MS_SHARED, ""); err != nil {
-			tb.Fatalf("make %s shared: %v", opts.Dir, err)
-		}
-		prefix = []string{"unshare", "--mount", "--propagation", "unchanged", "--"}
+	return configPath
+}
+
+// mountNamespace returns the command line that runs the kubelet in the
+// mount namespace opts.JoinMountNS names or, without it, in one of its
+// own but for Dir (made a shared mount of its own first).
+func (k *Kubelet) mountNamespace(tb testing.TB) []string {
+	tb.Helper()
+	dir := k.Opts.Dir
+	if k.Opts.JoinMountNS != "" {
+		return []string{"nsenter", "--mount=" + k.Opts.JoinMountNS, "--"}
 	}
-	// sh and the tools exec: the pid stays the kubelet's.
-	k.argv = append(append(prefix, "/bin/sh", "-c", privateDevicePlugins, "kubelet"), argv...)
-	k.start(tb)
-	return k
+	// A shared mount at Dir makes the kubelet's volume mounts (below its
+	// root dir) reach the node's namespace, where the runtime must see
+	// them. Dir's bind gets a peer group of its own (private, then
+	// shared): on a node whose / is shared (systemd's) a bind of it joins
+	// /'s group, so each volume mount would also land on / beneath the
+	// bind, and a restarted kubelet, whose / is private, would keep that
+	// hidden copy: its rmdir of the volume then fails EBUSY.
+	if err := unix.Mount(dir, dir, "", unix.MS_BIND, ""); err != nil {
+		tb.Fatalf("bind %s: %v", dir, err)
+	}
+	if err := unix.Mount("", dir, "", unix.MS_PRIVATE, ""); err != nil {
+		tb.Fatalf("make %s private: %v", dir, err)
+	}
+	if err := unix.Mount("", dir, "", unix.MS_SHARED, ""); err != nil {
+		tb.Fatalf("make %s shared: %v", dir, err)
+	}
+	return []string{"unshare", "--mount", "--propagation", "unchanged", "--"}
 }
 
 // start runs the kubelet process (again, after Stop) and waits until it
