@@ -13,7 +13,7 @@ import (
 // cgroup parents must be spelled under a kubelet set up for cgroupfs).
 func (s *Service) RuntimeConfig(ctx context.Context, req *runtime.RuntimeConfigRequest) (*runtime.RuntimeConfigResponse, error) {
 	driver := runtime.CgroupDriver_CGROUPFS
-	if s.cfg.CgroupDriver == "systemd" {
+	if s.live.Load().Config.CgroupDriver == "systemd" {
 		driver = runtime.CgroupDriver_SYSTEMD
 	}
 	return &runtime.RuntimeConfigResponse{

@@ -6,16 +6,12 @@ import (
 	"github.com/berthcri/berth/internal/liveconfig"
 )
 
-// HandlerFeatures are what one runtime handler can do, probed once when
-// the handler appears (hostprobe.RuntimeFeatures).
-type HandlerFeatures = liveconfig.Features
-
 // runtimeHandlers lists each configured handler and, as containerd does,
 // the default handler again under the name "" (what a sandbox without
 // runtime_handler gets).
 func (s *Service) runtimeHandlers() []*runtime.RuntimeHandler {
 	live := s.live.Load()
-	entry := func(name string, f HandlerFeatures) *runtime.RuntimeHandler {
+	entry := func(name string, f liveconfig.Features) *runtime.RuntimeHandler {
 		return &runtime.RuntimeHandler{Name: name, Features: &runtime.RuntimeHandlerFeatures{
 			RecursiveReadOnlyMounts: f.RecursiveReadOnly,
 			UserNamespaces:          f.UserNamespaces,

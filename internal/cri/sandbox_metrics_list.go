@@ -9,6 +9,7 @@ import (
 
 	"github.com/berthcri/berth/internal/container"
 	"github.com/berthcri/berth/internal/sandbox"
+	"github.com/berthcri/berth/internal/specgen"
 	"github.com/berthcri/berth/internal/stats"
 )
 
@@ -192,20 +193,20 @@ func (s *Service) containerMetrics(md *runtime.PodSandboxMetadata, c *container.
 	m.add("container_file_descriptors", gauge, u.FileDescriptors)
 	m.add("container_sockets", gauge, u.Sockets)
 
-	// The limits as written into the container's OCI spec; 0 for memory
-	// and swap means unlimited.
-	spec := container.OCIResources(c.Resources)
+	// The limits as written into the container's OCI spec (the one
+	// conversion, with the host's swap accounting); 0 for memory and swap
+	// means unlimited.
 	period, shares, swap := uint64(defaultCPUPeriod), uint64(defaultCPUShares), uint64(0)
-	if cpu := spec.CPU; cpu != nil {
-		if cpu.Period != nil {
+	if spec := specgen.Resources(c.Resources, s.host); spec != nil {
+		if cpu := spec.CPU; cpu != nil && cpu.Period != nil {
 			period = *cpu.Period
 		}
-		if cpu.Shares != nil {
+		if cpu := spec.CPU; cpu != nil && cpu.Shares != nil {
 			shares = *cpu.Shares
 		}
-	}
-	if mem := spec.Memory; mem != nil && mem.Swap != nil && *mem.Swap > 0 {
-		swap = uint64(*mem.Swap)
+		if mem := spec.Memory; mem != nil && mem.Swap != nil && *mem.Swap > 0 {
+			swap = uint64(*mem.Swap)
+		}
 	}
 	m.add("container_spec_memory_limit_bytes", gauge, uint64(max(c.Resources.GetMemoryLimitInBytes(), 0)))
 	m.add("container_spec_memory_swap_limit_bytes", gauge, swap)

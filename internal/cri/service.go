@@ -7,14 +7,16 @@
 package cri
 
 import (
+	"fmt"
 	"log/slog"
+	"slices"
+	"strings"
 	"sync"
 
 	"google.golang.org/grpc"
 	runtime "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/berthcri/berth/internal/cgroupctrl"
-	"github.com/berthcri/berth/internal/config"
 	"github.com/berthcri/berth/internal/container"
 	"github.com/berthcri/berth/internal/events"
 	"github.com/berthcri/berth/internal/image"
@@ -22,6 +24,7 @@ import (
 	"github.com/berthcri/berth/internal/liveconfig"
 	"github.com/berthcri/berth/internal/network"
 	"github.com/berthcri/berth/internal/sandbox"
+	"github.com/berthcri/berth/internal/specgen"
 	"github.com/berthcri/berth/internal/stats"
 	"github.com/berthcri/berth/internal/streaming"
 )
@@ -31,7 +34,6 @@ type Service struct {
 	runtime.UnimplementedRuntimeServiceServer
 	runtime.UnimplementedImageServiceServer
 
-	cfg     *config.Config
 	version string
 	log     *slog.Logger
 	addrs   Addresses
@@ -46,9 +48,11 @@ type Service struct {
 	stats      *stats.Collector
 	lifecycle  *lifecycle.Service
 	cgroups    *cgroupctrl.Controllers
-	// live is the configuration in effect, which a reload may change
-	// (runtime handlers, the keys Status shows): load it once per request.
-	// cfg is what berthd started with, for the keys read only at start.
+	host       *specgen.Host
+	// live is the configuration in effect, the only one the layer reads:
+	// a reload may change its handlers and the keys Status shows; the
+	// keys read only at start (root, cgroup driver) keep there the value
+	// berthd started with. Load it once per request.
 	live *liveconfig.Holder
 
 	// podCIDR is what the kubelet last sent through UpdateRuntimeConfig.
@@ -56,9 +60,9 @@ type Service struct {
 	podCIDR string
 }
 
-// Options are what the daemon hands the CRI layer.
+// Options are what the daemon hands the CRI layer: every component is
+// required (New refuses a nil one).
 type Options struct {
-	Config  *config.Config
 	Version string
 	Logger  *slog.Logger
 	// Addresses are where the side servers actually listen.
@@ -70,19 +74,17 @@ type Options struct {
 	Sandboxes  *sandbox.Store
 	Streaming  *streaming.Server
 	Containers *container.Store
-	// Stats samples cgroups for the stats RPCs; nil → the host's.
+	// Stats samples cgroups for the stats RPCs.
 	Stats *stats.Collector
-	// Lifecycle runs the pod and container flows (and tells NRI); nil →
-	// one over Sandboxes and Containers with no hooks.
+	// Lifecycle runs the pod and container flows (and tells NRI).
 	Lifecycle *lifecycle.Service
 	// Cgroups are the host's usable cgroup controllers, detected once at
-	// start (Status shows them); nil → not reported.
+	// start (Status shows them).
 	Cgroups *cgroupctrl.Controllers
-	// HandlerFeatures maps runtime handler names to what they support,
-	// used only when Live is nil.
-	HandlerFeatures map[string]HandlerFeatures
-	// Live is berthd's live configuration; nil serves Config as it is,
-	// with HandlerFeatures.
+	// Host is the host's facts probed at start; the metrics convert
+	// resources with them as create did (specgen.Resources).
+	Host *specgen.Host
+	// Live is berthd's live configuration.
 	Live *liveconfig.Holder
 }
 
@@ -92,10 +94,27 @@ type Addresses struct {
 	Metrics   string // "" when off
 }
 
-// New builds the CRI service over the daemon's components.
-func New(opts Options) *Service {
-	s := &Service{
-		cfg:     opts.Config,
+// New builds the CRI service over the daemon's components. A missing one
+// is a programming error, refused here rather than worked around: a
+// stand-in (a lifecycle without NRI's hooks, a second configuration) would
+// serve requests quietly wrong (decision 3700).
+func New(opts Options) (*Service, error) {
+	var missing []string
+	for name, nilv := range map[string]bool{
+		"Logger": opts.Logger == nil, "Events": opts.Events == nil, "Images": opts.Images == nil,
+		"Network": opts.Network == nil, "Sandboxes": opts.Sandboxes == nil, "Streaming": opts.Streaming == nil,
+		"Containers": opts.Containers == nil, "Stats": opts.Stats == nil, "Lifecycle": opts.Lifecycle == nil,
+		"Cgroups": opts.Cgroups == nil, "Host": opts.Host == nil, "Live": opts.Live == nil,
+	} {
+		if nilv {
+			missing = append(missing, name)
+		}
+	}
+	if len(missing) > 0 {
+		slices.Sort(missing)
+		return nil, fmt.Errorf("cri.New: Options %s not set", strings.Join(missing, ", "))
+	}
+	return &Service{
 		version: opts.Version,
 		log:     opts.Logger,
 		addrs:   opts.Addresses,
@@ -109,30 +128,9 @@ func New(opts Options) *Service {
 		stats:      opts.Stats,
 		lifecycle:  opts.Lifecycle,
 		cgroups:    opts.Cgroups,
+		host:       opts.Host,
 		live:       opts.Live,
-	}
-	if s.live == nil && s.cfg != nil {
-		handlers := map[string]*liveconfig.Handler{}
-		for name, h := range s.cfg.RuntimeHandlers {
-			handlers[name] = &liveconfig.Handler{Name: name, Config: h, Features: opts.HandlerFeatures[name]}
-		}
-		s.live = liveconfig.NewHolder(liveconfig.NewSnapshot(1, s.cfg, handlers))
-	}
-	if s.log == nil {
-		s.log = slog.Default()
-	}
-	if s.stats == nil {
-		s.stats = stats.NewCollector(stats.CollectorOptions{})
-	}
-	if s.lifecycle == nil {
-		s.lifecycle = lifecycle.New(lifecycle.Options{
-			Sandboxes: s.sandboxes, Containers: s.containers, Live: s.live, Forget: s.stats.Forget, Logger: s.log,
-		})
-	}
-	if s.events == nil {
-		s.events = events.NewBroker()
-	}
-	return s
+	}, nil
 }
 
 // Register attaches both CRI services to a gRPC server.

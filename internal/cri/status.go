@@ -66,10 +66,6 @@ func (s *Service) runtimeCondition() *runtime.RuntimeCondition {
 
 func (s *Service) networkCondition() *runtime.RuntimeCondition {
 	cond := &runtime.RuntimeCondition{Type: runtime.NetworkReady, Status: true}
-	if s.network == nil {
-		cond.Status, cond.Reason, cond.Message = false, "NetworkPluginNotReady", "berth: pod networking is not configured"
-		return cond
-	}
 	if err := s.network.Ready(); err != nil {
 		cond.Status, cond.Reason, cond.Message = false, "NetworkPluginNotReady", "berth: CNI: "+err.Error()
 	}
@@ -90,7 +86,7 @@ func (s *Service) statusInfo() (map[string]string, error) {
 	if err := json.Unmarshal(cfgJSON, &cfgMap); err != nil {
 		return nil, fmt.Errorf("encode config: %w", err)
 	}
-	cfgMap["stateDir"] = filepath.Join(s.cfg.Root, "containers")
+	cfgMap["stateDir"] = filepath.Join(live.Config.Root, "containers")
 	if cfgJSON, err = json.Marshal(cfgMap); err != nil {
 		return nil, fmt.Errorf("encode config: %w", err)
 	}
@@ -103,19 +99,18 @@ func (s *Service) statusInfo() (map[string]string, error) {
 		"version":          s.version,
 		"streamingAddress": s.addrs.Streaming,
 		"metricsAddress":   s.addrs.Metrics,
-		// The effective driver (config validation made it explicit).
-		"cgroupDriver": s.cfg.CgroupDriver,
+		// The effective driver (config validation made it explicit; read
+		// only at start, so a reload keeps it).
+		"cgroupDriver": live.Config.CgroupDriver,
 	}
-	if s.cgroups != nil {
-		b, err := json.Marshal(cgroupInfo{
-			Version: s.cgroups.Version(), Available: s.cgroups.Available, Source: s.cgroups.Source,
-			MissingRequired: s.cgroups.MissingRequired(), MissingOptional: s.cgroups.MissingOptional(),
-		})
-		if err != nil {
-			return nil, fmt.Errorf("encode cgroup controllers: %w", err)
-		}
-		info["cgroupControllers"] = string(b)
+	b, err := json.Marshal(cgroupInfo{
+		Version: s.cgroups.Version(), Available: s.cgroups.Available, Source: s.cgroups.Source,
+		MissingRequired: s.cgroups.MissingRequired(), MissingOptional: s.cgroups.MissingOptional(),
+	})
+	if err != nil {
+		return nil, fmt.Errorf("encode cgroup controllers: %w", err)
 	}
+	info["cgroupControllers"] = string(b)
 	return info, nil
 }
 

@@ -149,8 +149,15 @@ func (d *Daemon) probeNode(ctx context.Context) (err error) {
 	}
 	// One CDI registry, for specgen and NRI.
 	d.devices = cdi.New(cfg.CDISpecDirs, d.log.With("component", "cdi"))
-	d.host, err = hostprobe.Probe()
-	return err
+	if d.host, err = hostprobe.Probe(d.faults); err != nil {
+		return err
+	}
+	if !d.host.Spec.SwapAccounting {
+		// As containerd and CRI-O: the limit cannot be kept, so it is
+		// left out rather than failing every container (decision 3700).
+		d.log.Warn("the host has no swap accounting: swap limits (memory_swap_limit_in_bytes) are not applied")
+	}
+	return nil
 }
 
 // openContainers recovers the container store. Its events go to d.events,
@@ -217,7 +224,7 @@ func (d *Daemon) openSandboxes(ctx context.Context) (err error) {
 func (d *Daemon) openNRI(context.Context) (err error) {
 	d.nri, err = nri.New(nri.Options{
 		Config: d.cfg.NRI, Name: "berth", Version: d.version,
-		Sandboxes: d.sandboxes, Containers: d.containers, CDI: d.devices, Logger: d.log,
+		Sandboxes: d.sandboxes, Containers: d.containers, CDI: d.devices, Host: d.host.Spec, Logger: d.log,
 	})
 	if err != nil {
 		return err
@@ -257,7 +264,7 @@ func (d *Daemon) openLifecycle(context.Context) error {
 		return err
 	}
 	d.stats = stats.NewCollector(stats.CollectorOptions{})
-	d.lifecycle = lifecycle.New(lifecycle.Options{
+	d.lifecycle, err = lifecycle.New(lifecycle.Options{
 		Sandboxes: d.sandboxes, Containers: d.containers, Hooks: d.nri.Hooks(), Live: d.live,
 		Host: d.host, CgroupDriver: d.cfg.CgroupDriver, Rlimits: rlimits,
 		CDI: d.devices, AppArmor: apparmor.New(apparmor.Options{}),
@@ -265,13 +272,12 @@ func (d *Daemon) openLifecycle(context.Context) error {
 		Forget: d.stats.Forget,
 		Logger: d.log,
 	})
-	return nil
+	return err
 }
 
 // buildGRPC makes the gRPC server with the CRI and admin services.
 func (d *Daemon) buildGRPC(ctx context.Context) (err error) {
-	svc := cri.New(cri.Options{
-		Config:  d.cfg,
+	svc, err := cri.New(cri.Options{
 		Version: d.version,
 		Logger:  d.log,
 		Addresses: cri.Addresses{
@@ -287,8 +293,12 @@ func (d *Daemon) buildGRPC(ctx context.Context) (err error) {
 		Stats:      d.stats,
 		Lifecycle:  d.lifecycle,
 		Cgroups:    d.cgroups,
+		Host:       d.host.Spec,
 		Live:       d.live,
 	})
+	if err != nil {
+		return err
+	}
 	if d.tracing, err = tracing.New(ctx, d.cfg.Tracing, d.version); err != nil {
 		return err
 	}

@@ -98,10 +98,15 @@ const (
 	// blob streamed into ingest/ and unpacked there, as if the registry
 	// had sent other bytes.
 	ImageFailLayerDigest Point = "fail-layer-digest"
+	// HostFailSwapAccounting: the start-time probe of the host's swap
+	// accounting finds none, as on a kernel booted with swapaccount=0 or
+	// built without memory cgroup swap; berthd then runs as on such a
+	// host (decision 3700).
+	HostFailSwapAccounting Point = "fail-swap-accounting"
 )
 
 // FailPoints lists every failure point.
-var FailPoints = []Point{ContainerFailStartRecordWrite, ImageFailLeaseWrite, ImageFailLayerDigest}
+var FailPoints = []Point{ContainerFailStartRecordWrite, ImageFailLeaseWrite, ImageFailLayerDigest, HostFailSwapAccounting}
 
 // ErrInjected is what an armed failure point fails with.
 var ErrInjected = errors.New("injected test failure")

@@ -12,6 +12,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/berthcri/berth/internal/fault"
 	"github.com/berthcri/berth/internal/liveconfig"
 	"github.com/berthcri/berth/internal/oci"
 	"github.com/berthcri/berth/internal/specgen"
@@ -27,11 +28,16 @@ type Host struct {
 	OOMScoreAdj int
 }
 
-// Probe reads the host's facts from /proc and /sys.
-func Probe() (*Host, error) {
+// Probe reads the host's facts from /proc and /sys. An armed
+// fault.HostFailSwapAccounting (tests only) makes it find no swap
+// accounting: the one seam where that fact is decided.
+func Probe(faults *fault.Injector) (*Host, error) {
 	spec, err := specgen.ProbeHost()
 	if err != nil {
 		return nil, fmt.Errorf("probe host: %w", err)
+	}
+	if faults.Fail(fault.HostFailSwapAccounting) != nil {
+		spec.SwapAccounting = false
 	}
 	return &Host{Spec: spec, OOMScoreAdj: ownOOMScoreAdj()}, nil
 }

@@ -11,6 +11,7 @@ import (
 
 	"github.com/berthcri/berth/internal/container"
 	"github.com/berthcri/berth/internal/errdefs"
+	"github.com/berthcri/berth/internal/specgen"
 )
 
 // CreateRequest is a container to create in a ready pod.
@@ -211,14 +212,19 @@ func (s *Service) containerRemoved(ctx context.Context, c *container.Container) 
 }
 
 // UpdateContainerResources changes a live container's cgroup limits
-// through the runtime's update; the hooks may change the update first,
-// and status then shows what was applied.
+// through the runtime's update; the values are checked and converted as
+// at create (specgen), the hooks may change the update, and status then
+// shows what was applied.
 func (s *Service) UpdateContainerResources(ctx context.Context, id string, linux *runtime.LinuxContainerResources) error {
+	host := s.opts.Host.Spec
+	if err := specgen.CheckResources(linux, host); err != nil {
+		return err
+	}
 	c, err := s.containers.Get(id)
 	if err != nil {
 		return err
 	}
-	res, err := s.hooks.UpdateContainer(ctx, c, container.OCIResources(linux))
+	res, err := s.hooks.UpdateContainer(ctx, c, specgen.Resources(linux, host))
 	if err != nil {
 		return err
 	}

@@ -28,7 +28,10 @@ func TestSubscribersHearEventsInOrder(t *testing.T) {
 
 // A service without hooks passes resource updates through unchanged.
 func TestNoHooksChangeNothing(t *testing.T) {
-	s := New(Options{})
+	s, err := New(Options{Host: testHost()})
+	if err != nil {
+		t.Fatal(err)
+	}
 	if _, ok := s.hooks.(NoHooks); !ok {
 		t.Fatalf("hooks %T, want NoHooks", s.hooks)
 	}

@@ -12,7 +12,9 @@ import (
 
 	"github.com/berthcri/berth/internal/container"
 	"github.com/berthcri/berth/internal/errdefs"
+	"github.com/berthcri/berth/internal/hostprobe"
 	"github.com/berthcri/berth/internal/sandbox"
+	"github.com/berthcri/berth/internal/specgen"
 )
 
 // recorder is Hooks that notes each call.
@@ -67,7 +69,10 @@ func TestFlowsOnUnknownObjectsTellNobody(t *testing.T) {
 	t.Cleanup(containers.Close)
 	hooks := &recorder{}
 	var forgot []string
-	s := New(Options{Sandboxes: sandboxes, Containers: containers, Hooks: hooks, Root: dir, Forget: func(id string) { forgot = append(forgot, id) }})
+	s, err := New(Options{Sandboxes: sandboxes, Containers: containers, Hooks: hooks, Host: testHost(), Root: dir, Forget: func(id string) { forgot = append(forgot, id) }})
+	if err != nil {
+		t.Fatal(err)
+	}
 	ctx := t.Context()
 
 	for name, err := range map[string]error{
@@ -127,4 +132,9 @@ func TestCreateNeedsPodNameImageAndTarget(t *testing.T) {
 	if err := checkCreate(CreateRequest{PodID: "p", Config: ok()}); err != nil {
 		t.Errorf("a complete request: %v", err)
 	}
+}
+
+// testHost is a cgroup v1 host with swap accounting, as the flows see it.
+func testHost() *hostprobe.Host {
+	return &hostprobe.Host{Spec: &specgen.Host{SwapAccounting: true}}
 }

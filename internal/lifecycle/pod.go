@@ -3,12 +3,11 @@ package lifecycle
 import (
 	"context"
 
-	specs "github.com/opencontainers/runtime-spec/specs-go"
 	runtime "k8s.io/cri-api/pkg/apis/runtime/v1"
 
-	"github.com/berthcri/berth/internal/container"
 	"github.com/berthcri/berth/internal/errdefs"
 	"github.com/berthcri/berth/internal/sandbox"
+	"github.com/berthcri/berth/internal/specgen"
 )
 
 // RunPod creates the pod's namespaces, files, cgroup and network. The
@@ -111,10 +110,7 @@ func (s *Service) RemovePod(ctx context.Context, id string) error {
 // (and may refuse), then once applied. resources nil records only the
 // overhead.
 func (s *Service) UpdatePodResources(ctx context.Context, id string, overhead, resources *runtime.LinuxContainerResources) error {
-	var res *specs.LinuxResources
-	if resources != nil {
-		res = container.OCIResources(resources)
-	}
+	res := specgen.Resources(resources, s.opts.Host.Spec)
 	sb, err := s.sandboxes.Get(id)
 	if err != nil {
 		return err

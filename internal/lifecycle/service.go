@@ -9,6 +9,7 @@ package lifecycle
 
 import (
 	"context"
+	"errors"
 	"log/slog"
 
 	specs "github.com/opencontainers/runtime-spec/specs-go"
@@ -55,7 +56,8 @@ type Options struct {
 	// Live is the configuration in effect: the default runtime handler
 	// and each handler's features, loaded once per flow.
 	Live *liveconfig.Holder
-	// Host was probed once at start; nil: specgen probes per create.
+	// Host was probed once at start (hostprobe.Probe); required: specs
+	// and every resources conversion read it, never the host again.
 	Host *hostprobe.Host
 	// CgroupDriver is config.Config.CgroupDriver (validated: cgroupfs or
 	// systemd).
@@ -86,8 +88,11 @@ type Service struct {
 	log        *slog.Logger
 }
 
-// New builds the service.
-func New(opts Options) *Service {
+// New builds the service. A missing Host is a programming error.
+func New(opts Options) (*Service, error) {
+	if opts.Host == nil || opts.Host.Spec == nil {
+		return nil, errors.New("lifecycle.New: Options.Host (hostprobe.Probe) is required")
+	}
 	s := &Service{opts: opts, sandboxes: opts.Sandboxes, containers: opts.Containers, hooks: opts.Hooks, log: opts.Logger}
 	if s.hooks == nil {
 		s.hooks = NoHooks{}
@@ -101,7 +106,7 @@ func New(opts Options) *Service {
 	if s.opts.Forget == nil {
 		s.opts.Forget = func(string) {}
 	}
-	return s
+	return s, nil
 }
 
 // logHook logs a failed hook notification that does not fail the step.

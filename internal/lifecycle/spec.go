@@ -36,12 +36,10 @@ func (s *Service) containerSpec(sb *sandbox.Sandbox, sbCfg *runtime.PodSandboxCo
 		AppArmor:     s.opts.AppArmor,
 		Logger:       s.log.With("pod", sb.ID, "container", draft.ID),
 	}
-	if s.opts.Host != nil {
-		in.OOMScoreAdjFloor = s.opts.Host.OOMScoreAdj
-		h := *s.opts.Host.Spec
-		h.RecursiveReadOnly = handler.Features.RecursiveReadOnly
-		in.Host = &h
-	}
+	in.OOMScoreAdjFloor = s.opts.Host.OOMScoreAdj
+	h := *s.opts.Host.Spec
+	h.RecursiveReadOnly = handler.Features.RecursiveReadOnly
+	in.Host = &h
 	ns := cfg.GetLinux().GetSecurityContext().GetNamespaceOptions()
 	if ns.GetPid() == runtime.NamespaceMode_TARGET {
 		target, err := s.containers.Get(ns.GetTargetId())

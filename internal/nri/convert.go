@@ -11,10 +11,11 @@ import (
 
 	"github.com/berthcri/berth/internal/container"
 	"github.com/berthcri/berth/internal/sandbox"
+	"github.com/berthcri/berth/internal/specgen"
 )
 
 // podToNRI describes a sandbox as NRI plugins see it.
-func podToNRI(sb *sandbox.Sandbox) *api.PodSandbox {
+func podToNRI(sb *sandbox.Sandbox, host *specgen.Host) *api.PodSandbox {
 	md := sb.Config.GetMetadata()
 	p := &api.PodSandbox{
 		Id:             sb.ID,
@@ -27,9 +28,9 @@ func podToNRI(sb *sandbox.Sandbox) *api.PodSandbox {
 		Linux: &api.LinuxPodSandbox{
 			CgroupParent: sb.Config.GetLinux().GetCgroupParent(),
 			CgroupsPath:  sb.CgroupParent,
-			PodOverhead:  criResourcesToNRI(sb.Overhead),
-			PodResources: criResourcesToNRI(sb.Resources),
-			Resources:    criResourcesToNRI(sb.Resources),
+			PodOverhead:  criResourcesToNRI(sb.Overhead, host),
+			PodResources: criResourcesToNRI(sb.Resources, host),
+			Resources:    criResourcesToNRI(sb.Resources, host),
 		},
 	}
 	for _, ns := range []struct {
@@ -62,11 +63,13 @@ func podToNRI(sb *sandbox.Sandbox) *api.PodSandbox {
 // event about one of its containers was on its way).
 func podStub(id string) *api.PodSandbox { return &api.PodSandbox{Id: id} }
 
-func criResourcesToNRI(r *runtime.LinuxContainerResources) *api.LinuxResources {
+// criResourcesToNRI converts CRI resources as create does (one
+// conversion, the host's swap accounting); nil stays nil.
+func criResourcesToNRI(r *runtime.LinuxContainerResources, host *specgen.Host) *api.LinuxResources {
 	if r == nil {
 		return nil
 	}
-	return api.FromOCILinuxResources(container.OCIResources(r), nil)
+	return api.FromOCILinuxResources(specgen.Resources(r, host), nil)
 }
 
 // containerToNRI describes a container from its record and OCI spec (nil

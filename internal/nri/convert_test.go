@@ -17,6 +17,7 @@ import (
 	"github.com/berthcri/berth/internal/container"
 	"github.com/berthcri/berth/internal/errdefs"
 	"github.com/berthcri/berth/internal/sandbox"
+	"github.com/berthcri/berth/internal/specgen"
 	"github.com/berthcri/berth/internal/testutil/cditest"
 )
 
@@ -110,7 +111,7 @@ func TestPodToNRI(t *testing.T) {
 		},
 		Resources: &runtime.LinuxContainerResources{MemoryLimitInBytes: 1 << 20},
 	}
-	p := podToNRI(sb)
+	p := podToNRI(sb, &specgen.Host{SwapAccounting: true})
 	if p.Id != "p1" || p.Name != "web" || p.Namespace != "ns" || p.Uid != "u1" || p.RuntimeHandler != "runc" {
 		t.Fatalf("pod %+v", p)
 	}
@@ -127,7 +128,7 @@ func TestPodToNRI(t *testing.T) {
 		t.Fatalf("pid %d without a pause process", p.Pid)
 	}
 	sb.PIDNSPath = "/proc/4242/ns/pid"
-	if p := podToNRI(sb); p.Pid != 4242 || len(p.Linux.Namespaces) != 4 {
+	if p := podToNRI(sb, &specgen.Host{SwapAccounting: true}); p.Pid != 4242 || len(p.Linux.Namespaces) != 4 {
 		t.Fatalf("shared PID namespace pod: pid %d namespaces %v", p.Pid, p.Linux.Namespaces)
 	}
 }
@@ -176,7 +177,7 @@ func TestOCIToCRI(t *testing.T) {
 // TestDisabledIsNoop: with NRI off every call succeeds and does nothing,
 // also on a nil *NRI.
 func TestDisabledIsNoop(t *testing.T) {
-	n, err := New(Options{})
+	n, err := New(Options{Host: &specgen.Host{}})
 	if err != nil {
 		t.Fatal(err)
 	}

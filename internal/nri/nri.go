@@ -11,6 +11,7 @@ package nri
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"sync"
@@ -28,6 +29,7 @@ import (
 	"github.com/berthcri/berth/internal/container"
 	"github.com/berthcri/berth/internal/errdefs"
 	"github.com/berthcri/berth/internal/sandbox"
+	"github.com/berthcri/berth/internal/specgen"
 	"github.com/berthcri/berth/internal/tracing"
 )
 
@@ -39,7 +41,10 @@ type Options struct {
 	Sandboxes     *sandbox.Store
 	Containers    *container.Store
 	// CDI resolves CDI devices plugins add; nil refuses them.
-	CDI    *cdi.Registry
+	CDI *cdi.Registry
+	// Host is the host's facts probed at start: resources reach plugins
+	// converted as create converts them (specgen.Resources). Required.
+	Host   *specgen.Host
 	Logger *slog.Logger
 }
 
@@ -85,6 +90,9 @@ type NRI struct {
 // New builds NRI from the config; disabled, it returns an NRI whose
 // methods do nothing.
 func New(opts Options) (*NRI, error) {
+	if opts.Host == nil {
+		return nil, errors.New("nri.New: Options.Host (the host's probed facts) is required")
+	}
 	n := &NRI{opts: opts, log: opts.Logger, pods: map[string]lifecycle{}, ctrs: map[string]*tracked{}}
 	if n.log == nil {
 		n.log = slog.New(slog.DiscardHandler)
@@ -202,7 +210,7 @@ func (n *NRI) pod(id string) *api.PodSandbox {
 	if err != nil {
 		return podStub(id)
 	}
-	return podToNRI(sb)
+	return podToNRI(sb, n.opts.Host)
 }
 
 // RunPodSandbox tells plugins about a pod that is set up but not yet
@@ -218,7 +226,7 @@ func (n *NRI) RunPodSandbox(ctx context.Context, sb *sandbox.Sandbox) (*SyncBloc
 	block := n.a.BlockPluginSync()
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	if err := n.a.RunPodSandbox(ctx, &api.RunPodSandboxRequest{Pod: podToNRI(sb)}); err != nil {
+	if err := n.a.RunPodSandbox(ctx, &api.RunPodSandboxRequest{Pod: podToNRI(sb, n.opts.Host)}); err != nil {
 		block.Unblock()
 		return nil, fmt.Errorf("NRI RunPodSandbox: %w", err)
 	}
@@ -241,7 +249,7 @@ func (n *NRI) StopPodSandbox(ctx context.Context, sb *sandbox.Sandbox) error {
 		return nil
 	}
 	n.pods[sb.ID] = stopped
-	if err := n.a.StopPodSandbox(ctx, &api.StopPodSandboxRequest{Pod: podToNRI(sb)}); err != nil {
+	if err := n.a.StopPodSandbox(ctx, &api.StopPodSandboxRequest{Pod: podToNRI(sb, n.opts.Host)}); err != nil {
 		return fmt.Errorf("NRI StopPodSandbox: %w", err)
 	}
 	return nil
@@ -260,7 +268,9 @@ func (n *NRI) UpdatePodSandbox(ctx context.Context, sb *sandbox.Sandbox, overhea
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	if _, err := n.a.UpdatePodSandbox(ctx, &api.UpdatePodSandboxRequest{
-		Pod: podToNRI(sb), OverheadLinuxResources: criResourcesToNRI(overhead), LinuxResources: criResourcesToNRI(resources),
+		Pod:                    podToNRI(sb, n.opts.Host),
+		OverheadLinuxResources: criResourcesToNRI(overhead, n.opts.Host),
+		LinuxResources:         criResourcesToNRI(resources, n.opts.Host),
 	}); err != nil {
 		return fmt.Errorf("NRI UpdatePodSandbox: %w", err)
 	}
@@ -275,7 +285,7 @@ func (n *NRI) PostUpdatePodSandbox(ctx context.Context, sb *sandbox.Sandbox) {
 	defer n.a.BlockPluginSync().Unblock()
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	if err := n.a.PostUpdatePodSandbox(ctx, &api.PostUpdatePodSandboxRequest{Pod: podToNRI(sb)}); err != nil {
+	if err := n.a.PostUpdatePodSandbox(ctx, &api.PostUpdatePodSandboxRequest{Pod: podToNRI(sb, n.opts.Host)}); err != nil {
 		n.log.Warn("NRI notification failed", "pod", sb.ID, "err", err)
 	}
 }
@@ -296,7 +306,7 @@ func (n *NRI) RemovePodSandbox(ctx context.Context, sb *sandbox.Sandbox) error {
 		return nil
 	}
 	delete(n.pods, sb.ID)
-	pod := podToNRI(sb)
+	pod := podToNRI(sb, n.opts.Host)
 	if st == running {
 		if err := n.a.StopPodSandbox(ctx, &api.StopPodSandboxRequest{Pod: pod}); err != nil {
 			n.log.Warn("NRI StopPodSandbox before remove", "pod", sb.ID, "err", err)
@@ -323,7 +333,7 @@ func (n *NRI) CreateContainer(ctx context.Context, sb *sandbox.Sandbox, c *conta
 	block := n.a.BlockPluginSync()
 	n.mu.Lock()
 	ctr := containerToNRI(c, spec)
-	rsp, err := n.a.CreateContainer(ctx, &api.CreateContainerRequest{Pod: podToNRI(sb), Container: ctr})
+	rsp, err := n.a.CreateContainer(ctx, &api.CreateContainerRequest{Pod: podToNRI(sb, n.opts.Host), Container: ctr})
 	if err != nil {
 		n.mu.Unlock()
 		block.Unblock()
@@ -394,7 +404,7 @@ func (n *NRI) UndoCreateContainer(ctx context.Context, sb *sandbox.Sandbox, c *c
 		return
 	}
 	delete(n.ctrs, c.ID)
-	pod, ctr := podToNRI(sb), containerToNRI(c, spec)
+	pod, ctr := podToNRI(sb, n.opts.Host), containerToNRI(c, spec)
 	if _, err := n.a.StopContainer(ctx, &api.StopContainerRequest{Pod: pod, Container: ctr}); err != nil {
 		n.log.Warn("NRI undo create (stop)", "container", c.ID, "err", err)
 	}
@@ -626,7 +636,7 @@ func (n *NRI) synchronize(ctx context.Context, cb adaptation.SyncCB) error {
 	n.mu.Lock()
 	var pods []*api.PodSandbox
 	for _, sb := range n.opts.Sandboxes.List() {
-		pods = append(pods, podToNRI(sb))
+		pods = append(pods, podToNRI(sb, n.opts.Host))
 	}
 	var ctrs []*api.Container
 	for _, c := range n.opts.Containers.List() {

@@ -10,11 +10,12 @@ import (
 	runtime "k8s.io/cri-api/pkg/apis/runtime/v1"
 )
 
-// CheckResources refuses resource values no host accepts (out-of-range
-// CPU settings, negative memory limits, bad hugepage sizes), so that
-// CreateContainer and UpdateContainerResources both answer InvalidArgument
-// before runc sees them.
-func CheckResources(r *runtime.LinuxContainerResources) error {
+// CheckResources refuses resource values this host cannot take
+// (out-of-range CPU settings, negative memory limits, bad hugepage sizes,
+// unified settings on cgroup v1 or with keys that name no file), so that
+// CreateContainer and UpdateContainerResources both answer
+// InvalidArgument before runc sees them.
+func CheckResources(r *runtime.LinuxContainerResources, h *Host) error {
 	if v := r.GetCpuShares(); v != 0 && (v < 2 || v > 262144) {
 		return invalid("cpu_shares %d outside [2, 262144]", v)
 	}
@@ -34,89 +35,13 @@ func CheckResources(r *runtime.LinuxContainerResources) error {
 	if v := r.GetOomScoreAdj(); v < -1000 || v > 1000 {
 		return invalid("oom_score_adj %d outside [-1000, 1000]", v)
 	}
-	for _, h := range r.GetHugepageLimits() {
-		if !validPageSize(h.GetPageSize()) {
-			return invalid("hugepage size %q (want e.g. 2MB, 1GB)", h.GetPageSize())
+	for _, l := range r.GetHugepageLimits() {
+		if !validPageSize(l.GetPageSize()) {
+			return invalid("hugepage size %q (want e.g. 2MB, 1GB)", l.GetPageSize())
 		}
 	}
-	return nil
-}
-
-// applyResources sets CPU, cpuset, memory, hugepages and unified limits.
-// The pids limit is the pod's (kubelet sets it on the pod cgroup).
-// Hugepage limits go in as asked: where the host has no hugetlb
-// controller the container store drops them (internal/cgroupctrl), after
-// NRI plugins, which may add some too, had their say.
-func applyResources(in *Input, s *specs.Spec) error {
-	r := in.Config.GetLinux().GetResources()
-	if r == nil {
-		return nil
-	}
-	if err := CheckResources(r); err != nil {
-		return err
-	}
-	res := s.Linux.Resources
-	cpu := &specs.LinuxCPU{Cpus: r.GetCpusetCpus(), Mems: r.GetCpusetMems()}
-	if v := r.GetCpuShares(); v != 0 {
-		if v < 2 || v > 262144 {
-			return invalid("cpu_shares %d outside [2, 262144]", v)
-		}
-		u := uint64(v)
-		cpu.Shares = &u
-	}
-	if v := r.GetCpuPeriod(); v != 0 {
-		if v < 1000 || v > 1000000 {
-			return invalid("cpu_period %d outside [1000, 1000000] µs", v)
-		}
-		u := uint64(v)
-		cpu.Period = &u
-	}
-	if v := r.GetCpuQuota(); v != 0 {
-		if v < 1000 && v != -1 {
-			return invalid("cpu_quota %d below 1000 µs", v)
-		}
-		cpu.Quota = &v
-	}
-	if *cpu != (specs.LinuxCPU{}) {
-		res.CPU = cpu
-	}
-
-	limit, swap := r.GetMemoryLimitInBytes(), r.GetMemorySwapLimitInBytes()
-	if limit < 0 || swap < 0 {
-		return invalid("negative memory limit")
-	}
-	if limit != 0 || swap != 0 {
-		res.Memory = &specs.LinuxMemory{}
-	}
-	if limit != 0 {
-		res.Memory.Limit = &limit
-		// swap = limit keeps the container from swapping, as containerd.
-		if swap == 0 && in.Host.SwapAccounting {
-			res.Memory.Swap = &limit
-		}
-	}
-	if swap != 0 {
-		if swap < limit {
-			return invalid("memory_swap_limit_in_bytes %d below memory_limit_in_bytes %d", swap, limit)
-		}
-		switch {
-		case in.Host.SwapAccounting:
-			res.Memory.Swap = &swap
-		case swap != limit:
-			// swap == limit means "no swap", which holds without accounting too.
-			return invalid("memory_swap_limit_in_bytes set but the host has no swap accounting")
-		}
-	}
-
-	for _, h := range r.GetHugepageLimits() {
-		if !validPageSize(h.GetPageSize()) {
-			return invalid("hugepage size %q (want e.g. 2MB, 1GB)", h.GetPageSize())
-		}
-		res.HugepageLimits = append(res.HugepageLimits, specs.LinuxHugepageLimit{Pagesize: h.GetPageSize(), Limit: h.GetLimit()})
-	}
-
 	if u := r.GetUnified(); len(u) > 0 {
-		if !in.Host.CgroupV2 {
+		if !h.CgroupV2 {
 			return invalid("unified cgroup settings need cgroup v2; this host runs v1")
 		}
 		for k := range u {
@@ -124,8 +49,91 @@ func applyResources(in *Input, s *specs.Spec) error {
 				return invalid("unified key %q", k)
 			}
 		}
+	}
+	return nil
+}
+
+// Resources converts CRI resources to their runtime-spec form: the one
+// conversion of create, UpdateContainerResources, UpdatePodSandboxResources,
+// NRI and the spec metrics (as containerd's WithResources), so a field
+// means one thing everywhere. Zero fields stay unset (an update leaves
+// them as they are); nil converts to nil. It does not check: callers that
+// take new values call CheckResources first.
+//
+// Swap follows the host's swap accounting, probed once at start
+// (Host.SwapAccounting, decision 3700). With it, a memory limit without a
+// swap limit also bounds memory+swap (no swap, as containerd), so that
+// raising the limit later is not refused by an older memory+swap limit;
+// without it every swap limit is left out, as containerd and CRI-O do and
+// as the kubelet itself does when it finds no swap controller: runc would
+// fail the container on the missing memory.memsw file.
+func Resources(r *runtime.LinuxContainerResources, h *Host) *specs.LinuxResources {
+	if r == nil {
+		return nil
+	}
+	res := &specs.LinuxResources{}
+	cpu := &specs.LinuxCPU{Cpus: r.GetCpusetCpus(), Mems: r.GetCpusetMems()}
+	if v := r.GetCpuShares(); v != 0 {
+		u := uint64(v)
+		cpu.Shares = &u
+	}
+	if v := r.GetCpuPeriod(); v != 0 {
+		u := uint64(v)
+		cpu.Period = &u
+	}
+	if v := r.GetCpuQuota(); v != 0 {
+		cpu.Quota = &v
+	}
+	if *cpu != (specs.LinuxCPU{}) {
+		res.CPU = cpu
+	}
+	res.Memory = memory(r.GetMemoryLimitInBytes(), r.GetMemorySwapLimitInBytes(), h.SwapAccounting)
+	for _, l := range r.GetHugepageLimits() {
+		res.HugepageLimits = append(res.HugepageLimits, specs.LinuxHugepageLimit{Pagesize: l.GetPageSize(), Limit: l.GetLimit()})
+	}
+	if u := r.GetUnified(); len(u) > 0 {
 		res.Unified = maps.Clone(u)
 	}
+	return res
+}
+
+// memory is the runtime-spec memory of a CRI memory and memory+swap
+// limit (0: unset); nil when neither is set or kept.
+func memory(limit, swap int64, swapAccounting bool) *specs.LinuxMemory {
+	if swap == 0 && swapAccounting {
+		swap = limit
+	}
+	if !swapAccounting {
+		swap = 0
+	}
+	if limit == 0 && swap == 0 {
+		return nil
+	}
+	m := &specs.LinuxMemory{}
+	if limit != 0 {
+		m.Limit = &limit
+	}
+	if swap != 0 {
+		m.Swap = &swap
+	}
+	return m
+}
+
+// applyResources checks and sets CPU, cpuset, memory, hugepages and
+// unified limits. The pids limit is the pod's (kubelet sets it on the pod
+// cgroup). Hugepage limits go in as asked: where the host has no hugetlb
+// controller the container store drops them (internal/cgroupctrl), after
+// NRI plugins, which may add some too, had their say.
+func applyResources(in *Input, s *specs.Spec) error {
+	r := in.Config.GetLinux().GetResources()
+	if r == nil {
+		return nil
+	}
+	if err := CheckResources(r, in.Host); err != nil {
+		return err
+	}
+	conv, res := Resources(r, in.Host), s.Linux.Resources
+	res.CPU, res.Memory, res.HugepageLimits, res.Unified = conv.CPU, conv.Memory, conv.HugepageLimits, conv.Unified
 	return nil
 }
 

@@ -1,12 +1,16 @@
 package specgen
 
 import (
+	"encoding/json"
+	"reflect"
 	"testing"
 
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	runtime "k8s.io/cri-api/pkg/apis/runtime/v1"
 )
 
+// TestResources runs the create step: CheckResources, then the one
+// conversion, into the spec.
 func TestResources(t *testing.T) {
 	u64 := func(v uint64) *uint64 { return &v }
 	i64 := func(v int64) *int64 { return &v }
@@ -49,8 +53,15 @@ func TestResources(t *testing.T) {
 				}
 			}},
 		{name: "swap below limit", r: &runtime.LinuxContainerResources{MemoryLimitInBytes: 2 << 30, MemorySwapLimitInBytes: 1 << 30}, err: errInvalid},
+		// Decision 3700: left out, as update always did, containerd and
+		// CRI-O do, and the kubelet does without a swap controller.
 		{name: "swap without accounting", host: func(h *Host) { h.SwapAccounting = false },
-			r: &runtime.LinuxContainerResources{MemoryLimitInBytes: 1 << 30, MemorySwapLimitInBytes: 2 << 30}, err: errInvalid},
+			r: &runtime.LinuxContainerResources{MemoryLimitInBytes: 1 << 30, MemorySwapLimitInBytes: 2 << 30},
+			check: func(t *testing.T, r *specs.LinuxResources) {
+				if *r.Memory.Limit != 1<<30 || r.Memory.Swap != nil {
+					t.Fatalf("memory = %+v, want the limit without swap", r.Memory)
+				}
+			}},
 		{name: "negative memory", r: &runtime.LinuxContainerResources{MemoryLimitInBytes: -1}, err: errInvalid},
 		{name: "shares too low", r: &runtime.LinuxContainerResources{CpuShares: 1}, err: errInvalid},
 		{name: "period too low", r: &runtime.LinuxContainerResources{CpuPeriod: 10}, err: errInvalid},
@@ -87,6 +98,129 @@ func TestResources(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestResourcesConversion pins the one CRI→OCI conversion (create,
+// update, pod resources, NRI, metrics) on hosts with and without swap
+// accounting: every field, and what a zero leaves unset.
+func TestResourcesConversion(t *testing.T) {
+	u64 := func(v uint64) *uint64 { return &v }
+	i64 := func(v int64) *int64 { return &v }
+	const limit, swap = 64 << 20, 128 << 20
+	acct, noAcct, v2 := &Host{SwapAccounting: true}, &Host{}, &Host{CgroupV2: true, SwapAccounting: true}
+	for _, tc := range []struct {
+		name string
+		host *Host
+		r    *runtime.LinuxContainerResources
+		want *specs.LinuxResources
+	}{
+		{name: "nil", host: acct, r: nil, want: nil},
+		{name: "empty", host: acct, r: &runtime.LinuxContainerResources{}, want: &specs.LinuxResources{}},
+		{name: "cpu and cpuset", host: acct,
+			r:    &runtime.LinuxContainerResources{CpuShares: 512, CpuQuota: 50000, CpuPeriod: 100000, CpusetCpus: "0-1", CpusetMems: "0"},
+			want: &specs.LinuxResources{CPU: &specs.LinuxCPU{Shares: u64(512), Quota: i64(50000), Period: u64(100000), Cpus: "0-1", Mems: "0"}}},
+		{name: "quota -1 (unlimited)", host: acct, r: &runtime.LinuxContainerResources{CpuQuota: -1},
+			want: &specs.LinuxResources{CPU: &specs.LinuxCPU{Quota: i64(-1)}}},
+		{name: "cpuset only", host: acct, r: &runtime.LinuxContainerResources{CpusetCpus: "1"},
+			want: &specs.LinuxResources{CPU: &specs.LinuxCPU{Cpus: "1"}}},
+		{name: "limit, accounting: no swap", host: acct, r: &runtime.LinuxContainerResources{MemoryLimitInBytes: limit},
+			want: &specs.LinuxResources{Memory: &specs.LinuxMemory{Limit: i64(limit), Swap: i64(limit)}}},
+		{name: "limit and swap, accounting", host: acct, r: &runtime.LinuxContainerResources{MemoryLimitInBytes: limit, MemorySwapLimitInBytes: swap},
+			want: &specs.LinuxResources{Memory: &specs.LinuxMemory{Limit: i64(limit), Swap: i64(swap)}}},
+		{name: "swap alone, accounting", host: acct, r: &runtime.LinuxContainerResources{MemorySwapLimitInBytes: swap},
+			want: &specs.LinuxResources{Memory: &specs.LinuxMemory{Swap: i64(swap)}}},
+		{name: "limit and swap, v2 accounting", host: v2, r: &runtime.LinuxContainerResources{MemoryLimitInBytes: limit, MemorySwapLimitInBytes: swap},
+			want: &specs.LinuxResources{Memory: &specs.LinuxMemory{Limit: i64(limit), Swap: i64(swap)}}},
+		{name: "limit, no accounting", host: noAcct, r: &runtime.LinuxContainerResources{MemoryLimitInBytes: limit},
+			want: &specs.LinuxResources{Memory: &specs.LinuxMemory{Limit: i64(limit)}}},
+		{name: "limit and swap, no accounting: swap left out", host: noAcct, r: &runtime.LinuxContainerResources{MemoryLimitInBytes: limit, MemorySwapLimitInBytes: swap},
+			want: &specs.LinuxResources{Memory: &specs.LinuxMemory{Limit: i64(limit)}}},
+		{name: "swap = limit, no accounting", host: noAcct, r: &runtime.LinuxContainerResources{MemoryLimitInBytes: limit, MemorySwapLimitInBytes: limit},
+			want: &specs.LinuxResources{Memory: &specs.LinuxMemory{Limit: i64(limit)}}},
+		{name: "swap alone, no accounting: nothing", host: noAcct, r: &runtime.LinuxContainerResources{MemorySwapLimitInBytes: swap},
+			want: &specs.LinuxResources{}},
+		{name: "hugepages", host: acct, r: &runtime.LinuxContainerResources{HugepageLimits: []*runtime.HugepageLimit{{PageSize: "2MB", Limit: 0}, {PageSize: "1GB", Limit: 1 << 30}}},
+			want: &specs.LinuxResources{HugepageLimits: []specs.LinuxHugepageLimit{{Pagesize: "2MB"}, {Pagesize: "1GB", Limit: 1 << 30}}}},
+		{name: "unified", host: v2, r: &runtime.LinuxContainerResources{Unified: map[string]string{"memory.high": "1M", "memory.swap.max": "0"}},
+			want: &specs.LinuxResources{Unified: map[string]string{"memory.high": "1M", "memory.swap.max": "0"}}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got := Resources(tc.r, tc.host)
+			if !reflect.DeepEqual(got, tc.want) {
+				t.Fatalf("Resources(%v) on %+v\n got %s\nwant %s", tc.r, *tc.host, jsonOf(t, got), jsonOf(t, tc.want))
+			}
+			// The create step puts the same into the spec.
+			if tc.r == nil {
+				return
+			}
+			in := testInput(t)
+			in.Config.Linux.Resources, in.Host = tc.r, tc.host
+			s := &specs.Spec{Linux: &specs.Linux{Resources: &specs.LinuxResources{}}}
+			if err := applyResources(&in, s); err != nil {
+				t.Fatal(err)
+			}
+			if !reflect.DeepEqual(s.Linux.Resources, tc.want) {
+				t.Fatalf("create step\n got %s\nwant %s", jsonOf(t, s.Linux.Resources), jsonOf(t, tc.want))
+			}
+		})
+	}
+}
+
+// The converted map is a copy: an NRI plugin's or runc's edit of it
+// cannot reach the container's record.
+func TestResourcesConversionCopiesUnified(t *testing.T) {
+	r := &runtime.LinuxContainerResources{Unified: map[string]string{"memory.high": "1M"}}
+	Resources(r, &Host{CgroupV2: true}).Unified["memory.high"] = "2M"
+	if r.Unified["memory.high"] != "1M" {
+		t.Fatalf("the CRI map changed: %v", r.Unified)
+	}
+}
+
+// TestCheckResources: every refusal, on the host kinds where it differs.
+func TestCheckResources(t *testing.T) {
+	v1, v2 := &Host{SwapAccounting: true}, &Host{CgroupV2: true}
+	for _, tc := range []struct {
+		name string
+		host *Host
+		r    *runtime.LinuxContainerResources
+		ok   bool
+	}{
+		{name: "nil", host: v1, r: nil, ok: true},
+		{name: "kubelet's shape", host: v1, r: &runtime.LinuxContainerResources{CpuShares: 2, CpuQuota: -1, CpuPeriod: 100000, MemoryLimitInBytes: 1 << 20, MemorySwapLimitInBytes: 1 << 20, OomScoreAdj: 1000}, ok: true},
+		{name: "swap above limit without accounting", host: &Host{}, r: &runtime.LinuxContainerResources{MemoryLimitInBytes: 1 << 20, MemorySwapLimitInBytes: 2 << 20}, ok: true},
+		{name: "shares 1", host: v1, r: &runtime.LinuxContainerResources{CpuShares: 1}},
+		{name: "shares too high", host: v1, r: &runtime.LinuxContainerResources{CpuShares: 262145}},
+		{name: "period too high", host: v1, r: &runtime.LinuxContainerResources{CpuPeriod: 1000001}},
+		{name: "quota 999", host: v1, r: &runtime.LinuxContainerResources{CpuQuota: 999}},
+		{name: "quota -2", host: v1, r: &runtime.LinuxContainerResources{CpuQuota: -2}},
+		{name: "negative swap", host: v1, r: &runtime.LinuxContainerResources{MemorySwapLimitInBytes: -1}},
+		{name: "swap below limit", host: v1, r: &runtime.LinuxContainerResources{MemoryLimitInBytes: 2 << 20, MemorySwapLimitInBytes: 1 << 20}},
+		{name: "oom_score_adj", host: v1, r: &runtime.LinuxContainerResources{OomScoreAdj: -1001}},
+		{name: "hugepage size", host: v1, r: &runtime.LinuxContainerResources{HugepageLimits: []*runtime.HugepageLimit{{PageSize: "2XB"}}}},
+		{name: "unified on v1", host: v1, r: &runtime.LinuxContainerResources{Unified: map[string]string{"memory.high": "1"}}},
+		{name: "unified on v2", host: v2, r: &runtime.LinuxContainerResources{Unified: map[string]string{"memory.high": "1"}}, ok: true},
+		{name: "unified key with a slash", host: v2, r: &runtime.LinuxContainerResources{Unified: map[string]string{"a/b": "1"}}},
+		{name: "unified key dot-dot", host: v2, r: &runtime.LinuxContainerResources{Unified: map[string]string{"..": "1"}}},
+		{name: "unified key empty", host: v2, r: &runtime.LinuxContainerResources{Unified: map[string]string{"": "1"}}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			err := CheckResources(tc.r, tc.host)
+			if tc.ok {
+				wantErr(t, err, nil)
+			} else {
+				wantErr(t, err, errInvalid)
+			}
+		})
+	}
+}
+
+func jsonOf(t *testing.T, v any) string {
+	t.Helper()
+	b, err := json.Marshal(v)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
 }
 
 func TestCgroupsPath(t *testing.T) {
