@@ -29,15 +29,6 @@ const (
 // Families are both families, IPv4 first.
 func Families() []Family { return []Family{IPv4, IPv6} }
 
-// FamilyOf is the family of an address or prefix ("10.1.0.0/16",
-// "fd00::1"): IPv6 when it has a colon.
-func FamilyOf(addr string) Family {
-	if strings.Contains(addr, ":") {
-		return IPv6
-	}
-	return IPv4
-}
-
 // Available reports whether the family's rules can be read here: its
 // save program is installed and, for IPv6, the kernel has IPv6 (booted
 // with ipv6.disable=1 it has no /proc/sys/net/ipv6 and no rules).
