@@ -290,7 +290,7 @@ func (d *Daemon) buildGRPC(ctx context.Context) (err error) {
 		Cgroups:    d.cgroups,
 		Live:       d.live,
 	})
-	if d.tracing, err = tracing.New(ctx, d.cfg.Tracing, d.version); err != nil {
+	if d.tracing, err = tracing.New(ctx, tracing.Settings(d.cfg.Tracing), d.version); err != nil {
 		return err
 	}
 	unary := []grpc.UnaryServerInterceptor{d.m.UnaryInterceptor(), unaryLogger(d.log)}
