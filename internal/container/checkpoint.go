@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -16,7 +15,7 @@ import (
 
 	"github.com/berthcri/berth/internal/checkpoint"
 	"github.com/berthcri/berth/internal/errdefs"
-	"github.com/berthcri/berth/internal/netns"
+	"github.com/berthcri/berth/internal/network"
 	"github.com/berthcri/berth/internal/oci"
 )
 
@@ -168,7 +167,7 @@ func (s *Store) dump(ctx context.Context, r *Container, rt *oci.Runtime, dir, cr
 	}
 	if err != nil {
 		if ctx.Err() != nil {
-			s.unlockNetwork(r)
+			s.unlockNetwork(ctx, r)
 		}
 		return fmt.Errorf("checkpoint container %s: %w (criu log: %s)", r.ID, err, lastLogLines(filepath.Join(work, checkpoint.DumpLog)))
 	}
@@ -188,12 +187,11 @@ func (s *Store) dump(ctx context.Context, r *Container, rt *oci.Runtime, dir, cr
 	return nil
 }
 
-// unlockNetwork removes the network lock CRIU puts on the container's
-// network namespace while it dumps (an iptables chain CRIU that drops
-// everything CRIU itself does not mark) and removes again at the end: a
-// CRIU killed at the deadline leaves it, and the pod would answer no
-// packet. Errors are ignored: the chain is usually not there.
-func (s *Store) unlockNetwork(r *Container) {
+// unlockNetwork removes the network lock a CRIU killed at the deadline
+// left on the container's network namespace (network.RemoveCRIULock).
+// ctx is the checkpoint's, already done: the removal gets a bound of its
+// own. Errors are logged only: the checkpoint has failed already.
+func (s *Store) unlockNetwork(ctx context.Context, r *Container) {
 	spec, err := readSpec(s.dir(r.ID))
 	if err != nil || spec.Linux == nil {
 		return
@@ -207,18 +205,16 @@ func (s *Store) unlockNetwork(r *Container) {
 	if path == "" {
 		return // the host's network: CRIU does not lock it
 	}
-	err = netns.Do(path, func() error {
-		for _, bin := range []string{"iptables", "ip6tables"} {
-			for _, args := range [][]string{{"-D", "INPUT", "-j", "CRIU"}, {"-D", "OUTPUT", "-j", "CRIU"}, {"-F", "CRIU"}, {"-X", "CRIU"}} {
-				_ = exec.Command(bin, append([]string{"-w", "-t", "filter"}, args...)...).Run()
-			}
-		}
-		return nil
-	})
-	if err != nil {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), unlockTimeout)
+	defer cancel()
+	if err := network.RemoveCRIULock(ctx, path); err != nil {
 		s.log.Warn("remove CRIU's network lock", "pod", r.PodID, "container", r.ID, "err", err)
 	}
 }
+
+// unlockTimeout bounds the removal of CRIU's network lock: two saves and
+// two restores, each well under a second.
+const unlockTimeout = 30 * time.Second
 
 // lastLogLines is the end of a CRIU log: the errors come last.
 func lastLogLines(path string) string {

@@ -1,66 +1,9 @@
 package container
 
-import (
-	"os"
-	"os/exec"
-	"path/filepath"
-	"slices"
+import "github.com/berthcri/berth/internal/oci"
 
-	"github.com/berthcri/berth/internal/config"
-	"github.com/berthcri/berth/internal/oci"
-)
-
-// Runtimes builds the handler table from the config: each handler's
-// runtime gets its own --root under <state>/runtime/<handler>/ unless the
-// config names one. Under the systemd cgroup driver every handler also
-// gets --systemd-cgroup: the pod slice and the containers' cgroupsPath
-// (slice:berth:<id>) follow the daemon's driver, so a handler on the
-// other driver could not place its containers in the pod.
-func Runtimes(cfg *config.Config) map[string]*oci.Runtime {
-	out := make(map[string]*oci.Runtime, len(cfg.RuntimeHandlers))
-	for name, h := range cfg.RuntimeHandlers {
-		out[name] = NewRuntime(cfg, name, h)
-	}
-	return out
-}
-
-// NewRuntime is the OCI runtime of one handler under cfg's state dir and
-// cgroup driver (a handler a reload adds gets it too).
-func NewRuntime(cfg *config.Config, name string, h config.RuntimeHandler) *oci.Runtime {
-	root := h.Root
-	if root == "" {
-		root = filepath.Join(cfg.State, "runtime", name)
-	}
-	return oci.New(h.Binary, root, RuntimeOptions(cfg.CgroupDriver, h.Options))
-}
-
-// RuntimeOptions are a handler's global runtime arguments under the given
-// cgroup driver: --systemd-cgroup is added for systemd (runc and crun both
-// take it) unless the handler already lists it.
-func RuntimeOptions(driver string, options []string) []string {
-	out := append([]string(nil), options...)
-	if driver != "systemd" || slices.Contains(out, "--systemd-cgroup") {
-		return out
-	}
-	return append(out, "--systemd-cgroup")
-}
-
-// ShimBinary finds berth-shim: next to the running executable first (a
-// release ships them together), then in PATH.
-func ShimBinary() string {
-	if exe, err := os.Executable(); err == nil {
-		p := filepath.Join(filepath.Dir(exe), "berth-shim")
-		if _, err := os.Stat(p); err == nil {
-			return p
-		}
-	}
-	if p, err := exec.LookPath("berth-shim"); err == nil {
-		return p
-	}
-	return "berth-shim"
-}
-
-// runtime finds the OCI runtime of a runtime handler.
+// runtime finds the OCI runtime of a runtime handler. The handler table
+// itself is built from the configuration by liveconfig.Runtimes.
 func (s *Store) runtime(handler string) (*oci.Runtime, bool) {
 	if s.opts.RuntimeFor != nil {
 		return s.opts.RuntimeFor(handler)

@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"github.com/berthcri/berth/internal/config"
-	"github.com/berthcri/berth/internal/container"
 	"github.com/berthcri/berth/internal/hostprobe"
 	"github.com/berthcri/berth/internal/liveconfig"
 	"github.com/berthcri/berth/internal/metrics"
@@ -111,7 +110,7 @@ func (d *Daemon) reloadLocked(ctx context.Context) ReloadStatus {
 		if old, ok := cur.Handler(name); ok && liveconfig.SameHandler(old.Config, h) {
 			continue
 		}
-		fresh[name] = container.NewRuntime(cur.Config, name, h)
+		fresh[name] = liveconfig.NewRuntime(cur.Config, name, h)
 	}
 	features := hostprobe.RuntimeFeatures(ctx, fresh, d.sandboxes.UserNamespaceSupport(), log)
 

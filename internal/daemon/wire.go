@@ -24,6 +24,7 @@ import (
 	"github.com/berthcri/berth/internal/nri"
 	"github.com/berthcri/berth/internal/oci"
 	"github.com/berthcri/berth/internal/sandbox"
+	"github.com/berthcri/berth/internal/shim"
 	"github.com/berthcri/berth/internal/sigpolicy"
 	"github.com/berthcri/berth/internal/statetree"
 	"github.com/berthcri/berth/internal/stats"
@@ -66,7 +67,7 @@ func (d *Daemon) loadFaults(context.Context) (err error) {
 // handlers' features are added by probeHandlers, once the sandbox store
 // can tell about user namespaces.
 func (d *Daemon) openLiveConfig(context.Context) error {
-	d.runtimes = container.Runtimes(d.cfg)
+	d.runtimes = liveconfig.Runtimes(d.cfg)
 	policy, err := sigpolicy.Load(d.cfg.SignaturePolicy)
 	if err != nil {
 		return err
@@ -166,7 +167,7 @@ func (d *Daemon) openContainers(ctx context.Context) (err error) {
 	d.containers, err = container.Open(ctx, container.Options{
 		Dir:        filepath.Join(d.cfg.Root, "containers"),
 		ShimDir:    filepath.Join(d.cfg.State, "shims"),
-		ShimBinary: container.ShimBinary(),
+		ShimBinary: shim.Binary(),
 		RuntimeFor: func(handler string) (*oci.Runtime, bool) {
 			h, ok := d.live.Load().Handler(handler)
 			if !ok || h.Runtime == nil {
@@ -299,7 +300,7 @@ func (d *Daemon) buildGRPC(ctx context.Context) (err error) {
 	if err != nil {
 		return err
 	}
-	if d.tracing, err = tracing.New(ctx, d.cfg.Tracing, d.version); err != nil {
+	if d.tracing, err = tracing.New(ctx, tracing.Settings(d.cfg.Tracing), d.version); err != nil {
 		return err
 	}
 	unary := []grpc.UnaryServerInterceptor{d.m.UnaryInterceptor(), unaryLogger(d.log)}

@@ -1,64 +1,80 @@
 package network
 
 import (
-	"bytes"
+	"context"
+	"errors"
 	"fmt"
 	"os"
-	"os/exec"
 	"strings"
+
+	"github.com/berthcri/berth/internal/network/iptables"
 )
 
 // removeOrphanRules deletes the NAT rules CNI plugins tagged with this
 // pod's attachment comment (`name: "<net>" id: "<pod>"`) and the per-pod
-// chains they jump to. Only needed when the pod's netns vanished before
-// DEL: the bridge plugin then cannot learn the pod's addresses and skips
-// its masquerade teardown.
-func removeOrphanRules(netName, podID string) error {
+// chains they jump to, IPv4 and IPv6 alike. Only needed when the pod's
+// netns vanished before DEL: the bridge plugin then cannot learn the
+// pod's addresses and skips its masquerade teardown.
+func removeOrphanRules(ctx context.Context, netName, podID string) error {
 	tag := fmt.Sprintf(`name: \"%s\" id: \"%s\"`, netName, podID)
-	return RemoveNATRules(func(line string) bool { return strings.Contains(line, tag) })
+	return RemoveNATRules(ctx, func(line string) bool { return strings.Contains(line, tag) })
 }
 
-// RemoveNATRules deletes every nat-table rule for which match is true and
-// the per-attachment CNI-* chains and default-network BERTH-MASQ-* chains
-// those rules jump to (never portmap's shared CNI-HOSTPORT-* chains).
-func RemoveNATRules(match func(rule string) bool) error {
-	if _, err := exec.LookPath("iptables-save"); err != nil {
-		return nil
-	}
-	out, err := exec.Command("iptables-save", "-t", "nat").Output()
-	if err != nil {
-		return fmt.Errorf("iptables-save: %w", err)
-	}
-	var script bytes.Buffer
-	seen := map[string]bool{}
-	var chains []string
-	n := 0
-	for _, line := range strings.Split(string(out), "\n") {
-		if !strings.HasPrefix(line, "-A ") || !match(line) {
+// RemoveNATRules deletes, in the IPv4 and the IPv6 nat table, every rule
+// for which match is true and the per-attachment CNI-* chains and
+// default-network BERTH-MASQ-* chains those rules jump to (never
+// portmap's shared CNI-HOSTPORT-* chains): one save and at most one
+// restore per family. A family this node cannot read (no ip6tables, no
+// IPv6 in the kernel) holds no rules and is skipped.
+func RemoveNATRules(ctx context.Context, match func(rule string) bool) error {
+	var errs []error
+	for _, f := range iptables.Families() {
+		if !f.Available() {
 			continue
 		}
-		n++
-		script.WriteString("-D " + strings.TrimPrefix(line, "-A ") + "\n")
-		if i := strings.LastIndex(line, " -j "); i >= 0 {
-			target := strings.Fields(line[i+4:])
-			if len(target) > 0 && ownChain(target[0]) && !seen[target[0]] {
-				seen[target[0]] = true
-				chains = append(chains, target[0])
+		tables, err := iptables.Save(ctx, f, "nat")
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		if script := natDeleteScript(tables, match); script != "" {
+			if err := iptables.Restore(ctx, f, script); err != nil {
+				errs = append(errs, err)
 			}
 		}
 	}
-	if n == 0 {
-		return nil
+	return errors.Join(errs...)
+}
+
+// natDeleteScript is the restore script that deletes the matching rules
+// of the nat table and then the chains of ours they jumped to; "" when
+// no rule matches.
+func natDeleteScript(tables []iptables.Table, match func(rule string) bool) string {
+	var script strings.Builder
+	seen := map[string]bool{}
+	var chains []string
+	for _, t := range tables {
+		if t.Name != "nat" {
+			continue
+		}
+		for _, r := range t.Rules {
+			if !match(r.Line) {
+				continue
+			}
+			script.WriteString(r.Delete() + "\n")
+			if ownChain(r.Target) && !seen[r.Target] {
+				seen[r.Target] = true
+				chains = append(chains, r.Target)
+			}
+		}
+	}
+	if script.Len() == 0 {
+		return ""
 	}
 	for _, c := range chains {
 		script.WriteString("-F " + c + "\n-X " + c + "\n")
 	}
-	cmd := exec.Command("iptables-restore", "--noflush", "--wait")
-	cmd.Stdin = strings.NewReader("*nat\n" + script.String() + "COMMIT\n")
-	if b, err := cmd.CombinedOutput(); err != nil {
-		return fmt.Errorf("iptables-restore: %v: %s", err, b)
-	}
-	return nil
+	return "*nat\n" + script.String() + "COMMIT\n"
 }
 
 // ownChain reports whether a chain is one of a CNI attachment's own or the

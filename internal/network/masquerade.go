@@ -1,10 +1,12 @@
 package network
 
 import (
+	"context"
 	"fmt"
 	"net"
-	"os/exec"
 	"strings"
+
+	"github.com/berthcri/berth/internal/network/iptables"
 )
 
 // The embedded default network masquerades its pods' outgoing traffic
@@ -28,18 +30,18 @@ func masqChain(bridge string) string { return "BERTH-MASQ-" + bridge }
 // network, idempotently: the chain is rewritten whole and the POSTROUTING
 // jump added unless there, in one iptables-restore; a jump left for
 // another subnet (the key changed) is removed.
-func ensureMasquerade(bridge, subnet string) error {
+func ensureMasquerade(ctx context.Context, bridge, subnet string) error {
 	_, ipn, err := net.ParseCIDR(subnet)
 	if err != nil {
 		return fmt.Errorf("default network subnet %q: %w", subnet, err)
 	}
-	save, restore, multicast := "iptables-save", "iptables-restore", "224.0.0.0/4"
+	family, multicast := iptables.IPv4, "224.0.0.0/4"
 	if ipn.IP.To4() == nil {
-		save, restore, multicast = "ip6tables-save", "ip6tables-restore", "ff00::/8"
+		family, multicast = iptables.IPv6, "ff00::/8"
 	}
-	out, err := exec.Command(save, "-t", "nat").Output()
+	tables, err := iptables.Save(ctx, family, "nat")
 	if err != nil {
-		return fmt.Errorf("%s: %w", save, err)
+		return err
 	}
 	chain := masqChain(bridge)
 	comment := fmt.Sprintf("%q", "berth default network "+bridge)
@@ -48,24 +50,21 @@ func ensureMasquerade(bridge, subnet string) error {
 	fmt.Fprintf(&script, "-A %s -d %s -m comment --comment %s -j ACCEPT\n", chain, ipn, comment)
 	fmt.Fprintf(&script, "-A %s ! -d %s -m comment --comment %s -j MASQUERADE\n", chain, multicast, comment)
 	jumped := false
-	for _, line := range strings.Split(string(out), "\n") {
-		if !strings.HasPrefix(line, "-A POSTROUTING ") || !strings.HasSuffix(line, " -j "+chain) {
-			continue
+	for _, t := range tables {
+		for _, r := range t.Rules {
+			if r.Chain != "POSTROUTING" || r.Target != chain {
+				continue
+			}
+			if strings.Contains(r.Line, " -s "+ipn.String()+" ") && !jumped {
+				jumped = true
+				continue
+			}
+			script.WriteString(r.Delete() + "\n")
 		}
-		if strings.Contains(line, " -s "+ipn.String()+" ") && !jumped {
-			jumped = true
-			continue
-		}
-		script.WriteString("-D" + strings.TrimPrefix(line, "-A") + "\n")
 	}
 	if !jumped {
 		fmt.Fprintf(&script, "-A POSTROUTING -s %s -m comment --comment %s -j %s\n", ipn, comment, chain)
 	}
 	script.WriteString("COMMIT\n")
-	cmd := exec.Command(restore, "--noflush", "--wait")
-	cmd.Stdin = strings.NewReader(script.String())
-	if b, err := cmd.CombinedOutput(); err != nil {
-		return fmt.Errorf("%s: %v: %s", restore, err, b)
-	}
-	return nil
+	return iptables.Restore(ctx, family, script.String())
 }

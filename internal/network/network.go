@@ -153,7 +153,8 @@ func defaultConfList(bridge, subnet, ipamDataDir string, v defaultVariant) []byt
 // iptables) the bridge plugin masquerades each pod itself, as before.
 func (n *Network) EnsureMasquerade() error {
 	n.masqOnce.Do(func() {
-		n.masqErr = ensureMasquerade(n.opts.Bridge, n.opts.Subnet)
+		// Not a caller's context: the outcome is kept for every pod.
+		n.masqErr = ensureMasquerade(context.Background(), n.opts.Bridge, n.opts.Subnet)
 		if n.masqErr != nil {
 			n.log.Warn("no node-level masquerade for the default network; the bridge plugin masquerades each pod", "bridge", n.opts.Bridge, "subnet", n.opts.Subnet, "err", n.masqErr)
 		}
@@ -418,7 +419,7 @@ func (n *Network) Detach(ctx context.Context, pod Pod, att *Attachment) error {
 		return err
 	}
 	if netnsGone(pod.NetNSPath) {
-		if err := removeOrphanRules(list.Name, pod.ID); err != nil {
+		if err := removeOrphanRules(ctx, list.Name, pod.ID); err != nil {
 			return fmt.Errorf("CNI DEL %s for pod %s: %w", list.Name, pod.ID, err)
 		}
 	}

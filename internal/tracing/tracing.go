@@ -31,8 +31,6 @@ import (
 	"go.opentelemetry.io/otel/trace"
 	"google.golang.org/grpc"
 	criapi "k8s.io/cri-api/pkg/apis/runtime/v1"
-
-	"github.com/berthcri/berth/internal/config"
 )
 
 // ScopeName is the instrumentation scope of berth's own spans.
@@ -49,6 +47,23 @@ const (
 	AttrOp          = attribute.Key("berth.op")
 )
 
+// Settings are the [tracing] config keys (config.Tracing converts to it:
+// the fields are the same). Its own type keeps config out of the imports
+// of every package that starts a span.
+type Settings struct {
+	Enable       bool
+	Endpoint     string
+	Protocol     string
+	SamplingRate float64
+	ServiceName  string
+}
+
+// The export protocols, as config.Tracing names them.
+const (
+	ProtocolGRPC = "grpc"
+	ProtocolHTTP = "http/protobuf"
+)
+
 // Provider is the daemon's tracer provider, or nothing when tracing is off.
 type Provider struct {
 	tp *sdktrace.TracerProvider // nil: off
@@ -57,7 +72,7 @@ type Provider struct {
 // New builds the provider cfg asks for. With tracing off it returns a
 // Provider whose ServerOptions are empty. The exporter connects lazily:
 // a collector that is not there yet costs dropped spans, not a start.
-func New(ctx context.Context, cfg config.Tracing, version string) (*Provider, error) {
+func New(ctx context.Context, cfg Settings, version string) (*Provider, error) {
 	if !cfg.Enable {
 		return &Provider{}, nil
 	}
@@ -78,7 +93,7 @@ func New(ctx context.Context, cfg config.Tracing, version string) (*Provider, er
 	return &Provider{tp: tp}, nil
 }
 
-func exporter(ctx context.Context, cfg config.Tracing) (*otlptrace.Exporter, error) {
+func exporter(ctx context.Context, cfg Settings) (*otlptrace.Exporter, error) {
 	ep := cfg.Endpoint
 	isURL := strings.Contains(ep, "://")
 	if isURL {
@@ -86,7 +101,7 @@ func exporter(ctx context.Context, cfg config.Tracing) (*otlptrace.Exporter, err
 		if err != nil {
 			return nil, fmt.Errorf("tracing.endpoint %q: %w", ep, err)
 		}
-		if cfg.Protocol == config.TracingProtocolHTTP && strings.Trim(u.Path, "/") == "" {
+		if cfg.Protocol == ProtocolHTTP && strings.Trim(u.Path, "/") == "" {
 			// As OTEL_EXPORTER_OTLP_ENDPOINT: a base URL gets the
 			// signal's path (the exporter would post to "/").
 			u.Path = "/v1/traces"
@@ -94,7 +109,7 @@ func exporter(ctx context.Context, cfg config.Tracing) (*otlptrace.Exporter, err
 		}
 	}
 	switch cfg.Protocol {
-	case config.TracingProtocolGRPC:
+	case ProtocolGRPC:
 		opts := []otlptracegrpc.Option{}
 		if isURL {
 			opts = append(opts, otlptracegrpc.WithEndpointURL(ep))
@@ -106,7 +121,7 @@ func exporter(ctx context.Context, cfg config.Tracing) (*otlptrace.Exporter, err
 			return nil, fmt.Errorf("OTLP gRPC exporter to %s: %w", ep, err)
 		}
 		return exp, nil
-	case config.TracingProtocolHTTP:
+	case ProtocolHTTP:
 		opts := []otlptracehttp.Option{}
 		if isURL {
 			opts = append(opts, otlptracehttp.WithEndpointURL(ep))
@@ -119,7 +134,7 @@ func exporter(ctx context.Context, cfg config.Tracing) (*otlptrace.Exporter, err
 		}
 		return exp, nil
 	}
-	return nil, fmt.Errorf("tracing.protocol %q: want %s or %s", cfg.Protocol, config.TracingProtocolGRPC, config.TracingProtocolHTTP)
+	return nil, fmt.Errorf("tracing.protocol %q: want %s or %s", cfg.Protocol, ProtocolGRPC, ProtocolHTTP)
 }
 
 // Enabled tells whether spans are exported.

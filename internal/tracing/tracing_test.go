@@ -19,7 +19,7 @@ import (
 )
 
 func TestOffIsNoop(t *testing.T) {
-	p, err := New(context.Background(), config.Default().Tracing, "test")
+	p, err := New(context.Background(), Settings(config.Default().Tracing), "test")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -105,7 +105,7 @@ func TestHTTPProtobufExport(t *testing.T) {
 	}))
 	defer srv.Close()
 	cfg := config.Tracing{Enable: true, Endpoint: srv.URL, Protocol: config.TracingProtocolHTTP, SamplingRate: 1, ServiceName: "berth"}
-	p, err := New(context.Background(), cfg, "test")
+	p, err := New(context.Background(), Settings(cfg), "test")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -126,7 +126,14 @@ func TestHTTPProtobufExport(t *testing.T) {
 func TestNewRefusesUnknownProtocol(t *testing.T) {
 	cfg := config.Default().Tracing
 	cfg.Enable, cfg.Protocol = true, "udp"
-	if _, err := New(context.Background(), cfg, "test"); err == nil {
+	if _, err := New(context.Background(), Settings(cfg), "test"); err == nil {
 		t.Fatal("protocol udp accepted")
+	}
+}
+
+// The config validates the protocols New takes.
+func TestProtocolsAreTheConfigs(t *testing.T) {
+	if ProtocolGRPC != config.TracingProtocolGRPC || ProtocolHTTP != config.TracingProtocolHTTP {
+		t.Fatalf("tracing protocols %q, %q; config's %q, %q", ProtocolGRPC, ProtocolHTTP, config.TracingProtocolGRPC, config.TracingProtocolHTTP)
 	}
 }

@@ -18,6 +18,7 @@ import (
 	criapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/berthcri/berth/internal/fault"
+	"github.com/berthcri/berth/internal/network/iptables"
 	"github.com/berthcri/berth/internal/testutil/berthdtest"
 	"github.com/berthcri/berth/internal/testutil/leakcheck"
 )
@@ -148,14 +149,16 @@ func TestSandboxDefaultNetworkMasqueradesOncePerNode(t *testing.T) {
 	chain := "BERTH-MASQ-" + d.Config.DefaultNetwork.Bridge
 	natRules := func() []string {
 		t.Helper()
-		out, err := exec.Command("iptables-save", "-t", "nat").Output()
+		tables, err := iptables.Save(ctxT(t), iptables.IPv4, "nat")
 		if err != nil {
-			t.Fatalf("iptables-save: %v", err)
+			t.Fatal(err)
 		}
 		var rules []string
-		for _, l := range strings.Split(string(out), "\n") {
-			if strings.HasPrefix(l, "-A ") && (strings.Contains(l, chain) || strings.Contains(l, strings.TrimSuffix(subnet, "0/24"))) {
-				rules = append(rules, l)
+		for _, tb := range tables {
+			for _, r := range tb.Rules {
+				if strings.Contains(r.Line, chain) || strings.Contains(r.Line, strings.TrimSuffix(subnet, "0/24")) {
+					rules = append(rules, r.Line)
+				}
 			}
 		}
 		sort.Strings(rules)

@@ -1,6 +1,7 @@
 package berthdtest
 
 import (
+	"context"
 	"fmt"
 	"os"
 	"os/exec"
@@ -11,6 +12,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/berthcri/berth/internal/network"
+	"github.com/berthcri/berth/internal/network/iptables"
 )
 
 // netLockDir holds one flock per embedded-network slot in use by a test
@@ -57,21 +59,30 @@ var attachmentID = regexp.MustCompile(`id: \\"([0-9a-f]+)\\"`)
 
 // removeNATDebris removes nat rules about the subnet (masquerade, DNAT
 // targets) and, through the pod IDs in their comments, the portmap rules
-// that name only the pod.
+// that name only the pod, in both families (a test may add an IPv6 range
+// to its pods).
 func removeNATDebris(ipPrefix string) error {
-	out, err := exec.Command("iptables-save", "-t", "nat").Output()
-	if err != nil {
-		return nil // no iptables: nothing to clean
-	}
+	ctx := context.Background()
 	ids := map[string]bool{}
-	for _, l := range strings.Split(string(out), "\n") {
-		if strings.Contains(l, ipPrefix) {
-			for _, m := range attachmentID.FindAllStringSubmatch(l, -1) {
-				ids[m[1]] = true
+	for _, f := range iptables.Families() {
+		if !f.Available() {
+			continue
+		}
+		tables, err := iptables.Save(ctx, f, "nat")
+		if err != nil {
+			continue // nothing readable: nothing to clean
+		}
+		for _, tb := range tables {
+			for _, r := range tb.Rules {
+				if strings.Contains(r.Line, ipPrefix) {
+					for _, m := range attachmentID.FindAllStringSubmatch(r.Line, -1) {
+						ids[m[1]] = true
+					}
+				}
 			}
 		}
 	}
-	return network.RemoveNATRules(func(rule string) bool {
+	return network.RemoveNATRules(ctx, func(rule string) bool {
 		if strings.Contains(rule, ipPrefix) {
 			return true
 		}

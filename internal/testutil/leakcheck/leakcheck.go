@@ -6,6 +6,7 @@
 package leakcheck
 
 import (
+	"context"
 	"io/fs"
 	"os"
 	"os/exec"
@@ -16,6 +17,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/berthcri/berth/internal/network/iptables"
 	"github.com/berthcri/berth/internal/testutil/berthdtest"
 )
 
@@ -85,18 +87,7 @@ func Take(t testing.TB, s Scope) Snapshot {
 		snap["veth"] = linkNames(string(out))
 	}
 	if s.IPPrefix != "" {
-		out, err := exec.Command("iptables-save").Output()
-		if err != nil {
-			t.Fatalf("leakcheck: iptables-save: %v", err)
-		}
-		var rules []string
-		for _, l := range strings.Split(string(out), "\n") {
-			if strings.Contains(l, s.IPPrefix) {
-				rules = append(rules, l)
-			}
-		}
-		snap["iptables"] = rules
-		snap["iptables-chain"] = unreferencedCNIChains(string(out), s.IPPrefix)
+		snap["iptables"], snap["iptables-chain"] = rulesAbout(t, s.IPPrefix)
 	}
 	if s.CgroupParent != "" {
 		snap["cgroup"] = cgroups(s.CgroupParent)
@@ -188,6 +179,36 @@ func withSmallFiles(leaks []string) []string {
 	return out
 }
 
+// rulesAbout lists the rules of every table of both families that name
+// ipPrefix, and the CNI chains that no rule jumps to
+// (unreferencedCNIChains); IPv6 ones are marked "ip6tables".
+func rulesAbout(t testing.TB, ipPrefix string) (rules, chains []string) {
+	for _, f := range iptables.Families() {
+		if !f.Available() {
+			continue
+		}
+		tables, err := iptables.Save(context.Background(), f, "")
+		if err != nil {
+			t.Fatalf("leakcheck: %v", err)
+		}
+		mark := ""
+		if f == iptables.IPv6 {
+			mark = "ip6tables "
+		}
+		for _, tb := range tables {
+			for _, r := range tb.Rules {
+				if strings.Contains(r.Line, ipPrefix) {
+					rules = append(rules, mark+r.Line)
+				}
+			}
+		}
+		for _, c := range unreferencedCNIChains(tables, ipPrefix) {
+			chains = append(chains, mark+c)
+		}
+	}
+	return rules, chains
+}
+
 // unreferencedCNIChains lists CNI-* chains (per table) that no rule jumps
 // to: what is left when a plugin's DEL removed the jump but not the chain.
 // Chains are named by a hash, so their rules (the bridge plugin's
@@ -196,42 +217,26 @@ func withSmallFiles(leaks []string) []string {
 // daemon (one killed mid-ADD by a fault test, say) and is not counted. An
 // empty chain cannot be attributed and counts. portmap's shared
 // CNI-HOSTPORT-* chains are always referenced.
-func unreferencedCNIChains(save, ipPrefix string) []string {
+func unreferencedCNIChains(tables []iptables.Table, ipPrefix string) []string {
 	var out []string
-	table := ""
-	declared := map[string]bool{}
-	referenced := map[string]bool{}
-	ours := map[string]bool{}
-	hasRules := map[string]bool{}
-	flush := func() {
-		for c := range declared {
-			if !referenced[c] && (ours[c] || !hasRules[c]) {
-				out = append(out, table+"/"+c)
+	for _, tb := range tables {
+		referenced := map[string]bool{}
+		ours := map[string]bool{}
+		hasRules := map[string]bool{}
+		for _, r := range tb.Rules {
+			hasRules[r.Chain] = true
+			if ipPrefix == "" || strings.Contains(r.Line, ipPrefix) {
+				ours[r.Chain] = true
 			}
+			referenced[r.Target] = true
 		}
-		declared, referenced, ours, hasRules = map[string]bool{}, map[string]bool{}, map[string]bool{}, map[string]bool{}
-	}
-	for _, l := range strings.Split(save, "\n") {
-		switch {
-		case strings.HasPrefix(l, "*"):
-			table = l[1:]
-		case strings.HasPrefix(l, ":CNI-") && !strings.HasPrefix(l, ":CNI-HOSTPORT-"):
-			declared[strings.Fields(l[1:])[0]] = true
-		case strings.HasPrefix(l, "-A "):
-			f := strings.Fields(l)
-			if len(f) > 1 {
-				hasRules[f[1]] = true
-				if ipPrefix == "" || strings.Contains(l, ipPrefix) {
-					ours[f[1]] = true
-				}
+		for _, c := range tb.Chains {
+			if !strings.HasPrefix(c, "CNI-") || strings.HasPrefix(c, "CNI-HOSTPORT-") {
+				continue
 			}
-			for i := 0; i+1 < len(f); i++ {
-				if f[i] == "-j" || f[i] == "-g" {
-					referenced[f[i+1]] = true
-				}
+			if !referenced[c] && (ours[c] || !hasRules[c]) {
+				out = append(out, tb.Name+"/"+c)
 			}
-		case l == "COMMIT":
-			flush()
 		}
 	}
 	return out

@@ -3,6 +3,8 @@ package leakcheck
 import (
 	"reflect"
 	"testing"
+
+	"github.com/berthcri/berth/internal/network/iptables"
 )
 
 func TestUnreferencedCNIChains(t *testing.T) {
@@ -27,7 +29,7 @@ COMMIT
 COMMIT
 `
 	// CNI-other's rules name another daemon's subnet: not ours.
-	got := unreferencedCNIChains(save, "10.1.0.")
+	got := unreferencedCNIChains(iptables.Parse(save), "10.1.0.")
 	want := map[string]bool{"nat/CNI-bbbb": true, "nat/CNI-DN-cccc": true, "filter/CNI-aaaa": true}
 	gotSet := map[string]bool{}
 	for _, c := range got {
