@@ -92,15 +92,15 @@ test-kubelet: test-deps build
 	BERTHD_BIN=$(BIN)/berthd BERTH_BIN_DIR=$(BIN) $(GO) test -count=1 -timeout 30m -v $(TESTFLAGS) ./test/kubelet/
 
 # Bounded fuzzing of the CRI→OCI translation, the CRI log writer, the
-# shim protocol's decoder (both sides use it), and the hostile-input parsers
+# JSON scanner (internal/jsonlite: the shim protocol's codec, both sides,
+# and the OCI runtime's log and state reader), and the hostile-input parsers
 # of issue 34 (hosts.toml, policy.json, the image's user database, the layer
 # unpacker, the image importer); a crash found here lands in the package's
 # testdata/fuzz as a regression test.
 fuzz:
 	$(GO) test -run '^$$' -fuzz '^FuzzBuild$$' -fuzztime $(FUZZTIME) ./internal/specgen/
 	$(GO) test -run '^$$' -fuzz '^FuzzLineSplitter$$' -fuzztime $(FUZZTIME) ./internal/shim/monitor/
-	$(GO) test -run '^$$' -fuzz '^FuzzDecodeRequest$$' -fuzztime $(FUZZTIME) ./internal/shim/proto/
-	$(GO) test -run '^$$' -fuzz '^FuzzDecodeResponse$$' -fuzztime $(FUZZTIME) ./internal/shim/proto/
+	$(GO) test -run '^$$' -fuzz '^FuzzDecode$$' -fuzztime $(FUZZTIME) ./internal/jsonlite/
 	$(GO) test -run '^$$' -fuzz '^FuzzParseHostsFile$$' -fuzztime $(FUZZTIME) ./internal/image/
 	$(GO) test -run '^$$' -fuzz '^FuzzParse$$' -fuzztime $(FUZZTIME) ./internal/sigpolicy/
 	$(GO) test -run '^$$' -fuzz '^FuzzResolveUser$$' -fuzztime $(FUZZTIME) ./internal/specgen/

@@ -136,6 +136,10 @@ func (f *fixture) open() {
 	if err != nil {
 		f.t.Fatal(err)
 	}
+	// Closed before the node is cleaned up (cleanups run last first): a
+	// store still watching would react to its monitor's kill (state,
+	// delete, exit records) while the tree is being removed.
+	f.t.Cleanup(s.Close)
 	f.store = s
 }
 

@@ -19,6 +19,7 @@ import (
 	"github.com/berthcri/berth/internal/checkpoint"
 	"github.com/berthcri/berth/internal/config"
 	"github.com/berthcri/berth/internal/hostprobe"
+	"github.com/berthcri/berth/internal/oci"
 	"github.com/berthcri/berth/internal/systemd"
 )
 
@@ -104,18 +105,16 @@ func checkRuntimes(ctx context.Context, cfg *config.Config) []Result {
 			out = append(out, r)
 			continue
 		}
-		vctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-		v, err := exec.CommandContext(vctx, path, "--version").CombinedOutput()
-		cancel()
+		v, err := oci.Version(ctx, path)
 		if err != nil {
 			r.Level, r.Message = Fail, fmt.Sprintf("%s --version failed: %v", path, err)
 			r.Hint = "reinstall the runtime; it must run on this kernel"
 			out = append(out, r)
 			continue
 		}
-		r.Level, r.Message = OK, fmt.Sprintf("%s (%s)", path, firstLine(string(v)))
+		r.Level, r.Message = OK, fmt.Sprintf("%s (%s)", path, firstLine(v))
 		out = append(out, r)
-		if vr := runtimeVersionResult(name, string(v)); vr != nil {
+		if vr := runtimeVersionResult(name, v); vr != nil {
 			out = append(out, *vr)
 		}
 	}

@@ -4,11 +4,9 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
-	"os/exec"
 	"sort"
 	"strconv"
 	"strings"
-	"time"
 
 	"github.com/berthcri/berth/internal/oci"
 )
@@ -173,20 +171,15 @@ func (v RuntimeVersion) Warning() string {
 		v.Name, v.Version, strings.Join(cves, ", "), strings.Join(fixedIn, "; "))
 }
 
-// versionTimeout bounds `<runtime> --version`: a hung runtime must not
-// hold up daemon start.
-const versionTimeout = 10 * time.Second
-
-// ProbeRuntimeVersion runs `<binary> --version` and parses it.
+// ProbeRuntimeVersion runs `<binary> --version` (bounded: a hung runtime
+// must not hold up daemon start) and parses it.
 func ProbeRuntimeVersion(ctx context.Context, binary string) (RuntimeVersion, string, error) {
-	ctx, cancel := context.WithTimeout(ctx, versionTimeout)
-	defer cancel()
-	out, err := exec.CommandContext(ctx, binary, "--version").Output()
+	out, err := oci.Version(ctx, binary)
 	if err != nil {
-		return RuntimeVersion{}, "", fmt.Errorf("%s --version: %w", binary, err)
+		return RuntimeVersion{}, "", err
 	}
-	v, err := ParseRuntimeVersion(string(out))
-	return v, string(out), err
+	v, err := ParseRuntimeVersion(out)
+	return v, out, err
 }
 
 // WarnRuntimeVersions logs, once per runtime binary, the runtime CVEs

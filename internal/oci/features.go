@@ -4,9 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"os/exec"
 	"slices"
-	"time"
 )
 
 // Features is the part of `runtime features` (OCI runtime-spec
@@ -30,18 +28,15 @@ func (f *Features) RecursiveReadOnly() bool {
 	return f != nil && slices.Contains(f.MountOptions, "rro")
 }
 
-// featuresTimeout bounds the probe: a hung runtime must not hold up
-// daemon start.
-const featuresTimeout = 10 * time.Second
-
-// Features runs `<binary> features` and parses its JSON. Runtimes too old
-// to have the subcommand fail here; callers treat that as "no features".
+// Features runs `features` with the handler's root and options and
+// parses its JSON. Runtimes too old to have the subcommand fail here;
+// callers treat that as "no features".
 func (r *Runtime) Features(ctx context.Context) (*Features, error) {
-	ctx, cancel := context.WithTimeout(ctx, featuresTimeout)
+	ctx, cancel := context.WithTimeout(ctx, probeTimeout)
 	defer cancel()
-	out, err := exec.CommandContext(ctx, r.Binary, "features").Output()
+	out, err := r.CLI().Features(ctx)
 	if err != nil {
-		return nil, fmt.Errorf("%s features: %w", r.Binary, err)
+		return nil, err
 	}
 	var f Features
 	if err := json.Unmarshal(out, &f); err != nil {

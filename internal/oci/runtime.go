@@ -1,10 +1,11 @@
-// Package oci is berthd's OCI runtime (runc, crun): the calls berthd
-// itself runs (state, delete, update, pause, resume, checkpoint, exec,
-// features), each with the runtime's own --root and os/exec. The
-// runtime's command line is package ocicli's, the one place that builds
-// create, start, kill, delete, restore and state (decision 2800); the
-// monitor (internal/shim/monitor) drives the same ocicli with its own
-// reaper-aware runner.
+// Package oci is berthd's side of the OCI runtime (runc, crun): the
+// os/exec Runner its calls run with (Exec: traced, the runtime's process
+// group killed when a call's context ends), and what berthd reads and
+// hands it in the runtime-spec's own types (state, features, update's
+// resources, exec's process) through encoding/json, which the monitor
+// does not link. Every command line is package ocicli's (decisions 2800,
+// 3710); the monitor (internal/shim/monitor) drives the same ocicli with
+// its reaper-aware runner.
 package oci
 
 import (
@@ -12,7 +13,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"os"
 	"os/exec"
 	"syscall"
 	"time"
@@ -44,19 +44,10 @@ type State struct {
 	Created time.Time `json:"created"`
 }
 
-// CLI is r's command line run with os/exec, each call traced: what
-// berthd's calls go through, and what tests and benchmarks create, start
-// and kill containers with.
+// CLI is r's command line run with Exec: every call berthd, its tests
+// and benchmarks make.
 func (r *Runtime) CLI() *ocicli.Runtime {
 	return &ocicli.Runtime{Binary: r.Binary, Root: r.Root, Options: r.Options, Run: Exec}
-}
-
-func (r *Runtime) args(sub ...string) []string {
-	return ocicli.Args(r.Binary, r.Root, r.Options, sub...)
-}
-
-func (r *Runtime) run(ctx context.Context, id string, args []string, stdin, stdout, stderr *os.File) error {
-	return r.CLI().Call(ctx, &ocicli.Cmd{ID: id, Args: args, Stdin: stdin, Stdout: stdout, Stderr: stderr})
 }
 
 // Delete removes the container from the runtime; force kills it first.
@@ -82,116 +73,61 @@ func (r *Runtime) State(ctx context.Context, id string) (*State, error) {
 func (r *Runtime) Update(ctx context.Context, id string, res *specs.LinuxResources) error {
 	data, err := json.Marshal(res)
 	if err != nil {
-		return fmt.Errorf("encode resources: %w", err)
+		return fmt.Errorf("update %s: encode resources: %w", id, err)
 	}
-	in, err := os.CreateTemp("", "berth-resources-")
-	if err != nil {
-		return fmt.Errorf("update %s: %w", id, err)
-	}
-	defer os.Remove(in.Name())
-	defer in.Close()
-	if _, err := in.Write(data); err != nil {
-		return fmt.Errorf("update %s: %w", id, err)
-	}
-	return r.run(ctx, id, r.args("update", "--resources", in.Name(), id), nil, nil, nil)
+	return r.CLI().Update(ctx, id, data)
 }
 
 // Pause freezes every process of the container (its freezer cgroup).
 func (r *Runtime) Pause(ctx context.Context, id string) error {
-	return r.run(ctx, id, r.args("pause", id), nil, nil, nil)
+	return r.CLI().Pause(ctx, id)
 }
 
 // Resume thaws a paused container.
 func (r *Runtime) Resume(ctx context.Context, id string) error {
-	return r.run(ctx, id, r.args("resume", id), nil, nil, nil)
+	return r.CLI().Resume(ctx, id)
 }
 
 // CheckpointOpts are the arguments of Checkpoint.
-type CheckpointOpts struct {
-	// CRIU is the criu binary ("" → the runtime's default).
-	CRIU string
-	// ImagePath receives CRIU's images; WorkPath its log (dump.log) and
-	// statistics.
-	ImagePath, WorkPath string
-	// LeaveRunning keeps the container running after the dump (else CRIU
-	// kills it).
-	LeaveRunning bool
-}
+type CheckpointOpts = ocicli.CheckpointOpts
 
-// Checkpoint dumps the container's processes with CRIU. A paused
-// container stays paused (CRIU restores the freezer state it found).
-// The runtime and its criu run in a process group of their own, killed
-// whole when ctx ends, so no criu outlives a deadline.
+// Checkpoint dumps the container's processes with CRIU (ocicli's
+// Checkpoint: no criu outlives ctx).
 func (r *Runtime) Checkpoint(ctx context.Context, id string, o CheckpointOpts) error {
-	opts := append([]string(nil), r.Options...)
-	if o.CRIU != "" {
-		opts = append(opts, "--criu", o.CRIU)
-	}
-	args := ocicli.Args(r.Binary, r.Root, opts, "checkpoint", "--image-path", o.ImagePath, "--work-path", o.WorkPath)
-	if o.LeaveRunning {
-		args = append(args, "--leave-running")
-	}
-	args = append(args, id)
-	ctx, span := tracing.Start(ctx, "criu.checkpoint", tracing.AttrContainerID.String(id))
-	cmd := exec.CommandContext(ctx, args[0], args[1:]...)
-	var errBuf bytes.Buffer
-	cmd.Stderr = &errBuf
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
-	cmd.WaitDelay = 5 * time.Second
-	err := cmd.Run()
-	tracing.End(span, err)
-	if err != nil {
-		if ctx.Err() != nil {
-			return fmt.Errorf("checkpoint %s: %w", id, ctx.Err())
-		}
-		return ocicli.Error(args, id, errBuf.Bytes(), err)
-	}
-	return nil
+	return r.CLI().Checkpoint(ctx, id, o)
 }
 
 // ExecOpts are the arguments of Exec.
-type ExecOpts struct {
-	Detach                bool
-	PidFile               string
-	ConsoleSocket         string
-	Stdin, Stdout, Stderr *os.File
-}
+type ExecOpts = ocicli.ExecOpts
 
 // Exec runs proc inside the container and, unless detached, waits for it.
 func (r *Runtime) Exec(ctx context.Context, id string, proc *specs.Process, o ExecOpts) error {
 	data, err := json.Marshal(proc)
 	if err != nil {
-		return fmt.Errorf("encode process: %w", err)
+		return fmt.Errorf("exec in %s: encode process: %w", id, err)
 	}
-	pf, err := os.CreateTemp("", "berth-process-")
-	if err != nil {
-		return fmt.Errorf("exec in %s: %w", id, err)
-	}
-	defer os.Remove(pf.Name())
-	defer pf.Close()
-	if _, err := pf.Write(data); err != nil {
-		return fmt.Errorf("exec in %s: %w", id, err)
-	}
-	args := r.args("exec", "--process", pf.Name())
-	if o.Detach {
-		args = append(args, "--detach")
-	}
-	if o.PidFile != "" {
-		args = append(args, "--pid-file", o.PidFile)
-	}
-	if o.ConsoleSocket != "" {
-		args = append(args, "--console-socket", o.ConsoleSocket)
-	}
-	return r.run(ctx, id, append(args, id), o.Stdin, o.Stdout, o.Stderr)
+	return r.CLI().Exec(ctx, id, data, o)
 }
 
 // Exec is the ocicli.Runner berthd runs the runtime with: os/exec, the
-// runtime's stderr kept for errors, each call a trace span.
+// runtime's stderr kept for errors, each call a trace span
+// (oci.<subcommand>). When ctx ends the runtime is killed, with its
+// process group when c.Group; c.WaitDelay bounds the wait for what its
+// children still hold open.
 func Exec(ctx context.Context, c *ocicli.Cmd) ([]byte, error) {
 	ctx, span := tracing.Start(ctx, "oci."+ocicli.Subcommand(c.Args), tracing.AttrContainerID.String(c.ID))
 	cmd := exec.CommandContext(ctx, c.Args[0], c.Args[1:]...)
 	cmd.SysProcAttr = c.Sys
+	if c.Group {
+		sys := syscall.SysProcAttr{}
+		if c.Sys != nil {
+			sys = *c.Sys
+		}
+		sys.Setpgid = true
+		cmd.SysProcAttr = &sys
+		cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
+	}
+	cmd.WaitDelay = c.WaitDelay
 	var errBuf bytes.Buffer
 	if c.Stdin != nil {
 		cmd.Stdin = c.Stdin
@@ -208,3 +144,16 @@ func Exec(ctx context.Context, c *ocicli.Cmd) ([]byte, error) {
 	tracing.End(span, err)
 	return errBuf.Bytes(), err
 }
+
+// Version is what `binary --version` prints, for runtimes no handler
+// names yet (berthctl doctor); it takes at most 10 seconds.
+func Version(ctx context.Context, binary string) (string, error) {
+	ctx, cancel := context.WithTimeout(ctx, probeTimeout)
+	defer cancel()
+	out, err := (&ocicli.Runtime{Binary: binary, Run: Exec}).Version(ctx)
+	return string(out), err
+}
+
+// probeTimeout bounds the probes (features, --version): a hung runtime
+// must not hold up daemon start.
+const probeTimeout = 10 * time.Second

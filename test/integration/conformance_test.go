@@ -20,13 +20,14 @@ import (
 
 // TestStatusRuntimeHandlerFeatures: Status lists every handler plus the
 // default again as "", each with what its runtime supports (probed with
-// `<binary> features` at start), and the node-wide features.
+// `<binary> --root <root> features` at start), and the node-wide features.
 func TestStatusRuntimeHandlerFeatures(t *testing.T) {
 	t.Parallel()
 	// "old" is runc behind a wrapper without the features subcommand, as
-	// a runtime that predates it.
+	// a runtime that predates it (the subcommand follows the global
+	// options, --root and the handler's own).
 	old := filepath.Join(t.TempDir(), "old-runc")
-	script := "#!/bin/sh\n[ \"$1\" = features ] && exit 1\nexec /usr/sbin/runc \"$@\"\n"
+	script := "#!/bin/sh\nfor a; do [ \"$a\" = features ] && exit 1; done\nexec /usr/sbin/runc \"$@\"\n"
 	if err := os.WriteFile(old, []byte(script), 0o755); err != nil {
 		t.Fatal(err)
 	}

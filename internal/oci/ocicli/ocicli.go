@@ -1,22 +1,26 @@
-// Package ocicli drives an OCI runtime's command line (runc, crun). It is
-// the one place berth builds the runtime's create, start, kill, delete,
-// restore and state calls and reads their failures: the runtime's stderr,
-// and the JSON log create and restore write (decision 2800). Its callers
-// hand it the function that runs a command: berthd (internal/oci) runs
-// it with os/exec, the monitor (internal/shim/monitor) with its
-// reaper-aware runner. It imports nothing heavier than errdefs: the
+// Package ocicli drives an OCI runtime's command line (runc, crun) in the
+// shape of containerd's go-runc: one Runtime with a method per subcommand
+// (create, start, kill, delete, state, update, pause, resume, exec,
+// checkpoint, restore, features, --version), each building its command
+// line and handing it to a Runner. It is the one place berth builds the
+// runtime's command lines and reads their failures: the runtime's stderr,
+// and the JSON log create and restore write (decisions 2800, 3710). Its
+// callers hand it the Runner: berthd (internal/oci) runs commands with
+// os/exec, the monitor (internal/shim/monitor) with its reaper. Arguments
+// that are JSON documents (update's resources, exec's process) come
+// encoded: it imports nothing heavier than errdefs and jsonlite, for the
 // monitor's memory budget counts every linked package (decision 0303).
 package ocicli
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
 	"syscall"
+	"time"
 
 	"github.com/berthcri/berth/internal/errdefs"
 )
@@ -32,10 +36,21 @@ type Cmd struct {
 	// Stdio of the runtime; nil means /dev/null, except a nil Stderr,
 	// which the Runner captures and returns.
 	Stdin, Stdout, Stderr *os.File
+	// Group runs the runtime in a process group of its own, which the
+	// Runner kills whole when ctx ends: the runtime's own children (CRIU)
+	// must not outlive the call.
+	Group bool
+	// WaitDelay bounds how long the Runner waits, once the runtime has
+	// exited or been killed, for its children that still hold the
+	// captured stderr open (0: no bound).
+	WaitDelay time.Duration
 }
 
 // Runner runs c, waits for it and returns what it wrote to stderr when
-// c.Stderr is nil.
+// c.Stderr is nil. It kills the runtime when ctx ends (its whole process
+// group when c.Group) and honours c.WaitDelay. The monitor's runner
+// waits through its reaper and is never cancelled: its calls run under
+// context.Background.
 type Runner func(ctx context.Context, c *Cmd) (errOut []byte, err error)
 
 // Runtime is one OCI runtime: a binary, its state root and the handler's
@@ -49,132 +64,76 @@ type Runtime struct {
 	Run Runner
 }
 
-// Args is the command line of one runtime call: the binary, its state
-// root, the handler's options, then the subcommand and its arguments.
-func Args(binary, root string, options []string, sub ...string) []string {
-	a := []string{binary, "--root", root}
-	a = append(a, options...)
+// args is the command line of one call: the binary and the global
+// options (the state root, the handler's options, then extra: --criu,
+// --log, --log-format), then the subcommand and its arguments.
+func (r *Runtime) args(extra []string, sub ...string) []string {
+	a := append([]string{r.Binary, "--root", r.Root}, r.Options...)
+	a = append(a, extra...)
 	return append(a, sub...)
 }
 
-func (r *Runtime) args(sub ...string) []string {
-	return Args(r.Binary, r.Root, r.Options, sub...)
-}
-
-// Call runs c with r's Runner in r's state root (created on first use);
-// a failure is described by Error.
-func (r *Runtime) Call(ctx context.Context, c *Cmd) error {
+// call runs c in r's state root (created on first use).
+func (r *Runtime) call(ctx context.Context, c *Cmd) error {
 	if err := os.MkdirAll(r.Root, 0o700); err != nil {
 		return fmt.Errorf("create runtime root %s: %w", r.Root, err)
 	}
+	return r.run(ctx, c)
+}
+
+// run runs c with r's Runner; a failure is described by Error, and says
+// so when it came from ctx's end.
+func (r *Runtime) run(ctx context.Context, c *Cmd) error {
 	errOut, err := r.Run(ctx, c)
-	if err != nil {
-		return Error(c.Args, c.ID, errOut, err)
-	}
-	return nil
-}
-
-// CreateOpts are the arguments of Create.
-type CreateOpts struct {
-	Bundle  string
-	PidFile string
-	// ConsoleSocket receives the pty master when the spec asks for a terminal.
-	ConsoleSocket string
-	// Stdio of the runtime and so of the container's init (nil → /dev/null).
-	Stdin, Stdout, Stderr *os.File
-	// Sys, when set, are attributes of the runtime's process (the
-	// monitor's create dies with it).
-	Sys *syscall.SysProcAttr
-}
-
-// Create runs `create`: the container's init waits for Start. The
-// runtime's stderr is the container's, so it logs its own errors as JSON
-// to runtime.log in the bundle, and a failure says what they were.
-func (r *Runtime) Create(ctx context.Context, id string, o CreateOpts) error {
-	args, logPath := createArgs(r.args(), o.Bundle, o.PidFile, o.ConsoleSocket, id)
-	_ = os.Remove(logPath)
-	stderr, closeNull, err := orDevNull(o.Stderr)
-	if err != nil {
-		return fmt.Errorf("create %s: %w", id, err)
-	}
-	defer closeNull()
-	c := &Cmd{ID: id, Args: args, Sys: o.Sys, Stdin: o.Stdin, Stdout: o.Stdout, Stderr: stderr}
-	if err := r.Call(ctx, c); err != nil {
-		return withLogError(err, logPath)
-	}
-	return nil
-}
-
-// createArgs completes base (from Args, without a subcommand) into a
-// `create` of container id, logging as JSON to logPath, in the bundle.
-func createArgs(base []string, bundle, pidFile, consoleSocket, id string) (args []string, logPath string) {
-	logPath = filepath.Join(bundle, "runtime.log")
-	args = append(base, "--log", logPath, "--log-format", "json", "create", "--bundle", bundle)
-	if pidFile != "" {
-		args = append(args, "--pid-file", pidFile)
-	}
-	if consoleSocket != "" {
-		args = append(args, "--console-socket", consoleSocket)
-	}
-	return append(args, id), logPath
-}
-
-// Start lets a created container's init exec the process.
-func (r *Runtime) Start(ctx context.Context, id string) error {
-	return r.Call(ctx, &Cmd{ID: id, Args: r.args("start", id)})
-}
-
-// Kill sends sig to the container's init (all its processes when all).
-func (r *Runtime) Kill(ctx context.Context, id string, sig syscall.Signal, all bool) error {
-	args := r.args("kill")
-	if all {
-		args = append(args, "--all")
-	}
-	args = append(args, id, strconv.Itoa(int(sig)))
-	return r.Call(ctx, &Cmd{ID: id, Args: args})
-}
-
-// Delete removes the container from the runtime; force kills it first.
-// A container the runtime does not know is not an error.
-func (r *Runtime) Delete(ctx context.Context, id string, force bool) error {
-	args := r.args("delete")
-	if force {
-		args = append(args, "--force")
-	}
-	err := r.Call(ctx, &Cmd{ID: id, Args: append(args, id)})
-	if errors.Is(err, errdefs.ErrNotFound) {
+	if err == nil {
 		return nil
 	}
-	return err
+	if ctxErr := ctx.Err(); ctxErr != nil {
+		err = fmt.Errorf("%w (%v)", ctxErr, err)
+	}
+	return Error(c.Args, c.ID, errOut, err)
 }
 
-// State returns what `state` prints: the runtime's view of the container
-// as JSON (OCI runtime-spec runtime.md).
-func (r *Runtime) State(ctx context.Context, id string) ([]byte, error) {
-	out, err := os.CreateTemp("", "berth-state-")
+// output runs c with do and returns the runtime's stdout, caught in a
+// temporary file: a file needs no goroutine to drain it, and the monitor
+// runs the runtime with files only.
+func output(ctx context.Context, c *Cmd, do func(context.Context, *Cmd) error) ([]byte, error) {
+	what := describe(c.Args, c.ID)
+	out, err := os.CreateTemp("", "berth-out-")
 	if err != nil {
-		return nil, fmt.Errorf("state %s: %w", id, err)
+		return nil, fmt.Errorf("%s: %w", what, err)
 	}
 	defer os.Remove(out.Name())
 	defer out.Close()
-	if err := r.Call(ctx, &Cmd{ID: id, Args: r.args("state", id), Stdout: out}); err != nil {
+	c.Stdout = out
+	if err := do(ctx, c); err != nil {
 		return nil, err
 	}
 	data, err := os.ReadFile(out.Name())
 	if err != nil {
-		return nil, fmt.Errorf("state %s: %w", id, err)
+		return nil, fmt.Errorf("%s: %w", what, err)
 	}
 	return data, nil
 }
 
-// Status is the runtime's word on the container's state (created,
-// running, stopped, …), read from State's JSON without a JSON package.
-func (r *Runtime) Status(ctx context.Context, id string) (string, error) {
-	data, err := r.State(ctx, id)
+// jsonFile writes data, a JSON document the runtime reads from a file
+// (update's --resources, exec's --process), to a temporary file and
+// returns its path and what removes it.
+func jsonFile(data []byte, what string) (string, func(), error) {
+	f, err := os.CreateTemp("", "berth-"+what+"-")
 	if err != nil {
-		return "", err
+		return "", nil, err
 	}
-	return jsonString(data, "status"), nil
+	remove := func() { os.Remove(f.Name()) }
+	_, err = f.Write(data)
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		remove()
+		return "", nil, err
+	}
+	return f.Name(), remove, nil
 }
 
 // orDevNull returns f, or /dev/null opened for writing when f is nil, and
@@ -198,14 +157,23 @@ func orDevNull(f *os.File) (*os.File, func(), error) {
 // treat a vanished container as gone.
 func Error(args []string, id string, errOut []byte, err error) error {
 	msg := Message(strings.TrimSpace(string(errOut)))
-	what := filepath.Base(args[0]) + " " + Subcommand(args) + " " + id
+	what := describe(args, id)
 	if msg == "" {
 		return fmt.Errorf("%s: %w", what, err)
 	}
 	if strings.Contains(msg, "does not exist") || strings.Contains(msg, "not found") {
 		return fmt.Errorf("%s: %w: %s", what, errdefs.ErrNotFound, msg)
 	}
-	return fmt.Errorf("%s: %v: %s", what, err, msg)
+	return fmt.Errorf("%s: %w: %s", what, err, msg)
+}
+
+// describe names a call in errors: "runc update c1", "crun features".
+func describe(args []string, id string) string {
+	what := filepath.Base(args[0]) + " " + Subcommand(args)
+	if id != "" {
+		what += " " + id
+	}
+	return what
 }
 
 // Message pulls msg="..." out of runc's logfmt stderr lines; other lines
@@ -233,12 +201,15 @@ func Message(s string) string {
 	return strings.Join(msgs, "; ")
 }
 
-// Subcommand is the runtime subcommand args run ("?" when none is known).
+// Subcommand is the runtime subcommand args run ("?" when none is known),
+// for errors and trace span names.
 func Subcommand(args []string) string {
 	for _, a := range args[1:] {
 		switch a {
-		case "create", "start", "kill", "delete", "state", "update", "exec", "checkpoint", "restore", "pause", "resume":
+		case "create", "start", "kill", "delete", "state", "update", "exec", "checkpoint", "restore", "pause", "resume", "features":
 			return a
+		case "--version":
+			return "version"
 		}
 	}
 	return "?"

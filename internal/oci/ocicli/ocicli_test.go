@@ -8,6 +8,7 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/berthcri/berth/internal/errdefs"
 )
@@ -28,14 +29,6 @@ func TestError(t *testing.T) {
 	}
 }
 
-func TestCreateArgs(t *testing.T) {
-	args, logPath := createArgs(Args("runc", "/r", []string{"--systemd-cgroup"}), "/b", "/b/pid", "", "c1")
-	want := "runc --root /r --systemd-cgroup --log /b/runtime.log --log-format json create --bundle /b --pid-file /b/pid c1"
-	if strings.Join(args, " ") != want || logPath != "/b/runtime.log" {
-		t.Fatalf("got %q %q", args, logPath)
-	}
-}
-
 func TestLastLogErrorReadsRuntimeJSONLog(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "runtime.log")
 	log := `{"level":"info","msg":"starting","time":"2026-11-22T06:45:00Z"}
@@ -48,32 +41,6 @@ not json
 	}
 	if got, want := LastLogError(path), `exec: "nope": executable file not found in $PATH; boom`; got != want {
 		t.Fatalf("got %q, want %q", got, want)
-	}
-}
-
-// Moved from shim/proto (TestStringFields) with the runtime's JSON log
-// reader.
-func TestStringFields(t *testing.T) {
-	got := map[string]string{}
-	err := stringFields([]byte(`{"level":"error","n":1,"msg":"exec: \"nope\"","x":{"msg":"inner"}}`), func(k, v string) { got[k] = v })
-	if err != nil || len(got) != 2 || got["level"] != "error" || got["msg"] != `exec: "nope"` {
-		t.Fatalf("%v, %v", got, err)
-	}
-	if stringFields([]byte(`not json`), func(string, string) {}) == nil {
-		t.Fatal("no error for garbage")
-	}
-}
-
-func TestStringFieldsEscapes(t *testing.T) {
-	got := map[string]string{}
-	err := stringFields([]byte(`{"a":"\u00e9\ud83d\ude00\/\t","b":[1,{"c":"}"}],"d":null,"e":"x"}`), func(k, v string) { got[k] = v })
-	if err != nil || got["a"] != "\u00e9\U0001F600/\t" || got["e"] != "x" || len(got) != 2 {
-		t.Fatalf("%q, %v", got, err)
-	}
-	for _, bad := range []string{`{"a":"open`, `{"a" "b"}`, `{"a":"b"} x`, `{"a":"\q"}`, `{"a":1`} {
-		if stringFields([]byte(bad), func(string, string) {}) == nil {
-			t.Errorf("no error for %s", bad)
-		}
 	}
 }
 
@@ -91,51 +58,142 @@ func TestJSONString(t *testing.T) {
 	}
 }
 
-// The command lines the one seam builds, through a Runner that records
-// them instead of running anything.
-func TestRuntimeCommandLines(t *testing.T) {
-	var got []string
-	var notFound bool
-	r := &Runtime{Binary: "runc", Root: t.TempDir(), Options: []string{"--systemd-cgroup"},
-		Run: func(_ context.Context, c *Cmd) ([]byte, error) {
-			got = append(got, c.ID+": "+strings.Join(c.Args[3:], " "))
-			if notFound {
-				return []byte(`level=error msg="container does not exist"`), errors.New("exit status 1")
+// recorded is one call a recording Runner saw: its command line (a JSON
+// file argument replaced by <json:its content>) and how it was to run.
+type recorded struct {
+	argv      string
+	group     bool
+	waitDelay time.Duration
+	newNS     bool
+	stdout    bool
+}
+
+// recorder is a Runner that records calls instead of running anything.
+func recorder(t *testing.T, got *[]recorded) Runner {
+	return func(_ context.Context, c *Cmd) ([]byte, error) {
+		args := append([]string(nil), c.Args...)
+		for i := 1; i < len(args); i++ {
+			if args[i-1] == "--resources" || args[i-1] == "--process" {
+				data, err := os.ReadFile(args[i])
+				if err != nil {
+					t.Errorf("%s file: %v", args[i-1], err)
+				}
+				args[i] = "<json:" + string(data) + ">"
 			}
-			return nil, nil
-		}}
+		}
+		*got = append(*got, recorded{
+			argv: strings.Join(args, " "), group: c.Group, waitDelay: c.WaitDelay,
+			newNS: c.Sys != nil && c.Sys.Unshareflags&syscall.CLONE_NEWNS != 0, stdout: c.Stdout != nil,
+		})
+		return nil, nil
+	}
+}
+
+// Every command line berth runs the OCI runtime with, for runc and crun,
+// pinned here and built nowhere else (decision 3710): the global options
+// (--root, the handler's options such as --systemd-cgroup, --criu, --log,
+// --log-format) before the subcommand, then its own.
+func TestCommandLines(t *testing.T) {
+	bundle, root := t.TempDir(), t.TempDir()
+	log, work := filepath.Join(bundle, "runtime.log"), filepath.Join(bundle, "restore-work")
+	opts := []string{"--systemd-cgroup", "--debug"}
+	type call func(context.Context, *Runtime) error
+	cases := []struct {
+		name string
+		call call
+		// want is the command line after the binary, "G" standing for the
+		// global options every call but --version has.
+		want, wantCrun string
+		run            recorded // how it is run (argv left out)
+	}{
+		{"create", func(ctx context.Context, r *Runtime) error {
+			return r.Create(ctx, "c1", CreateOpts{Bundle: bundle, PidFile: "/p", ConsoleSocket: "/s"})
+		}, "G --log " + log + " --log-format json create --bundle " + bundle + " --pid-file /p --console-socket /s c1", "", recorded{}},
+		{"create, no pid file or console", func(ctx context.Context, r *Runtime) error {
+			return r.Create(ctx, "c1", CreateOpts{Bundle: bundle})
+		}, "G --log " + log + " --log-format json create --bundle " + bundle + " c1", "", recorded{}},
+		{"start", func(ctx context.Context, r *Runtime) error { return r.Start(ctx, "c1") }, "G start c1", "", recorded{}},
+		{"kill all", func(ctx context.Context, r *Runtime) error { return r.Kill(ctx, "c1", syscall.SIGKILL, true) }, "G kill --all c1 9", "", recorded{}},
+		{"kill init", func(ctx context.Context, r *Runtime) error { return r.Kill(ctx, "c1", syscall.SIGTERM, false) }, "G kill c1 15", "", recorded{}},
+		{"delete", func(ctx context.Context, r *Runtime) error { return r.Delete(ctx, "c1", false) }, "G delete c1", "", recorded{}},
+		{"delete --force", func(ctx context.Context, r *Runtime) error { return r.Delete(ctx, "c1", true) }, "G delete --force c1", "", recorded{}},
+		{"state", func(ctx context.Context, r *Runtime) error { _, err := r.State(ctx, "c1"); return err }, "G state c1", "", recorded{stdout: true}},
+		{"pause", func(ctx context.Context, r *Runtime) error { return r.Pause(ctx, "c1") }, "G pause c1", "", recorded{}},
+		{"resume", func(ctx context.Context, r *Runtime) error { return r.Resume(ctx, "c1") }, "G resume c1", "", recorded{}},
+		{"update", func(ctx context.Context, r *Runtime) error {
+			return r.Update(ctx, "c1", []byte(`{"pids":{"limit":9}}`))
+		},
+			`G update --resources <json:{"pids":{"limit":9}}> c1`, "", recorded{}},
+		{"exec", func(ctx context.Context, r *Runtime) error {
+			return r.Exec(ctx, "c1", []byte(`{"args":["sh"]}`), ExecOpts{PidFile: "/p"})
+		}, `G exec --process <json:{"args":["sh"]}> --pid-file /p c1`, "", recorded{}},
+		{"exec detached with a console", func(ctx context.Context, r *Runtime) error {
+			return r.Exec(ctx, "c1", []byte(`{}`), ExecOpts{Detach: true, PidFile: "/p", ConsoleSocket: "/s"})
+		}, `G exec --process <json:{}> --detach --pid-file /p --console-socket /s c1`, "", recorded{}},
+		{"checkpoint", func(ctx context.Context, r *Runtime) error {
+			return r.Checkpoint(ctx, "c1", CheckpointOpts{CRIU: "/criu", ImagePath: "/img", WorkPath: "/work", LeaveRunning: true})
+		}, "G --criu /criu checkpoint --image-path /img --work-path /work --leave-running c1",
+			"G checkpoint --image-path /img --work-path /work --leave-running c1", recorded{group: true, waitDelay: checkpointWaitDelay}},
+		{"checkpoint, default criu", func(ctx context.Context, r *Runtime) error {
+			return r.Checkpoint(ctx, "c1", CheckpointOpts{ImagePath: "/img", WorkPath: "/work"})
+		}, "G checkpoint --image-path /img --work-path /work c1", "", recorded{group: true, waitDelay: checkpointWaitDelay}},
+		{"restore", func(ctx context.Context, r *Runtime) error {
+			return r.Restore(ctx, "c2", RestoreOpts{Bundle: bundle, PidFile: "/p", ImagePath: "/img", CRIU: "/criu"})
+		}, "G --criu /criu --log " + log + " --log-format json restore --detach --bundle " + bundle + " --image-path /img --work-path " + work + " --pid-file /p c2",
+			"G --log " + log + " --log-format json restore --detach --bundle " + bundle + " --image-path /img --work-path " + work + " --pid-file /p c2",
+			recorded{newNS: true}},
+		{"features", func(ctx context.Context, r *Runtime) error { _, err := r.Features(ctx); return err }, "G features", "", recorded{stdout: true}},
+		{"version", func(ctx context.Context, r *Runtime) error { _, err := r.Version(ctx); return err }, "--version", "", recorded{stdout: true}},
+	}
+	for _, binary := range []string{"/usr/sbin/runc", "crun"} {
+		global := binary + " --root " + root + " " + strings.Join(opts, " ")
+		for _, tc := range cases {
+			t.Run(filepath.Base(binary)+"/"+tc.name, func(t *testing.T) {
+				var got []recorded
+				r := &Runtime{Binary: binary, Root: root, Options: opts, Run: recorder(t, &got)}
+				if err := tc.call(context.Background(), r); err != nil {
+					t.Fatal(err)
+				}
+				want := tc.want
+				if tc.wantCrun != "" && binary == "crun" {
+					want = tc.wantCrun
+				}
+				if strings.HasPrefix(want, "G ") {
+					want = global + want[1:]
+				} else {
+					want = binary + " " + want
+				}
+				if len(got) != 1 || got[0].argv != want {
+					t.Fatalf("got %+v\nwant %s", got, want)
+				}
+				run := got[0]
+				run.argv = ""
+				if run != tc.run {
+					t.Fatalf("run as %+v, want %+v", run, tc.run)
+				}
+			})
+		}
+	}
+}
+
+// A container the runtime does not know: Delete is done, the rest say
+// NotFound; a call ctx ended says so.
+func TestCallErrors(t *testing.T) {
+	fail := func(context.Context, *Cmd) ([]byte, error) {
+		return []byte(`level=error msg="container does not exist"`), errors.New("exit status 1")
+	}
+	r := &Runtime{Binary: "runc", Root: t.TempDir(), Run: fail}
 	ctx := context.Background()
-	bundle := t.TempDir()
-	if err := r.Create(ctx, "c1", CreateOpts{Bundle: bundle, PidFile: "/p", ConsoleSocket: "/s"}); err != nil {
-		t.Fatal(err)
-	}
-	_ = r.Start(ctx, "c1")
-	_ = r.Kill(ctx, "c1", syscall.SIGKILL, true)
-	_ = r.Kill(ctx, "c1", syscall.SIGTERM, false)
-	_ = r.Delete(ctx, "c1", true)
-	if err := r.Restore(ctx, "c2", RestoreOpts{Bundle: bundle, PidFile: "/p", ImagePath: "/img", CRIU: "/criu"}); err != nil {
-		t.Fatal(err)
-	}
-	notFound = true
 	if err := r.Delete(ctx, "c3", false); err != nil {
 		t.Fatalf("delete of an unknown container: %v", err)
 	}
-	if err := r.Start(ctx, "c3"); !errors.Is(err, errdefs.ErrNotFound) {
+	if err := r.Start(ctx, "c3"); !errors.Is(err, errdefs.ErrNotFound) || !strings.Contains(err.Error(), "runc start c3") {
 		t.Fatalf("start of an unknown container: %v", err)
 	}
-	log := filepath.Join(bundle, "runtime.log")
-	want := []string{
-		"c1: --systemd-cgroup --log " + log + " --log-format json create --bundle " + bundle + " --pid-file /p --console-socket /s c1",
-		"c1: --systemd-cgroup start c1",
-		"c1: --systemd-cgroup kill --all c1 9",
-		"c1: --systemd-cgroup kill c1 15",
-		"c1: --systemd-cgroup delete --force c1",
-		"c2: --systemd-cgroup --criu /criu --log " + log + " --log-format json restore --detach --bundle " + bundle +
-			" --image-path /img --work-path " + filepath.Join(bundle, "restore-work") + " --pid-file /p c2",
-		"c3: --systemd-cgroup delete c3",
-		"c3: --systemd-cgroup start c3",
-	}
-	if strings.Join(got, "\n") != strings.Join(want, "\n") {
-		t.Fatalf("got\n%s\nwant\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+	cancelled, cancel := context.WithCancel(ctx)
+	cancel()
+	r.Run = func(context.Context, *Cmd) ([]byte, error) { return nil, errors.New("signal: killed") }
+	if err := r.Checkpoint(cancelled, "c4", CheckpointOpts{}); !errors.Is(err, context.Canceled) || !strings.Contains(err.Error(), "signal: killed") {
+		t.Fatalf("checkpoint cut by its context: %v", err)
 	}
 }

@@ -6,16 +6,19 @@ import (
 	"io"
 	"strconv"
 	"time"
+
+	"github.com/berthcri/berth/internal/jsonlite"
 )
 
 // The codec: each message is a 4-byte big-endian length and a JSON object
-// (decision 0300). It is written by hand, for both sides, rather than with
-// encoding/json: the messages have a few fixed shapes, and encoding/json
-// (its reflection, caches and imports) would cost berth-shim memory
-// for nothing (decision 0303). The JSON it writes is what encoding/json
-// wrote for berthd before (but for the escaping of <, >, & and invalid
-// UTF-8: the same JSON either way), so shims and berthds of either
-// version read each other (codec_test.go keeps those bytes).
+// (decision 0300). It is written by hand, for both sides, on
+// internal/jsonlite rather than with encoding/json: the messages have a
+// few fixed shapes, and encoding/json (its reflection, caches and
+// imports) would cost berth-shim memory for nothing (decision 0303). The
+// JSON it writes is what encoding/json wrote for berthd before (but for
+// the escaping of <, >, & and invalid UTF-8: the same JSON either way),
+// so shims and berthds of either version read each other (codec_test.go
+// keeps those bytes).
 
 // WriteRequest writes r as one message.
 func WriteRequest(w io.Writer, r *Request) error { return writeMessage(w, AppendRequest, r) }
@@ -61,91 +64,91 @@ func ReadMessage(r io.Reader) ([]byte, error) {
 
 // AppendRequest appends r's JSON to b.
 func AppendRequest(b []byte, r *Request) []byte {
-	o := beginObject(b)
-	o.str("op", r.Op)
-	o.strOmit("id", r.ID)
-	o.strOmit("dir", r.Dir)
+	o := jsonlite.BeginObject(b)
+	o.Str("op", r.Op)
+	o.StrOmit("id", r.ID)
+	o.StrOmit("dir", r.Dir)
 	if c := r.Create; c != nil {
-		o.key("create")
-		c2 := beginObject(o.b)
-		c2.str("bundle", c.Bundle)
-		c2.strOmit("log_path", c.LogPath)
-		c2.strOmit("log_dir", c.LogDir)
-		c2.key("runtime")
-		rt := beginObject(c2.b)
-		rt.str("binary", c.Runtime.Binary)
-		rt.str("root", c.Runtime.Root)
+		o.Key("create")
+		c2 := jsonlite.BeginObject(o.B)
+		c2.Str("bundle", c.Bundle)
+		c2.StrOmit("log_path", c.LogPath)
+		c2.StrOmit("log_dir", c.LogDir)
+		c2.Key("runtime")
+		rt := jsonlite.BeginObject(c2.B)
+		rt.Str("binary", c.Runtime.Binary)
+		rt.Str("root", c.Runtime.Root)
 		if len(c.Runtime.Options) > 0 {
-			rt.key("options")
-			rt.b = appendStrings(rt.b, c.Runtime.Options)
+			rt.Key("options")
+			rt.B = jsonlite.AppendStrings(rt.B, c.Runtime.Options)
 		}
-		c2.b = rt.end()
-		c2.boolOmit("stdin", c.Stdin)
-		c2.boolOmit("stdin_once", c.StdinOnce)
-		c2.boolOmit("terminal", c.Terminal)
-		c2.strOmit("restore", c.Restore)
-		c2.strOmit("criu", c.CRIU)
-		o.b = c2.end()
+		c2.B = rt.End()
+		c2.BoolOmit("stdin", c.Stdin)
+		c2.BoolOmit("stdin_once", c.StdinOnce)
+		c2.BoolOmit("terminal", c.Terminal)
+		c2.StrOmit("restore", c.Restore)
+		c2.StrOmit("criu", c.CRIU)
+		o.B = c2.End()
 	}
-	o.intOmit("signal", int64(r.Signal))
-	o.boolOmit("all", r.All)
-	o.boolOmit("stdin", r.Stdin)
-	o.boolOmit("stdout", r.Stdout)
-	o.boolOmit("stderr", r.Stderr)
-	return o.end()
+	o.IntOmit("signal", int64(r.Signal))
+	o.BoolOmit("all", r.All)
+	o.BoolOmit("stdin", r.Stdin)
+	o.BoolOmit("stdout", r.Stdout)
+	o.BoolOmit("stderr", r.Stderr)
+	return o.End()
 }
 
 // AppendResponse appends r's JSON to b.
 func AppendResponse(b []byte, r *Response) []byte {
-	o := beginObject(b)
-	o.strOmit("error", r.Error)
-	o.strOmit("kind", r.Kind)
+	o := jsonlite.BeginObject(b)
+	o.StrOmit("error", r.Error)
+	o.StrOmit("kind", r.Kind)
 	if s := r.State; s != nil {
-		o.key("state")
-		so := beginObject(o.b)
-		so.str("id", s.ID)
-		so.int("pid", int64(s.Pid))
-		so.str("status", s.Status)
+		o.Key("state")
+		so := jsonlite.BeginObject(o.B)
+		so.Str("id", s.ID)
+		so.Int("pid", int64(s.Pid))
+		so.Str("status", s.Status)
 		if s.Exit != nil {
-			so.key("exit")
-			so.b = AppendExit(so.b, s.Exit)
+			so.Key("exit")
+			so.B = AppendExit(so.B, s.Exit)
 		}
 		if s.LogWriteErrors > 0 {
-			so.key("log_write_errors")
-			so.b = strconv.AppendUint(so.b, s.LogWriteErrors, 10)
+			so.Key("log_write_errors")
+			so.B = strconv.AppendUint(so.B, s.LogWriteErrors, 10)
 		}
-		so.strOmit("log_write_error", s.LogWriteError)
-		o.b = so.end()
+		so.StrOmit("log_write_error", s.LogWriteError)
+		o.B = so.End()
 	}
 	if len(r.IDs) > 0 {
-		o.key("ids")
-		o.b = appendStrings(o.b, r.IDs)
+		o.Key("ids")
+		o.B = jsonlite.AppendStrings(o.B, r.IDs)
 	}
-	return o.end()
+	return o.End()
 }
 
 // AppendExit appends e's JSON, the exit file format, to b. The version
 // written is always ExitVersion.
 func AppendExit(b []byte, e *Exit) []byte {
-	o := beginObject(b)
-	o.int("version", ExitVersion)
-	o.str("id", e.ID)
-	o.int("pid", int64(e.Pid))
-	o.int("exit_code", int64(e.Code))
-	o.intOmit("signal", int64(e.Signal))
-	o.boolOmit("oom_killed", e.OOMKilled)
-	o.key("exited_at")
-	o.b = append(o.b, '"')
-	o.b = e.At.AppendFormat(o.b, time.RFC3339Nano)
-	o.b = append(o.b, '"')
-	return o.end()
+	o := jsonlite.BeginObject(b)
+	o.Int("version", ExitVersion)
+	o.Str("id", e.ID)
+	o.Int("pid", int64(e.Pid))
+	o.Int("exit_code", int64(e.Code))
+	o.IntOmit("signal", int64(e.Signal))
+	o.BoolOmit("oom_killed", e.OOMKilled)
+	o.Key("exited_at")
+	o.B = append(o.B, '"')
+	o.B = e.At.AppendFormat(o.B, time.RFC3339Nano)
+	o.B = append(o.B, '"')
+	return o.End()
 }
 
 // DecodeRequest parses a request. Unknown keys are skipped (a newer
 // berthd's); anything but one JSON object is an error.
 func DecodeRequest(body []byte) (*Request, error) {
 	r := &Request{}
-	if err := decodeDocument(body, func(d *decoder) error { return d.request(r) }); err != nil {
+	if err := jsonlite.Document(body, func(d *jsonlite.Decoder) error { return requestFields(d, r) }); err != nil {
 		return nil, fmt.Errorf("decode request: %w", err)
 	}
 	return r, nil
@@ -155,7 +158,7 @@ func DecodeRequest(body []byte) (*Request, error) {
 // monitor's).
 func DecodeResponse(body []byte) (*Response, error) {
 	r := &Response{}
-	if err := decodeDocument(body, func(d *decoder) error { return d.response(r) }); err != nil {
+	if err := jsonlite.Document(body, func(d *jsonlite.Decoder) error { return responseFields(d, r) }); err != nil {
 		return nil, fmt.Errorf("decode response: %w", err)
 	}
 	return r, nil
@@ -164,165 +167,154 @@ func DecodeResponse(body []byte) (*Response, error) {
 // DecodeExit parses an exit file.
 func DecodeExit(body []byte) (*Exit, error) {
 	e := &Exit{}
-	if err := decodeDocument(body, func(d *decoder) error { return d.exit(e) }); err != nil {
+	if err := jsonlite.Document(body, func(d *jsonlite.Decoder) error { return exitFields(d, e) }); err != nil {
 		return nil, fmt.Errorf("decode exit: %w", err)
 	}
 	return e, nil
 }
 
-func decodeDocument(body []byte, value func(*decoder) error) error {
-	d := &decoder{b: body}
-	if d.peek() != '{' {
-		return errSyntax
-	}
-	if err := value(d); err != nil {
-		return err
-	}
-	return d.end()
-}
-
-func (d *decoder) request(r *Request) error {
-	return d.object(func(key string) (err error) {
+func requestFields(d *jsonlite.Decoder, r *Request) error {
+	return d.Object(func(key string) (err error) {
 		switch key {
 		case "op":
-			r.Op, err = d.str()
+			r.Op, err = d.Str()
 		case "id":
-			r.ID, err = d.str()
+			r.ID, err = d.Str()
 		case "dir":
-			r.Dir, err = d.str()
+			r.Dir, err = d.Str()
 		case "create":
-			if d.null() {
+			if d.Null() {
 				return nil
 			}
 			r.Create = &CreateRequest{}
-			err = d.create(r.Create)
+			err = createFields(d, r.Create)
 		case "signal":
-			r.Signal, err = d.int()
+			r.Signal, err = d.Int()
 		case "all":
-			r.All, err = d.bool()
+			r.All, err = d.Bool()
 		case "stdin":
-			r.Stdin, err = d.bool()
+			r.Stdin, err = d.Bool()
 		case "stdout":
-			r.Stdout, err = d.bool()
+			r.Stdout, err = d.Bool()
 		case "stderr":
-			r.Stderr, err = d.bool()
+			r.Stderr, err = d.Bool()
 		default:
-			err = d.skip()
+			err = d.Skip()
 		}
 		return err
 	})
 }
 
-func (d *decoder) create(c *CreateRequest) error {
-	return d.object(func(key string) (err error) {
+func createFields(d *jsonlite.Decoder, c *CreateRequest) error {
+	return d.Object(func(key string) (err error) {
 		switch key {
 		case "bundle":
-			c.Bundle, err = d.str()
+			c.Bundle, err = d.Str()
 		case "log_path":
-			c.LogPath, err = d.str()
+			c.LogPath, err = d.Str()
 		case "log_dir":
-			c.LogDir, err = d.str()
+			c.LogDir, err = d.Str()
 		case "runtime":
-			err = d.object(func(key string) (err error) {
+			err = d.Object(func(key string) (err error) {
 				switch key {
 				case "binary":
-					c.Runtime.Binary, err = d.str()
+					c.Runtime.Binary, err = d.Str()
 				case "root":
-					c.Runtime.Root, err = d.str()
+					c.Runtime.Root, err = d.Str()
 				case "options":
-					c.Runtime.Options, err = d.strings()
+					c.Runtime.Options, err = d.Strings()
 				default:
-					err = d.skip()
+					err = d.Skip()
 				}
 				return err
 			})
 		case "stdin":
-			c.Stdin, err = d.bool()
+			c.Stdin, err = d.Bool()
 		case "stdin_once":
-			c.StdinOnce, err = d.bool()
+			c.StdinOnce, err = d.Bool()
 		case "terminal":
-			c.Terminal, err = d.bool()
+			c.Terminal, err = d.Bool()
 		case "restore":
-			c.Restore, err = d.str()
+			c.Restore, err = d.Str()
 		case "criu":
-			c.CRIU, err = d.str()
+			c.CRIU, err = d.Str()
 		default:
-			err = d.skip()
+			err = d.Skip()
 		}
 		return err
 	})
 }
 
-func (d *decoder) response(r *Response) error {
-	return d.object(func(key string) (err error) {
+func responseFields(d *jsonlite.Decoder, r *Response) error {
+	return d.Object(func(key string) (err error) {
 		switch key {
 		case "error":
-			r.Error, err = d.str()
+			r.Error, err = d.Str()
 		case "kind":
-			r.Kind, err = d.str()
+			r.Kind, err = d.Str()
 		case "state":
-			if d.null() {
+			if d.Null() {
 				return nil
 			}
 			r.State = &State{}
-			err = d.state(r.State)
+			err = stateFields(d, r.State)
 		case "ids":
-			r.IDs, err = d.strings()
+			r.IDs, err = d.Strings()
 		default:
-			err = d.skip()
+			err = d.Skip()
 		}
 		return err
 	})
 }
 
-func (d *decoder) state(s *State) error {
-	return d.object(func(key string) (err error) {
+func stateFields(d *jsonlite.Decoder, s *State) error {
+	return d.Object(func(key string) (err error) {
 		switch key {
 		case "id":
-			s.ID, err = d.str()
+			s.ID, err = d.Str()
 		case "pid":
-			s.Pid, err = d.int()
+			s.Pid, err = d.Int()
 		case "status":
-			s.Status, err = d.str()
+			s.Status, err = d.Str()
 		case "exit":
-			if d.null() {
+			if d.Null() {
 				return nil
 			}
 			s.Exit = &Exit{}
-			err = d.exit(s.Exit)
+			err = exitFields(d, s.Exit)
 		case "log_write_errors":
-			s.LogWriteErrors, err = d.uint()
+			s.LogWriteErrors, err = d.Uint()
 		case "log_write_error":
-			s.LogWriteError, err = d.str()
+			s.LogWriteError, err = d.Str()
 		default:
-			err = d.skip()
+			err = d.Skip()
 		}
 		return err
 	})
 }
 
-func (d *decoder) exit(e *Exit) error {
-	return d.object(func(key string) (err error) {
+func exitFields(d *jsonlite.Decoder, e *Exit) error {
+	return d.Object(func(key string) (err error) {
 		switch key {
 		case "version":
-			e.Version, err = d.int()
+			e.Version, err = d.Int()
 		case "id":
-			e.ID, err = d.str()
+			e.ID, err = d.Str()
 		case "pid":
-			e.Pid, err = d.int()
+			e.Pid, err = d.Int()
 		case "exit_code":
-			e.Code, err = d.int()
+			e.Code, err = d.Int()
 		case "signal":
-			e.Signal, err = d.int()
+			e.Signal, err = d.Int()
 		case "oom_killed":
-			e.OOMKilled, err = d.bool()
+			e.OOMKilled, err = d.Bool()
 		case "exited_at":
 			var s string
-			if s, err = d.str(); err == nil && s != "" {
+			if s, err = d.Str(); err == nil && s != "" {
 				e.At, err = time.Parse(time.RFC3339Nano, s)
 			}
 		default:
-			err = d.skip()
+			err = d.Skip()
 		}
 		return err
 	})

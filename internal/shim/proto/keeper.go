@@ -7,6 +7,8 @@ import (
 	"strings"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/berthcri/berth/internal/jsonlite"
 )
 
 // The keeper's messages (decision 1701). The keeper is the node's child
@@ -89,47 +91,47 @@ func (m *KeeperMsg) StreamNames() []string {
 
 // AppendKeeperMsg appends m's JSON to b.
 func AppendKeeperMsg(b []byte, m *KeeperMsg) []byte {
-	o := beginObject(b)
-	o.str("op", m.Op)
-	o.strOmit("id", m.ID)
-	o.strOmit("dir", m.Dir)
-	o.intOmit("pid", int64(m.Pid))
-	o.boolOmit("running", m.Running)
-	o.boolOmit("exited", m.Exited)
+	o := jsonlite.BeginObject(b)
+	o.Str("op", m.Op)
+	o.StrOmit("id", m.ID)
+	o.StrOmit("dir", m.Dir)
+	o.IntOmit("pid", int64(m.Pid))
+	o.BoolOmit("running", m.Running)
+	o.BoolOmit("exited", m.Exited)
 	if m.Exited {
-		o.int("status", int64(m.Status))
+		o.Int("status", int64(m.Status))
 	}
-	o.strOmit("streams", m.Streams)
-	o.strOmit("create", m.Create)
-	return o.end()
+	o.StrOmit("streams", m.Streams)
+	o.StrOmit("create", m.Create)
+	return o.End()
 }
 
 // DecodeKeeperMsg parses one keeper message.
 func DecodeKeeperMsg(body []byte) (*KeeperMsg, error) {
 	m := &KeeperMsg{}
-	err := decodeDocument(body, func(d *decoder) error {
-		return d.object(func(key string) (err error) {
+	err := jsonlite.Document(body, func(d *jsonlite.Decoder) error {
+		return d.Object(func(key string) (err error) {
 			switch key {
 			case "op":
-				m.Op, err = d.str()
+				m.Op, err = d.Str()
 			case "id":
-				m.ID, err = d.str()
+				m.ID, err = d.Str()
 			case "dir":
-				m.Dir, err = d.str()
+				m.Dir, err = d.Str()
 			case "pid":
-				m.Pid, err = d.int()
+				m.Pid, err = d.Int()
 			case "running":
-				m.Running, err = d.bool()
+				m.Running, err = d.Bool()
 			case "exited":
-				m.Exited, err = d.bool()
+				m.Exited, err = d.Bool()
 			case "status":
-				m.Status, err = d.int()
+				m.Status, err = d.Int()
 			case "streams":
-				m.Streams, err = d.str()
+				m.Streams, err = d.Str()
 			case "create":
-				m.Create, err = d.str()
+				m.Create, err = d.Str()
 			default:
-				err = d.skip()
+				err = d.Skip()
 			}
 			return err
 		})
