@@ -96,18 +96,21 @@ func TestStdinCustody(t *testing.T) {
 // The watchdog (decision 3300) pings the monitor at each tick; one that
 // said it serves and leaves a ping unanswered for hungAfter's ticks is
 // killed; an answer in time resets the count; a monitor that never said
-// it serves (still adopting) is not timed.
+// it serves (still adopting) is killed only after adoptHungAfter's.
 func TestWatchdogKillsOnlyAMonitorThatStoppedAnswering(t *testing.T) {
-	ticks := int(hungAfter / pingInterval)
+	ticks, adoptTicks := int(hungAfter/pingInterval), int(adoptHungAfter/pingInterval)
 	for _, c := range []struct {
 		name       string
 		served     bool // the monitor's first pong came
 		answerAt   int  // the tick after which it answers (-1: never)
+		rounds     int  // ticks watched
 		wantKilled bool
 	}{
-		{"hung", true, -1, true},
-		{"answers in time", true, ticks - 1, false},
-		{"still adopting", false, -1, false},
+		{"hung", true, -1, ticks + 1, true},
+		{"answers in time", true, ticks - 1, ticks + 1, false},
+		{"still adopting, within its bound", false, -1, adoptTicks - 1, false},
+		{"adopts in time", false, adoptTicks - 1, adoptTicks + 1, false},
+		{"hung while adopting", false, -1, adoptTicks + 1, true},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			k, mon := linked(t)
@@ -122,7 +125,7 @@ func TestWatchdogKillsOnlyAMonitorThatStoppedAnswering(t *testing.T) {
 				k.ponged()
 			}
 			now := time.Now()
-			for i := 0; i <= ticks+1; i++ {
+			for i := 0; i <= c.rounds; i++ {
 				k.checkMonitor(now.Add(time.Duration(i) * pingInterval))
 				if i == c.answerAt {
 					if m, _, err := mon.Recv(); err != nil || m.Op != proto.KeeperPing {

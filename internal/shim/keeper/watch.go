@@ -16,11 +16,16 @@ import (
 // serves (its first pong, unasked, once past adoption) and then leaves a
 // ping unanswered for hungAfter is killed with SIGKILL and restarted as after
 // a crash: the next monitor adopts every container, berthd's waiting
-// calls ask it again. A monitor still adopting is not timed: adoption
-// of a full node runs the runtime per created container.
+// calls ask it again. A monitor still adopting (no pong yet) gets
+// adoptHungAfter instead: adoption runs the runtime for each container
+// created and not started; and the whole outage (hang, kill, the next
+// adoption) must stay inside berthd's 60 s wait for a monitor
+// (shim.MonitorRestartTimeout), after which a pod not adopted yet would
+// have its containers taken for lost.
 const (
-	pingInterval = 5 * time.Second
-	hungAfter    = 10 * time.Second
+	pingInterval   = 5 * time.Second
+	hungAfter      = 10 * time.Second
+	adoptHungAfter = 30 * time.Second
 )
 
 // watchState is the watchdog's view of the current monitor; Keeper.wmu
@@ -115,8 +120,12 @@ func (k *Keeper) checkMonitor(now time.Time) {
 		// Counted in ticks, not read off the clock: a tick a hair
 		// early must not add a whole interval to the bound.
 		w.missed++
-		if w.answered && w.missed >= int(hungAfter/pingInterval) {
-			k.logf("monitor %d did not answer for %v: killing it as hung; the next one adopts every container", w.pid, now.Sub(w.pingSent).Round(time.Second))
+		bound, doing := hungAfter, "answer"
+		if !w.answered {
+			bound, doing = adoptHungAfter, "finish adopting"
+		}
+		if w.missed >= int(bound/pingInterval) {
+			k.logf("monitor %d did not %s for %v: killing it as hung; the next one adopts every container", w.pid, doing, now.Sub(w.pingSent).Round(time.Second))
 			if err := unix.PidfdSendSignal(w.pidfd, unix.SIGKILL, nil, 0); err != nil {
 				k.logf("kill hung monitor %d: %v", w.pid, err)
 			}
