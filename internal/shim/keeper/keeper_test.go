@@ -3,6 +3,7 @@ package keeper
 import (
 	"os"
 	"os/exec"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -11,6 +12,25 @@ import (
 
 	"github.com/berthcri/berth/internal/shim/proto"
 )
+
+// listenNode listens on the node dir's socket, as a monitor that has
+// adopted does.
+func listenNode(t *testing.T, dir string) {
+	t.Helper()
+	fd, err := unix.Socket(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { unix.Close(fd) })
+	if err := proto.WithShortPath(proto.NodeSocketPath(dir), func(p string) error {
+		return unix.Bind(fd, &unix.SockaddrUnix{Name: p})
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Listen(fd, 4); err != nil {
+		t.Fatal(err)
+	}
+}
 
 // linked returns a keeper whose monitor link is one end of a socketpair,
 // and a reader of the other end (the monitor's).
@@ -111,6 +131,7 @@ func TestWatchdogKillsOnlyAMonitorThatStoppedAnswering(t *testing.T) {
 		{"still adopting, within its bound", false, -1, adoptTicks - 1, false},
 		{"adopts in time", false, adoptTicks - 1, adoptTicks + 1, false},
 		{"hung while adopting", false, -1, adoptTicks + 1, true},
+		{"older monitor: listens, never pongs", false, -1, adoptTicks + 1, false},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			k, mon := linked(t)
@@ -119,6 +140,9 @@ func TestWatchdogKillsOnlyAMonitorThatStoppedAnswering(t *testing.T) {
 				t.Fatal(err)
 			}
 			t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+			if strings.HasPrefix(c.name, "older monitor") {
+				listenNode(t, k.dir)
+			}
 			k.watchMonitor(cmd.Process.Pid, k.link)
 			t.Cleanup(k.monitorReaped)
 			if c.served {
