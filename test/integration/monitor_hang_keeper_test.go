@@ -144,7 +144,7 @@ func TestHungKeeperIsKilledAsCrashed(t *testing.T) {
 	// with the node's dir, which an orphaned monitor removes.
 	for deadline := time.Now().Add(3 * time.Minute); processRuns(n.keeper); time.Sleep(100 * time.Millisecond) {
 		if time.Now().After(deadline) {
-			t.Fatalf("the keeper %d still runs, stopped, 3 minutes on: its monitor did not kill it", n.keeper)
+			t.Fatalf("the keeper %d still runs, stopped, 3 minutes on: its monitor did not kill it; node log:\n%s", n.keeper, n.nodeLog())
 		}
 	}
 	if ex := n.pods[0].waitExited(n.quitter); ex.ExitCode != 255 {
