@@ -46,13 +46,13 @@ func (s *Store) Exec(ctx context.Context, id string, o ExecOptions) (int, error)
 	if len(o.Cmd) == 0 {
 		return -1, fmt.Errorf("exec needs a command: %w", errdefs.ErrInvalidArgument)
 	}
-	e, err := s.lock(ctx, id)
+	// The record as Get reads it: an exec (the kubelet's probes) must
+	// not wait behind a stop that waits on the monitor or a stuck
+	// runtime (decision 3300); runc refuses a container that is gone.
+	rec, err := s.Get(id)
 	if err != nil {
 		return -1, err
 	}
-	s.foldExit(e)
-	rec := e.rec.clone()
-	e.unlock()
 	if rec.State != StateRunning {
 		return -1, fmt.Errorf("container %s is %s, not running: %w", rec.ID, rec.State, errdefs.ErrFailedPrecondition)
 	}

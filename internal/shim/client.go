@@ -270,21 +270,28 @@ func (c *Client) callOnce(ctx context.Context, req *proto.Request) (*proto.Respo
 	stop := context.AfterFunc(ctx, func() { _ = conn.SetDeadline(time.Unix(1, 0)) })
 	defer stop()
 	if err := proto.WriteRequest(conn, req); err != nil {
-		return nil, fmt.Errorf("shim %s %s: %w", req.Op, req.ID, err)
+		return nil, fmt.Errorf("shim %s %s: %w", req.Op, req.ID, ctxEnded(ctx, err))
 	}
 	resp, err := proto.ReadResponse(conn)
 	if err != nil {
-		if ctx.Err() != nil {
-			return nil, fmt.Errorf("shim %s %s: %w", req.Op, req.ID, ctx.Err())
-		}
-		// The conn's deadline is ctx's: it may fire a hair before ctx does.
-		var ne net.Error
-		if _, ok := ctx.Deadline(); ok && errors.As(err, &ne) && ne.Timeout() {
-			return nil, fmt.Errorf("shim %s %s: %w", req.Op, req.ID, context.DeadlineExceeded)
-		}
-		return nil, fmt.Errorf("shim %s %s: %w", req.Op, req.ID, err)
+		return nil, fmt.Errorf("shim %s %s: %w", req.Op, req.ID, ctxEnded(ctx, err))
 	}
 	return resp, resp.Err()
+}
+
+// ctxEnded is the error of an I/O on a conn whose deadline is ctx's:
+// ctx's own error once ctx ended, and DeadlineExceeded for a timeout
+// (the conn's deadline may fire a hair before ctx does, on the write as
+// on the read: a stop's last call then failed Unknown, "i/o timeout").
+func ctxEnded(ctx context.Context, err error) error {
+	if ctx.Err() != nil {
+		return ctx.Err()
+	}
+	var ne net.Error
+	if _, ok := ctx.Deadline(); ok && errors.As(err, &ne) && ne.Timeout() {
+		return context.DeadlineExceeded
+	}
+	return err
 }
 
 // Create asks the monitor to create container id from a bundle in the pod.

@@ -42,8 +42,22 @@ type hungNode struct {
 
 func newHungNode(t *testing.T) *hungNode {
 	t.Helper()
+	return newHungNodeWith(t, berthdtest.Options{})
+}
+
+// newHungNodeWith is newHungNode on a berthd started with opts (its
+// metrics listening, whatever opts says).
+func newHungNodeWith(t *testing.T, opts berthdtest.Options) *hungNode {
+	t.Helper()
 	// Metrics for its goroutine count.
-	d := berthdtest.Start(t, berthdtest.Options{Configure: func(c *config.Config) { c.MetricsAddress = "127.0.0.1:0" }})
+	configure := opts.Configure
+	opts.Configure = func(c *config.Config) {
+		if configure != nil {
+			configure(c)
+		}
+		c.MetricsAddress = "127.0.0.1:0"
+	}
+	d := berthdtest.Start(t, opts)
 	e := newCtrEnvOn(t, d)
 	n := &hungNode{e: e}
 	n.scope, n.before = nodeLeakBaseline(t, e)

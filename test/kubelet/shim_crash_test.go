@@ -47,16 +47,7 @@ spec:
 const doomedPod = "logger-doomed"
 
 // processesWith counts the processes whose command line holds s.
-func processesWith(s string) int {
-	n := 0
-	procs, _ := filepath.Glob("/proc/[0-9]*/cmdline")
-	for _, p := range procs {
-		if cmd, err := os.ReadFile(p); err == nil && strings.Contains(string(cmd), s) {
-			n++
-		}
-	}
-	return n
-}
+func processesWith(s string) int { return len(pidsWith(s)) }
 
 // TestKubeletShimCrash kills the node's berth-shim monitor, and in
 // another kubelet its keeper, with SIGKILL under several running pods
@@ -347,17 +338,46 @@ func restartAfterHang(t *testing.T, k *kubelet, pod, marker string, was ctrInsta
 }
 
 // pidsWith lists the processes whose command line holds s.
+//
+// A child the process forked and has not exec'd yet (the logger's
+// `sleep 0.1`, ten times a second) still shows its parent's command line:
+// a process whose parent holds s too is that, not another instance, and
+// is not counted (monitor-hung once saw "2 processes of its container").
 func pidsWith(s string) []int {
+	holds := func(pid int) bool {
+		cmd, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+		return err == nil && strings.Contains(string(cmd), s)
+	}
 	var pids []int
 	procs, _ := filepath.Glob("/proc/[0-9]*/cmdline")
 	for _, p := range procs {
-		if cmd, err := os.ReadFile(p); err == nil && strings.Contains(string(cmd), s) {
-			if pid, err := strconv.Atoi(filepath.Base(filepath.Dir(p))); err == nil {
-				pids = append(pids, pid)
-			}
+		pid, err := strconv.Atoi(filepath.Base(filepath.Dir(p)))
+		if err != nil || !holds(pid) {
+			continue
 		}
+		if ppid := parentOf(pid); ppid > 0 && holds(ppid) {
+			continue
+		}
+		pids = append(pids, pid)
 	}
 	return pids
+}
+
+// parentOf is pid's parent from /proc/PID/stat (0 if it is gone).
+func parentOf(pid int) int {
+	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0
+	}
+	// The command name, in parentheses, may hold spaces: the fields
+	// after its closing one are the state, then the parent.
+	s := string(data)
+	f := strings.Fields(s[strings.LastIndexByte(s, ')')+1:])
+	if len(f) < 2 {
+		return 0
+	}
+	ppid, _ := strconv.Atoi(f[1])
+	return ppid
 }
 
 // procState is a process's state letter from /proc/PID/stat (T:

@@ -273,8 +273,12 @@ func (k *Keeper) startMonitor(ready, launchLock *os.File) error {
 	if err := proto.SendKeeperMsg(mine, &proto.KeeperMsg{Op: proto.KeeperAdopted}, nil); err != nil {
 		k.logf("end the adopt list: %v", err)
 	}
-	// Watched from now on: its pings come after the adopt list.
+	// Watched from now on: its pings come after the adopt list. The
+	// first goes at once: the monitor learns that its keeper pings (and
+	// times it, decision 3300) however soon after this the keeper hangs,
+	// and its adoption is timed from here.
 	k.watchMonitor(pid, mine)
+	k.checkMonitor(time.Now())
 	k.logf("monitor %d started with %d containers", pid, len(k.ctrs))
 	go k.serveLink(mine, done)
 	return nil

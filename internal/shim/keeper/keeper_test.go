@@ -3,6 +3,7 @@ package keeper
 import (
 	"os"
 	"os/exec"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -11,6 +12,25 @@ import (
 
 	"github.com/berthcri/berth/internal/shim/proto"
 )
+
+// listenNode listens on the node dir's socket, as a monitor that has
+// adopted does.
+func listenNode(t *testing.T, dir string) {
+	t.Helper()
+	fd, err := unix.Socket(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { unix.Close(fd) })
+	if err := proto.WithShortPath(proto.NodeSocketPath(dir), func(p string) error {
+		return unix.Bind(fd, &unix.SockaddrUnix{Name: p})
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Listen(fd, 4); err != nil {
+		t.Fatal(err)
+	}
+}
 
 // linked returns a keeper whose monitor link is one end of a socketpair,
 // and a reader of the other end (the monitor's).
@@ -96,18 +116,22 @@ func TestStdinCustody(t *testing.T) {
 // The watchdog (decision 3300) pings the monitor at each tick; one that
 // said it serves and leaves a ping unanswered for hungAfter's ticks is
 // killed; an answer in time resets the count; a monitor that never said
-// it serves (still adopting) is not timed.
+// it serves (still adopting) is killed only after adoptHungAfter's.
 func TestWatchdogKillsOnlyAMonitorThatStoppedAnswering(t *testing.T) {
-	ticks := int(hungAfter / pingInterval)
+	ticks, adoptTicks := int(hungAfter/pingInterval), int(adoptHungAfter/pingInterval)
 	for _, c := range []struct {
 		name       string
 		served     bool // the monitor's first pong came
 		answerAt   int  // the tick after which it answers (-1: never)
+		rounds     int  // ticks watched
 		wantKilled bool
 	}{
-		{"hung", true, -1, true},
-		{"answers in time", true, ticks - 1, false},
-		{"still adopting", false, -1, false},
+		{"hung", true, -1, ticks + 1, true},
+		{"answers in time", true, ticks - 1, ticks + 1, false},
+		{"still adopting, within its bound", false, -1, adoptTicks - 1, false},
+		{"adopts in time", false, adoptTicks - 1, adoptTicks + 1, false},
+		{"hung while adopting", false, -1, adoptTicks + 1, true},
+		{"older monitor: listens, never pongs", false, -1, adoptTicks + 1, false},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			k, mon := linked(t)
@@ -116,13 +140,16 @@ func TestWatchdogKillsOnlyAMonitorThatStoppedAnswering(t *testing.T) {
 				t.Fatal(err)
 			}
 			t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+			if strings.HasPrefix(c.name, "older monitor") {
+				listenNode(t, k.dir)
+			}
 			k.watchMonitor(cmd.Process.Pid, k.link)
 			t.Cleanup(k.monitorReaped)
 			if c.served {
 				k.ponged()
 			}
 			now := time.Now()
-			for i := 0; i <= ticks+1; i++ {
+			for i := 0; i <= c.rounds; i++ {
 				k.checkMonitor(now.Add(time.Duration(i) * pingInterval))
 				if i == c.answerAt {
 					if m, _, err := mon.Recv(); err != nil || m.Op != proto.KeeperPing {

@@ -16,11 +16,16 @@ import (
 // serves (its first pong, unasked, once past adoption) and then leaves a
 // ping unanswered for hungAfter is killed with SIGKILL and restarted as after
 // a crash: the next monitor adopts every container, berthd's waiting
-// calls ask it again. A monitor still adopting is not timed: adoption
-// of a full node runs the runtime per created container.
+// calls ask it again. A monitor still adopting (no pong yet) gets
+// adoptHungAfter instead: adoption runs the runtime for each container
+// created and not started; and the whole outage (hang, kill, the next
+// adoption) must stay inside berthd's 60 s wait for a monitor
+// (shim.MonitorRestartTimeout), after which a pod not adopted yet would
+// have its containers taken for lost.
 const (
-	pingInterval = 5 * time.Second
-	hungAfter    = 10 * time.Second
+	pingInterval   = 5 * time.Second
+	hungAfter      = 10 * time.Second
+	adoptHungAfter = 30 * time.Second
 )
 
 // watchState is the watchdog's view of the current monitor; Keeper.wmu
@@ -32,6 +37,7 @@ type watchState struct {
 	pingSent time.Time // the ping not answered yet; zero when none
 	missed   int       // ticks since pingSent without an answer
 	answered bool      // it sent a pong: it serves, and is timed
+	untimed  bool      // it serves but never pongs (older than the pings)
 }
 
 // startWatchdog pings the current monitor every pingInterval until the
@@ -108,15 +114,26 @@ func (k *Keeper) checkMonitor(now time.Time) {
 	k.wmu.Lock()
 	defer k.wmu.Unlock()
 	w := &k.watch
-	if w.pidfd < 0 || w.link < 0 {
+	if w.pidfd < 0 || w.link < 0 || w.untimed {
 		return
 	}
 	if !w.pingSent.IsZero() {
 		// Counted in ticks, not read off the clock: a tick a hair
 		// early must not add a whole interval to the bound.
 		w.missed++
-		if w.answered && w.missed >= int(hungAfter/pingInterval) {
-			k.logf("monitor %d did not answer for %v: killing it as hung; the next one adopts every container", w.pid, now.Sub(w.pingSent).Round(time.Second))
+		bound, doing := hungAfter, "answer"
+		if !w.answered {
+			bound, doing = adoptHungAfter, "finish adopting"
+		}
+		if w.missed >= int(bound/pingInterval) && !w.answered && k.monitorListens() {
+			// Adopted (it listens only after) and serving, but it never
+			// pongs: a monitor older than the pings, never timed.
+			k.logf("monitor %d serves but does not answer pings (an older monitor?): not watched", w.pid)
+			w.untimed = true
+			return
+		}
+		if w.missed >= int(bound/pingInterval) {
+			k.logf("monitor %d did not %s for %v: killing it as hung; the next one adopts every container", w.pid, doing, now.Sub(w.pingSent).Round(time.Second))
 			if err := unix.PidfdSendSignal(w.pidfd, unix.SIGKILL, nil, 0); err != nil {
 				k.logf("kill hung monitor %d: %v", w.pid, err)
 			}
@@ -132,4 +149,19 @@ func (k *Keeper) checkMonitor(now time.Time) {
 	}
 	// Sent, or its buffer is full: either way an answer is due.
 	w.pingSent, w.missed = now, 0
+}
+
+// monitorListens tells whether a monitor listens on the node's socket,
+// without blocking: a connect that is accepted or finds the backlog full.
+// A monitor listens there only once it has adopted every container.
+func (k *Keeper) monitorListens() bool {
+	fd, err := unix.Socket(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return true // cannot tell: do not kill on it
+	}
+	defer unix.Close(fd)
+	err = proto.WithShortPath(proto.NodeSocketPath(k.dir), func(p string) error {
+		return unix.Connect(fd, &unix.SockaddrUnix{Name: p})
+	})
+	return err == nil || errors.Is(err, unix.EAGAIN) || errors.Is(err, unix.EINPROGRESS)
 }

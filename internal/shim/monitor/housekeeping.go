@@ -60,6 +60,7 @@ func (m *Monitor) startHousekeeping() (stop func()) {
 func (m *Monitor) housekeep() {
 	m.reaper.reap()
 	m.eachPod((*Pod).dropGoneWaiters)
+	m.keeper.checkAlive()
 	m.mu.Lock()
 	// Once it had pods, losing the last closed it already (podGone): only
 	// a node that never got one is left to time out.

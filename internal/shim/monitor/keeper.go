@@ -25,10 +25,57 @@ type keeperLink struct {
 	r      *proto.KeeperReader // used by Adopt, then by serve
 	mon    *Monitor
 	isLost atomic.Bool
+
+	// The keeper's liveness (decision 3300): pidfd is the keeper's (-1:
+	// none), taken at the start while it is surely our parent; pinged
+	// says it pings (a keeper older than its pings never does, and is
+	// never timed); silent counts housekeeping rounds since its last
+	// ping; killed once it was killed as hung.
+	pidfd  int
+	pinged atomic.Bool
+	silent atomic.Int32
+	killed atomic.Bool
 }
 
 func newKeeperLink(fd int, m *Monitor) *keeperLink {
-	return &keeperLink{fd: fd, r: proto.NewKeeperReader(fd), mon: m}
+	k := &keeperLink{fd: fd, r: proto.NewKeeperReader(fd), mon: m, pidfd: -1}
+	if ppid := os.Getppid(); ppid > 1 {
+		// Our parent is the keeper unless it died already, and then
+		// the link is at its end: a keeper that never pings is never
+		// killed.
+		if pidfd, err := unix.PidfdOpen(ppid, 0); err == nil {
+			k.pidfd = pidfd
+		}
+	}
+	return k
+}
+
+// keeperHungRounds is how many housekeeping rounds (5 s) a keeper that
+// pinged before may leave without a ping (it pings every 5 s) before the
+// monitor kills it as hung: 60 s. Counted in rounds, not read off the
+// clock: a monitor that was stopped itself must not, on waking, find its
+// keeper silent for as long.
+const keeperHungRounds = int32(60 * time.Second / housekeepingInterval)
+
+// checkAlive is the monitor's side of the watchdog, once a housekeeping
+// round: a keeper that stopped pinging (stopped, deadlocked) reaps no
+// exit and restarts no monitor for as long as it lasts, so the node's
+// exits would go unreported for good; killed, it is a keeper that
+// crashed (decision 1701: the containers run on, their exits lost,
+// 255; new pods get a new keeper and monitor), which berthd and the
+// kubelet handle. It allocates nothing until it kills.
+func (k *keeperLink) checkAlive() {
+	if k == nil || k.lost() || !k.pinged.Load() || k.pidfd < 0 || k.killed.Load() {
+		return
+	}
+	if k.silent.Add(1) <= keeperHungRounds {
+		return
+	}
+	k.killed.Store(true)
+	k.mon.logf("the keeper sent no ping for %d housekeeping rounds: killing it as hung; running containers' exits will be unknown", keeperHungRounds)
+	if err := unix.PidfdSendSignal(k.pidfd, unix.SIGKILL, nil, 0); err != nil {
+		k.mon.logf("kill the hung keeper: %v", err)
+	}
 }
 
 // lost reports whether the keeper is gone.
@@ -128,6 +175,8 @@ func (k *keeperLink) serve() {
 			k.mon.reaper.deliver(m.Pid, unix.WaitStatus(m.Status))
 			continue
 		case proto.KeeperPing:
+			k.pinged.Store(true)
+			k.silent.Store(0)
 			// Answered once the monitor's locks can be taken: a
 			// monitor wedged on one is as hung as a stopped one, and
 			// the keeper replaces it (decision 3300).
@@ -180,6 +229,7 @@ func (m *Monitor) Adopt() error {
 			}
 			count++
 			shimfault.Hit(shimfault.MonitorMidAdopt, m.dir, m.logf)
+			shimfault.Hold(shimfault.MonitorHangAdopt, m.logf)
 		default:
 			proto.CloseFds(fds)
 		}

@@ -82,6 +82,10 @@ func (p *Pod) launch(c *container, cr *proto.CreateRequest, step runtimeStep, th
 	defer func() { lio.release(retErr != nil) }()
 
 	if err := step(c.rt, c.id, lio.opts); err != nil {
+		if errors.Is(err, errRuntimeHung) {
+			// Killed mid-way: the runtime may hold part of it.
+			_ = c.rt.Delete(context.Background(), c.id, true)
+		}
 		return err
 	}
 	// From here on the runtime holds the container: undo with delete.

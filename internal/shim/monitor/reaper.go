@@ -1,6 +1,7 @@
 package monitor
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -165,6 +166,14 @@ func (r *reaper) watchLocked(pid int) (<-chan unix.WaitStatus, *os.File, error) 
 // status. It parks in the poller, not in a blocking syscall; without a
 // pidfd (kernels before 5.3) it polls every 100 ms.
 func (r *reaper) wait(c <-chan unix.WaitStatus, pidfd *os.File) unix.WaitStatus {
+	ws, _ := r.waitOrGiveUp(c, pidfd, nil)
+	return ws
+}
+
+// waitOrGiveUp is wait that gives up (ok false) once giveUp closes; the
+// closer also sets pidfd's read deadline, so the poll returns. The exit,
+// when it comes, goes to c, which nobody reads any more.
+func (r *reaper) waitOrGiveUp(c <-chan unix.WaitStatus, pidfd *os.File, giveUp <-chan struct{}) (ws unix.WaitStatus, ok bool) {
 	if pidfd != nil {
 		defer pidfd.Close()
 		pollPidfd(pidfd)
@@ -173,7 +182,9 @@ func (r *reaper) wait(c <-chan unix.WaitStatus, pidfd *os.File) unix.WaitStatus 
 		r.reap()
 		select {
 		case ws := <-c:
-			return ws
+			return ws, true
+		case <-giveUp:
+			return 0, false
 		case <-time.After(100 * time.Millisecond):
 			// No pidfd, or a readable one whose exit another reap is
 			// delivering right now.
@@ -218,11 +229,28 @@ func lookPath(bin string) (string, error) {
 	return "", fmt.Errorf("%s: executable not found in $PATH", bin)
 }
 
+// errRuntimeHung is the error of a runtime call that outlived its
+// context: it was killed with its process group (runCmd says how long it
+// had).
+var errRuntimeHung = errors.New("did not return in time; killed with every process it started")
+
+// runtimeKillGrace is how long a runtime call killed for its hang has to
+// be gone before run answers without its exit (a process stuck in the
+// kernel dies only once it leaves it).
+const runtimeKillGrace = 5 * time.Second
+
 // run starts argv with the given stdio (nil means /dev/null) and process
 // attributes (nil: none), waits for it and returns what it wrote to stderr
 // (when stderr is nil). It forks while holding the lock, so the exit
 // cannot be reaped before it is watched.
-func (r *reaper) run(argv []string, sys *syscall.SysProcAttr, stdin, stdout, stderr *os.File) ([]byte, error) {
+//
+// The process leads a process group of its own; once ctx ends (its
+// bound, runCmd) the whole group is killed with SIGKILL, so a runtime
+// stuck in a call, and whatever it started (a hook, a wrapper's child),
+// goes, and the call fails with errRuntimeHung, at most runtimeKillGrace
+// later even if the group does not die (decision 3300). A container's
+// init leaves the group (the runtime makes it a session of its own).
+func (r *reaper) run(ctx context.Context, argv []string, sys *syscall.SysProcAttr, stdin, stdout, stderr *os.File) ([]byte, error) {
 	bin, err := lookPath(argv[0])
 	if err != nil {
 		return nil, err
@@ -247,7 +275,12 @@ func (r *reaper) run(argv []string, sys *syscall.SysProcAttr, stdin, stdout, std
 		defer errR.Close()
 		stderr = errW
 	}
-	attr := &syscall.ProcAttr{Env: os.Environ(), Files: []uintptr{fd(stdin), fd(stdout), fd(stderr)}, Sys: sys}
+	own := syscall.SysProcAttr{}
+	if sys != nil {
+		own = *sys
+	}
+	own.Setpgid, own.Pgid = true, 0
+	attr := &syscall.ProcAttr{Env: os.Environ(), Files: []uintptr{fd(stdin), fd(stdout), fd(stderr)}, Sys: &own}
 	r.mu.Lock()
 	var done <-chan unix.WaitStatus
 	var pidfd *os.File
@@ -262,15 +295,31 @@ func (r *reaper) run(argv []string, sys *syscall.SysProcAttr, stdin, stdout, std
 	if err != nil {
 		return nil, err
 	}
+	giveUp := make(chan struct{})
+	hung := context.AfterFunc(ctx, func() {
+		_ = unix.Kill(-pid, unix.SIGKILL)
+		grace := time.Now().Add(runtimeKillGrace)
+		if errR != nil {
+			_ = errR.SetReadDeadline(grace)
+		}
+		if pidfd != nil {
+			_ = pidfd.SetReadDeadline(grace)
+		}
+		time.AfterFunc(runtimeKillGrace, func() { close(giveUp) })
+	})
+	defer hung()
 	var errOut []byte
 	if errR != nil {
 		errOut, _ = io.ReadAll(io.LimitReader(errR, 64<<10))
 	}
-	ws := r.wait(done, pidfd)
-	if ws.Exited() && ws.ExitStatus() == 0 {
+	ws, exited := r.waitOrGiveUp(done, pidfd, giveUp)
+	switch {
+	case exited && ws.Exited() && ws.ExitStatus() == 0:
 		return errOut, nil
-	}
-	if ws.Signaled() {
+	case !exited || ctx.Err() != nil:
+		// Killed (or given up on): what it said is not why it failed.
+		return nil, errRuntimeHung
+	case ws.Signaled():
 		return errOut, fmt.Errorf("killed by signal %d", ws.Signal())
 	}
 	return errOut, errors.New("exit status " + fmt.Sprint(ws.ExitStatus()))

@@ -2,8 +2,12 @@ package monitor
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"syscall"
+	"time"
 
+	"github.com/berthcri/berth/internal/errdefs"
 	"github.com/berthcri/berth/internal/oci/ocicli"
 	"github.com/berthcri/berth/internal/shim/proto"
 )
@@ -15,10 +19,42 @@ func (r *reaper) ociRuntime(rt proto.Runtime) *ocicli.Runtime {
 	return &ocicli.Runtime{Binary: rt.Binary, Root: rt.Root, Options: rt.Options, Run: r.runCmd}
 }
 
+// The bounds on one runtime call (decision 3300). A runtime that never
+// returns (stuck on a frozen cgroup, a hook, a lock, a disk) must not
+// hold a request of the node's monitor for ever: once its bound passes
+// the call is killed with its process group and fails Unavailable,
+// saying so. Start, kill, delete and state take milliseconds, seconds on
+// a loaded node; create runs the image's hooks and the kubelet gives up
+// after 2 minutes; restore runs CRIU over a whole checkpoint.
+const (
+	runtimeCallTimeout    = 30 * time.Second
+	runtimeCreateTimeout  = 2 * time.Minute
+	runtimeRestoreTimeout = 5 * time.Minute
+)
+
+// runtimeTimeout is the bound of the runtime call args.
+func runtimeTimeout(args []string) time.Duration {
+	switch ocicli.Subcommand(args) {
+	case "create":
+		return runtimeCreateTimeout
+	case "restore":
+		return runtimeRestoreTimeout
+	}
+	return runtimeCallTimeout
+}
+
 // runCmd is the ocicli.Runner of the monitor: fork and exec, and wait
-// through the reaper (never os/exec, which the monitor does not link).
-func (r *reaper) runCmd(_ context.Context, c *ocicli.Cmd) ([]byte, error) {
-	return r.run(c.Args, c.Sys, c.Stdin, c.Stdout, c.Stderr)
+// through the reaper (never os/exec, which the monitor does not link),
+// within the call's bound.
+func (r *reaper) runCmd(ctx context.Context, c *ocicli.Cmd) ([]byte, error) {
+	d := runtimeTimeout(c.Args)
+	ctx, cancel := context.WithTimeout(ctx, d)
+	defer cancel()
+	errOut, err := r.run(ctx, c.Args, c.Sys, c.Stdin, c.Stdout, c.Stderr)
+	if errors.Is(err, errRuntimeHung) {
+		return nil, fmt.Errorf("%w (bound %v): %w", err, d, errdefs.ErrUnavailable)
+	}
+	return errOut, err
 }
 
 // runtimeStep runs the OCI runtime to make a container's init process:

@@ -61,6 +61,10 @@ const (
 	// link and not applied it yet (the goroutine that reads the link not
 	// scheduled), while the monitor may go on and exit.
 	KeeperSlowLink Point = "keeper-slow-link"
+	// MonitorHangAdopt: a restarted monitor adopted the keeper's first
+	// container and hangs (Hold) until the point is disarmed, not
+	// listening on the node's socket nor serving any pod yet.
+	MonitorHangAdopt Point = "monitor-hang-adopt"
 )
 
 // Pause sleeps d if p is armed in the process's environment, every time
@@ -79,6 +83,27 @@ func Pause(p Point, d time.Duration, logf func(string, ...any)) {
 		logf("test fault %s: pausing %v", p, d)
 	}
 	time.Sleep(d)
+}
+
+// Hold blocks while p is armed in the process's environment, reading the
+// file every 100 ms: a hang that lasts until the test disarms the point
+// (by rewriting the file) or kills the process. logf, if set, says so
+// first.
+func Hold(p Point, logf func(string, ...any)) {
+	file := os.Getenv(EnvVar)
+	if file == "" {
+		return
+	}
+	for said := false; ; said = true {
+		spec, err := os.ReadFile(file)
+		if err != nil || armed(string(spec), p) == 0 {
+			return
+		}
+		if !said && logf != nil {
+			logf("test fault %s: holding until disarmed", p)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
 }
 
 // Hit kills the calling process with SIGKILL if p is armed in its
