@@ -42,6 +42,9 @@ type layerMeta struct {
 	Size      int64  `json:"size"`
 	DiffID    string `json:"diffID"`
 	ChainID   string `json:"chainID"`
+	// TOCDigest is the manifest's eStargz TOC digest annotation: the
+	// layer can be served lazily (decision 3600).
+	TOCDigest string `json:"tocDigest,omitempty"`
 }
 
 // imageIndex is the image metadata: one record per image, with its names

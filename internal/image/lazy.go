@@ -1,0 +1,292 @@
+package image
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/berthcri/berth/internal/lazy"
+)
+
+// Lazy layers (decision 3600, stage S2): an eStargz layer of a pulled
+// image whose manifest names its TOC digest is not downloaded: its TOC is
+// fetched and verified, the files the image prioritized are prefetched,
+// and the layer is served by a FUSE filesystem (internal/lazy) mounted on
+// its diff dir, so that overlayfs and everything above it see a layer
+// directory as for any other. Its other chunks come by range requests
+// when a container reads them, each verified against the TOC.
+//
+// What this stage does not do yet (S3, S4): fetch the rest of the layer
+// in the background, and survive the end of berthd. The filesystem is
+// served by berthd itself, so a berthd that ends takes its lazy layers
+// with it: at start, a layer left from a previous berthd is removed with
+// the images that use it (the kubelet pulls them again), and containers
+// still reading it get ENOTCONN.
+
+// lazyMeta is layers/<chain>/lazy.json: what the layer is served from.
+type lazyMeta struct {
+	Blob      string `json:"blob"`
+	Size      int64  `json:"size"`
+	TOCDigest string `json:"tocDigest"`
+}
+
+const lazyMetaFile = "lazy.json"
+
+// lazyLayers are the layers this berthd serves lazily, by chain ID.
+type lazyLayers struct {
+	mu      sync.Mutex
+	mounts  map[string]*lazy.Mounted
+	layers  map[string]*lazy.Layer
+	corrupt atomic.Int64
+}
+
+func (z *lazyLayers) get(chainID string) bool {
+	z.mu.Lock()
+	defer z.mu.Unlock()
+	_, ok := z.mounts[chainID]
+	return ok
+}
+
+func (z *lazyLayers) add(chainID string, l *lazy.Layer, m *lazy.Mounted) {
+	z.mu.Lock()
+	defer z.mu.Unlock()
+	if z.mounts == nil {
+		z.mounts, z.layers = map[string]*lazy.Mounted{}, map[string]*lazy.Layer{}
+	}
+	z.mounts[chainID], z.layers[chainID] = m, l
+}
+
+// isMount reports whether dir is the mountpoint of a lazy layer (the
+// disk usage walk does not enter them: their files are not on disk).
+func (z *lazyLayers) isMount(dir string) bool {
+	z.mu.Lock()
+	defer z.mu.Unlock()
+	for _, m := range z.mounts {
+		if m.Dir == dir {
+			return true
+		}
+	}
+	return false
+}
+
+// unmount detaches the lazy layer chainID, if there is one.
+func (z *lazyLayers) unmount(chainID string) error {
+	z.mu.Lock()
+	m := z.mounts[chainID]
+	delete(z.mounts, chainID)
+	delete(z.layers, chainID)
+	z.mu.Unlock()
+	if m == nil {
+		return nil
+	}
+	return m.Unmount()
+}
+
+func (z *lazyLayers) unmountAll() error {
+	z.mu.Lock()
+	var ids []string
+	for id := range z.mounts {
+		ids = append(ids, id)
+	}
+	z.mu.Unlock()
+	var errs []error
+	for _, id := range ids {
+		errs = append(errs, z.unmount(id))
+	}
+	return errors.Join(errs...)
+}
+
+// LazyCorruptChunks counts the chunks of lazy layers that failed their
+// digest since start (berthd's metric).
+func (s *Store) LazyCorruptChunks() int64 { return s.lazy.corrupt.Load() }
+
+// registrySource is a layer blob on the registry of the pull that found
+// it, read in ranges.
+type registrySource struct {
+	c      *repoClient
+	digest string
+	size   int64
+}
+
+func (r *registrySource) Size() int64 { return r.size }
+
+func (r *registrySource) OpenRange(ctx context.Context, start, end int64) (io.ReadCloser, error) {
+	body, partial, err := r.c.openBlobRange(ctx, r.digest, start, end)
+	if err != nil {
+		return nil, err
+	}
+	if !partial {
+		body.Close()
+		return nil, lazy.ErrNoRanges
+	}
+	return body, nil
+}
+
+// errNotLazy: the layer cannot be served lazily; it is pulled whole.
+var errNotLazy = errors.New("layer not served lazily")
+
+// lazyLayer mounts lr, an eStargz layer, lazily: layer dir committed
+// into layers/ with its lazy.json and chunk cache, TOC fetched and
+// verified, prioritized files prefetched, filesystem mounted on its diff
+// dir. errNotLazy (wrapped) means the registry cannot serve it so and
+// nothing was left; the caller pulls it whole.
+func (s *Store) lazyLayer(ctx context.Context, lr layerMeta, rb registryBlobs) (err error) {
+	tx, err := s.layers.prepare(lr.ChainID)
+	if err != nil {
+		return err
+	}
+	defer tx.abort()
+	meta, err := json.Marshal(lazyMeta{Blob: lr.Digest, Size: lr.Size, TOCDigest: lr.TOCDigest})
+	if err != nil {
+		return err
+	}
+	if err := os.WriteFile(filepath.Join(tx.path, lazyMetaFile), meta, 0o600); err != nil {
+		return fmt.Errorf("lazy layer %s: %w", lr.ChainID, err)
+	}
+	if err := os.Mkdir(filepath.Join(tx.path, "cache"), 0o700); err != nil {
+		return fmt.Errorf("lazy layer %s: %w", lr.ChainID, err)
+	}
+	if err := tx.commit(); err != nil {
+		return err
+	}
+	// In layers/ now: a failure below trashes it (the pull's marks keep
+	// the collector off it meanwhile).
+	hexName := strings.TrimPrefix(lr.ChainID, "sha256:")
+	var mounted *lazy.Mounted
+	defer func() {
+		if err == nil {
+			return
+		}
+		if mounted != nil {
+			if uerr := mounted.Unmount(); uerr != nil {
+				s.log.Warn("lazy layer: unmount after a failed pull", "layer", lr.ChainID, "error", uerr)
+			}
+		}
+		if terr := s.layers.trash(hexName); terr != nil {
+			s.log.Warn("lazy layer: remove after a failed pull", "layer", lr.ChainID, "error", terr)
+		}
+		s.layers.emptyTrash(s.log)
+	}()
+	// Every byte of the TOC and the prefetch counts as the pull's
+	// progress (decision 1511).
+	count, stopCount := s.streams.start(lr.ChainID)
+	defer stopCount()
+	src := &registrySource{c: rb.c, digest: lr.Digest, size: lr.Size}
+	l, err := lazy.Open(ctx, src, lr.TOCDigest, lazy.Options{
+		CacheDir:       filepath.Join(s.layers.layerDir(lr.ChainID), "cache"),
+		Log:            s.log.With("layer", lr.ChainID),
+		OnCorrupt:      func(err error) { s.lazyCorrupt(lr.ChainID, err) },
+		Retries:        rb.set.Retries,
+		Progress:       count,
+		RequestTimeout: rb.lazyTimeout,
+	})
+	if errors.Is(err, lazy.ErrNoRanges) {
+		return fmt.Errorf("layer %s: %w: %w", lr.Digest, errNotLazy, err)
+	}
+	if err != nil {
+		return fmt.Errorf("lazy layer %s: %w", lr.Digest, classify(err))
+	}
+	if err := l.Prefetch(ctx); err != nil {
+		return fmt.Errorf("lazy layer %s: %w", lr.Digest, classify(err))
+	}
+	if mounted, err = lazy.Mount(s.layers.diffDir(lr.ChainID), l); err != nil {
+		return err
+	}
+	s.lazy.add(lr.ChainID, l, mounted)
+	s.usage.changed()
+	s.log.Info("layer mounted lazily", "layer", lr.ChainID, "blob", lr.Digest, "prefetched_bytes", l.FetchedBytes())
+	return nil
+}
+
+// lazyCorrupt is a lazy layer whose chunk failed its digest: counted,
+// logged (by the layer), and every image that uses it is removed, so that
+// it is not kept (containers reading it keep their leases and get EIO;
+// the next pull fetches the image again).
+func (s *Store) lazyCorrupt(chainID string, cause error) {
+	s.lazy.corrupt.Add(1)
+	// Not on the reader's goroutine: it is a FUSE request.
+	go func() {
+		var ids []string
+		s.index.view(func(images map[string]*imageMeta) {
+			for id, meta := range images {
+				for _, l := range meta.Layers {
+					if l.ChainID == chainID {
+						ids = append(ids, id)
+						break
+					}
+				}
+			}
+		})
+		for _, id := range ids {
+			s.log.Error("image marked bad: a lazy layer failed verification", "image", id, "layer", chainID, "error", cause)
+			if _, err := s.removeMeta(id); err != nil {
+				s.log.Warn("remove bad image", "image", id, "error", err)
+			}
+		}
+		s.requestGC()
+	}()
+}
+
+// dropLazyAtStart removes the lazy layers a previous berthd served (their
+// filesystem ended with it) and the images that use them: stale mounts
+// detached, layers moved to trash whatever holds them.
+func (s *Store) dropLazyAtStart() error {
+	es, err := s.layers.list()
+	if err != nil {
+		return err
+	}
+	dropped := map[string]bool{}
+	for _, e := range es {
+		if _, err := os.Stat(s.layers.path("layers", e.Name(), lazyMetaFile)); err != nil {
+			continue
+		}
+		diff := s.layers.path("layers", e.Name(), "diff")
+		if err := unix.Unmount(diff, unix.MNT_DETACH); err != nil && !errors.Is(err, unix.EINVAL) && !errors.Is(err, unix.ENOENT) {
+			s.log.Warn("lazy layer left by a previous berthd: unmount", "layer", e.Name(), "error", err)
+		}
+		if err := s.layers.trash(e.Name()); err != nil {
+			return fmt.Errorf("remove lazy layer %s left by a previous berthd: %w", e.Name(), err)
+		}
+		dropped["sha256:"+e.Name()] = true
+	}
+	if len(dropped) == 0 {
+		return nil
+	}
+	var ids []string
+	s.index.view(func(images map[string]*imageMeta) {
+		for id, meta := range images {
+			for _, l := range meta.Layers {
+				if dropped[l.ChainID] {
+					ids = append(ids, id)
+					break
+				}
+			}
+		}
+	})
+	for _, id := range ids {
+		s.log.Warn("image with a lazy layer from a previous berthd removed; it is pulled again when needed", "image", id)
+		if _, err := s.removeMeta(id); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// lazyTimeoutOf is how long one range request of a lazy layer may take:
+// the pull progress timeout (decision 1511), or a minute when it is off.
+func lazyTimeoutOf(set PullSettings) time.Duration {
+	if set.ProgressTimeout > 0 {
+		return set.ProgressTimeout
+	}
+	return time.Minute
+}
