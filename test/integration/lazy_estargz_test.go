@@ -28,10 +28,10 @@ const lazyHello = "hello from an eStargz layer"
 // helloImage is busybox plus a layer with /data/hello.
 func helloImage(t *testing.T) v1.Image {
 	t.Helper()
-	return testimages.Must(t, testimages.Build([][]testimages.File{{
+	return buildImage(t, [][]testimages.File{{
 		{Name: "data", Dir: true},
 		{Name: "data/hello", Data: []byte(lazyHello + "\n")},
-	}}, v1.Config{Cmd: []string{"sh"}}))
+	}})
 }
 
 // requireEStargzLayers fails t unless every layer descriptor of the
@@ -66,8 +66,11 @@ func lazyDaemon(t *testing.T, opts berthdtest.Options) (*berthdtest.Daemon, leak
 // what it printed; the pod is removed.
 func catInPod(t *testing.T, d *berthdtest.Daemon, reg *testimages.Registry, ref, path string) string {
 	t.Helper()
-	e := &ctrEnv{t: t, d: d, reg: reg, logDir: filepath.Join(d.Dir, "podlogs")}
-	e.podCfg = podConfig(strings.ToLower(strings.ReplaceAll(t.Name(), "/", "-")))
+	// A pod and log directory of its own per call: CRI logs outlive pods.
+	name := strings.ToLower(strings.ReplaceAll(t.Name(), "/", "-")) + "-" + strings.NewReplacer("/", "-", ".", "-", ":", "-").Replace(ref+path)
+	name = name[max(0, len(name)-60):]
+	e := &ctrEnv{t: t, d: d, reg: reg, logDir: filepath.Join(d.Dir, "podlogs", name)}
+	e.podCfg = podConfig(strings.Trim(name, "-"))
 	e.podCfg.LogDirectory = e.logDir
 	e.podCfg.Linux.CgroupParent = ""
 	e.pod = runPod(t, d, e.podCfg)
@@ -230,4 +233,11 @@ func requireLayers(t *testing.T, img v1.Image) []v1.Descriptor {
 		t.Fatal(err)
 	}
 	return m.Layers
+}
+
+// buildImage is busybox with extra layers, its command sh.
+func buildImage(t *testing.T, extra [][]testimages.File) v1.Image {
+	t.Helper()
+	img, err := testimages.Build(extra, v1.Config{Cmd: []string{"sh"}})
+	return testimages.Must(t, img, err)
 }

@@ -136,7 +136,7 @@ func requireNoBlob(t *testing.T, d *berthdtest.Daemon, digest string) {
 func TestLazyPullRunsBeforeTheLayerArrives(t *testing.T) {
 	t.Parallel()
 	reg := testimages.StartRegistry(t)
-	src := testimages.Must(t, testimages.Build([][]testimages.File{lazyLayerFiles(t)}, v1.Config{Cmd: []string{"sh"}}))
+	src := buildImage(t, [][]testimages.File{lazyLayerFiles(t)})
 	img := testimages.EStargz(t, src, "bin/busybox", "data/hello")
 	var log rangeLog
 	var digests []string
@@ -189,7 +189,7 @@ func TestLazyPullRunsBeforeTheLayerArrives(t *testing.T) {
 func TestLazyPullCorruptChunkIsEIOAndImageNotKept(t *testing.T) {
 	t.Parallel()
 	reg := testimages.StartRegistry(t)
-	src := testimages.Must(t, testimages.Build([][]testimages.File{lazyLayerFiles(t)}, v1.Config{Cmd: []string{"sh"}}))
+	src := buildImage(t, [][]testimages.File{lazyLayerFiles(t)})
 	img := testimages.EStargz(t, src, "bin/busybox", "data/hello")
 	blob, dataDigest, _ := layerOf(t, img, 1)
 	r, err := estargz.Open(io.NewSectionReader(bytes.NewReader(blob), 0, int64(len(blob))))
@@ -228,7 +228,7 @@ func TestLazyPullCorruptChunkIsEIOAndImageNotKept(t *testing.T) {
 		text = append(text, rec.stream+": "+rec.msg)
 	}
 	joined := strings.Join(text, "\n")
-	if st.ExitCode == 0 || !strings.Contains(joined, "stdout: "+lazyHello) || !strings.Contains(joined, "I/O error") {
+	if st.ExitCode == 0 || !strings.Contains(joined, "stdout: "+lazyHello) || !strings.Contains(joined, "Input/output error") {
 		t.Fatalf("exit %d, output:\n%s\nwant the prefetched file, then an I/O error", st.ExitCode, joined)
 	}
 	// Not kept: the image goes (the container keeps its layers meanwhile).
@@ -249,8 +249,8 @@ func TestLazyPullCorruptChunkIsEIOAndImageNotKept(t *testing.T) {
 func TestLazyPullMixedLayers(t *testing.T) {
 	t.Parallel()
 	reg := testimages.StartRegistry(t)
-	plain := testimages.Must(t, testimages.Build(nil, v1.Config{Cmd: []string{"sh"}}))
-	top := testimages.EStargz(t, testimages.Must(t, testimages.Build([][]testimages.File{lazyLayerFiles(t)}, v1.Config{Cmd: []string{"sh"}})), "data/hello")
+	plain := buildImage(t, nil)
+	top := testimages.EStargz(t, buildImage(t, [][]testimages.File{lazyLayerFiles(t)}), "data/hello")
 	baseLayers, err := plain.Layers()
 	if err != nil {
 		t.Fatal(err)
