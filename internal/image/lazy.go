@@ -1,7 +1,10 @@
 package image
 
 import (
+	"compress/gzip"
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -15,6 +18,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/berthcri/berth/internal/errdefs"
 	"github.com/berthcri/berth/internal/lazy"
 )
 
@@ -45,25 +49,33 @@ const lazyMetaFile = "lazy.json"
 // lazyLayers are the layers this berthd serves lazily, by chain ID.
 type lazyLayers struct {
 	mu      sync.Mutex
-	mounts  map[string]*lazy.Mounted
-	layers  map[string]*lazy.Layer
+	entries map[string]*lazyEntry
 	corrupt atomic.Int64
+}
+
+// lazyEntry is one lazy layer: its chunks, its mount, and its background
+// fetch (stopped and waited for when the layer goes).
+type lazyEntry struct {
+	layer   *lazy.Layer
+	mount   *lazy.Mounted
+	stop    context.CancelFunc
+	fetched chan struct{} // closed when the background fetch ended
 }
 
 func (z *lazyLayers) get(chainID string) bool {
 	z.mu.Lock()
 	defer z.mu.Unlock()
-	_, ok := z.mounts[chainID]
+	_, ok := z.entries[chainID]
 	return ok
 }
 
-func (z *lazyLayers) add(chainID string, l *lazy.Layer, m *lazy.Mounted) {
+func (z *lazyLayers) add(chainID string, e *lazyEntry) {
 	z.mu.Lock()
 	defer z.mu.Unlock()
-	if z.mounts == nil {
-		z.mounts, z.layers = map[string]*lazy.Mounted{}, map[string]*lazy.Layer{}
+	if z.entries == nil {
+		z.entries = map[string]*lazyEntry{}
 	}
-	z.mounts[chainID], z.layers[chainID] = m, l
+	z.entries[chainID] = e
 }
 
 // isMount reports whether dir is the mountpoint of a lazy layer (the
@@ -71,31 +83,35 @@ func (z *lazyLayers) add(chainID string, l *lazy.Layer, m *lazy.Mounted) {
 func (z *lazyLayers) isMount(dir string) bool {
 	z.mu.Lock()
 	defer z.mu.Unlock()
-	for _, m := range z.mounts {
-		if m.Dir == dir {
+	for _, e := range z.entries {
+		if e.mount.Dir == dir {
 			return true
 		}
 	}
 	return false
 }
 
-// unmount detaches the lazy layer chainID, if there is one.
+// unmount stops the background fetch of the lazy layer chainID, waits
+// for it, and detaches the layer, if there is one.
 func (z *lazyLayers) unmount(chainID string) error {
 	z.mu.Lock()
-	m := z.mounts[chainID]
-	delete(z.mounts, chainID)
-	delete(z.layers, chainID)
+	e := z.entries[chainID]
+	delete(z.entries, chainID)
 	z.mu.Unlock()
-	if m == nil {
+	if e == nil {
 		return nil
 	}
-	return m.Unmount()
+	e.stop()
+	<-e.fetched
+	err := e.mount.Unmount()
+	e.layer.Close()
+	return err
 }
 
 func (z *lazyLayers) unmountAll() error {
 	z.mu.Lock()
 	var ids []string
-	for id := range z.mounts {
+	for id := range z.entries {
 		ids = append(ids, id)
 	}
 	z.mu.Unlock()
@@ -202,10 +218,150 @@ func (s *Store) lazyLayer(ctx context.Context, lr layerMeta, rb registryBlobs) (
 	if mounted, err = lazy.Mount(s.layers.diffDir(lr.ChainID), l); err != nil {
 		return err
 	}
-	s.lazy.add(lr.ChainID, l, mounted)
+	bg, stop := context.WithCancel(context.Background())
+	e := &lazyEntry{layer: l, mount: mounted, stop: stop, fetched: make(chan struct{})}
+	s.lazy.add(lr.ChainID, e)
 	s.usage.changed()
 	s.log.Info("layer mounted lazily", "layer", lr.ChainID, "blob", lr.Digest, "prefetched_bytes", l.FetchedBytes())
+	go func() {
+		defer close(e.fetched)
+		s.backgroundFetch(bg, lr, rb, l)
+	}()
 	return nil
+}
+
+// Background fetch (stage S3): the whole blob of a lazy layer comes in
+// behind the containers' reads, through the same fetch as a full pull
+// (blobFetch: ranged for large blobs, its digest and size checked), its
+// decompressed stream checked against the config's diff ID; then the
+// layer reads every chunk from it, and the node ends with the whole
+// image as after a full pull. A registry that fails or stalls
+// (image_pull_progress_timeout without a byte) is tried again with
+// back-off, from 1 s doubling to a minute, until the fetch completes or
+// the layer goes.
+
+const (
+	backgroundRetryFirst = time.Second
+	backgroundRetryMax   = time.Minute
+)
+
+func (s *Store) backgroundFetch(ctx context.Context, lr layerMeta, rb registryBlobs, l *lazy.Layer) {
+	delay := backgroundRetryFirst
+	for {
+		err := s.fetchWholeBlob(ctx, lr, rb, l)
+		if err == nil || ctx.Err() != nil {
+			return
+		}
+		if errors.Is(err, errCorruptBlob) {
+			// The registry's bytes are not the image's: not kept.
+			l.MarkCorrupt(err)
+			return
+		}
+		s.log.Warn("lazy layer: background fetch failed, retrying", "layer", lr.ChainID, "in", delay, "error", err)
+		select {
+		case <-time.After(delay):
+		case <-ctx.Done():
+			return
+		}
+		delay = min(2*delay, backgroundRetryMax)
+	}
+}
+
+// errDiffID is a blob whose decompressed stream is not the config's
+// diff ID; errCorruptBlob a blob received whole that is not the image's
+// (its digest or diff ID): not retried.
+var (
+	errDiffID      = errors.New("layer does not match its diff ID")
+	errCorruptBlob = errors.New("layer blob is not the image's")
+)
+
+// fetchWholeBlob fetches lr's blob into the content store (verified)
+// and checks its diff ID, then has l read from it.
+func (s *Store) fetchWholeBlob(ctx context.Context, lr layerMeta, rb registryBlobs, l *lazy.Layer) (err error) {
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	count := &atomic.Int64{}
+	stopWatch := watchProgress(ctx, cancel, count, rb.lazyTimeout)
+	defer stopWatch()
+	bf, err := s.startBlobFetch(ctx, lr, rb, count)
+	if err != nil {
+		return err
+	}
+	defer bf.close()
+	src := &readErr{r: bf}
+	diffErr := checkDiffID(src, lr.DiffID)
+	if src.err != nil {
+		// The transfer broke: not the content's fault, retried.
+		diffErr = src.err
+	}
+	if err := bf.finish(diffErr); err != nil {
+		if cause := context.Cause(ctx); cause != nil && !errors.Is(cause, context.Canceled) {
+			return fmt.Errorf("%w: %w", cause, err)
+		}
+		// Every byte the manifest announced arrived, and it is not the
+		// image's layer.
+		if count.Load() >= lr.Size && (errors.Is(err, errDiffID) || errors.Is(err, errdefs.ErrInvalidArgument)) {
+			return fmt.Errorf("%w: %w", errCorruptBlob, err)
+		}
+		return err
+	}
+	f, err := s.content.open(lr.Digest)
+	if err != nil {
+		return err
+	}
+	l.UseLocal(f)
+	s.usage.changed()
+	s.log.Info("lazy layer complete on disk", "layer", lr.ChainID, "blob", lr.Digest)
+	return nil
+}
+
+// checkDiffID reads the gzip stream r to its end and compares the
+// decompressed bytes' digest with diffID.
+func checkDiffID(r io.Reader, diffID string) error {
+	zr, err := gzip.NewReader(r)
+	if err != nil {
+		return fmt.Errorf("%w: %w", errDiffID, err)
+	}
+	zr.Multistream(true)
+	h := sha256.New()
+	if _, err := io.Copy(h, zr); err != nil {
+		return fmt.Errorf("%w: %w", errDiffID, err)
+	}
+	if got := "sha256:" + hex.EncodeToString(h.Sum(nil)); got != diffID {
+		return fmt.Errorf("%w: %s, the config says %s", errDiffID, got, diffID)
+	}
+	return nil
+}
+
+// errBackgroundStalled ends a background fetch that received nothing for
+// the progress timeout.
+var errBackgroundStalled = errors.New("background fetch made no progress for image_pull_progress_timeout")
+
+// watchProgress cancels ctx (with errBackgroundStalled) when count does
+// not move for timeout; the returned func stops watching.
+func watchProgress(ctx context.Context, cancel context.CancelCauseFunc, count *atomic.Int64, timeout time.Duration) func() {
+	done := make(chan struct{})
+	go func() {
+		tick := time.NewTicker(max(timeout/8, 10*time.Millisecond))
+		defer tick.Stop()
+		last, since := count.Load(), time.Now()
+		for {
+			select {
+			case <-done:
+				return
+			case <-ctx.Done():
+				return
+			case now := <-tick.C:
+				if n := count.Load(); n != last {
+					last, since = n, now
+				} else if now.Sub(since) >= timeout {
+					cancel(errBackgroundStalled)
+					return
+				}
+			}
+		}
+	}()
+	return func() { close(done) }
 }
 
 // lazyCorrupt is a lazy layer whose chunk failed its digest: counted,
@@ -289,4 +445,18 @@ func lazyTimeoutOf(set PullSettings) time.Duration {
 		return set.ProgressTimeout
 	}
 	return time.Minute
+}
+
+// readErr remembers the first error of r other than io.EOF.
+type readErr struct {
+	r   io.Reader
+	err error
+}
+
+func (e *readErr) Read(p []byte) (int, error) {
+	n, err := e.r.Read(p)
+	if err != nil && err != io.EOF && e.err == nil {
+		e.err = err
+	}
+	return n, err
 }

@@ -97,6 +97,30 @@ type Layer struct {
 
 	mu       sync.Mutex
 	inflight map[string]*chunkCall // by chunk digest
+
+	// local is the whole blob on disk, once the background fetch
+	// verified it: chunks are read from it instead of the source.
+	local atomic.Pointer[os.File]
+}
+
+// UseLocal serves every chunk not yet cached from f, the layer's whole
+// blob verified on disk (its digest and diff ID), instead of the source.
+// Chunks are still checked against their TOC digests. The layer closes
+// f in Close.
+func (l *Layer) UseLocal(f *os.File) {
+	if old := l.local.Swap(f); old != nil {
+		old.Close()
+	}
+}
+
+// Local reports whether the layer reads from its local blob.
+func (l *Layer) Local() bool { return l.local.Load() != nil }
+
+// Close releases the local blob, if any.
+func (l *Layer) Close() {
+	if f := l.local.Swap(nil); f != nil {
+		f.Close()
+	}
 }
 
 type chunkCall struct {
@@ -320,6 +344,10 @@ func (l *Layer) decode(ce *estargz.TOCEntry, raw []byte) ([]byte, error) {
 	return data, nil
 }
 
+// MarkCorrupt records that the layer's blob is not what its image says
+// (its diff ID or digest did not match when fetched whole).
+func (l *Layer) MarkCorrupt(err error) { _ = l.fail(err) }
+
 // fail records a corrupt layer (the first time, telling OnCorrupt).
 func (l *Layer) fail(err error) error {
 	if l.corrupt.CompareAndSwap(false, true) {
@@ -375,6 +403,13 @@ func (l *Layer) readRange(ctx context.Context, start, end int64) ([]byte, error)
 }
 
 func (l *Layer) readRangeOnce(ctx context.Context, start, end int64) ([]byte, error) {
+	if f := l.local.Load(); f != nil {
+		buf := make([]byte, end-start)
+		if _, err := f.ReadAt(buf, start); err != nil {
+			return nil, fmt.Errorf("local blob bytes %d-%d: %w", start, end-1, err)
+		}
+		return buf, nil
+	}
 	if l.opts.RequestTimeout > 0 {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, l.opts.RequestTimeout)
