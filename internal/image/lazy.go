@@ -69,6 +69,18 @@ func (z *lazyLayers) get(chainID string) bool {
 	return ok
 }
 
+// onDisk is the bytes of verified chunks the lazy layer chainID keeps,
+// while its background fetch has not completed it.
+func (z *lazyLayers) onDisk(chainID string) (int64, bool) {
+	z.mu.Lock()
+	defer z.mu.Unlock()
+	e := z.entries[chainID]
+	if e == nil || e.layer.Local() {
+		return 0, false
+	}
+	return e.layer.CachedBytes(), true
+}
+
 func (z *lazyLayers) add(chainID string, e *lazyEntry) {
 	z.mu.Lock()
 	defer z.mu.Unlock()

@@ -213,6 +213,7 @@ func newStore(opts Options) *Store {
 		dir: s.path("records"), content: s.content, layers: s.layers,
 		changed: s.usage.changed, images: map[string]*imageMeta{},
 	}
+	s.index.lazyOnDisk = s.lazy.onDisk
 	for _, p := range opts.PinnedImages {
 		if n, err := ParseReference(p); err == nil {
 			s.index.pinned = append(s.index.pinned, n.String())

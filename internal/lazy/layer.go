@@ -94,6 +94,8 @@ type Layer struct {
 	corrupt atomic.Bool
 	// FetchedBytes counts the bytes fetched from the source.
 	fetched atomic.Int64
+	// cached counts the bytes of the chunks written to the cache.
+	cached atomic.Int64
 
 	mu       sync.Mutex
 	inflight map[string]*chunkCall // by chunk digest
@@ -235,6 +237,10 @@ func (l *Layer) Lookup(path string) (*estargz.TOCEntry, bool) { return l.r.Looku
 // Corrupt reports whether a chunk of the layer failed its digest.
 func (l *Layer) Corrupt() bool { return l.corrupt.Load() }
 
+// CachedBytes is how many bytes of verified chunks the layer keeps on
+// disk.
+func (l *Layer) CachedBytes() int64 { return l.cached.Load() }
+
 // FetchedBytes is how many bytes the layer fetched from its source.
 func (l *Layer) FetchedBytes() int64 { return l.fetched.Load() }
 
@@ -369,7 +375,9 @@ func (l *Layer) store(cached string, data []byte) {
 	}
 	if err := os.Rename(tmp, cached); err != nil {
 		os.Remove(tmp)
+		return
 	}
+	l.cached.Add(int64(len(data)))
 }
 
 // readRange reads the blob's bytes [start, end), retrying a failed

@@ -193,6 +193,22 @@ func TestLazyPullRunsBeforeTheLayerArrives(t *testing.T) {
 	for _, dg := range digests {
 		requireNoBlob(t, d, dg)
 	}
+	// ImageStatus counts what is on disk: the config and the verified
+	// chunks the lazy layers keep, not the blobs they do not have.
+	rawCfg, err := img.RawConfigFile()
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := uint64(len(rawCfg))
+	caches, _ := filepath.Glob(filepath.Join(d.Root, "images", "layers", "*", "cache", "*"))
+	for _, c := range caches {
+		if fi, err := os.Stat(c); err == nil {
+			want += uint64(fi.Size())
+		}
+	}
+	if st := imageStatus(t, d, ref); st == nil || st.Size != want {
+		t.Fatalf("ImageStatus size %v, want %d (config and cached chunks)", st.GetSize(), want)
+	}
 	dataReqs := len(log.of(digests[1]))
 	if got := catInPod(t, d, reg, ref, "/data/hello"); got != lazyHello {
 		t.Fatalf("prefetched file: %q", got)
@@ -393,6 +409,11 @@ func TestLazyPullBackgroundFetchCompletes(t *testing.T) {
 	pull(t, d, ref, nil)
 	waitFor(t, func() bool { return blobStored(d, dataDigest) })
 	log.setGone(true)
+	// Complete: ImageStatus counts the whole blob again.
+	blob, _, _ := layerOf(t, img, 1)
+	if st := imageStatus(t, d, ref); st == nil || st.Size < uint64(len(blob)) {
+		t.Fatalf("ImageStatus size %v after the background fetch, want at least the %d bytes of the data layer", st.GetSize(), len(blob))
+	}
 	if got := catInPod(t, d, reg, ref, "/data/later"); got != lazyLater {
 		t.Fatalf("read from the completed layer: %q", got)
 	}
