@@ -1,7 +1,9 @@
 package lazy_test
 
 import (
+	"archive/tar"
 	"bytes"
+	"compress/gzip"
 	"context"
 	"errors"
 	"fmt"
@@ -15,6 +17,7 @@ import (
 	"syscall"
 	"testing"
 
+	"github.com/containerd/stargz-snapshotter/estargz"
 	"github.com/google/go-containerregistry/pkg/v1/empty"
 	"github.com/google/go-containerregistry/pkg/v1/mutate"
 	"github.com/google/go-containerregistry/pkg/v1/types"
@@ -317,5 +320,29 @@ func TestLazyLayerOpenRefusesBadTOC(t *testing.T) {
 				t.Fatal("opened")
 			}
 		})
+	}
+}
+
+// A hostile TOC: its tar header claims more JSON than MaxTOCJSON. Open
+// refuses it from the header, before the format's parser reads it.
+func TestLazyLayerOpenRefusesAHugeTOC(t *testing.T) {
+	blob, toc := testLayer(t)
+	footer := blob[len(blob)-estargz.FooterSize:]
+	_, tocOffset, _, err := new(estargz.GzipDecompressor).ParseFooter(footer)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var member bytes.Buffer
+	zw := gzip.NewWriter(&member)
+	tw := tar.NewWriter(zw)
+	if err := tw.WriteHeader(&tar.Header{Name: estargz.TOCTarName, Typeflag: tar.TypeReg, Size: lazy.MaxTOCJSON + 1, Mode: 0o644}); err != nil {
+		t.Fatal(err)
+	}
+	tw.Write([]byte(`{"version":1,"entries":[`))
+	zw.Close()
+	hostile := append(append(bytes.Clone(blob[:tocOffset]), member.Bytes()...), footer...)
+	_, err = lazy.Open(context.Background(), &memSource{blob: hostile}, toc, lazy.Options{CacheDir: t.TempDir()})
+	if err == nil || !strings.Contains(err.Error(), "over the limit") {
+		t.Fatalf("got %v, want the TOC refused as over the limit", err)
 	}
 }
