@@ -133,7 +133,18 @@ func (s *Store) collect() error {
 	if s.gc.listed != nil {
 		s.gc.listed()
 	}
+	lazyBefore := s.lazy.count()
 	freed, err := s.unlinkUnused(blobs, layers)
+	if err == nil && s.lazy.count() < lazyBefore {
+		// A lazy layer's background fetch, stopped just now, may have
+		// stored its blob after the listing: list the blobs again.
+		if blobs, err = s.content.list(); err != nil {
+			return err
+		}
+		var more int
+		more, err = s.unlinkUnused(blobs, nil)
+		freed += more
+	}
 	if freed > 0 {
 		s.faults.Hit(fault.ImageMidGC, "layers", freed)
 		s.layers.emptyTrash(s.log)

@@ -62,6 +62,13 @@ type lazyEntry struct {
 	fetched chan struct{} // closed when the background fetch ended
 }
 
+// count is how many layers are served lazily.
+func (z *lazyLayers) count() int {
+	z.mu.Lock()
+	defer z.mu.Unlock()
+	return len(z.entries)
+}
+
 func (z *lazyLayers) get(chainID string) bool {
 	z.mu.Lock()
 	defer z.mu.Unlock()

@@ -266,16 +266,14 @@ func Mount(dir string, l *Layer) (*Mounted, error) {
 	return &Mounted{Dir: dir, server: srv}, nil
 }
 
-// Unmount detaches the filesystem (lazily: a container still using it
-// keeps it until it lets go) and waits for its server to end.
+// Unmount detaches the filesystem from the tree. It does not wait for the
+// server: an overlay that still has the layer as a lower dir (a container
+// on its way out, in a mount namespace of its own) keeps the kernel's
+// connection, and the server with it, until it lets go; go-fuse's own
+// Unmount would wait for that, and hold whoever called it.
 func (m *Mounted) Unmount() error {
-	err := m.server.Unmount()
-	if err != nil {
-		// Busy: detach it from the tree now; the kernel ends the
-		// connection when its last user goes.
-		if derr := unix.Unmount(m.Dir, unix.MNT_DETACH); derr != nil && !errors.Is(derr, unix.EINVAL) {
-			return fmt.Errorf("unmount lazy layer %s: %w", m.Dir, errors.Join(err, derr))
-		}
+	if err := unix.Unmount(m.Dir, unix.MNT_DETACH); err != nil && !errors.Is(err, unix.EINVAL) && !errors.Is(err, unix.ENOENT) {
+		return fmt.Errorf("unmount lazy layer %s: %w", m.Dir, err)
 	}
 	return nil
 }
