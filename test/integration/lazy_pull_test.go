@@ -11,6 +11,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/containerd/stargz-snapshotter/estargz"
 	v1 "github.com/google/go-containerregistry/pkg/v1"
@@ -283,9 +284,9 @@ func TestLazyPullCorruptChunkIsEIOAndImageNotKept(t *testing.T) {
 		t.Fatalf("exit %d, output:\n%s\nwant the prefetched file, then an I/O error", st.ExitCode, joined)
 	}
 	// Not kept: the image goes (the container keeps its layers meanwhile).
-	waitFor(t, func() bool { return imageStatus(t, d, ref) == nil })
+	lazyWait(t, func() bool { return imageStatus(t, d, ref) == nil })
 	stopRemove(t, d, e.pod)
-	waitFor(t, func() bool { return len(lazyMountsBelow(t, d.Root)) == 0 })
+	lazyWait(t, func() bool { return len(lazyMountsBelow(t, d.Root)) == 0 })
 	leakcheck.CheckSettled(t, scope, before, leakcheck.Take(t, scope))
 	// Pulled again, it is fetched again (and is as corrupt).
 	pull(t, d, ref, nil)
@@ -407,7 +408,7 @@ func TestLazyPullBackgroundFetchCompletes(t *testing.T) {
 	d, scope, before := lazyDaemon(t, berthdtest.Options{})
 	ref := reg.Ref("lazy/bg:1")
 	pull(t, d, ref, nil)
-	waitFor(t, func() bool { return blobStored(d, dataDigest) })
+	lazyWait(t, func() bool { return blobStored(d, dataDigest) })
 	log.setGone(true)
 	// Complete: ImageStatus counts the whole blob again.
 	blob, _, _ := layerOf(t, img, 1)
@@ -442,7 +443,7 @@ func TestLazyPullRegistryGoneMidFetch(t *testing.T) {
 	// The TOC and the prefetch arrive; the background fetch is under way
 	// (held) when the registry goes.
 	pull(t, d, ref, nil)
-	waitFor(t, func() bool { return slices.Contains(log.of(dataDigest), "") })
+	lazyWait(t, func() bool { return slices.Contains(log.of(dataDigest), "") })
 	log.setGone(true)
 	log.release()
 
@@ -455,7 +456,7 @@ func TestLazyPullRegistryGoneMidFetch(t *testing.T) {
 	cfg.Image.Image = ref
 	id := e.run(cfg)
 	// The first read fails with EIO while the registry is gone.
-	waitFor(t, func() bool {
+	lazyWait(t, func() bool {
 		data, _ := os.ReadFile(e.status(id).LogPath)
 		return strings.Contains(string(data), "Input/output error")
 	})
@@ -468,7 +469,7 @@ func TestLazyPullRegistryGoneMidFetch(t *testing.T) {
 	if st.ExitCode != 0 || !strings.Contains(strings.Join(out, "\n"), "stdout: "+lazyLater) {
 		t.Fatalf("exit %d, output:\n%s", st.ExitCode, strings.Join(out, "\n"))
 	}
-	waitFor(t, func() bool { return blobStored(d, dataDigest) })
+	lazyWait(t, func() bool { return blobStored(d, dataDigest) })
 	stopRemove(t, d, e.pod)
 	if _, err := d.Image.RemoveImage(ctxT(t), &criapi.RemoveImageRequest{Image: &criapi.ImageSpec{Image: ref}}); err != nil {
 		t.Fatal(err)
@@ -492,7 +493,7 @@ func TestLazyPullImageRemovedWhileFetchRuns(t *testing.T) {
 	d, scope, before := lazyDaemon(t, berthdtest.Options{})
 	ref := reg.Ref("lazy/rm:1")
 	pull(t, d, ref, nil)
-	waitFor(t, func() bool { return slices.Contains(log.of(dataDigest), "") })
+	lazyWait(t, func() bool { return slices.Contains(log.of(dataDigest), "") })
 	if _, err := d.Image.RemoveImage(ctxT(t), &criapi.RemoveImageRequest{Image: &criapi.ImageSpec{Image: ref}}); err != nil {
 		t.Fatal(err)
 	}
@@ -542,4 +543,17 @@ func TestLazyPullBerthdKilledDropsItsLazyLayers(t *testing.T) {
 		t.Fatal(err)
 	}
 	leakcheck.CheckSettled(t, scope, before, leakcheck.Take(t, scope))
+}
+
+// lazyWait polls cond until it holds, failing t after 30 s. (Its own
+// name: the shared poller is being renamed on main, waitFor → waitUntil.)
+func lazyWait(t *testing.T, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatal("condition not met in 30s")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
 }
