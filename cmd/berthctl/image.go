@@ -13,9 +13,12 @@ import (
 	"github.com/berthcri/berth/internal/admin"
 )
 
-// imageCommand runs `berthctl image import FILE` and `image export IMAGE FILE`.
+// imageCommand runs `berthctl image import FILE`, `image export IMAGE
+// FILE` and `image convert --estargz SRC DST`.
 func imageCommand(ctx context.Context, g *globals, args []string) error {
 	switch {
+	case len(args) > 0 && args[0] == "convert":
+		return convertCommand(ctx, g, args[1:])
 	case len(args) == 2 && args[0] == "import":
 		conn, err := g.dial()
 		if err != nil {

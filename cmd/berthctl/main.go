@@ -2,6 +2,9 @@
 //
 //	berthctl [--address ADDR] image import FILE     load a docker-archive or OCI layout tarball
 //	berthctl [--address ADDR] image export IMAGE FILE
+//	berthctl [--address ADDR] image convert --estargz [--prioritize F,…] [--prioritize-file FILE] SRC DST
+//	                                                 rewrite an image into eStargz (lazy pulling); SRC and DST
+//	                                                 are registry references or store:REF
 //	berthctl [--address ADDR] info                   daemon version, config, counts, addresses
 //	berthctl [--config FILE] doctor                  check the node before pointing the kubelet here
 //
@@ -28,6 +31,8 @@ import (
 
 const usage = `usage: berthctl [--address ADDR] image import FILE
        berthctl [--address ADDR] image export IMAGE FILE
+       berthctl [--address ADDR] image convert --estargz [--prioritize F,...] [--prioritize-file FILE]
+                [--chunk-size N] [--max-layer-size N] [--plain-http] SRC DST   (SRC, DST: registry ref or store:REF)
        berthctl [--address ADDR] info
        berthctl [--config FILE] doctor
 `

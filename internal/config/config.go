@@ -101,6 +101,9 @@ type Config struct {
 	// ImageRangeFetch fetches large layer blobs in parallel HTTP range
 	// requests (decision 3000).
 	ImageRangeFetch ImageRangeFetch `toml:"image_range_fetch" json:"image_range_fetch"`
+	// ImageLazyPull serves eStargz layers before they have arrived
+	// (decision 3600).
+	ImageLazyPull ImageLazyPull `toml:"image_lazy_pull" json:"image_lazy_pull"`
 	// ImageLimits bound what one image may make berthd unpack (decision
 	// 3420): every image is hostile input.
 	ImageLimits ImageLimits `toml:"image_limits" json:"image_limits"`
@@ -211,6 +214,13 @@ func (d *Duration) UnmarshalText(b []byte) error {
 	}
 	*d = Duration(v)
 	return nil
+}
+
+// ImageLazyPull configures lazy pulling of eStargz layers.
+type ImageLazyPull struct {
+	// Enable mounts a layer whose manifest names its eStargz TOC
+	// before it has arrived; off, every layer is pulled whole.
+	Enable bool `toml:"enable" json:"enable"`
 }
 
 // ImageRangeFetch configures parallel range requests within one layer.
@@ -377,6 +387,7 @@ func Default() *Config {
 		},
 
 		ImagePullProgressTimeout: Duration(DefaultImagePullProgressTimeout),
+		ImageLazyPull:            ImageLazyPull{Enable: true},
 		ImageRangeFetch: ImageRangeFetch{
 			Enable: true, MinLayerSize: DefaultImageRangeMinLayerSize, ChunkSize: DefaultImageRangeChunkSize,
 			Parallel: DefaultImageRangeParallel, Retries: DefaultImageRangeRetries,

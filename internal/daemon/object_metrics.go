@@ -8,6 +8,7 @@ import (
 	criapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/berthcri/berth/internal/container"
+	"github.com/berthcri/berth/internal/image"
 	"github.com/berthcri/berth/internal/metrics"
 	"github.com/berthcri/berth/internal/sandbox"
 )
@@ -58,6 +59,14 @@ func logWriteErrors(containers *container.Store) map[string]float64 {
 		}
 	}
 	return out
+}
+
+// registerLazyCounts adds the lazy-pull metrics (decision 3600).
+func registerLazyCounts(m *metrics.Metrics, images *image.Store) {
+	m.Registry.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{
+		Name: "berth_lazy_chunk_verify_failures_total",
+		Help: "Chunks of lazily pulled layers that did not match their TOC digest (each read failed with EIO and the image was removed).",
+	}, func() float64 { return float64(images.LazyCorruptChunks()) }))
 }
 
 func shimGauge(containers *container.Store) prometheus.Collector {

@@ -103,6 +103,7 @@ func (d *Daemon) openImages(context.Context) (err error) {
 				ProgressTimeout:   live.PullProgressTimeout(),
 				SignaturePolicy:   live.ImageSignaturePolicy(),
 				RangeFetch:        rangeFetch(live.Config.ImageRangeFetch),
+				LazyPull:          live.Config.ImageLazyPull.Enable,
 				Limits:            limits,
 			}
 		},
@@ -217,6 +218,7 @@ func (d *Daemon) openSandboxes(ctx context.Context) (err error) {
 	// GetContainerEvents: each event with its pod's status.
 	d.events.Subscribe(cri.NewEventPublisher(d.broker, d.sandboxes).ContainerEvent)
 	registerObjectCounts(d.m, d.sandboxes, d.containers)
+	registerLazyCounts(d.m, d.images)
 	return nil
 }
 

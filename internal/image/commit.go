@@ -19,6 +19,7 @@ import (
 
 	"github.com/berthcri/berth/internal/errdefs"
 	"github.com/berthcri/berth/internal/fault"
+	"github.com/berthcri/berth/internal/lazy"
 	"github.com/berthcri/berth/internal/tracing"
 )
 
@@ -197,6 +198,13 @@ func describe(img v1.Image) (*described, error) {
 	if rec.Layers, err = describeLayers(layers, diffIDs); err != nil {
 		return nil, err
 	}
+	if len(m.Layers) == len(rec.Layers) {
+		for i, l := range m.Layers {
+			if d := l.Annotations[lazy.TOCDigestAnnotation]; digestPattern.MatchString(d) {
+				rec.Layers[i].TOCDigest = d
+			}
+		}
+	}
 	for _, l := range rec.Layers {
 		rec.Size += uint64(l.Size)
 	}
@@ -293,7 +301,7 @@ func (s *Store) ensureLayer(ctx context.Context, lr layerMeta, open blobOpener, 
 }
 
 func (s *Store) layerPresent(lr layerMeta) bool {
-	return s.layers.has(lr.ChainID) && s.content.has(lr.Digest)
+	return s.layers.has(lr.ChainID) && (s.content.has(lr.Digest) || s.lazy.get(lr.ChainID))
 }
 
 func (s *Store) fetchLayer(ctx context.Context, lr layerMeta, open blobOpener, opts UnpackOptions) (err error) {
@@ -305,6 +313,13 @@ func (s *Store) fetchLayer(ctx context.Context, lr layerMeta, open blobOpener, o
 	_, err = s.layerFetches.Do(ctx, lr.ChainID, func(ctx context.Context) (struct{}, error) {
 		if s.layerPresent(lr) {
 			return struct{}{}, nil
+		}
+		if rb, ok := open.(registryBlobs); ok && rb.lazy && lr.TOCDigest != "" && !s.layers.has(lr.ChainID) && !s.content.has(lr.Digest) {
+			err := s.lazyLayer(ctx, lr, rb)
+			if !errors.Is(err, errNotLazy) {
+				return struct{}{}, err
+			}
+			s.log.Info("layer pulled whole", "layer", lr.Digest, "reason", err)
 		}
 		err := s.streamLayer(ctx, lr, open, opts)
 		if err == nil && ctx.Err() != nil {

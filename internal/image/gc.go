@@ -109,9 +109,15 @@ func (s *Store) requestGC() <-chan struct{} { return s.gc.request() }
 // it; container removal does not wait.
 func (s *Store) WaitGC() { <-s.requestGC() }
 
-// Close stops background collection, waiting for a running pass. The
-// store must not be used afterwards.
-func (s *Store) Close() { s.gc.close() }
+// Close stops background collection, waiting for a running pass, and
+// unmounts the lazy layers this berthd serves (they end with it, decision
+// 3600). The store must not be used afterwards.
+func (s *Store) Close() {
+	s.gc.close()
+	if err := s.lazy.unmountAll(); err != nil {
+		s.log.Warn("unmount lazy layers", "error", err)
+	}
+}
 
 // collect is one pass: it removes blobs and layers that no image, lease or
 // running pull refers to.
@@ -127,7 +133,18 @@ func (s *Store) collect() error {
 	if s.gc.listed != nil {
 		s.gc.listed()
 	}
+	lazyBefore := s.lazy.count()
 	freed, err := s.unlinkUnused(blobs, layers)
+	if err == nil && s.lazy.count() < lazyBefore {
+		// A lazy layer's background fetch, stopped just now, may have
+		// stored its blob after the listing: list the blobs again.
+		if blobs, err = s.content.list(); err != nil {
+			return err
+		}
+		var more int
+		more, err = s.unlinkUnused(blobs, nil)
+		freed += more
+	}
 	if freed > 0 {
 		s.faults.Hit(fault.ImageMidGC, "layers", freed)
 		s.layers.emptyTrash(s.log)
@@ -175,6 +192,10 @@ func (s *Store) sweep(blobs, layers []os.DirEntry, keepBlobs, keepLayers map[str
 				continue
 			}
 			s.log.Debug("freeing layer", "chainID", e.Name())
+			if err := s.lazy.unmount("sha256:" + e.Name()); err != nil {
+				errs = append(errs, err)
+				continue
+			}
 			if err := s.layers.trash(e.Name()); err != nil {
 				if !os.IsNotExist(err) {
 					errs = append(errs, err)

@@ -42,6 +42,9 @@ type layerMeta struct {
 	Size      int64  `json:"size"`
 	DiffID    string `json:"diffID"`
 	ChainID   string `json:"chainID"`
+	// TOCDigest is the manifest's eStargz TOC digest annotation: the
+	// layer can be served lazily (decision 3600).
+	TOCDigest string `json:"tocDigest,omitempty"`
 }
 
 // imageIndex is the image metadata: one record per image, with its names
@@ -63,6 +66,9 @@ type imageIndex struct {
 	// under it, and read without it only at load.
 	mu     sync.Mutex
 	images map[string]*imageMeta // by ID
+	// lazyOnDisk, if set, is the bytes on disk of a lazy layer that is
+	// not complete yet (ok false for any other layer).
+	lazyOnDisk func(chainID string) (n int64, ok bool)
 }
 
 func (x *imageIndex) recordPath(id string) string {
@@ -145,6 +151,12 @@ func (x *imageIndex) toImage(meta *imageMeta) *Image {
 	}
 	for _, l := range meta.Layers {
 		img.ChainIDs = append(img.ChainIDs, l.ChainID)
+		// A lazy layer not yet complete counts what it has on disk.
+		if x.lazyOnDisk != nil {
+			if n, ok := x.lazyOnDisk(l.ChainID); ok && uint64(l.Size) <= img.Size {
+				img.Size = img.Size - uint64(l.Size) + uint64(n)
+			}
+		}
 	}
 	for _, p := range x.pinned {
 		if p == meta.ID || slices.Contains(meta.RepoTags, p) || slices.Contains(meta.RepoDigests, p) {

@@ -14,6 +14,7 @@ import (
 	"runtime"
 	"slices"
 	"strings"
+	"time"
 	"unicode"
 
 	"github.com/google/go-containerregistry/pkg/authn"
@@ -251,6 +252,10 @@ func (c *repoClient) openBlobRange(ctx context.Context, digest string, start, en
 type registryBlobs struct {
 	c   *repoClient
 	set RangeFetch
+	// lazy serves eStargz layers lazily (decision 3600), each range
+	// request bounded by lazyTimeout.
+	lazy        bool
+	lazyTimeout time.Duration
 }
 
 func (b registryBlobs) open(ctx context.Context, lr layerMeta) (io.ReadCloser, error) {

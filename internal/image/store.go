@@ -56,6 +56,8 @@ type Options struct {
 	// RangeFetch is how large layer blobs are fetched in parallel ranges
 	// (when Settings is nil); the zero value fetches each as one stream.
 	RangeFetch RangeFetch
+	// LazyPull serves eStargz layers lazily (when Settings is nil).
+	LazyPull bool
 	// Settings, if set, gives the live settings each pull starts with
 	// (berthd's reloadable configuration) and overrides RegistryConfigDir
 	// and PullProgressTimeout.
@@ -82,6 +84,8 @@ type PullSettings struct {
 	RangeFetch RangeFetch
 	// Limits bound what each image may unpack (pulls and imports).
 	Limits Limits
+	// LazyPull serves eStargz layers lazily (decision 3600).
+	LazyPull bool
 }
 
 // Limits bound what one image may make berthd unpack (decision 3420,
@@ -142,6 +146,8 @@ type Store struct {
 	// streams counts the bytes of the layer streams running now, for the
 	// pulls' progress timeout.
 	streams layerBytes
+	// lazy are the layers served lazily (lazy.go).
+	lazy lazyLayers
 }
 
 // Open loads the store, throwing away what interrupted pulls left behind:
@@ -171,6 +177,9 @@ func Open(opts Options) (*Store, error) {
 	if err := s.refs.load(); err != nil {
 		return nil, err
 	}
+	if err := s.dropLazyAtStart(); err != nil {
+		return nil, err
+	}
 	if err := s.collectAtStart(); err != nil {
 		// Keeping garbage is safe; refusing to start is not useful.
 		s.log.Warn("image store cleanup at start failed", "error", err)
@@ -195,14 +204,16 @@ func newStore(opts Options) *Store {
 		layers:   &layerStore{dir: opts.Root},
 		usage:    &usageCache{dir: opts.Root, trash: filepath.Join(opts.Root, "trash")},
 	}
+	s.usage.skip = s.lazy.isMount
 	if s.settings == nil {
-		static := PullSettings{RegistryConfigDir: opts.RegistryConfigDir, ProgressTimeout: opts.PullProgressTimeout, RangeFetch: opts.RangeFetch, Limits: opts.Limits}
+		static := PullSettings{RegistryConfigDir: opts.RegistryConfigDir, ProgressTimeout: opts.PullProgressTimeout, RangeFetch: opts.RangeFetch, Limits: opts.Limits, LazyPull: opts.LazyPull}
 		s.settings = func() PullSettings { return static }
 	}
 	s.index = &imageIndex{
 		dir: s.path("records"), content: s.content, layers: s.layers,
 		changed: s.usage.changed, images: map[string]*imageMeta{},
 	}
+	s.index.lazyOnDisk = s.lazy.onDisk
 	for _, p := range opts.PinnedImages {
 		if n, err := ParseReference(p); err == nil {
 			s.index.pinned = append(s.index.pinned, n.String())

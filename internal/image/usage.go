@@ -25,7 +25,10 @@ const usageMaxAge = time.Minute
 type usageCache struct {
 	dir   string // the store root
 	trash string // skipped: being deleted
-	gen   atomic.Uint64
+	// skip, if set, names more directories the walk does not enter
+	// (lazy layers' mounts: their files are not on disk).
+	skip func(dir string) bool
+	gen  atomic.Uint64
 
 	// mu guards the cached walk below (and serializes walks).
 	mu       sync.Mutex
@@ -45,7 +48,7 @@ func (c *usageCache) get() (Usage, error) {
 	if c.valid && c.usageGen == gen && time.Since(c.at) < usageMaxAge {
 		return c.usage, nil
 	}
-	u, err := diskusage.Walk(c.dir, func(p string) bool { return p == c.trash })
+	u, err := diskusage.Walk(c.dir, func(p string) bool { return p == c.trash || (c.skip != nil && c.skip(p)) })
 	if err != nil {
 		return Usage(u), fmt.Errorf("measure image store %s: %w", c.dir, err)
 	}
