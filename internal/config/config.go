@@ -387,7 +387,9 @@ func Default() *Config {
 		},
 
 		ImagePullProgressTimeout: Duration(DefaultImagePullProgressTimeout),
-		ImageLazyPull:            ImageLazyPull{Enable: true},
+		// Off until lazy layers outlive berthd (decision 3600): a
+		// berthd crash would leave their containers reading ENOTCONN.
+		ImageLazyPull: ImageLazyPull{Enable: false},
 		ImageRangeFetch: ImageRangeFetch{
 			Enable: true, MinLayerSize: DefaultImageRangeMinLayerSize, ChunkSize: DefaultImageRangeChunkSize,
 			Parallel: DefaultImageRangeParallel, Retries: DefaultImageRangeRetries,

@@ -56,6 +56,15 @@ func requireEStargzLayers(t *testing.T, raw []byte) {
 // made by a first pod), with its store's leak scope and a snapshot of it.
 func lazyDaemon(t *testing.T, opts berthdtest.Options) (*berthdtest.Daemon, leakcheck.Scope, leakcheck.Snapshot) {
 	t.Helper()
+	// Lazy pulling is off by default until its layers outlive berthd
+	// (decision 3600): these tests turn it on, then apply their own.
+	configure := opts.Configure
+	opts.Configure = func(c *config.Config) {
+		c.ImageLazyPull.Enable = true
+		if configure != nil {
+			configure(c)
+		}
+	}
 	d := berthdtest.Start(t, opts)
 	stopRemove(t, d, runPod(t, d, podConfig("warmup-"+strings.ToLower(strings.ReplaceAll(t.Name(), "/", "-")))))
 	scope, before := storeLeakScope(t, d)
