@@ -7,6 +7,8 @@
 #   BIN          the binaries (default ./bin)
 #   DEB_OUT      where the .deb goes (default ./out/deb)
 #   DEB_VERSION  the package version (default: from berthd version, below)
+#   DEB_COMPRESS dpkg-deb's compressor (default xz; the tests and the guest
+#                lane use gzip: xz takes minutes of these 2 cores)
 # The package installs what make install does with PREFIX=/usr: the four
 # binaries in /usr/bin, the unit in /usr/lib/systemd/system, and
 # /etc/berth/berth.toml (berthd's defaults, all commented out) as its
@@ -19,12 +21,14 @@ root=$PWD
 bin=${BIN:-$root/bin}
 out=${DEB_OUT:-$root/out/deb}
 
-# version maps berthd's semantic version onto a Debian one: a release
-# (0.2.0) stays itself; a development build 0.1.0-dev+<build> becomes
-# 0.1.0~dev.<commits>+<build>, so it sorts before 0.1.0 and after the
-# builds of earlier commits (a hyphen would start a Debian revision).
+# version maps berthd's semantic version onto a Debian one (a hyphen would
+# start a Debian revision): a release (0.2.0) stays itself; a build past a
+# tag (0.2.0-3-gabc1234) becomes 0.2.0+3.gabc1234, above the tag; any other
+# pre-release sorts below its release, a development build also above the
+# builds of earlier commits: 0.1.0-dev+<build> becomes
+# 0.1.0~dev.<commits>+<build>, 0.2.0-rc.1 becomes 0.2.0~rc.1.
 version() {
-	local v base meta count
+	local v base rest pre meta
 	if [ -n "${DEB_VERSION:-}" ]; then
 		echo "$DEB_VERSION"
 		return
@@ -32,11 +36,16 @@ version() {
 	v=$("$bin/berthd" version | awk '{print $2}')
 	case $v in
 	*-*)
-		base=${v%%-*}
-		meta=${v#*+}
-		[ "$meta" != "$v" ] || meta=
-		count=$(git rev-list --count HEAD 2>/dev/null || echo 0)
-		v=$base~dev.$count${meta:++${meta//-/.}}
+		base=${v%%-*} rest=${v#*-}
+		pre=${rest%%+*} meta=
+		[ "$pre" = "$rest" ] || meta=${rest#*+}
+		if [[ $pre =~ ^[0-9]+-g[0-9a-f]+$ ]]; then
+			v=$base+${pre//-/.}
+		else
+			[ "$pre" != dev ] || pre=dev.$(git rev-list --count HEAD 2>/dev/null || echo 0)
+			v=$base~${pre//-/.}
+		fi
+		[ -z "$meta" ] || v=$v+${meta//-/.}
 		;;
 	esac
 	echo "$v"
@@ -88,6 +97,6 @@ CONTROL
 
 mkdir -p "$out"
 deb=$out/berth_${ver}_$arch.deb
-dpkg-deb --root-owner-group -Zxz --build "$pkg" "$deb.tmp" >/dev/null
+dpkg-deb --root-owner-group -Z"${DEB_COMPRESS:-xz}" --build "$pkg" "$deb.tmp" >/dev/null
 mv "$deb.tmp" "$deb"
 echo "$deb"

@@ -131,8 +131,8 @@ if part deb; then
   mkdir -p "$p/deb"
   cp "$(hack/k8s-bins.sh crictl)/crictl" "$p/deb/"
   deb_v1=$(BIN=$bin hack/deb.sh version)
-  deb1=$(BIN=$bin DEB_OUT="$p/deb" DEB_VERSION="$deb_v1" hack/deb.sh)
-  deb2=$(BIN=$bin DEB_OUT="$p/deb" DEB_VERSION="$deb_v1+upgrade" hack/deb.sh)
+  deb1=$(BIN=$bin DEB_OUT="$p/deb" DEB_VERSION="$deb_v1" DEB_COMPRESS=gzip hack/deb.sh)
+  deb2=$(BIN=$bin DEB_OUT="$p/deb" DEB_VERSION="$deb_v1+upgrade" DEB_COMPRESS=gzip hack/deb.sh)
   echo "$deb_v1" >"$p/deb/v1"
   echo "$deb_v1+upgrade" >"$p/deb/v2"
   basename "$deb1" >"$p/deb/deb1"
