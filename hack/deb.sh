@@ -7,8 +7,8 @@
 #   BIN          the binaries (default ./bin)
 #   DEB_OUT      where the .deb goes (default ./out/deb)
 #   DEB_VERSION  the package version (default: from berthd version, below)
-#   DEB_COMPRESS dpkg-deb's compressor (default xz; the tests and the guest
-#                lane use gzip: xz takes minutes of these 2 cores)
+#   DEB_COMPRESS dpkg-deb's compressor (default xz; the tests use gzip and
+#                the guest lane none: xz takes minutes of these 2 cores)
 # The package installs what make install does with PREFIX=/usr: the four
 # binaries in /usr/bin, the unit in /usr/lib/systemd/system, and
 # /etc/berth/berth.toml (berthd's defaults, all commented out) as its

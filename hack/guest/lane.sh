@@ -124,15 +124,16 @@ if [ -n "${BERTH_GUEST_K8S_DIR:-}" ]; then
   cp "$BERTH_GUEST_K8S_DIR"/kubelet "$BERTH_GUEST_K8S_DIR"/agnhost "$p/k8s/"
 fi
 # --- The package part (issue 37, decision 3730): two .debs of this build,
-# the second one version higher for the upgrade, crictl and the script
+# the second one version higher for the upgrade (uncompressed: a TCG guest
+# is slow to inflate them), crictl and the script
 # that installs, upgrades, removes and purges them in the guest
 # (payload-deb.sh, run after the passes).
 if part deb; then
   mkdir -p "$p/deb"
   cp "$(hack/k8s-bins.sh crictl)/crictl" "$p/deb/"
   deb_v1=$(BIN=$bin hack/deb.sh version)
-  deb1=$(BIN=$bin DEB_OUT="$p/deb" DEB_VERSION="$deb_v1" DEB_COMPRESS=gzip hack/deb.sh)
-  deb2=$(BIN=$bin DEB_OUT="$p/deb" DEB_VERSION="$deb_v1+upgrade" DEB_COMPRESS=gzip hack/deb.sh)
+  deb1=$(BIN=$bin DEB_OUT="$p/deb" DEB_VERSION="$deb_v1" DEB_COMPRESS=none hack/deb.sh)
+  deb2=$(BIN=$bin DEB_OUT="$p/deb" DEB_VERSION="$deb_v1+upgrade" DEB_COMPRESS=none hack/deb.sh)
   echo "$deb_v1" >"$p/deb/v1"
   echo "$deb_v1+upgrade" >"$p/deb/v2"
   basename "$deb1" >"$p/deb/deb1"

@@ -25,7 +25,7 @@ deb1=$here/$(cat "$here/deb1")
 deb2=$here/$(cat "$here/deb2")
 work=$(mktemp -d)
 
-step() { echo "=== deb: $*"; }
+step() { echo "=== deb: [${SECONDS}s] $*"; }
 fail() {
 	echo "=== deb: FAIL: $*"
 	echo "--- berthd's journal (tail)"
