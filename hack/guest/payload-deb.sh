@@ -59,6 +59,7 @@ wait_cri() {
 # running CTR: crictl shows the container running.
 running() { [ -n "$("$crictl" ps -q --state running --id "$1" 2>/dev/null)" ]; }
 main_pid() { systemctl show -p MainPID --value berthd; }
+monitor_pid() { pgrep -f '^/usr/bin/berth-shim monitor --dir /run/berth/shims/\.node$'; }
 
 # An image without a registry: busybox in one layer, as a docker-archive
 # for berthctl image import (the guest has no network).
@@ -112,12 +113,21 @@ step "pod $pod, container $ctr, its process $pid; berthd $(main_pid)"
 
 step "upgrade to $v2 over the running pod"
 before=$(main_pid)
+monitor=$(monitor_pid) || fail "no node monitor before the upgrade"
 want "dpkg -i $deb2" dpkg -i "$deb2"
 [ "$(status)" = "install ok installed $v2" ] || fail "dpkg status after upgrade: $(status)"
 wait_cri
 after=$(main_pid)
 [ "$after" != "$before" ] && [ "$after" != 0 ] || fail "berthd was not restarted by the upgrade (MainPID $before, then $after)"
 [ "$(systemctl is-enabled berthd)" = enabled ] || fail "berthd.service not enabled after upgrade"
+# The monitor was handed over: the keeper started the new berth-shim.
+for _ in $(seq 1 60); do
+	m=$(monitor_pid) && [ "$m" != "$monitor" ] && break
+	sleep 1
+done
+[ -n "${m:-}" ] && [ "$m" != "$monitor" ] || fail "the node monitor $monitor was not handed over by the upgrade"
+case $(readlink "/proc/$m/exe") in *deleted*) fail "the new monitor runs the old, deleted berth-shim" ;; esac
+step "berthd $after, monitor $m after the upgrade"
 want "the container still runs after the upgrade" running "$ctr"
 [ "$(pgrep -f '^/bin/sleep 86413$')" = "$pid" ] || fail "the container's process changed across the upgrade"
 [ "$("$crictl" exec "$ctr" /bin/echo hello)" = hello ] || fail "crictl exec after the upgrade"
