@@ -12,6 +12,12 @@
 #   make test-guest   the cgroup v2 lane alone (part of make test): the cgroup
 #                     tests in a qemu guest, cgroupfs and systemd drivers, crun;
 #                     BERTH_GUEST_KUBELET=1 adds the kubelet test (systemd)
+#   make install      install berthd, berth-shim, berth-pause, berthctl, the
+#                     systemd unit and (where none exists) /etc/berth/berth.toml
+#                     and /etc/crictl.yaml; PREFIX (/usr/local), DESTDIR;
+#                     make uninstall removes them (docs/operations.md)
+#   make deb          the Debian package, out/deb/berth_<version>_<arch>.deb
+#                     (dpkg-deb; decision 3730)
 #   make k8s-bins     build the kubelet, e2e_node.test, agnhost, ginkgo, critest
 #                     and crictl from test/k8s into a cache; prints the directory
 #                     (hack/k8s-bins.sh cluster: what make e2e-cluster runs)
@@ -20,6 +26,9 @@ VERSION   ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo de
 LDFLAGS   := -X main.version=$(VERSION)
 BIN       := $(CURDIR)/bin
 STATICCHECK_VERSION := v0.8.2
+# make install's prefix and staging root (the Debian package: /usr).
+PREFIX    ?= /usr/local
+DESTDIR   ?=
 # Extra berthd flags for make run, e.g. make run ARGS="--log-level debug".
 ARGS      ?=
 # go test flags for make test, e.g. TESTFLAGS="-run TestImage -v".
@@ -32,7 +41,7 @@ TEST_PATH := $(if $(wildcard $(CRIU_DIR)/criu),$(CRIU_DIR):)$(PATH)
 # How long make test fuzzes each target (their corpora also run as tests).
 FUZZTIME  ?= 10s
 
-.PHONY: all build run test fuzz lint deps test-deps bench clean k8s-bins conformance e2e-node e2e-cluster test-kubelet test-guest
+.PHONY: all build run test fuzz lint deps test-deps bench clean k8s-bins conformance e2e-node e2e-cluster test-kubelet test-guest install uninstall deb
 
 all: build
 
@@ -42,6 +51,18 @@ build:
 
 deps:
 	hack/install-deps.sh run
+
+# Installing on a node (docs/operations.md, decision 3730): what
+# hack/install.sh installs and removes, and the Debian package built from
+# the same tree by hack/deb.sh.
+install: build
+	BIN=$(BIN) PREFIX=$(PREFIX) DESTDIR=$(DESTDIR) hack/install.sh install
+
+uninstall:
+	BIN=$(BIN) PREFIX=$(PREFIX) DESTDIR=$(DESTDIR) hack/install.sh uninstall
+
+deb: build
+	BIN=$(BIN) hack/deb.sh
 
 test-deps:
 	hack/install-deps.sh test

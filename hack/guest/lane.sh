@@ -20,6 +20,10 @@
 #                         for passes naming "kubelet" as their test binary
 #                         (default: hack/k8s-bins.sh kubelet agnhost, built once,
 #                         when a pass names it)
+#   BERTH_GUEST_ONLY      the lane's parts to run, comma-separated (default
+#                         all): passes (the test passes above), deb (the
+#                         Debian package installed, upgraded over a pod and
+#                         removed under the guest's systemd; decision 3730)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 root=$PWD
@@ -50,6 +54,17 @@ if [ "${BERTH_GUEST_KUBELET:-1}" = 0 ]; then
   default_passes=$(grep -v '^kubelet ' <<<"$default_passes")
 fi
 passes=${BERTH_GUEST_PASSES:-$default_passes}
+
+# The lane's parts (BERTH_GUEST_ONLY picks some to run alone).
+only=${BERTH_GUEST_ONLY:-}
+for want_part in ${only//,/ }; do
+  case $want_part in
+    passes|deb) ;;
+    *) echo "guest lane: BERTH_GUEST_ONLY=$only: unknown part $want_part (want passes, deb)" >&2; exit 2 ;;
+  esac
+done
+part() { [ -z "$only" ] || [[ ",$only," == *",$1,"* ]]; }
+part passes || passes=
 
 accel=${BERTH_GUEST_ACCEL:-}
 if [ -z "$accel" ]; then
@@ -99,13 +114,33 @@ trap 'exit 130' INT TERM
 p=$work/payload
 mkdir -p "$p/bin" "$p/integration"
 cp "$bin"/berthd "$bin"/berth-shim "$bin"/berth-pause "$bin"/berthctl "$p/bin/"
-go test -c -o "$p/integration/integration.test" ./test/integration
-cp -r test/integration/testdata "$p/integration/"
+if [ -n "$passes" ]; then
+  go test -c -o "$p/integration/integration.test" ./test/integration
+  cp -r test/integration/testdata "$p/integration/"
+fi
 if [ -n "${BERTH_GUEST_K8S_DIR:-}" ]; then
   mkdir -p "$p/kubelet" "$p/k8s"
   go test -c -o "$p/kubelet/kubelet.test" ./test/kubelet
   cp "$BERTH_GUEST_K8S_DIR"/kubelet "$BERTH_GUEST_K8S_DIR"/agnhost "$p/k8s/"
 fi
+# --- The package part (issue 37, decision 3730): two .debs of this build,
+# the second one version higher for the upgrade (uncompressed: a TCG guest
+# is slow to inflate them), crictl and the script
+# that installs, upgrades, removes and purges them in the guest
+# (payload-deb.sh, run after the passes).
+if part deb; then
+  mkdir -p "$p/deb"
+  cp "$(hack/k8s-bins.sh crictl)/crictl" "$p/deb/"
+  deb_v1=$(BIN=$bin hack/deb.sh version)
+  deb1=$(BIN=$bin DEB_OUT="$p/deb" DEB_VERSION="$deb_v1" DEB_COMPRESS=none hack/deb.sh)
+  deb2=$(BIN=$bin DEB_OUT="$p/deb" DEB_VERSION="$deb_v1+upgrade" DEB_COMPRESS=none hack/deb.sh)
+  echo "$deb_v1" >"$p/deb/v1"
+  echo "$deb_v1+upgrade" >"$p/deb/v2"
+  basename "$deb1" >"$p/deb/deb1"
+  basename "$deb2" >"$p/deb/deb2"
+  cp hack/guest/payload-deb.sh "$p/deb/run.sh"
+fi
+# --- end of the package part
 cp hack/guest/payload-run.sh "$p/run.sh"
 {
   printf 'PASSES=%q\n' "$passes"

@@ -45,6 +45,18 @@ while read -r name driver runtime regex suite skip; do
   [ "$rc" -eq 0 ] || failed+=("$name")
 done <<<"$PASSES"
 
+# --- The package part (lane.sh puts deb/ on the payload when it runs;
+# decision 3730): last, since it installs berth system-wide.
+if [ -x /payload/deb/run.sh ]; then
+  echo "=== part deb: the Debian package under systemd"
+  start=$SECONDS
+  /payload/deb/run.sh
+  rc=$?
+  echo "=== part deb: exit $rc in $((SECONDS - start))s"
+  [ "$rc" -eq 0 ] || failed+=(deb)
+fi
+# --- end of the package part
+
 if [ ${#failed[@]} -eq 0 ]; then
   echo "BERTH-GUEST-RESULT rc=0 passes ok"
 else
