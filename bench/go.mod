@@ -4,6 +4,7 @@ go 1.26.8
 
 require (
 	github.com/berthcri/berth v0.0.0
+	github.com/containerd/stargz-snapshotter/estargz v0.19.1
 	github.com/google/go-containerregistry v0.22.1
 	github.com/klauspost/compress v1.20.1
 	github.com/opencontainers/runtime-spec v1.3.0
@@ -28,7 +29,6 @@ require (
 	github.com/cilium/ebpf v0.16.0 // indirect
 	github.com/containerd/cgroups/v3 v3.1.3 // indirect
 	github.com/containerd/log v0.1.0 // indirect
-	github.com/containerd/stargz-snapshotter/estargz v0.19.1 // indirect
 	github.com/containernetworking/cni v1.3.1 // indirect
 	github.com/coreos/go-systemd/v22 v22.5.0 // indirect
 	github.com/cyphar/filepath-securejoin v0.7.0 // indirect
