@@ -20,6 +20,10 @@
 #                         for passes naming "kubelet" as their test binary
 #                         (default: hack/k8s-bins.sh kubelet agnhost, built once,
 #                         when a pass names it)
+#   BERTH_GUEST_SOAK      the soak block (issue 35): 1 (default) adds its two
+#                         passes, 0 leaves them out, only runs them alone
+#   BERTH_GUEST_SOAK_MINUTES, BERTH_GUEST_SOAK_PODS  the guest soak's length
+#                         and pods (default 3 and 3)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 root=$PWD
@@ -49,6 +53,23 @@ kubelet systemd runc ^($kubelet_tests)\$ kubelet"
 if [ "${BERTH_GUEST_KUBELET:-1}" = 0 ]; then
   default_passes=$(grep -v '^kubelet ' <<<"$default_passes")
 fi
+
+# --- The soak block (issue 35, docs/decisions/3500-soak.md) ---
+# A short soak (test/soak: a real kubelet, a few pods, a few minutes, the
+# whole fault list) under each driver. BERTH_GUEST_SOAK=only runs these
+# passes alone, 0 leaves them out.
+soak_minutes=${BERTH_GUEST_SOAK_MINUTES:-3}
+soak_pods=${BERTH_GUEST_SOAK_PODS:-3}
+soak_passes="soak-cgroupfs cgroupfs runc ^TestSoak\$ soak
+soak-systemd systemd runc ^TestSoak\$ soak"
+case ${BERTH_GUEST_SOAK:-1} in
+  0) ;;
+  only) default_passes=$soak_passes ;;
+  *) default_passes="$default_passes
+$soak_passes" ;;
+esac
+# --- end of the soak block ---
+
 passes=${BERTH_GUEST_PASSES:-$default_passes}
 
 accel=${BERTH_GUEST_ACCEL:-}
@@ -70,7 +91,7 @@ for f in berthd berth-shim berth-pause berthctl; do
 done
 
 t0=$SECONDS
-if [ -z "${BERTH_GUEST_K8S_DIR:-}" ] && awk '$5 == "kubelet" {found=1} END {exit !found}' <<<"$passes"; then
+if [ -z "${BERTH_GUEST_K8S_DIR:-}" ] && awk '$5 == "kubelet" || $5 == "soak" {found=1} END {exit !found}' <<<"$passes"; then
   BERTH_GUEST_K8S_DIR=$(hack/k8s-bins.sh kubelet agnhost)
   echo "guest lane: kubelet and agnhost from $BERTH_GUEST_K8S_DIR, ready after $((SECONDS - t0))s"
 fi
@@ -106,11 +127,18 @@ if [ -n "${BERTH_GUEST_K8S_DIR:-}" ]; then
   go test -c -o "$p/kubelet/kubelet.test" ./test/kubelet
   cp "$BERTH_GUEST_K8S_DIR"/kubelet "$BERTH_GUEST_K8S_DIR"/agnhost "$p/k8s/"
 fi
+# The soak block's test binary and its length (payload-run.sh exports
+# lane.env's SOAK_ variables to every pass; only TestSoak reads them).
+if awk '$5 == "soak" {found=1} END {exit !found}' <<<"$passes"; then
+  mkdir -p "$p/soak"
+  go test -c -o "$p/soak/soak.test" ./test/soak
+fi
 cp hack/guest/payload-run.sh "$p/run.sh"
 {
   printf 'PASSES=%q\n' "$passes"
   printf 'PASS_TIMEOUT=%q\n' "${BERTH_GUEST_PASS_TIMEOUT:-20m}"
   printf 'PARALLEL=%q\n' "${BERTH_GUEST_PARALLEL:-3}"
+  printf 'export SOAK_MINUTES=%q SOAK_PODS=%q SOAK_OUT=/tmp/soak\n' "$soak_minutes" "$soak_pods"
 } >"$p/lane.env"
 size_mb=$(( $(du -sm "$p" | cut -f1) + 128 ))
 truncate -s "${size_mb}M" "$work/payload.img"
