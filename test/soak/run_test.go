@@ -30,7 +30,7 @@ func sleepCtx(ctx context.Context, d time.Duration) {
 // runSoak fills the node, then churns and injects faults for the run's
 // minutes while the observers measure; it returns the report so far
 // (teardown adds to it).
-func runSoak(t *testing.T, n *node, p params, rng *rand.Rand) *report {
+func runSoak(t *testing.T, n *node, p params) *report {
 	sub := func(k uint64) *rand.Rand { return rand.New(rand.NewPCG(p.Seed, k)) }
 	w := newWorkload(n, sub(1))
 	o := newObservers(n, w)

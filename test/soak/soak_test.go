@@ -12,7 +12,6 @@ package soak
 
 import (
 	"fmt"
-	"math/rand/v2"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -140,9 +139,8 @@ func TestSoak(t *testing.T) {
 	}
 	t.Logf("soak: seed %d (SOAK_SEED=%d repeats its choices), %g minutes, %d pods, %d replaced a minute, faults %s every ~%s",
 		p.Seed, p.Seed, p.Minutes, p.Pods, p.Churn, strings.Join(p.Faults, ","), p.Gap)
-	rng := rand.New(rand.NewPCG(p.Seed, 0x35))
 	n := startNode(t, p)
-	r := runSoak(t, n, p, rng)
+	r := runSoak(t, n, p)
 	teardown(t, n, r)
 	r.finish()
 	if err := r.write(os.Stdout, p.Out); err != nil {
