@@ -23,7 +23,8 @@
 #   BERTH_GUEST_SOAK      the soak block (issue 35): 1 (default) adds its two
 #                         passes, 0 leaves them out, only runs them alone
 #   BERTH_GUEST_SOAK_MINUTES, BERTH_GUEST_SOAK_PODS  the guest soak's length
-#                         and pods (default 3 and 3)
+#                         and pods (default 2 and 3; every fault runs once
+#                         whatever the minutes, 5 s apart)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 root=$PWD
@@ -58,7 +59,7 @@ fi
 # A short soak (test/soak: a real kubelet, a few pods, a few minutes, the
 # whole fault list) under each driver. BERTH_GUEST_SOAK=only runs these
 # passes alone, 0 leaves them out.
-soak_minutes=${BERTH_GUEST_SOAK_MINUTES:-3}
+soak_minutes=${BERTH_GUEST_SOAK_MINUTES:-2}
 soak_pods=${BERTH_GUEST_SOAK_PODS:-3}
 soak_passes="soak-cgroupfs cgroupfs runc ^TestSoak\$ soak
 soak-systemd systemd runc ^TestSoak\$ soak"
@@ -138,7 +139,7 @@ cp hack/guest/payload-run.sh "$p/run.sh"
   printf 'PASSES=%q\n' "$passes"
   printf 'PASS_TIMEOUT=%q\n' "${BERTH_GUEST_PASS_TIMEOUT:-20m}"
   printf 'PARALLEL=%q\n' "${BERTH_GUEST_PARALLEL:-3}"
-  printf 'export SOAK_MINUTES=%q SOAK_PODS=%q SOAK_OUT=/tmp/soak\n' "$soak_minutes" "$soak_pods"
+  printf 'export SOAK_MINUTES=%q SOAK_PODS=%q SOAK_FAULT_GAP=5 SOAK_OUT=/tmp/soak\n' "$soak_minutes" "$soak_pods"
 } >"$p/lane.env"
 size_mb=$(( $(du -sm "$p" | cut -f1) + 128 ))
 truncate -s "${size_mb}M" "$work/payload.img"

@@ -40,7 +40,7 @@ const (
 )
 
 // kubeletConfig is the node's kubelet beyond kubelettest's basics: a
-// full node (maxPods), manifests seen within seconds, small log files so
+// full node (maxPods, with room for the churn's overlap), manifests seen within seconds, small log files so
 // that long-lived loggers are rotated (ReopenContainerLog) within the
 // run, and BusyNodeConfig (parallel pulls, no image GC or eviction acting
 // on the small root mid-run).
@@ -157,7 +157,9 @@ func startNode(t *testing.T, p params) *node {
 		Dir:           filepath.Join(n.d.Dir, "kubelet"),
 		Endpoint:      "unix://" + n.d.Socket,
 		CgroupDriver:  driver,
-		ExtraConfig:   fmt.Sprintf(kubeletConfig, max(110, p.Pods)),
+		// Room for the churn's overlap (a replaced pod's successor may
+		// come before it is gone): a full node must not turn pods away.
+		ExtraConfig:   fmt.Sprintf(kubeletConfig, max(110, p.Pods+p.Churn)),
 		Flags:         []string{"--fail-swap-on=false"},
 		NodePrefix:    "soak-",
 		CgroupPrefix:  "soakkl",
