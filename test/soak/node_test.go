@@ -154,9 +154,9 @@ func startNode(t *testing.T, p params) *node {
 		driver = "systemd"
 	}
 	n.k = kubelettest.Start(t, kubelettest.BinDir(t, "kubelet"), kubelettest.Options{
-		Dir:           filepath.Join(n.d.Dir, "kubelet"),
-		Endpoint:      "unix://" + n.d.Socket,
-		CgroupDriver:  driver,
+		Dir:          filepath.Join(n.d.Dir, "kubelet"),
+		Endpoint:     "unix://" + n.d.Socket,
+		CgroupDriver: driver,
 		// Room for the churn's overlap (a replaced pod's successor may
 		// come before it is gone): a full node must not turn pods away.
 		ExtraConfig:   fmt.Sprintf(kubeletConfig, max(110, p.Pods+p.Churn)),
