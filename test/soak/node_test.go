@@ -256,7 +256,8 @@ func (n *node) writeCNI(c *config.Config, binDir string) {
 	if err := json.Unmarshal(network.DefaultConfList(c.DefaultNetwork.Bridge, c.DefaultNetwork.Subnet, filepath.Join(c.Root, "cni", "networks")), &list); err != nil {
 		n.t.Fatal(err)
 	}
-	list["name"] = "soak"
+	// The name stays the embedded network's: host-local keeps its
+	// reservations in a directory of that name, as on any berth node.
 	plugins, _ := list["plugins"].([]any)
 	first, _ := plugins[0].(map[string]any)
 	first["type"], first["ipMasq"] = "soak-bridge", true
