@@ -207,8 +207,8 @@ func (r *report) finish() {
 	intervals := append([]interval(nil), r.w.intervals...)
 	r.w.mu.Unlock()
 	for _, iv := range intervals {
-		// The node's first fill is the warm-up, not the soak; a time cut
-		// by the pod's own removal ended when the churn wanted it to.
+		// The node's first fill is the warm-up, not the soak; teardown
+		// is not the soak either.
 		if iv.Start.Before(r.fillDone) || !iv.Start.Before(r.ended) {
 			continue
 		}

@@ -82,7 +82,9 @@ type podTrack struct {
 	// notReadySince is when a pod that was Ready stopped being so.
 	notReadySince time.Time
 	ready         bool
-	restarts      map[string]int32
+	// startCut: its start was cut (run ended) before it was Ready.
+	startCut bool
+	restarts map[string]int32
 }
 
 // interval is a time a pod was not Ready: from its manifest to its first
@@ -161,8 +163,9 @@ func (w *workload) deleteLocked(slot int) error {
 
 func (w *workload) closeLocked(p *podTrack, now time.Time, cut bool) {
 	switch {
-	case p.firstReady.IsZero():
+	case p.firstReady.IsZero() && !p.startCut:
 		w.intervals = append(w.intervals, interval{Pod: p.name, Kind: "start", Start: p.applied, End: now, Cut: cut})
+		p.startCut = true
 	case !p.notReadySince.IsZero():
 		w.intervals = append(w.intervals, interval{Pod: p.name, Kind: "not-ready", Start: p.notReadySince, End: now, Cut: cut})
 		p.notReadySince = time.Time{}
