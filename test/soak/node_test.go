@@ -44,8 +44,7 @@ const (
 // that long-lived loggers are rotated (ReopenContainerLog) within the
 // run, and BusyNodeConfig (parallel pulls, no image GC or eviction acting
 // on the small root mid-run).
-const kubeletConfig = `maxPods: %d
-podsPerCore: 0
+const kubeletConfig = `podsPerCore: 0
 fileCheckFrequency: 5s
 containerLogMaxSize: 256Ki
 containerLogMaxFiles: 3
@@ -159,7 +158,7 @@ func startNode(t *testing.T, p params) *node {
 		CgroupDriver: driver,
 		// Room for the churn's overlap (a replaced pod's successor may
 		// come before it is gone): a full node must not turn pods away.
-		ExtraConfig:   fmt.Sprintf(kubeletConfig, max(110, p.Pods+p.Churn)),
+		ExtraConfig:   fmt.Sprintf("maxPods: %d\n", max(110, p.Pods+p.Churn)) + kubeletConfig,
 		Flags:         []string{"--fail-swap-on=false"},
 		NodePrefix:    "soak-",
 		CgroupPrefix:  "soakkl",
