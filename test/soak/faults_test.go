@@ -81,8 +81,25 @@ func (f *faulter) berthdKill() (string, error) {
 // shimPid picks the node's keeper or monitor to kill: a monitor whose
 // keeper lives (an orphaned monitor, after a keeper-kill, has no keeper
 // to restart it: killing it loses its containers by design, 1701), a
-// keeper that has a monitor.
+// keeper that has a monitor. When there is none (a keeper-kill left
+// only orphaned monitors and no pod came since) it replaces a pod, whose
+// start brings a new keeper and monitor, and waits for them (a minute).
 func (f *faulter) shimPid(mode string) int {
+	if pid := f.liveShimPid(mode); pid != 0 {
+		return pid
+	}
+	if _, err := f.w.replace(); err != nil {
+		return 0
+	}
+	var pid int
+	waitUntil(time.Minute, func() bool {
+		pid = f.liveShimPid(mode)
+		return pid != 0
+	})
+	return pid
+}
+
+func (f *faulter) liveShimPid(mode string) int {
 	keepers := berthdtest.ShimPids(f.n.d.State, "keeper")
 	monitors := berthdtest.ShimPids(f.n.d.State, "monitor")
 	isKeeper := map[int]bool{}
@@ -281,9 +298,10 @@ func (f *faulter) diskFullPull() (string, error) {
 	if err := unix.Statfs(root, &st); err != nil {
 		return "", err
 	}
-	fill := int64(st.Bavail)*st.Bsize - diskFreeMiB<<20
+	// Bfree: berthd, root, may use blocks reserved for root too.
+	fill := int64(st.Bfree)*st.Bsize - diskFreeMiB<<20
 	if fill <= 0 {
-		return "", fmt.Errorf("root has only %d MiB free before the fault", int64(st.Bavail)*st.Bsize>>20)
+		return "", fmt.Errorf("root has only %d MiB free before the fault", int64(st.Bfree)*st.Bsize>>20)
 	}
 	ballast := filepath.Join(root, "soak-ballast")
 	fd, err := unix.Open(ballast, unix.O_CREAT|unix.O_WRONLY|unix.O_CLOEXEC, 0o600)

@@ -215,7 +215,9 @@ func (n *node) loopRoot(dir, root string) {
 	if err != nil {
 		n.t.Fatalf("root image: %v", err)
 	}
-	if out, err := exec.Command("mkfs.ext4", "-q", "-F", img).CombinedOutput(); err != nil {
+	// -m 0: no blocks reserved for root (berthd is root: reserved
+	// blocks would be free space to it, and the disk never full).
+	if out, err := exec.Command("mkfs.ext4", "-q", "-F", "-m", "0", img).CombinedOutput(); err != nil {
 		n.t.Fatalf("mkfs.ext4 %s: %v\n%s", img, err, out)
 	}
 	if err := os.MkdirAll(root, 0o711); err != nil {
