@@ -294,25 +294,10 @@ func (f *faulter) cniFailOnce() (string, error) {
 // ingest/, berthd serving); then the disk is freed and the pull works.
 func (f *faulter) diskFullPull() (string, error) {
 	root := f.n.d.Root
-	var st unix.Statfs_t
-	if err := unix.Statfs(root, &st); err != nil {
-		return "", err
-	}
-	// Bfree: berthd, root, may use blocks reserved for root too.
-	fill := int64(st.Bfree)*st.Bsize - diskFreeMiB<<20
-	if fill <= 0 {
-		return "", fmt.Errorf("root has only %d MiB free before the fault", int64(st.Bfree)*st.Bsize>>20)
-	}
 	ballast := filepath.Join(root, "soak-ballast")
-	fd, err := unix.Open(ballast, unix.O_CREAT|unix.O_WRONLY|unix.O_CLOEXEC, 0o600)
-	if err != nil {
-		return "", err
-	}
-	err = unix.Fallocate(fd, 0, 0, fill)
-	unix.Close(fd)
 	defer os.Remove(ballast)
-	if err != nil {
-		return "", fmt.Errorf("fill the root: %w", err)
+	if err := fillTo(root, ballast, diskFreeMiB<<20); err != nil {
+		return "", err
 	}
 	pullErr := f.pull(layersImage)
 	var finding error
@@ -336,6 +321,40 @@ func (f *faulter) diskFullPull() (string, error) {
 	}
 	note := fmt.Sprintf("pull with %d MiB free: %v", diskFreeMiB, pullErr)
 	return note, errors.Join(finding, f.pullAgainAndRemove())
+}
+
+// fillTo grows ballast (below root) until root's filesystem has at most
+// free bytes left: in chunks, each halved when the filesystem refuses it
+// (an extent's metadata needs blocks too). Bfree, not Bavail: berthd, as
+// root, may use blocks reserved for root.
+func fillTo(root, ballast string, free int64) error {
+	fd, err := unix.Open(ballast, unix.O_CREAT|unix.O_WRONLY|unix.O_CLOEXEC, 0o600)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(fd)
+	var off int64
+	chunk := int64(64 << 20)
+	for chunk >= 1<<20 {
+		var st unix.Statfs_t
+		if err := unix.Statfs(root, &st); err != nil {
+			return err
+		}
+		left := int64(st.Bfree)*st.Bsize - free
+		if left <= 0 {
+			return nil
+		}
+		n := min(chunk, left)
+		switch err := unix.Fallocate(fd, 0, off, n); {
+		case errors.Is(err, unix.ENOSPC):
+			chunk /= 2
+		case err != nil:
+			return fmt.Errorf("fill the root: %w", err)
+		default:
+			off += n
+		}
+	}
+	return nil
 }
 
 // ppid is a process's parent (0 if it is gone).
