@@ -199,18 +199,19 @@ func (f *faulter) pull(ref string) error {
 // cleanly now, nothing of the cut pull is left in ingest/, and it is
 // removed so that the next pull fault starts from nothing again.
 func (f *faulter) pullAgainAndRemove() error {
+	var errs []error
 	if err := f.pull(layersImage); err != nil {
-		return fmt.Errorf("pull %s after the fault: %w", layersImage, err)
+		errs = append(errs, fmt.Errorf("pull %s after the fault: %w", layersImage, err))
 	}
 	if left := filesBelow(filepath.Join(f.n.d.Root, "images", "ingest")); len(left) > 0 {
-		return fmt.Errorf("ingest files left after a clean pull: %v", left)
+		errs = append(errs, fmt.Errorf("ingest files left after a clean pull: %v", left))
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	if _, err := f.n.d.Image.RemoveImage(ctx, &criapi.RemoveImageRequest{Image: &criapi.ImageSpec{Image: layersImage}}); err != nil {
-		return fmt.Errorf("remove %s: %w", layersImage, err)
+		errs = append(errs, fmt.Errorf("remove %s: %w", layersImage, err))
 	}
-	return nil
+	return errors.Join(errs...)
 }
 
 // berthdKillMidPull: kill -9 of berthd while it pulls layersImage, its
