@@ -203,7 +203,7 @@ func (f *faulter) pullAgainAndRemove() error {
 	if err := f.pull(layersImage); err != nil {
 		errs = append(errs, fmt.Errorf("pull %s after the fault: %w", layersImage, err))
 	}
-	if left := filesBelow(filepath.Join(f.n.d.Root, "images", "ingest")); len(left) > 0 {
+	if left := ingestLeft(f.n.d.Root); len(left) > 0 {
 		errs = append(errs, fmt.Errorf("ingest files left after a clean pull: %v", left))
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
@@ -306,7 +306,7 @@ func (f *faulter) diskFullPull() (string, error) {
 		// Possible only if the layers fit after all: note it.
 		pullErr = errors.New("none: the pull succeeded")
 		_, _ = f.n.d.Image.RemoveImage(context.Background(), &criapi.RemoveImageRequest{Image: &criapi.ImageSpec{Image: layersImage}})
-	} else if left := filesBelow(filepath.Join(root, "images", "ingest")); len(left) > 0 {
+	} else if left := ingestLeft(root); len(left) > 0 {
 		finding = fmt.Errorf("a pull that failed on a full disk left ingest files: %v", left)
 	}
 	select {
@@ -356,6 +356,19 @@ func fillTo(root, ballast string, free int64) error {
 		}
 	}
 	return nil
+}
+
+// ingestLeft lists the files in the image store's ingest/ that are
+// still there 20 s on: a failed pull's other layers are undone by their
+// own streams, which may end just after the pull's reply (the
+// integration tests' waitStoreEmpty allows as much).
+func ingestLeft(root string) []string {
+	var left []string
+	waitUntil(20*time.Second, func() bool {
+		left = filesBelow(filepath.Join(root, "images", "ingest"))
+		return len(left) == 0
+	})
+	return left
 }
 
 // ppid is a process's parent (0 if it is gone).

@@ -77,21 +77,25 @@ type report struct {
 	w *workload
 	o *observers
 
-	Seed           uint64               `json:"seed"`
-	Minutes        float64              `json:"minutes"`
-	Pods           int                  `json:"pods"`
-	ChurnPerMinute int                  `json:"churn_per_minute"`
-	Started        time.Time            `json:"started"`
-	FillS          float64              `json:"fill_s"`
-	PodsCreated    int                  `json:"pods_created"`
-	Restarts       int                  `json:"restarts"`
-	RestartedCtrs  []string             `json:"restarted_containers,omitempty"`
-	Faults         []faultRecord        `json:"faults"`
-	Violations     []violation          `json:"violations,omitempty"`
-	NotReadyTimes  int                  `json:"not_ready_times"`
-	RPC            map[string]*rpcStats `json:"rpc"`
-	Kubelet        map[string]*counter  `json:"kubelet_reads"`
-	Samples        []sample             `json:"samples"`
+	Seed           uint64    `json:"seed"`
+	Minutes        float64   `json:"minutes"`
+	Pods           int       `json:"pods"`
+	ChurnPerMinute int       `json:"churn_per_minute"`
+	Started        time.Time `json:"started"`
+	FillS          float64   `json:"fill_s"`
+	PodsCreated    int       `json:"pods_created"`
+	Restarts       int       `json:"restarts"`
+	RestartedCtrs  []string  `json:"restarted_containers,omitempty"`
+	// Recreated are containers made again because their first create
+	// was cut by a fault (never started): reported, not a restart.
+	Recreated     int                  `json:"recreated"`
+	RecreatedCtrs []string             `json:"recreated_containers,omitempty"`
+	Faults        []faultRecord        `json:"faults"`
+	Violations    []violation          `json:"violations,omitempty"`
+	NotReadyTimes int                  `json:"not_ready_times"`
+	RPC           map[string]*rpcStats `json:"rpc"`
+	Kubelet       map[string]*counter  `json:"kubelet_reads"`
+	Samples       []sample             `json:"samples"`
 	// Growth is end over after-warm-up, per process kind and measure.
 	Growth map[string]float64 `json:"growth_pct"`
 	// Teardown: what was left, and the image store's accounting.
@@ -201,7 +205,7 @@ func quantile(d []time.Duration, q float64) float64 {
 // finish computes what the run's raw records say: restarts, pods not
 // Ready past their bound, RPC quantiles, resource growth.
 func (r *report) finish() {
-	r.Restarts, r.RestartedCtrs = r.w.restarted()
+	r.Restarts, r.RestartedCtrs, r.Recreated, r.RecreatedCtrs = r.w.restarted()
 	r.w.mu.Lock()
 	r.PodsCreated = r.w.created
 	intervals := append([]interval(nil), r.w.intervals...)
@@ -342,6 +346,9 @@ func (r *report) markdown() string {
 	fmt.Fprintf(&b, "Node full (all Ready) in %.0f s; %d pods created in all; %d faults; teardown %.0f s.\n\n", r.FillS, r.PodsCreated, len(r.Faults), r.TeardownS)
 	b.WriteString("| goal | result | |\n|---|---|---|\n")
 	fmt.Fprintf(&b, "| containers restarted that the churn did not replace: 0 | %d | %s |\n", r.Restarts, goal(r.Restarts == 0))
+	if r.Recreated > 0 {
+		fmt.Fprintf(&b, "| (containers made again after a fault cut their create: they never ran) | %d: %s | |\n", r.Recreated, strings.Join(r.RecreatedCtrs, ", "))
+	}
 	fmt.Fprintf(&b, "| pods not Ready past their fault's bound: 0 | %d (of %d not-Ready times and %d starts) | %s |\n",
 		len(r.Violations), r.NotReadyTimes, r.PodsCreated-r.Pods, goal(len(r.Violations) == 0))
 	recovered := 0

@@ -112,16 +112,24 @@ func (n *node) checkImageStore(ctx context.Context, r *report) {
 		r.addFinding(fmt.Errorf("ImageFsInfo: %v", err))
 		return
 	}
-	r.ImageFsUsedBytes = fs.ImageFilesystems[0].GetUsedBytes().GetValue()
-	out, err := exec.Command("du", "-s", "-B1", dir).Output()
-	if err != nil {
-		r.addFinding(fmt.Errorf("du %s: %v", dir, err))
-		return
-	}
-	f := strings.Fields(string(out))
-	if len(f) > 0 {
-		r.DuBytes, _ = strconv.ParseUint(f[0], 10, 64)
-	}
+	// ImageFsInfo keeps its walk up to a minute while nothing changes
+	// through the store (image.usageMaxAge; container leases come and go
+	// without a new walk): compared until they agree, up to 75 s.
+	waitUntil(75*time.Second, func() bool {
+		fs, err = n.d.Image.ImageFsInfo(ctx, &criapi.ImageFsInfoRequest{})
+		if err != nil || len(fs.ImageFilesystems) == 0 {
+			return false
+		}
+		r.ImageFsUsedBytes = fs.ImageFilesystems[0].GetUsedBytes().GetValue()
+		out, err := exec.Command("du", "-s", "-B1", dir).Output()
+		if err != nil {
+			return false
+		}
+		if f := strings.Fields(string(out)); len(f) > 0 {
+			r.DuBytes, _ = strconv.ParseUint(f[0], 10, 64)
+		}
+		return r.duMatches()
+	})
 
 	want := map[string]bool{}
 	images, err := n.d.Image.ListImages(ctx, &criapi.ListImagesRequest{})

@@ -85,6 +85,10 @@ type podTrack struct {
 	// startCut: its start was cut (run ended) before it was Ready.
 	startCut bool
 	restarts map[string]int32
+	// ran: the container's previous instance had started (a restart);
+	// lastTerm says how it ended.
+	ran      map[string]bool
+	lastTerm map[string]string
 }
 
 // interval is a time a pod was not Ready: from its manifest to its first
@@ -137,7 +141,7 @@ func (w *workload) applyLocked(slot int) error {
 	if err := w.writeManifest(name, manifest(name, slot)); err != nil {
 		return fmt.Errorf("apply pod %s: %w", name, err)
 	}
-	p := &podTrack{name: name, slot: slot, applied: time.Now(), restarts: map[string]int32{}}
+	p := &podTrack{name: name, slot: slot, applied: time.Now(), restarts: map[string]int32{}, ran: map[string]bool{}, lastTerm: map[string]string{}}
 	w.slots[slot] = p
 	w.byKubelet[w.n.k.PodName(name)] = p
 	w.created++
@@ -230,7 +234,18 @@ func (w *workload) poll() {
 			continue
 		}
 		for _, s := range pod.Status.ContainerStatuses {
-			p.restarts[s.Name] = max(p.restarts[s.Name], s.RestartCount)
+			if s.RestartCount > p.restarts[s.Name] {
+				p.restarts[s.Name] = s.RestartCount
+				// A previous instance that never started (its create cut
+				// by a berthd kill: the kubelet saw it listed, created,
+				// and made the next) is not a restart of a running one.
+				ran, how := false, "no last state"
+				if t := s.LastTerminationState.Terminated; t != nil {
+					ran = !t.StartedAt.IsZero()
+					how = fmt.Sprintf("last: %s exit %d, started %v", t.Reason, t.ExitCode, ran)
+				}
+				p.ran[s.Name], p.lastTerm[s.Name] = ran, how
+			}
 		}
 		if !p.deleted.IsZero() {
 			continue
@@ -325,19 +340,31 @@ func (w *workload) finish(now time.Time) {
 // restarted lists every container the kubelet restarted (restartCount
 // above 0): the churn replaces pods, never containers, so each is a
 // restart the churn did not cause.
-func (w *workload) restarted() (total int, which []string) {
+//
+// A container whose previous instance never started (its create cut by
+// a fault: the kubelet saw it listed and made the next) is counted
+// apart, in recreated.
+func (w *workload) restarted() (total int, which []string, recreated int, how []string) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	for _, p := range w.byKubelet {
 		for c, n := range p.restarts {
-			if n > 0 {
+			if n == 0 {
+				continue
+			}
+			line := fmt.Sprintf("%s/%s ×%d (%s)", p.name, c, n, orDash(p.lastTerm[c]))
+			if p.ran[c] {
 				total += int(n)
-				which = append(which, fmt.Sprintf("%s/%s ×%d", p.name, c, n))
+				which = append(which, line)
+			} else {
+				recreated += int(n)
+				how = append(how, line)
 			}
 		}
 	}
 	sort.Strings(which)
-	return total, which
+	sort.Strings(how)
+	return total, which, recreated, how
 }
 
 // counter is ok/error counts of one kind of request, between and during
