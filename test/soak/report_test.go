@@ -96,7 +96,7 @@ type report struct {
 	RPC           map[string]*rpcStats `json:"rpc"`
 	Kubelet       map[string]*counter  `json:"kubelet_reads"`
 	Samples       []sample             `json:"samples"`
-	// Growth is end over after-warm-up, per process kind and measure.
+	// Growth is end over after-warm-up, per process of a kind, in %.
 	Growth map[string]float64 `json:"growth_pct"`
 	// Teardown: what was left, and the image store's accounting.
 	Leaks             []string `json:"leaks"`
@@ -268,13 +268,21 @@ func (r *report) finish() {
 			}
 			return (b - a) / a * 100
 		}
+		// Per process: a keeper-kill leaves an orphaned monitor beside the
+		// next one until its pods go, which doubles the sum, not the use.
+		per := func(v, n int) float64 {
+			if n == 0 {
+				return 0
+			}
+			return float64(v) / float64(n)
+		}
 		for _, k := range []struct {
 			name   string
 			wa, en procSample
-		}{{"berthd", warm.Berthd, end.Berthd}, {"keepers", warm.Keepers, end.Keepers}, {"monitors", warm.Monitors, end.Monitors}} {
-			r.Growth[k.name+" rss"] = pct(float64(k.wa.RSSKiB), float64(k.en.RSSKiB))
-			r.Growth[k.name+" fds"] = pct(float64(k.wa.FDs), float64(k.en.FDs))
-			r.Growth[k.name+" threads"] = pct(float64(k.wa.Threads), float64(k.en.Threads))
+		}{{"berthd", warm.Berthd, end.Berthd}, {"keeper", warm.Keepers, end.Keepers}, {"monitor", warm.Monitors, end.Monitors}} {
+			r.Growth[k.name+" rss"] = pct(per(int(k.wa.RSSKiB), k.wa.Count), per(int(k.en.RSSKiB), k.en.Count))
+			r.Growth[k.name+" fds"] = pct(per(k.wa.FDs, k.wa.Count), per(k.en.FDs, k.en.Count))
+			r.Growth[k.name+" threads"] = pct(per(k.wa.Threads, k.wa.Count), per(k.en.Threads, k.en.Count))
 		}
 		r.Growth["berthd goroutines"] = pct(float64(warm.Berthd.Goroutines), float64(end.Berthd.Goroutines))
 	}
@@ -432,7 +440,7 @@ func (r *report) markdown() string {
 			keys = append(keys, k)
 		}
 		sort.Strings(keys)
-		b.WriteString("\nEnd over after warm-up:")
+		b.WriteString("\nEnd over after warm-up, per process:")
 		for _, k := range keys {
 			fmt.Fprintf(&b, " %s %+.0f%%;", k, r.Growth[k])
 		}
