@@ -24,7 +24,7 @@
 #                         passes, 0 leaves them out, only runs them alone
 #   BERTH_GUEST_SOAK_MINUTES, BERTH_GUEST_SOAK_PODS  the guest soak's length
 #                         and pods (default 2 and 3; every fault runs once
-#                         whatever the minutes, 5 s apart)
+#                         whatever the minutes, 5 s apart; bounds ×4 under tcg)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 root=$PWD
@@ -139,7 +139,8 @@ cp hack/guest/payload-run.sh "$p/run.sh"
   printf 'PASSES=%q\n' "$passes"
   printf 'PASS_TIMEOUT=%q\n' "${BERTH_GUEST_PASS_TIMEOUT:-20m}"
   printf 'PARALLEL=%q\n' "${BERTH_GUEST_PARALLEL:-3}"
-  printf 'export SOAK_MINUTES=%q SOAK_PODS=%q SOAK_FAULT_GAP=5 SOAK_OUT=/tmp/soak\n' "$soak_minutes" "$soak_pods"
+  printf 'export SOAK_MINUTES=%q SOAK_PODS=%q SOAK_FAULT_GAP=5 SOAK_BOUND_SCALE=%q SOAK_OUT=/tmp/soak\n' \
+    "$soak_minutes" "$soak_pods" "$([ "$accel" = tcg ] && echo 4 || echo 1)"
 } >"$p/lane.env"
 size_mb=$(( $(du -sm "$p" | cut -f1) + 128 ))
 truncate -s "${size_mb}M" "$work/payload.img"

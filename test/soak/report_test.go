@@ -223,6 +223,7 @@ func (r *report) finish() {
 		if iv.Kind == "start" {
 			base = startBound
 		}
+		base = time.Duration(float64(base) * r.n.p.BoundScale)
 		// A fault overlapping the time allows it to last until the
 		// fault's end plus its bound.
 		allowedEnd, charged := iv.Start.Add(base), ""
@@ -263,7 +264,7 @@ func (r *report) finish() {
 	}
 	if warm != nil && end != nil {
 		pct := func(a, b float64) float64 {
-			if a <= 0 {
+			if a <= 0 || b < 0 {
 				return math.NaN()
 			}
 			return (b - a) / a * 100

@@ -122,7 +122,7 @@ func runSoak(t *testing.T, n *node, p params) *report {
 	}
 	// The end sample once every pod is Ready again (or a bound passed).
 	settle := time.Now()
-	for time.Since(settle) < startBound {
+	for time.Since(settle) < time.Duration(float64(startBound)*p.BoundScale) {
 		if ready, live := w.readyCount(); ready == live {
 			break
 		}
@@ -141,7 +141,8 @@ func runSoak(t *testing.T, n *node, p params) *report {
 // (while pods run) a keeper and monitor live; up to three times its bound.
 func inject(t *testing.T, f *faulter, o *observers, name string) faultRecord {
 	kind := faultKinds[name]
-	rec := faultRecord{Kind: name, At: time.Now(), BoundS: kind.Bound.Seconds()}
+	bound := time.Duration(float64(kind.Bound) * f.n.p.BoundScale)
+	rec := faultRecord{Kind: name, At: time.Now(), BoundS: bound.Seconds()}
 	readyBefore := f.w.readyNames()
 	o.faultActive.Store(true)
 	defer o.faultActive.Store(false)
@@ -162,7 +163,7 @@ func inject(t *testing.T, f *faulter, o *observers, name string) faultRecord {
 		}
 	default:
 	}
-	deadline := rec.end.Add(3 * kind.Bound)
+	deadline := rec.end.Add(3 * bound)
 	for {
 		if f.w.allReadyOf(readyBefore) && f.n.waitServing(0) == nil && f.n.shimsServe() {
 			rec.RecoveredS = time.Since(rec.end).Seconds()

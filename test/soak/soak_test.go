@@ -44,6 +44,10 @@ type params struct {
 	// Warmup is churn without faults before the "after warm-up" sample
 	// (min(5 min, a tenth of the run)).
 	Warmup time.Duration
+	// BoundScale multiplies every recovery bound (SOAK_BOUND_SCALE,
+	// default 1): the bounds are a real node's; an emulated guest (TCG,
+	// ~10× slower) needs more.
+	BoundScale float64
 	// RootMiB is the size of the loop-mounted filesystem that is
 	// berthd's --root (SOAK_ROOT_MIB, default 1024).
 	RootMiB int
@@ -108,6 +112,12 @@ func loadParams() (params, error) {
 	p.Gap = time.Duration(gap) * time.Second
 	if gap == 0 && len(p.Faults) > 0 {
 		p.Gap = min(90*time.Second, max(10*time.Second, (run-p.Warmup)/time.Duration(2*len(p.Faults))))
+	}
+	p.BoundScale = 1
+	if v := os.Getenv("SOAK_BOUND_SCALE"); v != "" {
+		if p.BoundScale, err = strconv.ParseFloat(v, 64); err != nil || p.BoundScale < 1 {
+			return p, fmt.Errorf("SOAK_BOUND_SCALE=%q: want a factor ≥ 1", v)
+		}
 	}
 	if p.RootMiB, err = envInt("SOAK_ROOT_MIB", 1024); err != nil {
 		return p, err
