@@ -24,6 +24,12 @@
 #                         all): passes (the test passes above), deb (the
 #                         Debian package installed, upgraded over a pod and
 #                         removed under the guest's systemd; decision 3730)
+#   BERTH_GUEST_SOAK      the soak block (issue 35): 0 (default) leaves its two
+#                         passes out, 1 adds them, only runs them alone
+#                         (make soak-guest); off in make test: ~20 min of TCG
+#   BERTH_GUEST_SOAK_MINUTES, BERTH_GUEST_SOAK_PODS  the guest soak's length
+#                         and pods (default 2 and 3; every fault runs once
+#                         whatever the minutes, 5 s apart; bounds ×4 under tcg)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 root=$PWD
@@ -56,6 +62,25 @@ kubelet systemd runc ^($kubelet_tests)\$ kubelet"
 if [ "${BERTH_GUEST_KUBELET:-1}" = 0 ]; then
   default_passes=$(grep -v '^kubelet ' <<<"$default_passes")
 fi
+
+# --- The soak block (issue 35, docs/decisions/3500-soak.md) ---
+# A short soak (test/soak: a real kubelet, a few pods, a few minutes, the
+# whole fault list) under each driver. BERTH_GUEST_SOAK=only runs these
+# passes alone, 0 (the default) leaves them out: the two passes cost about
+# 20 minutes of TCG, which make test's 60-minute budget on a fresh machine
+# cannot carry (decision 3500); make soak-guest runs them.
+soak_minutes=${BERTH_GUEST_SOAK_MINUTES:-2}
+soak_pods=${BERTH_GUEST_SOAK_PODS:-3}
+soak_passes="soak-cgroupfs cgroupfs runc ^TestSoak\$ soak
+soak-systemd systemd runc ^TestSoak\$ soak"
+case ${BERTH_GUEST_SOAK:-0} in
+  0) ;;
+  only) default_passes=$soak_passes ;;
+  *) default_passes="$default_passes
+$soak_passes" ;;
+esac
+# --- end of the soak block ---
+
 passes=${BERTH_GUEST_PASSES:-$default_passes}
 
 # The lane's parts (BERTH_GUEST_ONLY picks some to run alone).
@@ -88,7 +113,7 @@ for f in berthd berth-shim berth-pause berthctl; do
 done
 
 t0=$SECONDS
-if [ -z "${BERTH_GUEST_K8S_DIR:-}" ] && awk '$5 == "kubelet" {found=1} END {exit !found}' <<<"$passes"; then
+if [ -z "${BERTH_GUEST_K8S_DIR:-}" ] && awk '$5 == "kubelet" || $5 == "soak" {found=1} END {exit !found}' <<<"$passes"; then
   BERTH_GUEST_K8S_DIR=$(hack/k8s-bins.sh kubelet agnhost)
   echo "guest lane: kubelet and agnhost from $BERTH_GUEST_K8S_DIR, ready after $((SECONDS - t0))s"
 fi
@@ -144,11 +169,19 @@ if part deb; then
   cp hack/guest/payload-deb.sh "$p/deb/run.sh"
 fi
 # --- end of the package part
+# The soak block's test binary and its length (payload-run.sh exports
+# lane.env's SOAK_ variables to every pass; only TestSoak reads them).
+if awk '$5 == "soak" {found=1} END {exit !found}' <<<"$passes"; then
+  mkdir -p "$p/soak"
+  go test -c -o "$p/soak/soak.test" ./test/soak
+fi
 cp hack/guest/payload-run.sh "$p/run.sh"
 {
   printf 'PASSES=%q\n' "$passes"
   printf 'PASS_TIMEOUT=%q\n' "${BERTH_GUEST_PASS_TIMEOUT:-20m}"
   printf 'PARALLEL=%q\n' "${BERTH_GUEST_PARALLEL:-3}"
+  printf 'export SOAK_MINUTES=%q SOAK_PODS=%q SOAK_FAULT_GAP=5 SOAK_BOUND_SCALE=%q SOAK_OUT=/tmp/soak\n' \
+    "$soak_minutes" "$soak_pods" "$([ "$accel" = tcg ] && echo 4 || echo 1)"
 } >"$p/lane.env"
 size_mb=$(( $(du -sm "$p" | cut -f1) + 128 ))
 truncate -s "${size_mb}M" "$work/payload.img"

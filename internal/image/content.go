@@ -93,6 +93,9 @@ func (c *contentStore) writeBlob(digest string, data []byte) error {
 	}
 	tmp := c.ingestPath("blob", digest)
 	if err := os.WriteFile(tmp, data, 0o600); err != nil {
+		// A write cut short (a full disk) leaves the file: nothing
+		// else would remove it before the next start (issue 35).
+		os.Remove(tmp)
 		return fmt.Errorf("store blob %s: %w", digest, err)
 	}
 	if err := os.Rename(tmp, c.blobPath(digest)); err != nil {

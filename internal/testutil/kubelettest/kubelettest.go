@@ -388,6 +388,10 @@ func (k *Kubelet) makeCgroupRoot() {
 		k.makeSlice()
 		return
 	}
+	// A v2 kubelet wants its controllers in its root's
+	// cgroup.controllers: a systemd host enables only those its units
+	// asked for.
+	k.enableRootControllers()
 	for _, dir := range k.CgroupRootDirs() {
 		if err := os.Mkdir(dir, 0o755); err != nil {
 			k.tb.Fatalf("create the kubelet's cgroup root: %v", err)
@@ -405,8 +409,8 @@ func (k *Kubelet) makeCgroupRoot() {
 // kubelet wants cpu, cpuset, memory, hugetlb and pids in the slice's
 // cgroup.controllers: the accounting properties and AllowedCPUs make
 // systemd enable the first four in the root's subtree_control, and
-// hugetlb, which systemd does not manage, is enabled there by hand as
-// runc does for its containers.
+// hugetlb, which systemd does not manage, is enabled there by hand
+// (enableRootControllers) as runc does for its containers.
 func (k *Kubelet) makeSlice() {
 	systemctl := func(args ...string) {
 		out, err := exec.Command("systemctl", args...).CombinedOutput()
@@ -417,14 +421,22 @@ func (k *Kubelet) makeSlice() {
 	systemctl("set-property", "--runtime", k.slice, "CPUAccounting=yes", "MemoryAccounting=yes",
 		"TasksAccounting=yes", fmt.Sprintf("AllowedCPUs=0-%d", runtime.NumCPU()-1))
 	systemctl("start", k.slice)
-	if UnifiedCgroups(k.Opts.CgroupFS) {
-		ctl := filepath.Join(k.Opts.CgroupFS, "cgroup.subtree_control")
-		avail, _ := os.ReadFile(filepath.Join(k.Opts.CgroupFS, "cgroup.controllers"))
-		for _, c := range []string{"cpu", "cpuset", "memory", "hugetlb", "pids"} {
-			if slices.Contains(strings.Fields(string(avail)), c) {
-				if err := os.WriteFile(ctl, []byte("+"+c), 0o644); err != nil {
-					k.tb.Fatalf("enable %s below the cgroup root: %v", c, err)
-				}
+	k.enableRootControllers()
+}
+
+// enableRootControllers enables, on cgroup v2, the controllers a
+// kubelet wants (cpu, cpuset, memory, hugetlb, pids) in the hierarchy
+// root's subtree, those the kernel has.
+func (k *Kubelet) enableRootControllers() {
+	if !UnifiedCgroups(k.Opts.CgroupFS) {
+		return
+	}
+	ctl := filepath.Join(k.Opts.CgroupFS, "cgroup.subtree_control")
+	avail, _ := os.ReadFile(filepath.Join(k.Opts.CgroupFS, "cgroup.controllers"))
+	for _, c := range []string{"cpu", "cpuset", "memory", "hugetlb", "pids"} {
+		if slices.Contains(strings.Fields(string(avail)), c) {
+			if err := os.WriteFile(ctl, []byte("+"+c), 0o644); err != nil {
+				k.tb.Fatalf("enable %s below the cgroup root: %v", c, err)
 			}
 		}
 	}
