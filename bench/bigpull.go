@@ -91,28 +91,34 @@ func bigFloor(bi *BigImage, reg *ShapedRegistry, bounds string) *Floor {
 	}
 }
 
+// getDiscard GETs url (bytes [start, end) when end > 0) with client and
+// reads the body into nothing; name is what an error calls it.
+func getDiscard(ctx context.Context, client *http.Client, url, name string, start, end int64) error {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return err
+	}
+	if end > 0 {
+		req.Header.Set("Range", fmt.Sprintf("bytes=%d-%d", start, end-1))
+	}
+	resp, err := client.Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK && resp.StatusCode != http.StatusPartialContent {
+		return fmt.Errorf("GET %s: %s", name, resp.Status)
+	}
+	_, err = io.Copy(io.Discard, resp.Body)
+	return err
+}
+
 // bigDownload moves every blob of bi from reg into nothing.
 func bigDownload(ctx context.Context, bi *BigImage, reg *ShapedRegistry, set image.RangeFetch) error {
 	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 64}}
 	defer client.CloseIdleConnections()
 	get := func(digest string, start, end int64) error {
-		req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+reg.Host+"/v2/big/blobs/"+digest, nil)
-		if err != nil {
-			return err
-		}
-		if end > 0 {
-			req.Header.Set("Range", fmt.Sprintf("bytes=%d-%d", start, end-1))
-		}
-		resp, err := client.Do(req)
-		if err != nil {
-			return err
-		}
-		defer resp.Body.Close()
-		if resp.StatusCode != http.StatusOK && resp.StatusCode != http.StatusPartialContent {
-			return fmt.Errorf("GET %s: %s", digest, resp.Status)
-		}
-		_, err = io.Copy(io.Discard, resp.Body)
-		return err
+		return getDiscard(ctx, client, "http://"+reg.Host+"/v2/big/blobs/"+digest, digest, start, end)
 	}
 	var g errgroup.Group
 	g.SetLimit(3)

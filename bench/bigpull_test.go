@@ -23,11 +23,7 @@ func BenchmarkBigPull(b *testing.B) {
 	if !selected(only, "big image pull gzip") && !selected(only, "big image pull zstd") {
 		b.Skip("big image pull not selected")
 	}
-	out, err := exec.Command("go", "env", "GOROOT").Output()
-	if err != nil {
-		b.Fatal(err)
-	}
-	gz, zst, err := BuildBigImages(BigImageCacheDir(), strings.TrimSpace(string(out)))
+	gz, zst, err := BuildBigImages(BigImageCacheDir(), goroot(b))
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -49,10 +45,7 @@ func BenchmarkBigPull(b *testing.B) {
 			eps = append(eps, ref)
 		}
 	}
-	names := make([]string, len(eps))
-	for i, ep := range eps {
-		names[i] = ep.Name
-	}
+	names := endpointNames(eps)
 	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Minute)
 	defer cancel()
 	cmp := NewComparison(names...)
@@ -66,14 +59,39 @@ func BenchmarkBigPull(b *testing.B) {
 			cmp.Run(ctx, w, eps...)
 		}
 	}
-	dir := os.Getenv("BENCH_OUT")
-	if dir != "" {
-		dir = filepath.Join(dir, "bigpull")
-		if err := os.MkdirAll(dir, 0o755); err != nil {
-			b.Fatal(err)
-		}
-	}
+	dir := benchOutDir(b, "bigpull")
 	if err := cmp.Write(os.Stdout, dir); err != nil {
 		b.Fatal(err)
 	}
+}
+
+// benchOutDir is $BENCH_OUT/name, made, or "" when $BENCH_OUT is unset.
+func benchOutDir(b *testing.B, name string) string {
+	dir := os.Getenv("BENCH_OUT")
+	if dir == "" {
+		return ""
+	}
+	dir = filepath.Join(dir, name)
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		b.Fatal(err)
+	}
+	return dir
+}
+
+// goroot is `go env GOROOT`: the big images carry its toolchain.
+func goroot(b *testing.B) string {
+	out, err := exec.Command("go", "env", "GOROOT").Output()
+	if err != nil {
+		b.Fatal(err)
+	}
+	return strings.TrimSpace(string(out))
+}
+
+// endpointNames are the names of eps, in order.
+func endpointNames(eps []*Endpoint) []string {
+	names := make([]string, len(eps))
+	for i, ep := range eps {
+		names[i] = ep.Name
+	}
+	return names
 }

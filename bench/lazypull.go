@@ -320,23 +320,7 @@ func lazyFloor(li *LazyImage, reg *ShapedRegistry, ref string, readBytes int64, 
 				return 0, err
 			}
 			get := func(path string, start, end int64) error {
-				req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+host+"/v2/"+repo+path, nil)
-				if err != nil {
-					return err
-				}
-				if end > 0 {
-					req.Header.Set("Range", fmt.Sprintf("bytes=%d-%d", start, end-1))
-				}
-				resp, err := client.Do(req)
-				if err != nil {
-					return err
-				}
-				defer resp.Body.Close()
-				if resp.StatusCode != http.StatusOK && resp.StatusCode != http.StatusPartialContent {
-					return fmt.Errorf("GET %s: %s", path, resp.Status)
-				}
-				_, err = io.Copy(io.Discard, resp.Body)
-				return err
+				return getDiscard(ctx, client, "http://"+host+"/v2/"+repo+path, path, start, end)
 			}
 			start := time.Now()
 			if err := get("/manifests/"+tag, 0, 0); err != nil {

@@ -3,10 +3,7 @@ package bench
 import (
 	"context"
 	"os"
-	"os/exec"
-	"path/filepath"
 	"strconv"
-	"strings"
 	"testing"
 	"time"
 
@@ -31,13 +28,9 @@ func BenchmarkLazyPull(b *testing.B) {
 	if readMB > weightsMB {
 		b.Fatalf("BENCH_LAZY_READ_MB %d is more than BENCH_LAZY_WEIGHTS_MB %d", readMB, weightsMB)
 	}
-	out, err := exec.Command("go", "env", "GOROOT").Output()
-	if err != nil {
-		b.Fatal(err)
-	}
 	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Minute)
 	defer cancel()
-	li, err := BuildLazyImage(ctx, BigImageCacheDir(), strings.TrimSpace(string(out)), weightsMB)
+	li, err := BuildLazyImage(ctx, BigImageCacheDir(), goroot(b), weightsMB)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -64,23 +57,14 @@ func BenchmarkLazyPull(b *testing.B) {
 			refName = ref.Name
 		}
 	}
-	names := make([]string, len(eps))
-	for i, ep := range eps {
-		names[i] = ep.Name
-	}
+	names := endpointNames(eps)
 	const warm = 1
 	var reads lazyReads
 	readBytes := int64(readMB) << 20
 	w := LazyPullWorkload(li, shaped, shaped.Ref("lazy:latest"), readBytes, warm, &reads)
 	cmp := NewComparison(names...)
 	cmp.Run(ctx, w, eps...)
-	dir := os.Getenv("BENCH_OUT")
-	if dir != "" {
-		dir = filepath.Join(dir, "lazypull")
-		if err := os.MkdirAll(dir, 0o755); err != nil {
-			b.Fatal(err)
-		}
-	}
+	dir := benchOutDir(b, "lazypull")
 	if err := cmp.Write(os.Stdout, dir); err != nil {
 		b.Fatal(err)
 	}

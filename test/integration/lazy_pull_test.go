@@ -158,12 +158,93 @@ func lazyMountsBelow(t *testing.T, dir string) []string {
 	return out
 }
 
+// blobPath is where d's store keeps the blob digest.
+func blobPath(d *berthdtest.Daemon, digest string) string {
+	return filepath.Join(d.Root, "images", "blobs", "sha256", strings.TrimPrefix(digest, "sha256:"))
+}
+
 // requireNoBlob fails t if the blob digest is in d's store.
 func requireNoBlob(t *testing.T, d *berthdtest.Daemon, digest string) {
 	t.Helper()
-	if _, err := os.Stat(filepath.Join(d.Root, "images", "blobs", "sha256", strings.TrimPrefix(digest, "sha256:"))); err == nil {
+	if blobStored(d, digest) {
 		t.Fatalf("blob %s was downloaded whole", digest)
 	}
+}
+
+// lazyImage is the lazy tests' all-eStargz image: busybox and
+// lazyLayerFiles, with bin/busybox and data/hello prioritized.
+func lazyImage(t *testing.T) v1.Image {
+	t.Helper()
+	return testimages.EStargz(t, buildImage(t, [][]testimages.File{lazyLayerFiles(t)}), "bin/busybox", "data/hello")
+}
+
+// lazyPulled is a lazyImage pushed as repo:1, its data layer (layer 1)
+// served through log, and pulled by a lazy berthd.
+type lazyPulled struct {
+	reg        *testimages.Registry
+	img        v1.Image
+	dataDigest string
+	log        *rangeLog
+	d          *berthdtest.Daemon
+	scope      leakcheck.Scope
+	before     leakcheck.Snapshot
+	ref        string
+}
+
+// pullLazy pushes a lazyImage as repo:1 and pulls it with a lazy berthd
+// started with opts; hold makes the background fetch of the data layer
+// wait (rangeLog.holdWhole).
+func pullLazy(t *testing.T, repo string, hold bool, opts berthdtest.Options) *lazyPulled {
+	t.Helper()
+	p := &lazyPulled{reg: testimages.StartRegistry(t), img: lazyImage(t), log: &rangeLog{}}
+	_, p.dataDigest, _ = layerOf(t, p.img, 1)
+	if hold {
+		p.log.holdWhole(t)
+	}
+	p.log.watch(t, p.reg, p.dataDigest, nil)
+	p.reg.Push(t, repo+":1", p.img)
+	p.d, p.scope, p.before = lazyDaemon(t, opts)
+	p.ref = p.reg.Ref(repo + ":1")
+	pull(t, p.d, p.ref, nil)
+	return p
+}
+
+// removeSettled removes ref from d and checks that nothing is left
+// beyond the before snapshot of scope.
+func removeSettled(t *testing.T, d *berthdtest.Daemon, ref string, scope leakcheck.Scope, before leakcheck.Snapshot) {
+	t.Helper()
+	removeImage(t, d, ref)
+	leakcheck.CheckSettled(t, scope, before, leakcheck.Take(t, scope))
+}
+
+// removeImage removes ref from d.
+func removeImage(t *testing.T, d *berthdtest.Daemon, ref string) {
+	t.Helper()
+	if _, err := d.Image.RemoveImage(ctxT(t), &criapi.RemoveImageRequest{Image: &criapi.ImageSpec{Image: ref}}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// lazyCtrEnv is a ctrEnv with a running pod named name whose CRI logs
+// go under d's podlogs.
+func lazyCtrEnv(t *testing.T, d *berthdtest.Daemon, reg *testimages.Registry, name string) *ctrEnv {
+	t.Helper()
+	e := &ctrEnv{t: t, d: d, reg: reg, logDir: filepath.Join(d.Dir, "podlogs")}
+	e.podCfg = podConfig(name)
+	e.podCfg.LogDirectory = e.logDir
+	e.podCfg.Linux.CgroupParent = ""
+	e.pod = runPod(t, d, e.podCfg)
+	return e
+}
+
+// logText is the CRI log at path as "stream: message" lines.
+func logText(t *testing.T, path string) string {
+	t.Helper()
+	var out []string
+	for _, rec := range readCRILog(t, path) {
+		out = append(out, rec.stream+": "+rec.msg)
+	}
+	return strings.Join(out, "\n")
 }
 
 // TestLazyPullRunsBeforeTheLayerArrives pulls an all-eStargz image: each
@@ -173,8 +254,7 @@ func requireNoBlob(t *testing.T, d *berthdtest.Daemon, digest string) {
 func TestLazyPullRunsBeforeTheLayerArrives(t *testing.T) {
 	t.Parallel()
 	reg := testimages.StartRegistry(t)
-	src := buildImage(t, [][]testimages.File{lazyLayerFiles(t)})
-	img := testimages.EStargz(t, src, "bin/busybox", "data/hello")
+	img := lazyImage(t)
 	var log rangeLog
 	log.holdWhole(t) // the background fetch waits: the layers stay lazy
 	var digests []string
@@ -221,9 +301,7 @@ func TestLazyPullRunsBeforeTheLayerArrives(t *testing.T) {
 		t.Fatalf("reading /data/later made no range request (%d before, %d after)", dataReqs, n)
 	}
 	requireNoBlob(t, d, digests[1])
-	if _, err := d.Image.RemoveImage(ctxT(t), &criapi.RemoveImageRequest{Image: &criapi.ImageSpec{Image: ref}}); err != nil {
-		t.Fatal(err)
-	}
+	removeImage(t, d, ref)
 	if m := lazyMountsBelow(t, d.Root); len(m) != 0 {
 		t.Fatalf("lazy mounts after RemoveImage: %q", m)
 	}
@@ -238,8 +316,7 @@ func TestLazyPullRunsBeforeTheLayerArrives(t *testing.T) {
 func TestLazyPullCorruptChunkIsEIOAndImageNotKept(t *testing.T) {
 	t.Parallel()
 	reg := testimages.StartRegistry(t)
-	src := buildImage(t, [][]testimages.File{lazyLayerFiles(t)})
-	img := testimages.EStargz(t, src, "bin/busybox", "data/hello")
+	img := lazyImage(t)
 	blob, dataDigest, _ := layerOf(t, img, 1)
 	r, err := estargz.Open(io.NewSectionReader(bytes.NewReader(blob), 0, int64(len(blob))))
 	if err != nil {
@@ -265,21 +342,12 @@ func TestLazyPullCorruptChunkIsEIOAndImageNotKept(t *testing.T) {
 	ref := reg.Ref("lazy/corrupt:1")
 	pull(t, d, ref, nil)
 
-	e := &ctrEnv{t: t, d: d, reg: reg, logDir: filepath.Join(d.Dir, "podlogs")}
-	e.podCfg = podConfig("lazy-corrupt")
-	e.podCfg.LogDirectory = e.logDir
-	e.podCfg.Linux.CgroupParent = ""
-	e.pod = runPod(t, d, e.podCfg)
+	e := lazyCtrEnv(t, d, reg, "lazy-corrupt")
 	cfg := e.config("cat", "sh", "-c", "cat /data/hello; cat /data/later")
 	cfg.Image.Image = ref
 	id := e.run(cfg)
 	st := e.waitExited(id)
-	out := readCRILog(t, st.LogPath)
-	var text []string
-	for _, rec := range out {
-		text = append(text, rec.stream+": "+rec.msg)
-	}
-	joined := strings.Join(text, "\n")
+	joined := logText(t, st.LogPath)
 	if st.ExitCode == 0 || !strings.Contains(joined, "stdout: "+lazyHello) || !strings.Contains(joined, "Input/output error") {
 		t.Fatalf("exit %d, output:\n%s\nwant the prefetched file, then an I/O error", st.ExitCode, joined)
 	}
@@ -290,9 +358,7 @@ func TestLazyPullCorruptChunkIsEIOAndImageNotKept(t *testing.T) {
 	leakcheck.CheckSettled(t, scope, before, leakcheck.Take(t, scope))
 	// Pulled again, it is fetched again (and is as corrupt).
 	pull(t, d, ref, nil)
-	if _, err := d.Image.RemoveImage(ctxT(t), &criapi.RemoveImageRequest{Image: &criapi.ImageSpec{Image: ref}}); err != nil {
-		t.Fatal(err)
-	}
+	removeImage(t, d, ref)
 }
 
 // TestLazyPullMixedLayers pulls an image whose base layer is plain gzip
@@ -344,16 +410,13 @@ func TestLazyPullMixedLayers(t *testing.T) {
 		t.Fatalf("lazy mounts: %q, want the top layer's only", m)
 	}
 	requireNoBlob(t, d, topDigest)
-	if _, err := os.Stat(filepath.Join(d.Root, "images", "blobs", "sha256", strings.TrimPrefix(baseDigest, "sha256:"))); err != nil {
+	if _, err := os.Stat(blobPath(d, baseDigest)); err != nil {
 		t.Fatalf("plain base layer not downloaded: %v", err)
 	}
 	if got := catInPod(t, d, reg, ref, "/data/later"); got != lazyLater {
 		t.Fatalf("container printed %q", got)
 	}
-	if _, err := d.Image.RemoveImage(ctxT(t), &criapi.RemoveImageRequest{Image: &criapi.ImageSpec{Image: ref}}); err != nil {
-		t.Fatal(err)
-	}
-	leakcheck.CheckSettled(t, scope, before, leakcheck.Take(t, scope))
+	removeSettled(t, d, ref, scope, before)
 }
 
 // TestLazyPullOffPullsWhole: with image_lazy_pull.enable = false an
@@ -370,7 +433,7 @@ func TestLazyPullOffPullsWhole(t *testing.T) {
 	}
 	for i := range 2 {
 		_, dg, _ := layerOf(t, img, i)
-		if _, err := os.Stat(filepath.Join(d.Root, "images", "blobs", "sha256", strings.TrimPrefix(dg, "sha256:"))); err != nil {
+		if _, err := os.Stat(blobPath(d, dg)); err != nil {
 			t.Fatalf("layer %s not downloaded: %v", dg, err)
 		}
 	}
@@ -389,7 +452,7 @@ func ranged(rs []string) []string {
 
 // blobStored reports whether d's store holds the blob digest.
 func blobStored(d *berthdtest.Daemon, digest string) bool {
-	_, err := os.Stat(filepath.Join(d.Root, "images", "blobs", "sha256", strings.TrimPrefix(digest, "sha256:")))
+	_, err := os.Stat(blobPath(d, digest))
 	return err == nil
 }
 
@@ -399,15 +462,8 @@ func blobStored(d *berthdtest.Daemon, digest string) bool {
 // is gone no longer matters to a container reading a file it never read.
 func TestLazyPullBackgroundFetchCompletes(t *testing.T) {
 	t.Parallel()
-	reg := testimages.StartRegistry(t)
-	img := testimages.EStargz(t, buildImage(t, [][]testimages.File{lazyLayerFiles(t)}), "bin/busybox", "data/hello")
-	_, dataDigest, _ := layerOf(t, img, 1)
-	var log rangeLog
-	log.watch(t, reg, dataDigest, nil)
-	reg.Push(t, "lazy/bg:1", img)
-	d, scope, before := lazyDaemon(t, berthdtest.Options{})
-	ref := reg.Ref("lazy/bg:1")
-	pull(t, d, ref, nil)
+	p := pullLazy(t, "lazy/bg", false, berthdtest.Options{})
+	reg, img, dataDigest, log, d, scope, before, ref := p.reg, p.img, p.dataDigest, p.log, p.d, p.scope, p.before, p.ref
 	lazyWait(t, func() bool { return blobStored(d, dataDigest) })
 	log.setGone(true)
 	// Complete: ImageStatus counts the whole blob again.
@@ -418,10 +474,7 @@ func TestLazyPullBackgroundFetchCompletes(t *testing.T) {
 	if got := catInPod(t, d, reg, ref, "/data/later"); got != lazyLater {
 		t.Fatalf("read from the completed layer: %q", got)
 	}
-	if _, err := d.Image.RemoveImage(ctxT(t), &criapi.RemoveImageRequest{Image: &criapi.ImageSpec{Image: ref}}); err != nil {
-		t.Fatal(err)
-	}
-	leakcheck.CheckSettled(t, scope, before, leakcheck.Take(t, scope))
+	removeSettled(t, d, ref, scope, before)
 }
 
 // TestLazyPullRegistryGoneMidFetch: the registry goes away after the
@@ -431,27 +484,15 @@ func TestLazyPullBackgroundFetchCompletes(t *testing.T) {
 // read works.
 func TestLazyPullRegistryGoneMidFetch(t *testing.T) {
 	t.Parallel()
-	reg := testimages.StartRegistry(t)
-	img := testimages.EStargz(t, buildImage(t, [][]testimages.File{lazyLayerFiles(t)}), "bin/busybox", "data/hello")
-	_, dataDigest, _ := layerOf(t, img, 1)
-	var log rangeLog
-	log.holdWhole(t)
-	log.watch(t, reg, dataDigest, nil)
-	reg.Push(t, "lazy/gone:1", img)
-	d, scope, before := lazyDaemon(t, berthdtest.Options{Configure: func(c *config.Config) { c.ImageRangeFetch.Retries = 1 }})
-	ref := reg.Ref("lazy/gone:1")
+	p := pullLazy(t, "lazy/gone", true, berthdtest.Options{Configure: func(c *config.Config) { c.ImageRangeFetch.Retries = 1 }})
+	reg, dataDigest, log, d, scope, before, ref := p.reg, p.dataDigest, p.log, p.d, p.scope, p.before, p.ref
 	// The TOC and the prefetch arrive; the background fetch is under way
 	// (held) when the registry goes.
-	pull(t, d, ref, nil)
 	lazyWait(t, func() bool { return slices.Contains(log.of(dataDigest), "") })
 	log.setGone(true)
 	log.release()
 
-	e := &ctrEnv{t: t, d: d, reg: reg, logDir: filepath.Join(d.Dir, "podlogs")}
-	e.podCfg = podConfig("lazy-gone")
-	e.podCfg.LogDirectory = e.logDir
-	e.podCfg.Linux.CgroupParent = ""
-	e.pod = runPod(t, d, e.podCfg)
+	e := lazyCtrEnv(t, d, reg, "lazy-gone")
 	cfg := e.config("cat", "sh", "-c", "until cat /data/later; do sleep 1; done")
 	cfg.Image.Image = ref
 	id := e.run(cfg)
@@ -462,19 +503,12 @@ func TestLazyPullRegistryGoneMidFetch(t *testing.T) {
 	})
 	log.setGone(false)
 	st := e.waitExited(id)
-	var out []string
-	for _, rec := range readCRILog(t, st.LogPath) {
-		out = append(out, rec.stream+": "+rec.msg)
-	}
-	if st.ExitCode != 0 || !strings.Contains(strings.Join(out, "\n"), "stdout: "+lazyLater) {
-		t.Fatalf("exit %d, output:\n%s", st.ExitCode, strings.Join(out, "\n"))
+	if out := logText(t, st.LogPath); st.ExitCode != 0 || !strings.Contains(out, "stdout: "+lazyLater) {
+		t.Fatalf("exit %d, output:\n%s", st.ExitCode, out)
 	}
 	lazyWait(t, func() bool { return blobStored(d, dataDigest) })
 	stopRemove(t, d, e.pod)
-	if _, err := d.Image.RemoveImage(ctxT(t), &criapi.RemoveImageRequest{Image: &criapi.ImageSpec{Image: ref}}); err != nil {
-		t.Fatal(err)
-	}
-	leakcheck.CheckSettled(t, scope, before, leakcheck.Take(t, scope))
+	removeSettled(t, d, ref, scope, before)
 }
 
 // TestLazyPullImageRemovedWhileFetchRuns removes an image whose
@@ -483,20 +517,10 @@ func TestLazyPullRegistryGoneMidFetch(t *testing.T) {
 // no mount).
 func TestLazyPullImageRemovedWhileFetchRuns(t *testing.T) {
 	t.Parallel()
-	reg := testimages.StartRegistry(t)
-	img := testimages.EStargz(t, buildImage(t, [][]testimages.File{lazyLayerFiles(t)}), "bin/busybox", "data/hello")
-	_, dataDigest, _ := layerOf(t, img, 1)
-	var log rangeLog
-	log.holdWhole(t)
-	log.watch(t, reg, dataDigest, nil)
-	reg.Push(t, "lazy/rm:1", img)
-	d, scope, before := lazyDaemon(t, berthdtest.Options{})
-	ref := reg.Ref("lazy/rm:1")
-	pull(t, d, ref, nil)
+	p := pullLazy(t, "lazy/rm", true, berthdtest.Options{})
+	dataDigest, log, d, scope, before, ref := p.dataDigest, p.log, p.d, p.scope, p.before, p.ref
 	lazyWait(t, func() bool { return slices.Contains(log.of(dataDigest), "") })
-	if _, err := d.Image.RemoveImage(ctxT(t), &criapi.RemoveImageRequest{Image: &criapi.ImageSpec{Image: ref}}); err != nil {
-		t.Fatal(err)
-	}
+	removeImage(t, d, ref)
 	if m := lazyMountsBelow(t, d.Root); len(m) != 0 {
 		t.Fatalf("lazy mounts after RemoveImage: %q", m)
 	}
@@ -514,16 +538,8 @@ func TestLazyPullImageRemovedWhileFetchRuns(t *testing.T) {
 // brings the image back.
 func TestLazyPullBerthdKilledDropsItsLazyLayers(t *testing.T) {
 	t.Parallel()
-	reg := testimages.StartRegistry(t)
-	img := testimages.EStargz(t, buildImage(t, [][]testimages.File{lazyLayerFiles(t)}), "bin/busybox", "data/hello")
-	_, dataDigest, _ := layerOf(t, img, 1)
-	var log rangeLog
-	log.holdWhole(t)
-	log.watch(t, reg, dataDigest, nil)
-	reg.Push(t, "lazy/killed:1", img)
-	d, scope, before := lazyDaemon(t, berthdtest.Options{})
-	ref := reg.Ref("lazy/killed:1")
-	pull(t, d, ref, nil)
+	p := pullLazy(t, "lazy/killed", true, berthdtest.Options{})
+	reg, log, d, scope, before, ref := p.reg, p.log, p.d, p.scope, p.before, p.ref
 	if m := lazyMountsBelow(t, d.Root); len(m) != 2 {
 		t.Fatalf("lazy mounts: %q", m)
 	}
@@ -539,10 +555,7 @@ func TestLazyPullBerthdKilledDropsItsLazyLayers(t *testing.T) {
 	if got := catInPod(t, d, reg, ref, "/data/hello"); got != lazyHello {
 		t.Fatalf("after the new pull: %q", got)
 	}
-	if _, err := d.Image.RemoveImage(ctxT(t), &criapi.RemoveImageRequest{Image: &criapi.ImageSpec{Image: ref}}); err != nil {
-		t.Fatal(err)
-	}
-	leakcheck.CheckSettled(t, scope, before, leakcheck.Take(t, scope))
+	removeSettled(t, d, ref, scope, before)
 }
 
 // lazyWait polls cond until it holds, failing t after 30 s. (Its own
