@@ -355,29 +355,12 @@ func pidsWith(s string) []int {
 		if err != nil || !holds(pid) {
 			continue
 		}
-		if ppid := parentOf(pid); ppid > 0 && holds(ppid) {
+		if ppid := leakcheck.ParentPid(pid); ppid > 0 && holds(ppid) {
 			continue
 		}
 		pids = append(pids, pid)
 	}
 	return pids
-}
-
-// parentOf is pid's parent from /proc/PID/stat (0 if it is gone).
-func parentOf(pid int) int {
-	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return 0
-	}
-	// The command name, in parentheses, may hold spaces: the fields
-	// after its closing one are the state, then the parent.
-	s := string(data)
-	f := strings.Fields(s[strings.LastIndexByte(s, ')')+1:])
-	if len(f) < 2 {
-		return 0
-	}
-	ppid, _ := strconv.Atoi(f[1])
-	return ppid
 }
 
 // procState is a process's state letter from /proc/PID/stat (T:

@@ -8,10 +8,10 @@ import (
 	"os"
 	"path/filepath"
 	"sort"
-	"strconv"
-	"strings"
 	"syscall"
 	"time"
+
+	"github.com/berthcri/berth/internal/testutil/leakcheck"
 
 	"golang.org/x/sys/unix"
 	criapi "k8s.io/cri-api/pkg/apis/runtime/v1"
@@ -108,11 +108,11 @@ func (f *faulter) liveShimPid(mode string) int {
 	}
 	var pick []int
 	for _, m := range monitors {
-		if isKeeper[ppid(m)] {
+		if isKeeper[leakcheck.ParentPid(m)] {
 			if mode == "monitor" {
 				pick = append(pick, m)
 			} else {
-				pick = append(pick, ppid(m))
+				pick = append(pick, leakcheck.ParentPid(m))
 			}
 		}
 	}
@@ -144,14 +144,14 @@ func (f *faulter) monitorKill() (string, error) {
 	if pid == 0 {
 		return "skipped: no monitor under a keeper", nil
 	}
-	keeper := ppid(pid)
+	keeper := leakcheck.ParentPid(pid)
 	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
 		return "", fmt.Errorf("kill monitor %d: %w", pid, err)
 	}
 	start := time.Now()
 	for time.Since(start) < time.Minute {
 		for _, m := range berthdtest.ShimPids(f.n.d.State, "monitor") {
-			if m != pid && ppid(m) == keeper {
+			if m != pid && leakcheck.ParentPid(m) == keeper {
 				return fmt.Sprintf("killed monitor %d; keeper %d started %d after %s", pid, keeper, m, time.Since(start).Round(time.Millisecond)), nil
 			}
 		}
@@ -369,21 +369,6 @@ func ingestLeft(root string) []string {
 		return len(left) == 0
 	})
 	return left
-}
-
-// ppid is a process's parent (0 if it is gone).
-func ppid(pid int) int {
-	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return 0
-	}
-	s := string(data)
-	f := strings.Fields(s[strings.LastIndexByte(s, ')')+1:])
-	if len(f) < 2 {
-		return 0
-	}
-	n, _ := strconv.Atoi(f[1])
-	return n
 }
 
 // filesBelow lists the files (not directories) below dir.
