@@ -27,14 +27,9 @@ func BenchmarkBigPull(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	shaped, err := StartShapedRegistry(BigShape)
-	if err != nil {
-		b.Fatal(err)
-	}
+	shaped := startBigShaped(b)
 	defer shaped.Close()
-	// The reference runtime's sandbox image comes from the plain registry.
-	reg := testimages.StartRegistry(b)
-	reg.Push(b, "pause:latest", pauseImage(b))
+	reg := pauseRegistry(b)
 
 	eps := []*Endpoint{StartBerth(b)}
 	if os.Getenv("BENCH_BIG_NO_1STREAM") == "" {
@@ -94,4 +89,21 @@ func endpointNames(eps []*Endpoint) []string {
 		names[i] = ep.Name
 	}
 	return names
+}
+
+// startBigShaped is a registry shaped by BigShape; the caller closes it.
+func startBigShaped(b *testing.B) *ShapedRegistry {
+	shaped, err := StartShapedRegistry(BigShape)
+	if err != nil {
+		b.Fatal(err)
+	}
+	return shaped
+}
+
+// pauseRegistry is a plain registry holding pause:latest: the reference
+// runtime's sandbox image comes from it.
+func pauseRegistry(b *testing.B) *testimages.Registry {
+	reg := testimages.StartRegistry(b)
+	reg.Push(b, "pause:latest", pauseImage(b))
+	return reg
 }

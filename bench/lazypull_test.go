@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"github.com/berthcri/berth/internal/config"
-	"github.com/berthcri/berth/internal/testutil/testimages"
 )
 
 // BenchmarkLazyPull starts a container on a big eStargz image (weights
@@ -34,17 +33,12 @@ func BenchmarkLazyPull(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	shaped, err := StartShapedRegistry(BigShape)
-	if err != nil {
-		b.Fatal(err)
-	}
+	shaped := startBigShaped(b)
 	defer shaped.Close()
 	if err := shaped.Add("lazy:latest", li.Image, li.Files()); err != nil {
 		b.Fatal(err)
 	}
-	// The reference runtime's sandbox image comes from the plain registry.
-	reg := testimages.StartRegistry(b)
-	reg.Push(b, "pause:latest", pauseImage(b))
+	reg := pauseRegistry(b)
 
 	eps := []*Endpoint{
 		StartBerthWith(b, "berth-lazy", func(c *config.Config) { c.ImageLazyPull.Enable = true }),
