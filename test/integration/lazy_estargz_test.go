@@ -10,7 +10,6 @@ import (
 	"github.com/google/go-containerregistry/pkg/name"
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/google/go-containerregistry/pkg/v1/remote"
-	criapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/berthcri/berth/internal/config"
 	"github.com/berthcri/berth/internal/image/estargzconv"
@@ -131,10 +130,7 @@ func TestLazyEStargzImagePullsWholeAndRuns(t *testing.T) {
 	if got := catInPod(t, d, reg, ref, "/data/hello"); got != lazyHello {
 		t.Fatalf("container printed %q, want %q", got, lazyHello)
 	}
-	if _, err := d.Image.RemoveImage(ctxT(t), &criapi.RemoveImageRequest{Image: &criapi.ImageSpec{Image: ref}}); err != nil {
-		t.Fatal(err)
-	}
-	leakcheck.CheckSettled(t, scope, before, leakcheck.Take(t, scope))
+	removeSettled(t, d, ref, scope, before)
 }
 
 // TestBerthctlImageConvertEStargz converts with `berthctl image convert
@@ -214,9 +210,7 @@ func TestBerthctlImageConvertEStargz(t *testing.T) {
 		t.Fatalf("container printed %q, want %q", got, lazyHello)
 	}
 	for _, ref := range []string{plainRef, local} {
-		if _, err := d.Image.RemoveImage(ctxT(t), &criapi.RemoveImageRequest{Image: &criapi.ImageSpec{Image: ref}}); err != nil {
-			t.Fatal(err)
-		}
+		removeImage(t, d, ref)
 	}
 	leakcheck.CheckSettled(t, scope, before, leakcheck.Take(t, scope))
 
