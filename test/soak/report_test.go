@@ -4,10 +4,12 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"maps"
 	"math"
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -408,22 +410,12 @@ func (r *report) markdown() string {
 
 	b.WriteString("\nThe soak's CRI calls (every 2 s), ms, between faults / during faults:\n\n")
 	b.WriteString("| RPC | calls | p50 | p99 | max | errors |\n|---|---:|---:|---:|---:|---:|\n")
-	var methods []string
-	for m := range r.RPC {
-		methods = append(methods, m)
-	}
-	sort.Strings(methods)
-	for _, m := range methods {
+	for _, m := range slices.Sorted(maps.Keys(r.RPC)) {
 		s := r.RPC[m]
 		fmt.Fprintf(&b, "| %s | %d / %d | %s / %s | %s / %s | %s / %s | %d / %d |\n", m, s.Count[0], s.Count[1],
 			ms(s.P50Ms[0]), ms(s.P50Ms[1]), ms(s.P99Ms[0]), ms(s.P99Ms[1]), ms(s.MaxMs[0]), ms(s.MaxMs[1]), s.Errors[0], s.Errors[1])
 	}
-	var reads []string
-	for k := range r.Kubelet {
-		reads = append(reads, k)
-	}
-	sort.Strings(reads)
-	for _, k := range reads {
+	for _, k := range slices.Sorted(maps.Keys(r.Kubelet)) {
 		c := r.Kubelet[k]
 		fmt.Fprintf(&b, "\nThe kubelet's %s (every 10 s): %d / %d ok, %d / %d failed (between / during faults).", k, c.OK[0], c.OK[1], c.Errors[0], c.Errors[1])
 	}
@@ -436,13 +428,8 @@ func (r *report) markdown() string {
 			s.Monitors.Count, float64(s.Monitors.RSSKiB)/1024, s.Monitors.FDs)
 	}
 	if len(r.Growth) > 0 {
-		var keys []string
-		for k := range r.Growth {
-			keys = append(keys, k)
-		}
-		sort.Strings(keys)
 		b.WriteString("\nEnd over after warm-up, per process:")
-		for _, k := range keys {
+		for _, k := range slices.Sorted(maps.Keys(r.Growth)) {
 			fmt.Fprintf(&b, " %s %+.0f%%;", k, r.Growth[k])
 		}
 		b.WriteString(" (a berthd, keeper or monitor a fault replaced starts small again)\n")
