@@ -29,14 +29,11 @@ import (
 	"github.com/berthcri/berth/internal/testutil/testimages"
 )
 
-// registryHost is the registry the pods name; berthd's hosts.toml
-// mirrors it to the test's in-process registry (nothing answers for it).
-const registryHost = "registry.berth.test"
-
-// Images the pods use, as the kubelet asks for them.
+// The registry the pods name and the images they use (kubelettest's).
 const (
-	busyboxImage = registryHost + "/busybox:1.36"
-	httpdImage   = registryHost + "/busybox-httpd:1.0"
+	registryHost = kubelettest.RegistryHost
+	busyboxImage = kubelettest.BusyboxImage
+	httpdImage   = kubelettest.HTTPDImage
 	agnhostImage = registryHost + "/agnhost:2.56"
 )
 

@@ -25,14 +25,12 @@ import (
 	"github.com/berthcri/berth/internal/testutil/testimages"
 )
 
-// registryHost is the registry the pods name; berthd's hosts.toml mirrors
-// it to the soak's in-process registry over plain HTTP, as test/kubelet's.
-const registryHost = "registry.berth.test"
-
-// Images as the kubelet and the soak's own pulls name them.
+// The registry the pods name and the images the kubelet and the soak's
+// own pulls ask for: test/kubelet's (kubelettest).
 const (
-	busyboxImage = registryHost + "/busybox:1.36"
-	httpdImage   = registryHost + "/busybox-httpd:1.0"
+	registryHost = kubelettest.RegistryHost
+	busyboxImage = kubelettest.BusyboxImage
+	httpdImage   = kubelettest.HTTPDImage
 	// layersImage is pulled (and removed) only by the pull faults: the
 	// busybox layer and three of layerMiB incompressible MiB each.
 	layersImage = registryHost + "/soak-layers:1.0"
