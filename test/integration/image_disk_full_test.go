@@ -7,6 +7,8 @@ import (
 	"testing"
 
 	"golang.org/x/sys/unix"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 	criapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/berthcri/berth/internal/config"
@@ -41,7 +43,8 @@ func fillDisk(t *testing.T, path string) {
 // nothing in the image store, not even the half-written ingest file of
 // the first blob it stores (issue 35's soak found one left by every
 // such pull, for ever: writeBlob removed its temporary file only when
-// the rename failed, not the write); with space again the pull works.
+// the rename failed, not the write), and says ResourceExhausted; with
+// space again the pull works.
 func TestImagePullOnAFullDiskLeavesNoIngestFile(t *testing.T) {
 	t.Parallel()
 	reg := testimages.StartRegistry(t)
@@ -66,10 +69,13 @@ func TestImagePullOnAFullDiskLeavesNoIngestFile(t *testing.T) {
 	fillDisk(t, ballast)
 
 	ref := reg.Ref(testimages.BusyboxRef)
-	if _, err := d.Image.PullImage(ctxT(t), &criapi.PullImageRequest{Image: &criapi.ImageSpec{Image: ref}}); err == nil {
+	_, err := d.Image.PullImage(ctxT(t), &criapi.PullImageRequest{Image: &criapi.ImageSpec{Image: ref}})
+	if err == nil {
 		t.Fatal("a pull onto a full disk succeeded")
-	} else {
-		t.Logf("pull onto a full disk: %v", err)
+	}
+	t.Logf("pull onto a full disk: %v", err)
+	if status.Code(err) != codes.ResourceExhausted {
+		t.Errorf("pull onto a full disk: %s, want ResourceExhausted", status.Code(err))
 	}
 	waitStoreEmpty(t, d)
 	if err := os.Remove(ballast); err != nil {

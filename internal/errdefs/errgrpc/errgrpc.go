@@ -7,6 +7,7 @@ package errgrpc
 import (
 	"context"
 	"errors"
+	"syscall"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -43,6 +44,11 @@ func Code(err error) codes.Code {
 	case errors.Is(err, errdefs.ErrUnauthenticated):
 		return codes.Unauthenticated
 	case errors.Is(err, errdefs.ErrResourceExhausted):
+		return codes.ResourceExhausted
+	// A full disk or an exhausted quota is gRPC's ResourceExhausted ("perhaps
+	// the entire file system is out of space"), so the kubelet's pull backoff
+	// and an operator see what to free instead of Unknown.
+	case errors.Is(err, syscall.ENOSPC), errors.Is(err, syscall.EDQUOT):
 		return codes.ResourceExhausted
 	case errors.Is(err, errdefs.ErrDeadlineExceeded), errors.Is(err, context.DeadlineExceeded):
 		return codes.DeadlineExceeded
