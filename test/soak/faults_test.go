@@ -14,6 +14,8 @@ import (
 	"github.com/berthcri/berth/internal/testutil/leakcheck"
 
 	"golang.org/x/sys/unix"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 	criapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/berthcri/berth/internal/testutil/berthdtest"
@@ -292,7 +294,8 @@ func (f *faulter) cniFailOnce() (string, error) {
 
 // diskFullPull: the root filled to diskFreeMiB free, then a pull of
 // layersImage (more than that): it must fail cleanly (nothing left in
-// ingest/, berthd serving); then the disk is freed and the pull works.
+// ingest/, ResourceExhausted, berthd serving); then the disk is freed and
+// the pull works.
 func (f *faulter) diskFullPull() (string, error) {
 	root := f.n.d.Root
 	ballast := filepath.Join(root, "soak-ballast")
@@ -306,8 +309,14 @@ func (f *faulter) diskFullPull() (string, error) {
 		// Possible only if the layers fit after all: note it.
 		pullErr = errors.New("none: the pull succeeded")
 		_, _ = f.n.d.Image.RemoveImage(context.Background(), &criapi.RemoveImageRequest{Image: &criapi.ImageSpec{Image: layersImage}})
-	} else if left := ingestLeft(root); len(left) > 0 {
-		finding = fmt.Errorf("a pull that failed on a full disk left ingest files: %v", left)
+	} else {
+		if left := ingestLeft(root); len(left) > 0 {
+			finding = fmt.Errorf("a pull that failed on a full disk left ingest files: %v", left)
+		}
+		if c := status.Code(pullErr); c != codes.ResourceExhausted && c != codes.Unavailable {
+			// Unavailable: berthd itself gave up on the disk (checked below).
+			finding = errors.Join(finding, fmt.Errorf("a pull onto a full disk answered %s, want ResourceExhausted", c))
+		}
 	}
 	select {
 	case <-f.n.d.Exited():
