@@ -74,8 +74,8 @@ func TestCDIDevicesInjectedEndToEnd(t *testing.T) {
 			cfg.CDIDevices = append(cfg.CDIDevices, &criapi.CDIDevice{Name: n})
 		}
 		cfg.Annotations = tc.annot
-		_, err := e.d.Runtime.CreateContainer(ctxT(t), &criapi.CreateContainerRequest{PodSandboxId: e.pod, Config: cfg, SandboxConfig: e.podCfg})
-		wantCode(t, err, tc.want)
+		_, err := e.d.Runtime.CreateContainer(berthdtest.Ctx(t), &criapi.CreateContainerRequest{PodSandboxId: e.pod, Config: cfg, SandboxConfig: e.podCfg})
+		berthdtest.WantCode(t, err, tc.want)
 		if tc.want == codes.NotFound && !strings.Contains(err.Error(), "missing") && !strings.Contains(err.Error(), "other.test/gpu=0") {
 			t.Fatalf("%s: error does not name the device: %v", tc.name, err)
 		}

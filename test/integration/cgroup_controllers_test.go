@@ -99,7 +99,7 @@ func TestHugepageLimitsOnAHostWithoutHugetlbHierarchy(t *testing.T) {
 		}
 	}
 	// Updates carry hugepage limits too.
-	if _, err := e.d.Runtime.UpdateContainerResources(ctxT(t), &criapi.UpdateContainerResourcesRequest{
+	if _, err := e.d.Runtime.UpdateContainerResources(berthdtest.Ctx(t), &criapi.UpdateContainerResourcesRequest{
 		ContainerId: ids[0], Linux: kubeletHugepages(sizes),
 	}); err != nil {
 		t.Fatalf("UpdateContainerResources with hugepage limits: %v", err)
@@ -127,10 +127,10 @@ func TestHugepageLimitsOnAHostWithoutHugetlbHierarchy(t *testing.T) {
 	}
 
 	for _, id := range ids {
-		if _, err := e.d.Runtime.StopContainer(ctxT(t), &criapi.StopContainerRequest{ContainerId: id}); err != nil {
+		if _, err := e.d.Runtime.StopContainer(berthdtest.Ctx(t), &criapi.StopContainerRequest{ContainerId: id}); err != nil {
 			t.Fatal(err)
 		}
-		if _, err := e.d.Runtime.RemoveContainer(ctxT(t), &criapi.RemoveContainerRequest{ContainerId: id}); err != nil {
+		if _, err := e.d.Runtime.RemoveContainer(berthdtest.Ctx(t), &criapi.RemoveContainerRequest{ContainerId: id}); err != nil {
 			t.Fatal(err)
 		}
 	}

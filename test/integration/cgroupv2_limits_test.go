@@ -10,6 +10,7 @@ import (
 	criapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/berthcri/berth/internal/cgroupplan"
+	"github.com/berthcri/berth/internal/testutil/berthdtest"
 )
 
 // A container as a current kubelet on a cgroup v2 node shapes it: shares,
@@ -26,7 +27,7 @@ func TestCgroupV2ContainerLimits(t *testing.T) {
 	}
 	t.Parallel()
 	e := newCtrEnv(t)
-	ctx := ctxT(t)
+	ctx := berthdtest.Ctx(t)
 	cfg := e.config("limits", "sleep", "3600")
 	cfg.Linux.Resources = &criapi.LinuxContainerResources{
 		CpuShares:              512,

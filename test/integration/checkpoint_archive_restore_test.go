@@ -27,13 +27,13 @@ func TestCheckpointContainerRestoreFromArchive(t *testing.T) {
 	id := e.run(e.config("counter", "sh", "-c", counterScript))
 	before := e.waitCount(id, 10)
 	loc := filepath.Join(t.TempDir(), "counter.tar")
-	if _, err := e.d.Runtime.CheckpointContainer(ctxT(t), &criapi.CheckpointContainerRequest{ContainerId: id, Location: loc, Timeout: 60}); err != nil {
+	if _, err := e.d.Runtime.CheckpointContainer(berthdtest.Ctx(t), &criapi.CheckpointContainerRequest{ContainerId: id, Location: loc, Timeout: 60}); err != nil {
 		t.Fatalf("CheckpointContainer: %v\n%s", err, e.d.Logs())
 	}
-	if _, err := e.d.Runtime.StopContainer(ctxT(t), &criapi.StopContainerRequest{ContainerId: id, Timeout: 1}); err != nil {
+	if _, err := e.d.Runtime.StopContainer(berthdtest.Ctx(t), &criapi.StopContainerRequest{ContainerId: id, Timeout: 1}); err != nil {
 		t.Fatalf("StopContainer: %v", err)
 	}
-	if _, err := e.d.Runtime.RemoveContainer(ctxT(t), &criapi.RemoveContainerRequest{ContainerId: id}); err != nil {
+	if _, err := e.d.Runtime.RemoveContainer(berthdtest.Ctx(t), &criapi.RemoveContainerRequest{ContainerId: id}); err != nil {
 		t.Fatalf("RemoveContainer: %v", err)
 	}
 
@@ -88,13 +88,13 @@ func TestCheckpointContainerRestoreFromArchive(t *testing.T) {
 	for _, bad := range []string{notTar, noDumps, badJSON, escape, truncated} {
 		cfg := e.config("bad", "sleep", "1000")
 		cfg.Image.Image = bad
-		_, err := pe.d.Runtime.CreateContainer(ctxT(t), &criapi.CreateContainerRequest{PodSandboxId: pe.pod, Config: cfg, SandboxConfig: pe.podCfg})
-		wantCode(t, err, codes.InvalidArgument)
+		_, err := pe.d.Runtime.CreateContainer(berthdtest.Ctx(t), &criapi.CreateContainerRequest{PodSandboxId: pe.pod, Config: cfg, SandboxConfig: pe.podCfg})
+		berthdtest.WantCode(t, err, codes.InvalidArgument)
 	}
 	if _, err := os.Stat(filepath.Join(filepath.Dir(dir), "escaped")); err == nil {
 		t.Fatalf("an archive name escaped the unpack dir")
 	}
-	resp, err := pe.d.Runtime.ListContainers(ctxT(t), &criapi.ListContainersRequest{Filter: &criapi.ContainerFilter{PodSandboxId: pe.pod}})
+	resp, err := pe.d.Runtime.ListContainers(berthdtest.Ctx(t), &criapi.ListContainersRequest{Filter: &criapi.ContainerFilter{PodSandboxId: pe.pod}})
 	if err != nil {
 		t.Fatal(err)
 	}

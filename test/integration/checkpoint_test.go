@@ -81,7 +81,7 @@ func (e *ctrEnv) waitCount(id string, n int) int {
 
 func (e *ctrEnv) podIP(pod string) string {
 	e.t.Helper()
-	resp, err := e.d.Runtime.PodSandboxStatus(ctxT(e.t), &criapi.PodSandboxStatusRequest{PodSandboxId: pod})
+	resp, err := e.d.Runtime.PodSandboxStatus(berthdtest.Ctx(e.t), &criapi.PodSandboxStatusRequest{PodSandboxId: pod})
 	if err != nil {
 		e.t.Fatalf("PodSandboxStatus: %v", err)
 	}
@@ -216,7 +216,7 @@ func TestCheckpointRestorePod(t *testing.T) {
 	}
 	// The shim reaps a restored process like any container's init (a
 	// shell as pid 1 ignores SIGTERM: it is killed after the grace).
-	if _, err := e.d.Runtime.StopContainer(ctxT(t), &criapi.StopContainerRequest{ContainerId: ids["counter"], Timeout: 1}); err != nil {
+	if _, err := e.d.Runtime.StopContainer(berthdtest.Ctx(t), &criapi.StopContainerRequest{ContainerId: ids["counter"], Timeout: 1}); err != nil {
 		t.Fatalf("StopContainer: %v", err)
 	}
 	if st := e.status(ids["counter"]); st.State != criapi.ContainerState_CONTAINER_EXITED || st.ExitCode != 128+9 || st.FinishedAt == 0 {
@@ -234,7 +234,7 @@ func TestCheckpointContainerArchive(t *testing.T) {
 	id := e.run(e.config("counter", "sh", "-c", "rm /etc/group; "+counterScript))
 	e.waitCount(id, 5)
 	loc := filepath.Join(t.TempDir(), "counter.tar")
-	if _, err := e.d.Runtime.CheckpointContainer(ctxT(t), &criapi.CheckpointContainerRequest{ContainerId: id, Location: loc, Timeout: 60}); err != nil {
+	if _, err := e.d.Runtime.CheckpointContainer(berthdtest.Ctx(t), &criapi.CheckpointContainerRequest{ContainerId: id, Location: loc, Timeout: 60}); err != nil {
 		t.Fatalf("CheckpointContainer: %v\n%s", err, e.d.Logs())
 	}
 	n := e.count(id)
@@ -325,7 +325,7 @@ func TestCheckpointFailuresLeaveNothing(t *testing.T) {
 	scope := leakcheck.ForDaemon(e.d)
 	before := leakcheck.Take(t, scope)
 	pods := func() int {
-		resp, err := e.d.Runtime.ListPodSandbox(ctxT(t), &criapi.ListPodSandboxRequest{})
+		resp, err := e.d.Runtime.ListPodSandbox(berthdtest.Ctx(t), &criapi.ListPodSandboxRequest{})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -371,19 +371,19 @@ func TestCheckpointFailuresLeaveNothing(t *testing.T) {
 	long := func() context.Context { return deadlineCtx(t, time.Minute) }
 
 	// Bad input.
-	wantCode(t, ck(long(), &criapi.CheckpointPodRequest{OutputPath: filepath.Join(out, "missing")}), codes.InvalidArgument)
-	wantCode(t, ck(long(), &criapi.CheckpointPodRequest{OutputPath: "relative"}), codes.InvalidArgument)
-	wantCode(t, ck(long(), &criapi.CheckpointPodRequest{Options: map[string]string{"tcp-established": "true"}}), codes.InvalidArgument)
-	wantCode(t, ck(long(), &criapi.CheckpointPodRequest{ContainerIds: []string{counter, counter}}), codes.InvalidArgument)
-	wantCode(t, ck(ctxNoDeadline(), &criapi.CheckpointPodRequest{}), codes.InvalidArgument)
-	wantCode(t, ck(long(), &criapi.CheckpointPodRequest{PodSandboxId: "nosuchpod"}), codes.NotFound)
+	berthdtest.WantCode(t, ck(long(), &criapi.CheckpointPodRequest{OutputPath: filepath.Join(out, "missing")}), codes.InvalidArgument)
+	berthdtest.WantCode(t, ck(long(), &criapi.CheckpointPodRequest{OutputPath: "relative"}), codes.InvalidArgument)
+	berthdtest.WantCode(t, ck(long(), &criapi.CheckpointPodRequest{Options: map[string]string{"tcp-established": "true"}}), codes.InvalidArgument)
+	berthdtest.WantCode(t, ck(long(), &criapi.CheckpointPodRequest{ContainerIds: []string{counter, counter}}), codes.InvalidArgument)
+	berthdtest.WantCode(t, ck(ctxNoDeadline(), &criapi.CheckpointPodRequest{}), codes.InvalidArgument)
+	berthdtest.WantCode(t, ck(long(), &criapi.CheckpointPodRequest{PodSandboxId: "nosuchpod"}), codes.NotFound)
 	full := t.TempDir()
 	if err := os.WriteFile(filepath.Join(full, "x"), nil, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	wantCode(t, ck(long(), &criapi.CheckpointPodRequest{OutputPath: full}), codes.InvalidArgument)
-	_, err := e.d.Runtime.CheckpointContainer(ctxT(t), &criapi.CheckpointContainerRequest{ContainerId: counter, Location: filepath.Join(out, "no", "such", "dir.tar")})
-	wantCode(t, err, codes.InvalidArgument)
+	berthdtest.WantCode(t, ck(long(), &criapi.CheckpointPodRequest{OutputPath: full}), codes.InvalidArgument)
+	_, err := e.d.Runtime.CheckpointContainer(berthdtest.Ctx(t), &criapi.CheckpointContainerRequest{ContainerId: counter, Location: filepath.Join(out, "no", "such", "dir.tar")})
+	berthdtest.WantCode(t, err, codes.InvalidArgument)
 	alive("bad input")
 
 	// CRIU fails on one container: the other's capture goes too.
@@ -444,16 +444,16 @@ func TestCheckpointFailuresLeaveNothing(t *testing.T) {
 		_, err := e.d.Runtime.RestorePod(ctx, req)
 		return err
 	}
-	wantCode(t, restore(long(), &criapi.RestorePodRequest{Options: map[string]string{"x": "y"}}), codes.InvalidArgument)
-	wantCode(t, restore(long(), &criapi.RestorePodRequest{CheckpointPath: out}), codes.InvalidArgument)
-	wantCode(t, restore(long(), &criapi.RestorePodRequest{ContainerConfigs: e.counterConfigs()[:1]}), codes.InvalidArgument)
-	wantCode(t, restore(long(), &criapi.RestorePodRequest{RuntimeHandler: "nosuch"}), codes.InvalidArgument)
-	wantCode(t, restore(ctxNoDeadline(), &criapi.RestorePodRequest{}), codes.InvalidArgument)
+	berthdtest.WantCode(t, restore(long(), &criapi.RestorePodRequest{Options: map[string]string{"x": "y"}}), codes.InvalidArgument)
+	berthdtest.WantCode(t, restore(long(), &criapi.RestorePodRequest{CheckpointPath: out}), codes.InvalidArgument)
+	berthdtest.WantCode(t, restore(long(), &criapi.RestorePodRequest{ContainerConfigs: e.counterConfigs()[:1]}), codes.InvalidArgument)
+	berthdtest.WantCode(t, restore(long(), &criapi.RestorePodRequest{RuntimeHandler: "nosuch"}), codes.InvalidArgument)
+	berthdtest.WantCode(t, restore(ctxNoDeadline(), &criapi.RestorePodRequest{}), codes.InvalidArgument)
 	// Checked only once the sandbox and the first container exist: the
 	// second's command differs from the checkpointed one.
 	changed := e.counterConfigs()
 	changed[1].Command = []string{"sh", "-c", "sleep 1000"}
-	wantCode(t, restore(long(), &criapi.RestorePodRequest{ContainerConfigs: changed}), codes.InvalidArgument)
+	berthdtest.WantCode(t, restore(long(), &criapi.RestorePodRequest{ContainerConfigs: changed}), codes.InvalidArgument)
 	if n := pods(); n != podsBefore {
 		t.Fatalf("a failed restore left a pod: %d pods, %d before", n, podsBefore)
 	}
@@ -493,12 +493,12 @@ func TestCheckpointWithBrokenCRIU(t *testing.T) {
 	out := t.TempDir()
 	wantBroken := func(what string, err error) {
 		t.Helper()
-		wantCode(t, err, codes.FailedPrecondition)
+		berthdtest.WantCode(t, err, codes.FailedPrecondition)
 		if !strings.Contains(err.Error(), "this criu is broken") {
 			t.Errorf("%s: %v does not say why", what, err)
 		}
 	}
-	_, err := d.Runtime.CheckpointContainer(ctxT(t), &criapi.CheckpointContainerRequest{ContainerId: counter, Location: filepath.Join(out, "c.tar")})
+	_, err := d.Runtime.CheckpointContainer(berthdtest.Ctx(t), &criapi.CheckpointContainerRequest{ContainerId: counter, Location: filepath.Join(out, "c.tar")})
 	wantBroken("CheckpointContainer", err)
 	_, err = d.Runtime.CheckpointPod(deadlineCtx(t, time.Minute), &criapi.CheckpointPodRequest{PodSandboxId: e.pod, OutputPath: out, ContainerIds: []string{counter}})
 	wantBroken("CheckpointPod", err)
@@ -534,7 +534,7 @@ func TestCheckpointWithBrokenCRIU(t *testing.T) {
 	})
 	acfg := e.config("from-archive", "sh")
 	acfg.Image.Image = archive
-	_, err = d.Runtime.CreateContainer(ctxT(t), &criapi.CreateContainerRequest{PodSandboxId: e.pod, Config: acfg, SandboxConfig: e.podCfg})
+	_, err = d.Runtime.CreateContainer(berthdtest.Ctx(t), &criapi.CreateContainerRequest{PodSandboxId: e.pod, Config: acfg, SandboxConfig: e.podCfg})
 	wantBroken("CreateContainer from a checkpoint archive", err)
 	if es, _ := os.ReadDir(filepath.Join(d.Root, "checkpoints")); len(es) != 0 {
 		t.Errorf("%d checkpoint unpack dirs left", len(es))
@@ -567,12 +567,12 @@ func TestCheckpointRefusesSharedPIDPod(t *testing.T) {
 	e.waitCount(counter, 3)
 	out := t.TempDir()
 	_, err := e.d.Runtime.CheckpointPod(deadlineCtx(t, time.Minute), &criapi.CheckpointPodRequest{PodSandboxId: e.pod, OutputPath: out, ContainerIds: []string{counter}})
-	wantCode(t, err, codes.FailedPrecondition)
+	berthdtest.WantCode(t, err, codes.FailedPrecondition)
 	if !strings.Contains(err.Error(), "PID namespace") {
 		t.Errorf("%v does not say why", err)
 	}
-	_, err = e.d.Runtime.CheckpointContainer(ctxT(t), &criapi.CheckpointContainerRequest{ContainerId: counter, Location: filepath.Join(out, "c.tar")})
-	wantCode(t, err, codes.FailedPrecondition)
+	_, err = e.d.Runtime.CheckpointContainer(berthdtest.Ctx(t), &criapi.CheckpointContainerRequest{ContainerId: counter, Location: filepath.Join(out, "c.tar")})
+	berthdtest.WantCode(t, err, codes.FailedPrecondition)
 	if es, _ := os.ReadDir(out); len(es) != 0 {
 		t.Errorf("output_path has %d entries", len(es))
 	}

@@ -34,7 +34,7 @@ func TestStatusRuntimeHandlerFeatures(t *testing.T) {
 	d := berthdtest.Start(t, berthdtest.Options{Configure: func(c *config.Config) {
 		c.RuntimeHandlers = map[string]config.RuntimeHandler{"runc": {Binary: "runc"}, "old": {Binary: old}}
 	}})
-	resp, err := d.Runtime.Status(ctxT(t), &criapi.StatusRequest{})
+	resp, err := d.Runtime.Status(berthdtest.Ctx(t), &criapi.StatusRequest{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -65,15 +65,15 @@ func TestStatusRuntimeHandlerFeatures(t *testing.T) {
 	e := &ctrEnv{t: t, d: d, reg: reg, logDir: filepath.Join(d.Dir, "podlogs")}
 	e.podCfg = podConfig("oldhandler")
 	e.podCfg.LogDirectory = e.logDir
-	pr, err := d.Runtime.RunPodSandbox(ctxT(t), &criapi.RunPodSandboxRequest{Config: e.podCfg, RuntimeHandler: "old"})
+	pr, err := d.Runtime.RunPodSandbox(berthdtest.Ctx(t), &criapi.RunPodSandboxRequest{Config: e.podCfg, RuntimeHandler: "old"})
 	if err != nil {
 		t.Fatal(err)
 	}
 	e.pod = pr.PodSandboxId
 	cfg := e.config("rro", "true")
 	cfg.Mounts = []*criapi.Mount{{ContainerPath: "/mnt", HostPath: t.TempDir(), Readonly: true, RecursiveReadOnly: true}}
-	_, err = d.Runtime.CreateContainer(ctxT(t), &criapi.CreateContainerRequest{PodSandboxId: e.pod, Config: cfg, SandboxConfig: e.podCfg})
-	wantCode(t, err, codes.InvalidArgument)
+	_, err = d.Runtime.CreateContainer(berthdtest.Ctx(t), &criapi.CreateContainerRequest{PodSandboxId: e.pod, Config: cfg, SandboxConfig: e.podCfg})
+	berthdtest.WantCode(t, err, codes.InvalidArgument)
 	stopRemove(t, d, e.pod)
 }
 
@@ -126,7 +126,7 @@ func TestContainerRecursiveReadOnlyMounts(t *testing.T) {
 		m.ContainerPath, m.HostPath, m.RecursiveReadOnly, m.SelinuxRelabel = "/mnt", host, true, true
 		cfg := e.config("bad-"+name, "true")
 		cfg.Mounts = []*criapi.Mount{m}
-		_, err := e.d.Runtime.CreateContainer(ctxT(t), &criapi.CreateContainerRequest{PodSandboxId: e.pod, Config: cfg, SandboxConfig: e.podCfg})
+		_, err := e.d.Runtime.CreateContainer(berthdtest.Ctx(t), &criapi.CreateContainerRequest{PodSandboxId: e.pod, Config: cfg, SandboxConfig: e.podCfg})
 		if status.Code(err) != codes.InvalidArgument {
 			t.Errorf("%s: %v, want InvalidArgument", name, err)
 		}
@@ -243,7 +243,7 @@ func TestContainerImageVolume(t *testing.T) {
 	} {
 		cfg := e.config("bad-"+name, "true")
 		cfg.Mounts = mounts
-		_, err := e.d.Runtime.CreateContainer(ctxT(t), &criapi.CreateContainerRequest{PodSandboxId: e.pod, Config: cfg, SandboxConfig: e.podCfg})
+		_, err := e.d.Runtime.CreateContainer(berthdtest.Ctx(t), &criapi.CreateContainerRequest{PodSandboxId: e.pod, Config: cfg, SandboxConfig: e.podCfg})
 		if status.Code(err) != codes.InvalidArgument {
 			t.Errorf("%s: %v, want InvalidArgument", name, err)
 		}
@@ -258,7 +258,7 @@ func TestContainerImageVolume(t *testing.T) {
 	if m := e.status(id).GetMounts(); len(m) < 2 || m[0].GetImage().GetImageRef() != httpdRef {
 		t.Fatalf("status mounts after restart: %+v", m)
 	}
-	if _, err := e.d.Runtime.RemoveContainer(ctxT(t), &criapi.RemoveContainerRequest{ContainerId: id}); err != nil {
+	if _, err := e.d.Runtime.RemoveContainer(berthdtest.Ctx(t), &criapi.RemoveContainerRequest{ContainerId: id}); err != nil {
 		t.Fatal(err)
 	}
 	if got := leftovers(t, e.d); len(got) != 0 {

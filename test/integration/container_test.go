@@ -23,7 +23,7 @@ import (
 func TestContainerRunLogsExitCodesAndStatus(t *testing.T) {
 	t.Parallel()
 	e := newCtrEnv(t)
-	ctx := ctxT(t)
+	ctx := berthdtest.Ctx(t)
 	ok := e.run(e.config("ok", "sh", "-c", "echo out; echo err >&2"))
 	bad := e.run(e.config("bad", "sh", "-c", "exit 3"))
 	st := e.waitExited(ok)
@@ -50,18 +50,18 @@ func TestContainerRunLogsExitCodesAndStatus(t *testing.T) {
 	}
 	// Start on a non-created container.
 	_, err := e.d.Runtime.StartContainer(ctx, &criapi.StartContainerRequest{ContainerId: ok})
-	wantCode(t, err, codes.FailedPrecondition)
+	berthdtest.WantCode(t, err, codes.FailedPrecondition)
 	// Name reservation.
 	_, err = e.d.Runtime.CreateContainer(ctx, &criapi.CreateContainerRequest{PodSandboxId: e.pod, Config: e.config("ok", "true"), SandboxConfig: e.podCfg})
-	wantCode(t, err, codes.AlreadyExists)
+	berthdtest.WantCode(t, err, codes.AlreadyExists)
 	// A log path that escapes the pod's log directory.
 	esc := e.config("escape", "true")
 	esc.LogPath = "../../etc/evil.log"
 	_, err = e.d.Runtime.CreateContainer(ctx, &criapi.CreateContainerRequest{PodSandboxId: e.pod, Config: esc, SandboxConfig: e.podCfg})
-	wantCode(t, err, codes.InvalidArgument)
+	berthdtest.WantCode(t, err, codes.InvalidArgument)
 	// Unknown pod.
 	_, err = e.d.Runtime.CreateContainer(ctx, &criapi.CreateContainerRequest{PodSandboxId: "nope", Config: e.config("x", "true")})
-	wantCode(t, err, codes.NotFound)
+	berthdtest.WantCode(t, err, codes.NotFound)
 
 	// List filters.
 	list := func(f *criapi.ContainerFilter) int {
@@ -93,7 +93,7 @@ func TestContainerRunLogsExitCodesAndStatus(t *testing.T) {
 		t.Fatalf("StopContainer missing: %v", err)
 	}
 	_, err = e.d.Runtime.ContainerStatus(ctx, &criapi.ContainerStatusRequest{ContainerId: ok})
-	wantCode(t, err, codes.NotFound)
+	berthdtest.WantCode(t, err, codes.NotFound)
 	if n := list(nil); n != 0 {
 		t.Fatalf("list after remove = %d", n)
 	}
@@ -208,7 +208,7 @@ func TestContainerVolumeMount(t *testing.T) {
 func TestContainerStopGracePeriodThenKill(t *testing.T) {
 	t.Parallel()
 	e := newCtrEnv(t)
-	ctx := ctxT(t)
+	ctx := berthdtest.Ctx(t)
 	// Ignores SIGTERM, so only the SIGKILL after the grace period ends it.
 	id := e.run(e.config("stubborn", "sh", "-c", "trap 'echo got TERM' TERM; while true; do sleep 0.1; done"))
 	time.Sleep(500 * time.Millisecond)
@@ -257,7 +257,7 @@ func TestContainerStopGracePeriodThenKill(t *testing.T) {
 	other := e.run(e.config("other", "sleep", "1000"))
 	stopRemove(t, e.d, e.pod)
 	_, err = e.d.Runtime.ContainerStatus(ctx, &criapi.ContainerStatusRequest{ContainerId: other})
-	wantCode(t, err, codes.NotFound)
+	berthdtest.WantCode(t, err, codes.NotFound)
 	if pids := berthdtest.PidsMentioning(filepath.Join(e.d.State, "shims")); len(pids) != 0 {
 		t.Fatalf("shim processes left: %v", pids)
 	}
@@ -266,7 +266,7 @@ func TestContainerStopGracePeriodThenKill(t *testing.T) {
 func TestContainerLongLineAndReopenLog(t *testing.T) {
 	t.Parallel()
 	e := newCtrEnv(t)
-	ctx := ctxT(t)
+	ctx := berthdtest.Ctx(t)
 	cfg := e.config("long", "sh", "-c", "head -c 40000 /dev/zero | tr '\\0' a; echo; read x; echo after; sleep 1000")
 	cfg.Stdin, cfg.StdinOnce = true, true
 	id := e.run(cfg)
@@ -297,13 +297,13 @@ func TestContainerLongLineAndReopenLog(t *testing.T) {
 		t.Fatal(err)
 	}
 	_, err := e.d.Runtime.ReopenContainerLog(ctx, &criapi.ReopenContainerLogRequest{ContainerId: id})
-	wantCode(t, err, codes.FailedPrecondition)
+	berthdtest.WantCode(t, err, codes.FailedPrecondition)
 }
 
 func TestContainerUpdateResources(t *testing.T) {
 	t.Parallel()
 	e := newCtrEnv(t)
-	ctx := ctxT(t)
+	ctx := berthdtest.Ctx(t)
 	cfg := e.config("upd", "sleep", "1000")
 	cfg.Linux.Resources = &criapi.LinuxContainerResources{MemoryLimitInBytes: 64 << 20, CpuShares: 512}
 	id := e.run(cfg)
@@ -325,7 +325,7 @@ func TestContainerUpdateResources(t *testing.T) {
 func TestContainerSurvivesDaemonCrash(t *testing.T) {
 	t.Parallel()
 	e := newCtrEnv(t)
-	ctx := ctxT(t)
+	ctx := berthdtest.Ctx(t)
 	counter := e.run(e.config("counter", "sh", "-c", "i=0; while true; do echo $i; i=$((i+1)); usleep 100000; done"))
 	short := e.config("short", "sh", "-c", "read x; exit 42")
 	short.Stdin, short.StdinOnce = true, true
@@ -456,7 +456,7 @@ func TestContainerSecondRuntimeHandler(t *testing.T) {
 	e := &ctrEnv{t: t, d: d, reg: reg, logDir: filepath.Join(d.Dir, "podlogs")}
 	e.podCfg = podConfig("handler2")
 	e.podCfg.LogDirectory = e.logDir
-	resp, err := d.Runtime.RunPodSandbox(ctxT(t), &criapi.RunPodSandboxRequest{Config: e.podCfg, RuntimeHandler: "runc2"})
+	resp, err := d.Runtime.RunPodSandbox(berthdtest.Ctx(t), &criapi.RunPodSandboxRequest{Config: e.podCfg, RuntimeHandler: "runc2"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -469,15 +469,15 @@ func TestContainerSecondRuntimeHandler(t *testing.T) {
 	if _, err := os.Stat(filepath.Join(d.State, "runtime", "runc", id)); !os.IsNotExist(err) {
 		t.Fatalf("container in the default handler's root: %v", err)
 	}
-	_, err = d.Runtime.RunPodSandbox(ctxT(t), &criapi.RunPodSandboxRequest{Config: podConfig("nohandler"), RuntimeHandler: "nope"})
-	wantCode(t, err, codes.InvalidArgument)
+	_, err = d.Runtime.RunPodSandbox(berthdtest.Ctx(t), &criapi.RunPodSandboxRequest{Config: podConfig("nohandler"), RuntimeHandler: "nope"})
+	berthdtest.WantCode(t, err, codes.InvalidArgument)
 	stopRemove(t, d, e.pod)
 }
 
 func TestContainerEvents(t *testing.T) {
 	t.Parallel()
 	e := newCtrEnv(t)
-	ctx, cancel := context.WithCancel(ctxT(t))
+	ctx, cancel := context.WithCancel(berthdtest.Ctx(t))
 	defer cancel()
 	stream, err := e.d.Runtime.GetContainerEvents(ctx, &criapi.GetEventsRequest{})
 	if err != nil {
@@ -516,7 +516,7 @@ func TestContainerEvents(t *testing.T) {
 func TestContainerLifecycleLeavesNothingBehind(t *testing.T) {
 	t.Parallel()
 	e := newCtrEnv(t)
-	ctx := ctxT(t)
+	ctx := berthdtest.Ctx(t)
 	scope := leakcheck.ForDaemon(e.d)
 	stopRemove(t, e.d, e.pod) // warm up: bridge, lock files
 	before := leakcheck.Take(t, scope)
@@ -530,7 +530,7 @@ func TestContainerLifecycleLeavesNothingBehind(t *testing.T) {
 			bad := e.config("first-bad", "true")
 			bad.Linux.SecurityContext.RunAsGroup = &criapi.Int64Value{Value: 5}
 			_, err := e.d.Runtime.CreateContainer(ctx, &criapi.CreateContainerRequest{PodSandboxId: e.pod, Config: bad, SandboxConfig: e.podCfg})
-			wantCode(t, err, codes.InvalidArgument)
+			berthdtest.WantCode(t, err, codes.InvalidArgument)
 			shimDir := filepath.Join(e.d.State, "shims", e.pod)
 			deadline := time.Now().Add(5 * time.Second)
 			for len(berthdtest.PidsMentioning(shimDir)) != 0 && time.Now().Before(deadline) {

@@ -65,10 +65,10 @@ func TestStopSignalFromConfigOverridesImage(t *testing.T) {
 			t.Fatalf("%s: status stop_signal %v, want %v", tc.name, got, tc.want)
 		}
 		waitUntil(t, "the container's traps (/tmp/ready)", func() bool {
-			r, err := e.d.Runtime.ExecSync(ctxT(t), &criapi.ExecSyncRequest{ContainerId: id, Cmd: []string{"test", "-e", "/tmp/ready"}, Timeout: 5})
+			r, err := e.d.Runtime.ExecSync(berthdtest.Ctx(t), &criapi.ExecSyncRequest{ContainerId: id, Cmd: []string{"test", "-e", "/tmp/ready"}, Timeout: 5})
 			return err == nil && r.ExitCode == 0
 		})
-		if _, err := e.d.Runtime.StopContainer(ctxT(t), &criapi.StopContainerRequest{ContainerId: id, Timeout: 2}); err != nil {
+		if _, err := e.d.Runtime.StopContainer(berthdtest.Ctx(t), &criapi.StopContainerRequest{ContainerId: id, Timeout: 2}); err != nil {
 			t.Fatal(err)
 		}
 		st := e.status(id)
@@ -79,8 +79,8 @@ func TestStopSignalFromConfigOverridesImage(t *testing.T) {
 
 	bad := e.config("stopsig-bad", "true")
 	bad.StopSignal = criapi.Signal(999)
-	_, err = e.d.Runtime.CreateContainer(ctxT(t), &criapi.CreateContainerRequest{PodSandboxId: e.pod, Config: bad, SandboxConfig: e.podCfg})
-	wantCode(t, err, codes.InvalidArgument)
+	_, err = e.d.Runtime.CreateContainer(berthdtest.Ctx(t), &criapi.CreateContainerRequest{PodSandboxId: e.pod, Config: bad, SandboxConfig: e.podCfg})
+	berthdtest.WantCode(t, err, codes.InvalidArgument)
 }
 
 // RuntimeFeatures says what berth does: mount_options applied,
@@ -89,7 +89,7 @@ func TestStopSignalFromConfigOverridesImage(t *testing.T) {
 func TestStatusFeaturesMountOptionsAndUsernsHostNetwork(t *testing.T) {
 	t.Parallel()
 	e := newCtrEnv(t)
-	resp, err := e.d.Runtime.Status(ctxT(t), &criapi.StatusRequest{})
+	resp, err := e.d.Runtime.Status(berthdtest.Ctx(t), &criapi.StatusRequest{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -127,8 +127,8 @@ func TestStatusFeaturesMountOptionsAndUsernsHostNetwork(t *testing.T) {
 		Uids: []*criapi.IDMapping{{HostId: 1 << 20, ContainerId: 0, Length: 65536}},
 		Gids: []*criapi.IDMapping{{HostId: 1 << 20, ContainerId: 0, Length: 65536}},
 	}
-	_, err = e.d.Runtime.RunPodSandbox(ctxT(t), &criapi.RunPodSandboxRequest{Config: pod})
-	wantCode(t, err, codes.FailedPrecondition)
+	_, err = e.d.Runtime.RunPodSandbox(berthdtest.Ctx(t), &criapi.RunPodSandboxRequest{Config: pod})
+	berthdtest.WantCode(t, err, codes.FailedPrecondition)
 }
 
 // default_ulimits set every container's rlimits; one above berthd's own
@@ -196,8 +196,8 @@ func TestAppArmorOnANodeWithoutIt(t *testing.T) {
 
 	cfg = e.config("aa-localhost", "true")
 	cfg.Linux.SecurityContext.Apparmor = &criapi.SecurityProfile{ProfileType: criapi.SecurityProfile_Localhost, LocalhostRef: "localhost/my-profile"}
-	_, err := e.d.Runtime.CreateContainer(ctxT(t), &criapi.CreateContainerRequest{PodSandboxId: e.pod, Config: cfg, SandboxConfig: e.podCfg})
-	wantCode(t, err, codes.InvalidArgument)
+	_, err := e.d.Runtime.CreateContainer(berthdtest.Ctx(t), &criapi.CreateContainerRequest{PodSandboxId: e.pod, Config: cfg, SandboxConfig: e.podCfg})
+	berthdtest.WantCode(t, err, codes.InvalidArgument)
 	if msg := err.Error(); !strings.Contains(msg, "my-profile") || !strings.Contains(msg, "AppArmor is not enabled") {
 		t.Fatalf("error does not say why: %v", err)
 	}

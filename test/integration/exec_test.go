@@ -54,12 +54,12 @@ func TestExecSyncOutputsExitCodesAndErrors(t *testing.T) {
 	}
 
 	_, err = execSync(t, e.d, id, 10)
-	wantCode(t, err, codes.InvalidArgument)
+	berthdtest.WantCode(t, err, codes.InvalidArgument)
 	_, err = execSync(t, e.d, "nonexistent", 10, "true")
-	wantCode(t, err, codes.NotFound)
+	berthdtest.WantCode(t, err, codes.NotFound)
 	created := e.create(e.config("notstarted", "sleep", "3600"))
 	_, err = execSync(t, e.d, created, 10, "true")
-	wantCode(t, err, codes.FailedPrecondition)
+	berthdtest.WantCode(t, err, codes.FailedPrecondition)
 }
 
 func TestExecSyncTimeoutKillsTheProcess(t *testing.T) {
@@ -68,7 +68,7 @@ func TestExecSyncTimeoutKillsTheProcess(t *testing.T) {
 	id := e.run(e.config("sleeper", "sleep", "3600"))
 	start := time.Now()
 	_, err := execSync(t, e.d, id, 1, "sleep", "4321")
-	wantCode(t, err, codes.DeadlineExceeded)
+	berthdtest.WantCode(t, err, codes.DeadlineExceeded)
 	if took := time.Since(start); took > 20*time.Second {
 		t.Fatalf("timed-out exec took %s to return", took)
 	}
@@ -86,7 +86,7 @@ func TestExecSyncCapsOutputAt16MiB(t *testing.T) {
 	t.Parallel()
 	e := newCtrEnv(t)
 	id := e.run(e.config("sleeper", "sleep", "3600"))
-	r, err := e.d.Runtime.ExecSync(ctxT(t), &criapi.ExecSyncRequest{ContainerId: id, Cmd: []string{"sh", "-c", "head -c 20000000 /dev/zero"}, Timeout: 30},
+	r, err := e.d.Runtime.ExecSync(berthdtest.Ctx(t), &criapi.ExecSyncRequest{ContainerId: id, Cmd: []string{"sh", "-c", "head -c 20000000 /dev/zero"}, Timeout: 30},
 		grpc.MaxCallRecvMsgSize(64<<20))
 	if err != nil {
 		t.Fatal(err)
@@ -130,12 +130,12 @@ func TestExecStreamsOverSPDYAndWebsocket(t *testing.T) {
 			if transport == "websocket" {
 				cmd = []string{"sh", "-c", "read line; echo $line; echo done >&2"}
 			}
-			resp, err := e.d.Runtime.Exec(ctxT(t), &criapi.ExecRequest{ContainerId: id, Cmd: cmd, Stdin: true, Stdout: true, Stderr: true})
+			resp, err := e.d.Runtime.Exec(berthdtest.Ctx(t), &criapi.ExecRequest{ContainerId: id, Cmd: cmd, Stdin: true, Stdout: true, Stderr: true})
 			if err != nil {
 				t.Fatal(err)
 			}
 			var out, errOut bytes.Buffer
-			err = executor(t, transport, resp.Url).StreamWithContext(ctxT(t), remotecommand.StreamOptions{
+			err = executor(t, transport, resp.Url).StreamWithContext(berthdtest.Ctx(t), remotecommand.StreamOptions{
 				Stdin: strings.NewReader("piped input\n"), Stdout: &out, Stderr: &errOut,
 			})
 			if err != nil || out.String() != "piped input\n" || errOut.String() != "done\n" {
@@ -143,24 +143,24 @@ func TestExecStreamsOverSPDYAndWebsocket(t *testing.T) {
 			}
 
 			// A non-zero exit reaches the client as its code.
-			resp, err = e.d.Runtime.Exec(ctxT(t), &criapi.ExecRequest{ContainerId: id, Cmd: []string{"sh", "-c", "exit 7"}, Stdout: true, Stderr: true})
+			resp, err = e.d.Runtime.Exec(berthdtest.Ctx(t), &criapi.ExecRequest{ContainerId: id, Cmd: []string{"sh", "-c", "exit 7"}, Stdout: true, Stderr: true})
 			if err != nil {
 				t.Fatal(err)
 			}
-			err = executor(t, transport, resp.Url).StreamWithContext(ctxT(t), remotecommand.StreamOptions{Stdout: &out, Stderr: &errOut})
+			err = executor(t, transport, resp.Url).StreamWithContext(berthdtest.Ctx(t), remotecommand.StreamOptions{Stdout: &out, Stderr: &errOut})
 			var exitErr utilexec.ExitError
 			if !errors.As(err, &exitErr) || exitErr.ExitStatus() != 7 {
 				t.Fatalf("exit 7 reached the client as %v", err)
 			}
 
 			// A TTY: one output stream, the terminal size applied.
-			resp, err = e.d.Runtime.Exec(ctxT(t), &criapi.ExecRequest{ContainerId: id, Cmd: []string{"sh", "-c", `for i in $(seq 50); do s=$(stty size 2>/dev/null); [ "$s" = "33 101" ] && break; sleep 0.1; done; echo "size $s"; test -t 0 && echo tty`}, Stdin: true, Stdout: true, Tty: true})
+			resp, err = e.d.Runtime.Exec(berthdtest.Ctx(t), &criapi.ExecRequest{ContainerId: id, Cmd: []string{"sh", "-c", `for i in $(seq 50); do s=$(stty size 2>/dev/null); [ "$s" = "33 101" ] && break; sleep 0.1; done; echo "size $s"; test -t 0 && echo tty`}, Stdin: true, Stdout: true, Tty: true})
 			if err != nil {
 				t.Fatal(err)
 			}
 			out.Reset()
 			sizes := &fixedSize{size: remotecommand.TerminalSize{Width: 101, Height: 33}}
-			err = executor(t, transport, resp.Url).StreamWithContext(ctxT(t), remotecommand.StreamOptions{
+			err = executor(t, transport, resp.Url).StreamWithContext(berthdtest.Ctx(t), remotecommand.StreamOptions{
 				Stdin: &blockingReader{done: make(chan struct{})}, Stdout: &out, Tty: true, TerminalSizeQueue: sizes,
 			})
 			if err != nil {
@@ -197,17 +197,17 @@ func TestExecAndAttachRejectBadRequests(t *testing.T) {
 	t.Parallel()
 	e := newCtrEnv(t)
 	created := e.create(e.config("notstarted", "sleep", "3600"))
-	ctx := ctxT(t)
+	ctx := berthdtest.Ctx(t)
 	_, err := e.d.Runtime.Exec(ctx, &criapi.ExecRequest{ContainerId: created, Cmd: []string{"true"}, Stdout: true})
-	wantCode(t, err, codes.FailedPrecondition)
+	berthdtest.WantCode(t, err, codes.FailedPrecondition)
 	_, err = e.d.Runtime.Exec(ctx, &criapi.ExecRequest{ContainerId: "nonexistent", Cmd: []string{"true"}, Stdout: true})
-	wantCode(t, err, codes.NotFound)
+	berthdtest.WantCode(t, err, codes.NotFound)
 	_, err = e.d.Runtime.Exec(ctx, &criapi.ExecRequest{ContainerId: created, Stdout: true})
-	wantCode(t, err, codes.InvalidArgument)
+	berthdtest.WantCode(t, err, codes.InvalidArgument)
 	_, err = e.d.Runtime.Attach(ctx, &criapi.AttachRequest{ContainerId: created, Stdout: true})
-	wantCode(t, err, codes.FailedPrecondition)
+	berthdtest.WantCode(t, err, codes.FailedPrecondition)
 	_, err = e.d.Runtime.Attach(ctx, &criapi.AttachRequest{ContainerId: "nonexistent", Stdout: true})
-	wantCode(t, err, codes.NotFound)
+	berthdtest.WantCode(t, err, codes.NotFound)
 }
 
 func TestAttachReadsOutputAndSendsInput(t *testing.T) {
@@ -218,13 +218,13 @@ func TestAttachReadsOutputAndSendsInput(t *testing.T) {
 	id := e.run(cfg)
 	for _, transport := range []string{"spdy", "websocket"} {
 		t.Run(transport, func(t *testing.T) {
-			resp, err := e.d.Runtime.Attach(ctxT(t), &criapi.AttachRequest{ContainerId: id, Stdin: true, Stdout: true, Stderr: true})
+			resp, err := e.d.Runtime.Attach(berthdtest.Ctx(t), &criapi.AttachRequest{ContainerId: id, Stdin: true, Stdout: true, Stderr: true})
 			if err != nil {
 				t.Fatal(err)
 			}
 			inR, inW := ioPipe()
 			out := &syncBuffer{}
-			ctx, cancel := context.WithCancel(ctxT(t))
+			ctx, cancel := context.WithCancel(berthdtest.Ctx(t))
 			done := make(chan error, 1)
 			go func() {
 				done <- executor(t, transport, resp.Url).StreamWithContext(ctx, remotecommand.StreamOptions{Stdin: inR, Stdout: out, Stderr: out})
@@ -387,7 +387,7 @@ func TestExecOverTLSStreamingServer(t *testing.T) {
 	}})
 	e := newCtrEnvOn(t, d)
 	id := e.run(e.config("sleeper", "sleep", "3600"))
-	resp, err := d.Runtime.Exec(ctxT(t), &criapi.ExecRequest{ContainerId: id, Cmd: []string{"echo", "over tls"}, Stdout: true})
+	resp, err := d.Runtime.Exec(berthdtest.Ctx(t), &criapi.ExecRequest{ContainerId: id, Cmd: []string{"echo", "over tls"}, Stdout: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -400,7 +400,7 @@ func TestExecOverTLSStreamingServer(t *testing.T) {
 		t.Fatal(err)
 	}
 	var out bytes.Buffer
-	if err := ex.StreamWithContext(ctxT(t), remotecommand.StreamOptions{Stdout: &out}); err != nil || out.String() != "over tls\n" {
+	if err := ex.StreamWithContext(berthdtest.Ctx(t), remotecommand.StreamOptions{Stdout: &out}); err != nil || out.String() != "over tls\n" {
 		t.Fatalf("exec over TLS: %v, output %q", err, out.String())
 	}
 }

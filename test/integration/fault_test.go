@@ -67,7 +67,7 @@ func (e *faultEnv) createCtr(ctx context.Context, pod string, podCfg *criapi.Pod
 
 func (e *faultEnv) mustCreate(pod string, podCfg *criapi.PodSandboxConfig, name string) string {
 	e.t.Helper()
-	id, err := e.createCtr(ctxT(e.t), pod, podCfg, name)
+	id, err := e.createCtr(berthdtest.Ctx(e.t), pod, podCfg, name)
 	if err != nil {
 		e.t.Fatalf("CreateContainer %s: %v", name, err)
 	}
@@ -76,7 +76,7 @@ func (e *faultEnv) mustCreate(pod string, podCfg *criapi.PodSandboxConfig, name 
 
 func (e *faultEnv) mustStart(id string) {
 	e.t.Helper()
-	if _, err := e.d.Runtime.StartContainer(ctxT(e.t), &criapi.StartContainerRequest{ContainerId: id}); err != nil {
+	if _, err := e.d.Runtime.StartContainer(berthdtest.Ctx(e.t), &criapi.StartContainerRequest{ContainerId: id}); err != nil {
 		e.t.Fatalf("StartContainer: %v", err)
 	}
 }
@@ -145,7 +145,7 @@ var faultCases = []faultCase{
 		},
 		// Rolled forward: the process runs, so the container is running.
 		afterRestart: func(e *faultEnv) {
-			st, err := e.d.Runtime.ContainerStatus(ctxT(e.t), &criapi.ContainerStatusRequest{ContainerId: e.ctr})
+			st, err := e.d.Runtime.ContainerStatus(berthdtest.Ctx(e.t), &criapi.ContainerStatusRequest{ContainerId: e.ctr})
 			if err != nil {
 				e.t.Fatal(err)
 			}
@@ -286,7 +286,7 @@ func runFaultCase(t *testing.T, reg *testimages.Registry, c faultCase) {
 	kubeletCleanup(t, e)
 
 	leakcheck.CheckSettled(t, scope, before, leakcheck.Take(t, scope))
-	st, err := d.Runtime.ContainerStatus(ctxT(t), &criapi.ContainerStatusRequest{ContainerId: e.keepCtr})
+	st, err := d.Runtime.ContainerStatus(berthdtest.Ctx(t), &criapi.ContainerStatusRequest{ContainerId: e.keepCtr})
 	if err != nil {
 		t.Fatalf("status of the unrelated container: %v", err)
 	}
@@ -306,7 +306,7 @@ func runFaultCase(t *testing.T, reg *testimages.Registry, c faultCase) {
 // removes the image a pull case pulled.
 func kubeletCleanup(t *testing.T, e *faultEnv) {
 	t.Helper()
-	ctx := ctxT(t)
+	ctx := berthdtest.Ctx(t)
 	cs, err := e.d.Runtime.ListContainers(ctx, &criapi.ListContainersRequest{})
 	if err != nil {
 		t.Fatal(err)
@@ -382,7 +382,7 @@ func TestRecoveryCleansResourcesWithoutRecords(t *testing.T) {
 	os.RemoveAll(filepath.Join(d.State, "sandboxes", rebooted))
 	d.Start()
 	d.WaitReady()
-	resp, err := d.Runtime.ListPodSandbox(ctxT(t), &criapi.ListPodSandboxRequest{})
+	resp, err := d.Runtime.ListPodSandbox(berthdtest.Ctx(t), &criapi.ListPodSandboxRequest{})
 	if err != nil || len(resp.Items) != 0 {
 		t.Fatalf("list after restart: %v, %v", resp.GetItems(), err)
 	}
@@ -406,7 +406,7 @@ func TestStartWhoseRecordFailsStopsTheContainer(t *testing.T) {
 	d := berthdtest.Start(t, berthdtest.Options{Env: []string{fault.EnvVar + "=" + string(fault.ContainerFailStartRecordWrite)}})
 	p := startPlugin(t, d, "startfail", "00", nil)
 	e := newCtrEnvOn(t, d)
-	ctx := ctxT(t)
+	ctx := berthdtest.Ctx(t)
 	evCtx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	stream, err := d.Runtime.GetContainerEvents(evCtx, &criapi.GetEventsRequest{})
@@ -459,7 +459,7 @@ func TestCreateWhoseLeaseWriteFailsLeavesNothing(t *testing.T) {
 	scope := leakcheck.ForDaemon(d)
 	scope.Root = d.Root
 	before := leakcheck.Take(t, scope)
-	ctx := ctxT(t)
+	ctx := berthdtest.Ctx(t)
 	if _, err := d.Runtime.CreateContainer(ctx, &criapi.CreateContainerRequest{PodSandboxId: e.pod, Config: e.config("victim", "sleep", "100"), SandboxConfig: e.podCfg}); err == nil {
 		t.Fatal("CreateContainer succeeded though its image lease could not be written")
 	}

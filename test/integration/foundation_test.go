@@ -20,7 +20,7 @@ import (
 func TestVersionReportsBerthAndCRIv1(t *testing.T) {
 	t.Parallel()
 	d := berthdtest.Start(t, berthdtest.Options{})
-	v, err := d.Runtime.Version(ctxT(t), &criapi.VersionRequest{Version: "v1"})
+	v, err := d.Runtime.Version(berthdtest.Ctx(t), &criapi.VersionRequest{Version: "v1"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -36,7 +36,7 @@ func TestVersionReportsBerthAndCRIv1(t *testing.T) {
 func TestStatusReportsConditionsAndVerboseConfig(t *testing.T) {
 	t.Parallel()
 	d := berthdtest.Start(t, berthdtest.Options{})
-	st, err := d.Runtime.Status(ctxT(t), &criapi.StatusRequest{Verbose: true})
+	st, err := d.Runtime.Status(berthdtest.Ctx(t), &criapi.StatusRequest{Verbose: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -57,7 +57,7 @@ func TestStatusReportsConditionsAndVerboseConfig(t *testing.T) {
 	if cfg["root"] != d.Root {
 		t.Fatalf("verbose config root = %v, want %s", cfg["root"], d.Root)
 	}
-	st, err = d.Runtime.Status(ctxT(t), &criapi.StatusRequest{})
+	st, err = d.Runtime.Status(berthdtest.Ctx(t), &criapi.StatusRequest{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -69,7 +69,7 @@ func TestStatusReportsConditionsAndVerboseConfig(t *testing.T) {
 func TestStatusReportsRuntimeNotReadyWhenBinaryMissing(t *testing.T) {
 	t.Parallel()
 	d := berthdtest.Start(t, berthdtest.Options{Args: []string{"--runtime", "/nonexistent/runc"}})
-	st, err := d.Runtime.Status(ctxT(t), &criapi.StatusRequest{})
+	st, err := d.Runtime.Status(berthdtest.Ctx(t), &criapi.StatusRequest{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -90,7 +90,7 @@ func TestStatusReportsRuntimeNotReadyWhenBinaryMissing(t *testing.T) {
 func TestRuntimeConfigReportsCgroupDriver(t *testing.T) {
 	t.Parallel()
 	d := berthdtest.Start(t, berthdtest.Options{Args: []string{"--cgroup-driver", "cgroupfs"}})
-	rc, err := d.Runtime.RuntimeConfig(ctxT(t), &criapi.RuntimeConfigRequest{})
+	rc, err := d.Runtime.RuntimeConfig(berthdtest.Ctx(t), &criapi.RuntimeConfigRequest{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -102,7 +102,7 @@ func TestRuntimeConfigReportsCgroupDriver(t *testing.T) {
 func TestUpdateRuntimeConfigStoresPodCIDR(t *testing.T) {
 	t.Parallel()
 	d := berthdtest.Start(t, berthdtest.Options{})
-	ctx := ctxT(t)
+	ctx := berthdtest.Ctx(t)
 	_, err := d.Runtime.UpdateRuntimeConfig(ctx, &criapi.UpdateRuntimeConfigRequest{
 		RuntimeConfig: &criapi.RuntimeConfig{NetworkConfig: &criapi.NetworkConfig{PodCidr: "10.244.1.0/24"}},
 	})
@@ -119,7 +119,7 @@ func TestUpdateRuntimeConfigStoresPodCIDR(t *testing.T) {
 	_, err = d.Runtime.UpdateRuntimeConfig(ctx, &criapi.UpdateRuntimeConfigRequest{
 		RuntimeConfig: &criapi.RuntimeConfig{NetworkConfig: &criapi.NetworkConfig{PodCidr: "not-a-cidr"}},
 	})
-	wantCode(t, err, codes.InvalidArgument)
+	berthdtest.WantCode(t, err, codes.InvalidArgument)
 }
 
 func TestSocketIsCreatedWithMode0660(t *testing.T) {
@@ -161,7 +161,7 @@ func TestSecondDaemonOnSameRootRefusesToStart(t *testing.T) {
 		t.Fatalf("second berthd's message does not explain the lock:\n%s", out)
 	}
 	// The first daemon still serves.
-	if _, err := d.Runtime.Version(ctxT(t), &criapi.VersionRequest{}); err != nil {
+	if _, err := d.Runtime.Version(berthdtest.Ctx(t), &criapi.VersionRequest{}); err != nil {
 		t.Fatalf("first daemon stopped serving: %v", err)
 	}
 }

@@ -82,7 +82,7 @@ func (e *ctrEnv) config(name string, args ...string) *criapi.ContainerConfig {
 // create creates cfg in the env's pod and returns its ID.
 func (e *ctrEnv) create(cfg *criapi.ContainerConfig) string {
 	e.t.Helper()
-	resp, err := e.d.Runtime.CreateContainer(ctxT(e.t), &criapi.CreateContainerRequest{PodSandboxId: e.pod, Config: cfg, SandboxConfig: e.podCfg})
+	resp, err := e.d.Runtime.CreateContainer(berthdtest.Ctx(e.t), &criapi.CreateContainerRequest{PodSandboxId: e.pod, Config: cfg, SandboxConfig: e.podCfg})
 	if err != nil {
 		e.t.Fatalf("CreateContainer %s: %v", cfg.Metadata.Name, err)
 	}
@@ -92,7 +92,7 @@ func (e *ctrEnv) create(cfg *criapi.ContainerConfig) string {
 // start starts container id.
 func (e *ctrEnv) start(id string) {
 	e.t.Helper()
-	if _, err := e.d.Runtime.StartContainer(ctxT(e.t), &criapi.StartContainerRequest{ContainerId: id}); err != nil {
+	if _, err := e.d.Runtime.StartContainer(berthdtest.Ctx(e.t), &criapi.StartContainerRequest{ContainerId: id}); err != nil {
 		e.t.Fatalf("StartContainer: %v", err)
 	}
 }
@@ -108,7 +108,7 @@ func (e *ctrEnv) run(cfg *criapi.ContainerConfig) string {
 // status is container id's ContainerStatus.
 func (e *ctrEnv) status(id string) *criapi.ContainerStatus {
 	e.t.Helper()
-	resp, err := e.d.Runtime.ContainerStatus(ctxT(e.t), &criapi.ContainerStatusRequest{ContainerId: id})
+	resp, err := e.d.Runtime.ContainerStatus(berthdtest.Ctx(e.t), &criapi.ContainerStatusRequest{ContainerId: id})
 	if err != nil {
 		e.t.Fatalf("ContainerStatus: %v", err)
 	}
@@ -144,7 +144,7 @@ func (e *ctrEnv) output(cfg *criapi.ContainerConfig) ([]string, *criapi.Containe
 // returns its trimmed stdout.
 func (e *ctrEnv) exec(id string, cmd ...string) string {
 	e.t.Helper()
-	resp, err := e.d.Runtime.ExecSync(ctxT(e.t), &criapi.ExecSyncRequest{ContainerId: id, Cmd: cmd, Timeout: 10})
+	resp, err := e.d.Runtime.ExecSync(berthdtest.Ctx(e.t), &criapi.ExecSyncRequest{ContainerId: id, Cmd: cmd, Timeout: 10})
 	if err != nil {
 		e.t.Fatalf("ExecSync %v in %s: %v", cmd, id, err)
 	}
@@ -157,7 +157,7 @@ func (e *ctrEnv) exec(id string, cmd ...string) string {
 // execSync is ExecSync of cmd in container id, with timeout seconds.
 func execSync(t *testing.T, d *berthdtest.Daemon, id string, timeout int64, cmd ...string) (*criapi.ExecSyncResponse, error) {
 	t.Helper()
-	return d.Runtime.ExecSync(ctxT(t), &criapi.ExecSyncRequest{ContainerId: id, Cmd: cmd, Timeout: timeout})
+	return d.Runtime.ExecSync(berthdtest.Ctx(t), &criapi.ExecSyncRequest{ContainerId: id, Cmd: cmd, Timeout: timeout})
 }
 
 // containerPid finds the container's init pid from the runtime's state.
@@ -223,7 +223,7 @@ func readCRILog(t *testing.T, path string) []logRecord {
 // containerStats is container id's ContainerStats.
 func containerStats(t *testing.T, d *berthdtest.Daemon, id string) *criapi.ContainerStats {
 	t.Helper()
-	resp, err := d.Runtime.ContainerStats(ctxT(t), &criapi.ContainerStatsRequest{ContainerId: id})
+	resp, err := d.Runtime.ContainerStats(berthdtest.Ctx(t), &criapi.ContainerStatsRequest{ContainerId: id})
 	if err != nil {
 		t.Fatalf("ContainerStats %s: %v", id, err)
 	}

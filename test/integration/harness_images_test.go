@@ -18,7 +18,7 @@ import (
 // PullImage answers.
 func pull(t *testing.T, d *berthdtest.Daemon, ref string, auth *criapi.AuthConfig) string {
 	t.Helper()
-	resp, err := d.Image.PullImage(ctxT(t), &criapi.PullImageRequest{Image: &criapi.ImageSpec{Image: ref}, Auth: auth})
+	resp, err := d.Image.PullImage(berthdtest.Ctx(t), &criapi.PullImageRequest{Image: &criapi.ImageSpec{Image: ref}, Auth: auth})
 	if err != nil {
 		t.Fatalf("pull %s: %v", ref, err)
 	}
@@ -31,7 +31,7 @@ func pull(t *testing.T, d *berthdtest.Daemon, ref string, auth *criapi.AuthConfi
 // imageStatus is ref's ImageStatus image, nil when berthd does not have it.
 func imageStatus(t *testing.T, d *berthdtest.Daemon, ref string) *criapi.Image {
 	t.Helper()
-	resp, err := d.Image.ImageStatus(ctxT(t), &criapi.ImageStatusRequest{Image: &criapi.ImageSpec{Image: ref}})
+	resp, err := d.Image.ImageStatus(berthdtest.Ctx(t), &criapi.ImageStatusRequest{Image: &criapi.ImageSpec{Image: ref}})
 	if err != nil {
 		t.Fatalf("image status %s: %v", ref, err)
 	}
@@ -41,7 +41,7 @@ func imageStatus(t *testing.T, d *berthdtest.Daemon, ref string) *criapi.Image {
 // listImages is ListImages' answer.
 func listImages(t *testing.T, d *berthdtest.Daemon) []*criapi.Image {
 	t.Helper()
-	resp, err := d.Image.ListImages(ctxT(t), &criapi.ListImagesRequest{})
+	resp, err := d.Image.ListImages(berthdtest.Ctx(t), &criapi.ListImagesRequest{})
 	if err != nil {
 		t.Fatal(err)
 	}

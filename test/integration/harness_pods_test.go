@@ -38,7 +38,7 @@ func podConfig(name string) *criapi.PodSandboxConfig {
 // runPod runs cfg and returns the pod's ID.
 func runPod(t *testing.T, d *berthdtest.Daemon, cfg *criapi.PodSandboxConfig) string {
 	t.Helper()
-	resp, err := d.Runtime.RunPodSandbox(ctxT(t), &criapi.RunPodSandboxRequest{Config: cfg})
+	resp, err := d.Runtime.RunPodSandbox(berthdtest.Ctx(t), &criapi.RunPodSandboxRequest{Config: cfg})
 	if err != nil {
 		t.Fatalf("RunPodSandbox %s: %v", cfg.Metadata.Name, err)
 	}
@@ -48,10 +48,10 @@ func runPod(t *testing.T, d *berthdtest.Daemon, cfg *criapi.PodSandboxConfig) st
 // stopRemove stops and removes pod id.
 func stopRemove(t *testing.T, d *berthdtest.Daemon, id string) {
 	t.Helper()
-	if _, err := d.Runtime.StopPodSandbox(ctxT(t), &criapi.StopPodSandboxRequest{PodSandboxId: id}); err != nil {
+	if _, err := d.Runtime.StopPodSandbox(berthdtest.Ctx(t), &criapi.StopPodSandboxRequest{PodSandboxId: id}); err != nil {
 		t.Fatalf("StopPodSandbox: %v", err)
 	}
-	if _, err := d.Runtime.RemovePodSandbox(ctxT(t), &criapi.RemovePodSandboxRequest{PodSandboxId: id}); err != nil {
+	if _, err := d.Runtime.RemovePodSandbox(berthdtest.Ctx(t), &criapi.RemovePodSandboxRequest{PodSandboxId: id}); err != nil {
 		t.Fatalf("RemovePodSandbox: %v", err)
 	}
 }
@@ -73,7 +73,7 @@ type podInfo struct {
 // podStatus is pod id's verbose PodSandboxStatus and its info.
 func podStatus(t *testing.T, d *berthdtest.Daemon, id string) (*criapi.PodSandboxStatus, podInfo) {
 	t.Helper()
-	resp, err := d.Runtime.PodSandboxStatus(ctxT(t), &criapi.PodSandboxStatusRequest{PodSandboxId: id, Verbose: true})
+	resp, err := d.Runtime.PodSandboxStatus(berthdtest.Ctx(t), &criapi.PodSandboxStatusRequest{PodSandboxId: id, Verbose: true})
 	if err != nil {
 		t.Fatalf("PodSandboxStatus %s: %v", id, err)
 	}
@@ -87,7 +87,7 @@ func podStatus(t *testing.T, d *berthdtest.Daemon, id string) (*criapi.PodSandbo
 // podStats is pod id's PodSandboxStats.
 func podStats(t *testing.T, d *berthdtest.Daemon, id string) *criapi.PodSandboxStats {
 	t.Helper()
-	resp, err := d.Runtime.PodSandboxStats(ctxT(t), &criapi.PodSandboxStatsRequest{PodSandboxId: id})
+	resp, err := d.Runtime.PodSandboxStats(berthdtest.Ctx(t), &criapi.PodSandboxStatsRequest{PodSandboxId: id})
 	if err != nil {
 		t.Fatalf("PodSandboxStats %s: %v", id, err)
 	}
@@ -99,7 +99,7 @@ func podStats(t *testing.T, d *berthdtest.Daemon, id string) *criapi.PodSandboxS
 // failure type) keeps every sample.
 func podMetricsOf(t *testing.T, d *berthdtest.Daemon, pod, ctr string) (podLevel, ctrLevel map[string][]*criapi.Metric) {
 	t.Helper()
-	resp, err := d.Runtime.ListPodSandboxMetrics(ctxT(t), &criapi.ListPodSandboxMetricsRequest{})
+	resp, err := d.Runtime.ListPodSandboxMetrics(berthdtest.Ctx(t), &criapi.ListPodSandboxMetricsRequest{})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -15,7 +15,6 @@ package integration
 
 import (
 	"bytes"
-	"context"
 	"net/http"
 	"strconv"
 	"strings"
@@ -24,8 +23,6 @@ import (
 
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 	criapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/berthcri/berth/internal/testutil/berthdtest"
@@ -61,26 +58,10 @@ func waitUntil[C func() bool | func() error](t testing.TB, what string, cond C) 
 	}
 }
 
-// ctxT is a context for one call of a test, cancelled when it ends.
-func ctxT(t *testing.T) context.Context {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	t.Cleanup(cancel)
-	return ctx
-}
-
-// wantCode fails unless err has the gRPC code want.
-func wantCode(t *testing.T, err error, want codes.Code) {
-	t.Helper()
-	if got := status.Code(err); got != want {
-		t.Fatalf("got code %s (%v), want %s", got, err, want)
-	}
-}
-
 // goroutines reads berthd's goroutine count from its own metrics.
 func goroutines(t *testing.T, d *berthdtest.Daemon) int {
 	t.Helper()
-	st, err := d.Runtime.Status(ctxT(t), &criapi.StatusRequest{Verbose: true})
+	st, err := d.Runtime.Status(berthdtest.Ctx(t), &criapi.StatusRequest{Verbose: true})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -135,7 +135,7 @@ func TestImageExportThenImportRoundTrips(t *testing.T) {
 	if cn, _ := exported.ConfigName(); cn.String() != id {
 		t.Fatalf("exported config %s, want %s", cn, id)
 	}
-	if _, err := d.Image.RemoveImage(ctxT(t), &criapi.RemoveImageRequest{Image: &criapi.ImageSpec{Image: id}}); err != nil {
+	if _, err := d.Image.RemoveImage(berthdtest.Ctx(t), &criapi.RemoveImageRequest{Image: &criapi.ImageSpec{Image: id}}); err != nil {
 		t.Fatal(err)
 	}
 	if out, err := runCtl(t, d, "image", "import", archive); err != nil {

@@ -69,7 +69,7 @@ func TestImagePullOnAFullDiskLeavesNoIngestFile(t *testing.T) {
 	fillDisk(t, ballast)
 
 	ref := reg.Ref(testimages.BusyboxRef)
-	_, err := d.Image.PullImage(ctxT(t), &criapi.PullImageRequest{Image: &criapi.ImageSpec{Image: ref}})
+	_, err := d.Image.PullImage(berthdtest.Ctx(t), &criapi.PullImageRequest{Image: &criapi.ImageSpec{Image: ref}})
 	if err == nil {
 		t.Fatal("a pull onto a full disk succeeded")
 	}

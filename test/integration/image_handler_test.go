@@ -28,7 +28,7 @@ func TestImagesAreSharedByRuntimeHandlers(t *testing.T) {
 	reg := testimages.StartRegistry(t)
 	reg.PushStandard(t)
 	ref := reg.Ref(testimages.BusyboxRef)
-	ctx := ctxT(t)
+	ctx := berthdtest.Ctx(t)
 	spec := func(handler string) *criapi.ImageSpec {
 		return &criapi.ImageSpec{Image: ref, RuntimeHandler: handler}
 	}

@@ -107,7 +107,7 @@ func TestImagePullRangeCutMidwayResumes(t *testing.T) {
 	if !found {
 		t.Fatal("no layer holds bin/busybox")
 	}
-	if _, err := d.Image.RemoveImage(ctxT(t), &criapi.RemoveImageRequest{Image: &criapi.ImageSpec{Image: ref}}); err != nil {
+	if _, err := d.Image.RemoveImage(berthdtest.Ctx(t), &criapi.RemoveImageRequest{Image: &criapi.ImageSpec{Image: ref}}); err != nil {
 		t.Fatal(err)
 	}
 	leakcheck.Check(t, before, leakcheck.Take(t, scope))
@@ -136,7 +136,7 @@ func TestImagePullStalledRangeTimesOut(t *testing.T) {
 	}})
 	scope, before := storeLeakScope(t, d)
 	_, err := d.Image.PullImage(context.Background(), &criapi.PullImageRequest{Image: &criapi.ImageSpec{Image: reg.Ref(testimages.MultiLayerRef)}})
-	wantCode(t, err, codes.DeadlineExceeded)
+	berthdtest.WantCode(t, err, codes.DeadlineExceeded)
 	waitStoreEmpty(t, d)
 	leakcheck.Check(t, before, leakcheck.Take(t, scope))
 }

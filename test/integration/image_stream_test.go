@@ -47,8 +47,8 @@ func TestImagePullLayerDigestFailureUndoesLayers(t *testing.T) {
 	scope, before := storeLeakScope(t, d)
 
 	ref := reg.Ref(testimages.MultiLayerRef)
-	_, err := d.Image.PullImage(ctxT(t), &criapi.PullImageRequest{Image: &criapi.ImageSpec{Image: ref}})
-	wantCode(t, err, codes.InvalidArgument)
+	_, err := d.Image.PullImage(berthdtest.Ctx(t), &criapi.PullImageRequest{Image: &criapi.ImageSpec{Image: ref}})
+	berthdtest.WantCode(t, err, codes.InvalidArgument)
 	if !strings.Contains(err.Error(), "digest") {
 		t.Fatalf("error does not name the digest check: %v", err)
 	}
@@ -82,7 +82,7 @@ func TestImagePullStalledRegistryTimesOut(t *testing.T) {
 
 	// No deadline of its own, as the kubelet's.
 	_, err := d.Image.PullImage(context.Background(), &criapi.PullImageRequest{Image: &criapi.ImageSpec{Image: reg.Ref(testimages.MultiLayerRef)}})
-	wantCode(t, err, codes.DeadlineExceeded)
+	berthdtest.WantCode(t, err, codes.DeadlineExceeded)
 	if !strings.Contains(err.Error(), "image_pull_progress_timeout") {
 		t.Fatalf("error does not name the setting: %v", err)
 	}

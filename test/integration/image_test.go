@@ -58,17 +58,17 @@ func TestImagePullByTagThenRemoveByOtherTagRemovesAll(t *testing.T) {
 	if n := len(listImages(t, d)); n != 1 {
 		t.Fatalf("%d images listed, want 1", n)
 	}
-	filtered, err := d.Image.ListImages(ctxT(t), &criapi.ListImagesRequest{Filter: &criapi.ImageFilter{Image: &criapi.ImageSpec{Image: alt}}})
+	filtered, err := d.Image.ListImages(berthdtest.Ctx(t), &criapi.ListImagesRequest{Filter: &criapi.ImageFilter{Image: &criapi.ImageSpec{Image: alt}}})
 	if err != nil || len(filtered.Images) != 1 || filtered.Images[0].Id != id {
 		t.Fatalf("filtered list: %v %v", filtered, err)
 	}
-	filtered, err = d.Image.ListImages(ctxT(t), &criapi.ListImagesRequest{Filter: &criapi.ImageFilter{Image: &criapi.ImageSpec{Image: reg.Ref("nothing:here")}}})
+	filtered, err = d.Image.ListImages(berthdtest.Ctx(t), &criapi.ListImagesRequest{Filter: &criapi.ImageFilter{Image: &criapi.ImageSpec{Image: reg.Ref("nothing:here")}}})
 	if err != nil || len(filtered.Images) != 0 {
 		t.Fatalf("filter naming no image: %v %v", filtered, err)
 	}
 
 	// One tag removes the image with all its tags and digests.
-	if _, err := d.Image.RemoveImage(ctxT(t), &criapi.RemoveImageRequest{Image: &criapi.ImageSpec{Image: alt}}); err != nil {
+	if _, err := d.Image.RemoveImage(berthdtest.Ctx(t), &criapi.RemoveImageRequest{Image: &criapi.ImageSpec{Image: alt}}); err != nil {
 		t.Fatal(err)
 	}
 	for _, r := range []string{ref, alt, id, wantDigest} {
@@ -86,11 +86,11 @@ func TestImagePullByTagThenRemoveByOtherTagRemovesAll(t *testing.T) {
 		t.Fatalf("blobs left after remove: %v", b)
 	}
 	// Idempotent: removing what is gone succeeds.
-	if _, err := d.Image.RemoveImage(ctxT(t), &criapi.RemoveImageRequest{Image: &criapi.ImageSpec{Image: ref}}); err != nil {
+	if _, err := d.Image.RemoveImage(berthdtest.Ctx(t), &criapi.RemoveImageRequest{Image: &criapi.ImageSpec{Image: ref}}); err != nil {
 		t.Fatalf("second remove: %v", err)
 	}
-	_, err = d.Image.RemoveImage(ctxT(t), &criapi.RemoveImageRequest{Image: &criapi.ImageSpec{}})
-	wantCode(t, err, codes.InvalidArgument)
+	_, err = d.Image.RemoveImage(berthdtest.Ctx(t), &criapi.RemoveImageRequest{Image: &criapi.ImageSpec{}})
+	berthdtest.WantCode(t, err, codes.InvalidArgument)
 }
 
 func TestImageRemoveByIDAndByDigest(t *testing.T) {
@@ -102,14 +102,14 @@ func TestImageRemoveByIDAndByDigest(t *testing.T) {
 	byDigest := reg.Host + "/busybox-user@" + digests[testimages.UserRef].String()
 
 	id := pull(t, d, ref, nil)
-	if _, err := d.Image.RemoveImage(ctxT(t), &criapi.RemoveImageRequest{Image: &criapi.ImageSpec{Image: id}}); err != nil {
+	if _, err := d.Image.RemoveImage(berthdtest.Ctx(t), &criapi.RemoveImageRequest{Image: &criapi.ImageSpec{Image: id}}); err != nil {
 		t.Fatal(err)
 	}
 	if imageStatus(t, d, ref) != nil {
 		t.Fatal("image still there after remove by ID")
 	}
 	pull(t, d, ref, nil)
-	if _, err := d.Image.RemoveImage(ctxT(t), &criapi.RemoveImageRequest{Image: &criapi.ImageSpec{Image: byDigest}}); err != nil {
+	if _, err := d.Image.RemoveImage(berthdtest.Ctx(t), &criapi.RemoveImageRequest{Image: &criapi.ImageSpec{Image: byDigest}}); err != nil {
 		t.Fatal(err)
 	}
 	if imageStatus(t, d, ref) != nil || imageStatus(t, d, id) != nil {
@@ -247,13 +247,13 @@ func TestImageBasicAuthRegistry(t *testing.T) {
 		"wrong password": {Username: "alice", Password: "nope"},
 		"wrong auth":     {Auth: base64.StdEncoding.EncodeToString([]byte("alice:nope"))},
 	} {
-		_, err := d.Image.PullImage(ctxT(t), &criapi.PullImageRequest{Image: &criapi.ImageSpec{Image: ref}, Auth: auth})
+		_, err := d.Image.PullImage(berthdtest.Ctx(t), &criapi.PullImageRequest{Image: &criapi.ImageSpec{Image: ref}, Auth: auth})
 		if name == "none" {
 			if err == nil {
 				t.Fatalf("%s: pull without credentials succeeded", name)
 			}
 		} else {
-			wantCode(t, err, codes.Unauthenticated)
+			berthdtest.WantCode(t, err, codes.Unauthenticated)
 		}
 	}
 	if imgs := listImages(t, d); len(imgs) != 0 {
@@ -263,7 +263,7 @@ func TestImageBasicAuthRegistry(t *testing.T) {
 		t.Fatalf("refused pulls left blobs: %v", b)
 	}
 	pull(t, d, ref, &criapi.AuthConfig{Username: "alice", Password: "s3cret"})
-	if _, err := d.Image.RemoveImage(ctxT(t), &criapi.RemoveImageRequest{Image: &criapi.ImageSpec{Image: ref}}); err != nil {
+	if _, err := d.Image.RemoveImage(berthdtest.Ctx(t), &criapi.RemoveImageRequest{Image: &criapi.ImageSpec{Image: ref}}); err != nil {
 		t.Fatal(err)
 	}
 	pull(t, d, ref, &criapi.AuthConfig{Auth: base64.StdEncoding.EncodeToString([]byte("alice:s3cret"))})
@@ -284,7 +284,7 @@ func TestImageConcurrentPullsShareOneDownload(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			resp, err := d.Image.PullImage(ctxT(t), &criapi.PullImageRequest{Image: &criapi.ImageSpec{Image: ref}})
+			resp, err := d.Image.PullImage(berthdtest.Ctx(t), &criapi.PullImageRequest{Image: &criapi.ImageSpec{Image: ref}})
 			errs[i] = err
 			if err == nil {
 				ids[i] = resp.ImageRef
@@ -325,7 +325,7 @@ func TestImagePullKilledMidwayLeavesNothingAfterRestart(t *testing.T) {
 	ref := reg.Ref(testimages.MultiLayerRef)
 	pullErr := make(chan error, 1)
 	go func() {
-		_, err := d.Image.PullImage(ctxT(t), &criapi.PullImageRequest{Image: &criapi.ImageSpec{Image: ref}})
+		_, err := d.Image.PullImage(berthdtest.Ctx(t), &criapi.PullImageRequest{Image: &criapi.ImageSpec{Image: ref}})
 		pullErr <- err
 	}()
 	select {
@@ -381,11 +381,11 @@ func TestImagePullDeadlineExceeded(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
 	_, err := d.Image.PullImage(ctx, &criapi.PullImageRequest{Image: &criapi.ImageSpec{Image: reg.Ref(testimages.BusyboxRef)}})
-	wantCode(t, err, codes.DeadlineExceeded)
+	berthdtest.WantCode(t, err, codes.DeadlineExceeded)
 	ctx, cancel = context.WithTimeout(context.Background(), time.Millisecond)
 	defer cancel()
 	_, err = d.Image.PullImage(ctx, &criapi.PullImageRequest{Image: &criapi.ImageSpec{Image: reg.Ref(testimages.UserRef)}})
-	wantCode(t, err, codes.DeadlineExceeded)
+	berthdtest.WantCode(t, err, codes.DeadlineExceeded)
 	if imgs := listImages(t, d); len(imgs) != 0 {
 		t.Fatalf("timed-out pulls left images: %v", imgs)
 	}
@@ -415,7 +415,7 @@ func TestImageStatusUserPinnedAndVerboseConfig(t *testing.T) {
 	if uid.Uid.GetValue() != testimages.TestUID || uid.Username != "" || !uid.Pinned {
 		t.Fatalf("USER 1000:1000 image: username %q uid %v pinned %v", uid.Username, uid.Uid, uid.Pinned)
 	}
-	resp, err := d.Image.ImageStatus(ctxT(t), &criapi.ImageStatusRequest{Image: &criapi.ImageSpec{Image: uid.Id}, Verbose: true})
+	resp, err := d.Image.ImageStatus(berthdtest.Ctx(t), &criapi.ImageStatusRequest{Image: &criapi.ImageSpec{Image: uid.Id}, Verbose: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -427,7 +427,7 @@ func TestImageStatusUserPinnedAndVerboseConfig(t *testing.T) {
 	if err := json.Unmarshal([]byte(resp.Info["info"]), &info); err != nil || info.ImageSpec.Config.User != "1000:1000" {
 		t.Fatalf("verbose info %q: %v", resp.Info["info"], err)
 	}
-	resp, err = d.Image.ImageStatus(ctxT(t), &criapi.ImageStatusRequest{Image: &criapi.ImageSpec{Image: reg.Ref("absent:1")}})
+	resp, err = d.Image.ImageStatus(berthdtest.Ctx(t), &criapi.ImageStatusRequest{Image: &criapi.ImageSpec{Image: reg.Ref("absent:1")}})
 	if err != nil || resp.Image != nil {
 		t.Fatalf("status of an absent image: %+v %v", resp, err)
 	}
@@ -471,7 +471,7 @@ func TestImageFsInfoReportsStoreUsage(t *testing.T) {
 	reg.PushStandard(t)
 	d := berthdtest.Start(t, berthdtest.Options{})
 	fsInfo := func() *criapi.FilesystemUsage {
-		resp, err := d.Image.ImageFsInfo(ctxT(t), &criapi.ImageFsInfoRequest{})
+		resp, err := d.Image.ImageFsInfo(berthdtest.Ctx(t), &criapi.ImageFsInfoRequest{})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -499,7 +499,7 @@ func TestImageFsInfoReportsStoreUsage(t *testing.T) {
 		after.InodesUsed.GetValue() < before.InodesUsed.GetValue()+uint64(len(testimages.Applets)) {
 		t.Fatalf("usage before %v/%v after %v/%v", before.UsedBytes, before.InodesUsed, after.UsedBytes, after.InodesUsed)
 	}
-	if _, err := d.Image.RemoveImage(ctxT(t), &criapi.RemoveImageRequest{Image: &criapi.ImageSpec{Image: reg.Ref(testimages.BusyboxRef)}}); err != nil {
+	if _, err := d.Image.RemoveImage(berthdtest.Ctx(t), &criapi.RemoveImageRequest{Image: &criapi.ImageSpec{Image: reg.Ref(testimages.BusyboxRef)}}); err != nil {
 		t.Fatal(err)
 	}
 	if gone := fsInfo(); gone.UsedBytes.GetValue() >= after.UsedBytes.GetValue() || gone.InodesUsed.GetValue() >= after.InodesUsed.GetValue() {
@@ -552,7 +552,7 @@ func TestImageHostsTomlTLSCAAndSkipVerify(t *testing.T) {
 
 	// Self-signed and not trusted: refused.
 	writeHostsToml(t, d, reg.Host, fmt.Sprintf("server = \"https://%s\"\n", reg.Host))
-	if _, err := d.Image.PullImage(ctxT(t), &criapi.PullImageRequest{Image: &criapi.ImageSpec{Image: ref}}); err == nil ||
+	if _, err := d.Image.PullImage(berthdtest.Ctx(t), &criapi.PullImageRequest{Image: &criapi.ImageSpec{Image: ref}}); err == nil ||
 		!strings.Contains(err.Error(), "certificate") {
 		t.Fatalf("pull from an untrusted TLS registry: %v", err)
 	}
@@ -562,7 +562,7 @@ func TestImageHostsTomlTLSCAAndSkipVerify(t *testing.T) {
 	}
 	writeHostsToml(t, d, reg.Host, fmt.Sprintf("server = \"https://%s\"\nca = \"reg-ca.pem\"\n", reg.Host))
 	id := pull(t, d, ref, nil)
-	if _, err := d.Image.RemoveImage(ctxT(t), &criapi.RemoveImageRequest{Image: &criapi.ImageSpec{Image: id}}); err != nil {
+	if _, err := d.Image.RemoveImage(berthdtest.Ctx(t), &criapi.RemoveImageRequest{Image: &criapi.ImageSpec{Image: id}}); err != nil {
 		t.Fatal(err)
 	}
 	// skip_verify on a mirror host entry.
@@ -582,13 +582,13 @@ func TestImageTokenAuthRegistry(t *testing.T) {
 		"wrong registry token": {RegistryToken: "nope"},
 		"wrong identity token": {IdentityToken: "nope"},
 	} {
-		_, err := d.Image.PullImage(ctxT(t), &criapi.PullImageRequest{Image: &criapi.ImageSpec{Image: ref}, Auth: auth})
+		_, err := d.Image.PullImage(berthdtest.Ctx(t), &criapi.PullImageRequest{Image: &criapi.ImageSpec{Image: ref}, Auth: auth})
 		if status.Code(err) != codes.Unauthenticated {
 			t.Fatalf("%s: got %v, want Unauthenticated", name, err)
 		}
 	}
 	id := pull(t, d, ref, &criapi.AuthConfig{RegistryToken: "registry-xyz"})
-	if _, err := d.Image.RemoveImage(ctxT(t), &criapi.RemoveImageRequest{Image: &criapi.ImageSpec{Image: id}}); err != nil {
+	if _, err := d.Image.RemoveImage(berthdtest.Ctx(t), &criapi.RemoveImageRequest{Image: &criapi.ImageSpec{Image: id}}); err != nil {
 		t.Fatal(err)
 	}
 	if got := pull(t, d, ref, &criapi.AuthConfig{IdentityToken: "identity-abc"}); got != id {

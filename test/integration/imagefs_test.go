@@ -59,7 +59,7 @@ func TestSplitContainerFilesystem(t *testing.T) {
 	before := leakcheck.Take(t, scope)
 	fsInfo := func() (img, ctr *criapi.FilesystemUsage) {
 		t.Helper()
-		resp, err := d.Image.ImageFsInfo(ctxT(t), &criapi.ImageFsInfoRequest{})
+		resp, err := d.Image.ImageFsInfo(berthdtest.Ctx(t), &criapi.ImageFsInfoRequest{})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -220,7 +220,7 @@ func removeSettled(t *testing.T, d *berthdtest.Daemon, ref string, scope leakche
 // removeImage removes ref from d.
 func removeImage(t *testing.T, d *berthdtest.Daemon, ref string) {
 	t.Helper()
-	if _, err := d.Image.RemoveImage(ctxT(t), &criapi.RemoveImageRequest{Image: &criapi.ImageSpec{Image: ref}}); err != nil {
+	if _, err := d.Image.RemoveImage(berthdtest.Ctx(t), &criapi.RemoveImageRequest{Image: &criapi.ImageSpec{Image: ref}}); err != nil {
 		t.Fatal(err)
 	}
 }

@@ -244,7 +244,7 @@ func TestLoadConcurrentRPCsOnOnePod(t *testing.T) {
 	e.podCfg = podConfig("same-pod")
 	e.podCfg.LogDirectory = e.logDir
 	e.pod = runPod(t, e.d, e.podCfg)
-	ctx := ctxT(t)
+	ctx := berthdtest.Ctx(t)
 
 	const creators = 8
 	var (

@@ -18,7 +18,7 @@ import (
 func TestMetricsEndpointScrapesAndCountsRequests(t *testing.T) {
 	t.Parallel()
 	d := berthdtest.Start(t, berthdtest.Options{Configure: func(c *config.Config) { c.MetricsAddress = "127.0.0.1:0" }})
-	ctx := ctxT(t)
+	ctx := berthdtest.Ctx(t)
 	for i := 0; i < 3; i++ {
 		if _, err := d.Runtime.Version(ctx, &criapi.VersionRequest{}); err != nil {
 			t.Fatal(err)
@@ -57,7 +57,7 @@ func TestMetricsEndpointScrapesAndCountsRequests(t *testing.T) {
 func TestStreamingServerListensOnARealPort(t *testing.T) {
 	t.Parallel()
 	d := berthdtest.Start(t, berthdtest.Options{})
-	st, err := d.Runtime.Status(ctxT(t), &criapi.StatusRequest{Verbose: true})
+	st, err := d.Runtime.Status(berthdtest.Ctx(t), &criapi.StatusRequest{Verbose: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -98,7 +98,7 @@ func TestContainerLogOnFullDiskIsReported(t *testing.T) {
 	e.waitExited(chatty)
 	e.waitExited(quiet)
 	verbose := func(id string) map[string]string {
-		resp, err := e.d.Runtime.ContainerStatus(ctxT(t), &criapi.ContainerStatusRequest{ContainerId: id, Verbose: true})
+		resp, err := e.d.Runtime.ContainerStatus(berthdtest.Ctx(t), &criapi.ContainerStatusRequest{ContainerId: id, Verbose: true})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -112,7 +112,7 @@ func TestContainerLogOnFullDiskIsReported(t *testing.T) {
 	if info := verbose(quiet); info["logWriteErrors"] != "" {
 		t.Fatalf("a healthy container reports log write errors: %v", info)
 	}
-	st, err := e.d.Runtime.Status(ctxT(t), &criapi.StatusRequest{Verbose: true})
+	st, err := e.d.Runtime.Status(berthdtest.Ctx(t), &criapi.StatusRequest{Verbose: true})
 	if err != nil {
 		t.Fatal(err)
 	}

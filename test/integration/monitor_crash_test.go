@@ -140,7 +140,7 @@ func TestMonitorCrashKeepsContainersRunning(t *testing.T) {
 		size := logSize(t, st.LogPath)
 		waitUntil(t, "the log to grow after the monitor's crash", func() bool { return logSize(t, st.LogPath) > size })
 	}
-	list, err := e.d.Runtime.ListContainers(ctxT(t), &criapi.ListContainersRequest{})
+	list, err := e.d.Runtime.ListContainers(berthdtest.Ctx(t), &criapi.ListContainersRequest{})
 	if err != nil {
 		t.Fatalf("ListContainers: %v", err)
 	}
@@ -160,7 +160,7 @@ func TestMonitorCrashKeepsContainersRunning(t *testing.T) {
 	}
 
 	for _, c := range ctrs {
-		if _, err := e.d.Runtime.StopContainer(ctxT(t), &criapi.StopContainerRequest{ContainerId: c.ctr, Timeout: 30}); err != nil {
+		if _, err := e.d.Runtime.StopContainer(berthdtest.Ctx(t), &criapi.StopContainerRequest{ContainerId: c.ctr, Timeout: 30}); err != nil {
 			t.Fatalf("StopContainer %s: %v", c.ctr, err)
 		}
 		st := c.env.status(c.ctr)
@@ -178,7 +178,7 @@ func TestMonitorCrashKeepsContainersRunning(t *testing.T) {
 // ctrPid is the container's init pid as berthd recorded it.
 func (e *ctrEnv) ctrPid(id string) int {
 	e.t.Helper()
-	resp, err := e.d.Runtime.ContainerStatus(ctxT(e.t), &criapi.ContainerStatusRequest{ContainerId: id, Verbose: true})
+	resp, err := e.d.Runtime.ContainerStatus(berthdtest.Ctx(e.t), &criapi.ContainerStatusRequest{ContainerId: id, Verbose: true})
 	if err != nil {
 		e.t.Fatalf("ContainerStatus: %v", err)
 	}
@@ -215,7 +215,7 @@ func runtimeIDs(t *testing.T, d *berthdtest.Daemon) []string {
 // listed maps berthd's containers to their states.
 func listed(t *testing.T, d *berthdtest.Daemon) map[string]criapi.ContainerState {
 	t.Helper()
-	list, err := d.Runtime.ListContainers(ctxT(t), &criapi.ListContainersRequest{})
+	list, err := d.Runtime.ListContainers(berthdtest.Ctx(t), &criapi.ListContainersRequest{})
 	if err != nil {
 		t.Fatalf("ListContainers: %v", err)
 	}
@@ -300,12 +300,12 @@ func TestMonitorCrashAmidCreatesAndExits(t *testing.T) {
 			default:
 			}
 			cfg := pe.config(fmt.Sprintf("new-%d", i), "sleep", "3600")
-			resp, err := e.d.Runtime.CreateContainer(ctxT(t), &criapi.CreateContainerRequest{PodSandboxId: pe.pod, Config: cfg, SandboxConfig: pe.podCfg})
+			resp, err := e.d.Runtime.CreateContainer(berthdtest.Ctx(t), &criapi.CreateContainerRequest{PodSandboxId: pe.pod, Config: cfg, SandboxConfig: pe.podCfg})
 			if err != nil {
 				t.Logf("create new-%d: %v", i, err)
 				continue
 			}
-			if _, err := e.d.Runtime.StartContainer(ctxT(t), &criapi.StartContainerRequest{ContainerId: resp.ContainerId}); err != nil {
+			if _, err := e.d.Runtime.StartContainer(berthdtest.Ctx(t), &criapi.StartContainerRequest{ContainerId: resp.ContainerId}); err != nil {
 				t.Logf("start new-%d: %v", i, err)
 			}
 			created <- resp.ContainerId
@@ -334,7 +334,7 @@ func TestMonitorCrashAmidCreatesAndExits(t *testing.T) {
 	}
 	pe.checkAgrees()
 
-	if _, err := e.d.Runtime.StopContainer(ctxT(t), &criapi.StopContainerRequest{ContainerId: logger, Timeout: 30}); err != nil {
+	if _, err := e.d.Runtime.StopContainer(berthdtest.Ctx(t), &criapi.StopContainerRequest{ContainerId: logger, Timeout: 30}); err != nil {
 		t.Fatalf("StopContainer: %v", err)
 	}
 	if st := pe.status(logger); st.ExitCode != 21 {
@@ -393,12 +393,12 @@ var shimFaultCases = []shimFaultCase{
 	// orphaned (its containers' exit codes lost), the create answers as
 	// the monitor saw it, and a new keeper and monitor take new pods.
 	{point: shimfault.KeeperMidCreate, times: 1, keeperGone: true, op: func(e *ctrEnv, logger string) string {
-		resp, err := e.d.Runtime.CreateContainer(ctxT(e.t), &criapi.CreateContainerRequest{PodSandboxId: e.pod, Config: e.config("target", "sleep", "3600"), SandboxConfig: e.podCfg})
+		resp, err := e.d.Runtime.CreateContainer(berthdtest.Ctx(e.t), &criapi.CreateContainerRequest{PodSandboxId: e.pod, Config: e.config("target", "sleep", "3600"), SandboxConfig: e.podCfg})
 		if err != nil {
 			e.t.Logf("create with the keeper dying: %v", err)
 			return ""
 		}
-		if _, err := e.d.Runtime.StartContainer(ctxT(e.t), &criapi.StartContainerRequest{ContainerId: resp.ContainerId}); err != nil {
+		if _, err := e.d.Runtime.StartContainer(berthdtest.Ctx(e.t), &criapi.StartContainerRequest{ContainerId: resp.ContainerId}); err != nil {
 			e.t.Logf("start with the keeper gone: %v", err)
 		}
 		return resp.ContainerId
@@ -410,7 +410,7 @@ var shimFaultCases = []shimFaultCase{
 // process behind; a create after works.
 func createCut(e *ctrEnv, logger string) string {
 	e.t.Helper()
-	_, err := e.d.Runtime.CreateContainer(ctxT(e.t), &criapi.CreateContainerRequest{PodSandboxId: e.pod, Config: e.config("target", "sleep", "3600"), SandboxConfig: e.podCfg})
+	_, err := e.d.Runtime.CreateContainer(berthdtest.Ctx(e.t), &criapi.CreateContainerRequest{PodSandboxId: e.pod, Config: e.config("target", "sleep", "3600"), SandboxConfig: e.podCfg})
 	if err == nil {
 		e.t.Fatalf("a create cut by the monitor's crash succeeded")
 	}
@@ -470,7 +470,7 @@ func TestShimFaultMatrix(t *testing.T) {
 			pe.checkAgrees()
 
 			pid := pe.ctrPid(logger)
-			if _, err := e.d.Runtime.StopContainer(ctxT(t), &criapi.StopContainerRequest{ContainerId: logger, Timeout: 30}); err != nil {
+			if _, err := e.d.Runtime.StopContainer(berthdtest.Ctx(t), &criapi.StopContainerRequest{ContainerId: logger, Timeout: 30}); err != nil {
 				t.Fatalf("StopContainer: %v", err)
 			}
 			want := int32(31)

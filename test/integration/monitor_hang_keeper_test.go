@@ -116,7 +116,7 @@ func TestHungKeeperLeavesTheNodeServing(t *testing.T) {
 	if k, m := oneKeeperOneMonitor(t, n.e.d); k[0] != n.keeper || m[0] != n.monitor {
 		t.Errorf("keeper %d, monitor %d after the keeper went on; were %d, %d", k[0], m[0], n.keeper, n.monitor)
 	}
-	if _, err := n.e.d.Runtime.StopContainer(ctxT(t), &criapi.StopContainerRequest{ContainerId: n.sleepers[1], Timeout: 1}); err != nil {
+	if _, err := n.e.d.Runtime.StopContainer(berthdtest.Ctx(t), &criapi.StopContainerRequest{ContainerId: n.sleepers[1], Timeout: 1}); err != nil {
 		t.Errorf("StopContainer after the keeper went on: %v", err)
 	}
 	n.teardown(t)
@@ -158,7 +158,7 @@ func TestHungKeeperIsKilledAsCrashed(t *testing.T) {
 	if m := berthdtest.ShimPids(n.e.d.State, "monitor"); len(m) != 1 || m[0] != n.monitor {
 		t.Errorf("monitors %v after the keeper was killed, want the same one, %d", m, n.monitor)
 	}
-	if _, err := n.e.d.Runtime.StopContainer(ctxT(t), &criapi.StopContainerRequest{ContainerId: n.sleepers[1], Timeout: 1}); err != nil {
+	if _, err := n.e.d.Runtime.StopContainer(berthdtest.Ctx(t), &criapi.StopContainerRequest{ContainerId: n.sleepers[1], Timeout: 1}); err != nil {
 		t.Errorf("StopContainer after the hung keeper was killed: %v", err)
 	}
 	pe := n.e.podEnv(podConfig("after-keeper"))

@@ -113,7 +113,7 @@ func TestStuckRuntimeCallIsBounded(t *testing.T) {
 	sp := *e
 	sp.podCfg = podConfig("stuck")
 	sp.podCfg.LogDirectory = e.logDir
-	resp, err := d.Runtime.RunPodSandbox(ctxT(t), &criapi.RunPodSandboxRequest{Config: sp.podCfg, RuntimeHandler: "stuck"})
+	resp, err := d.Runtime.RunPodSandbox(berthdtest.Ctx(t), &criapi.RunPodSandboxRequest{Config: sp.podCfg, RuntimeHandler: "stuck"})
 	if err != nil {
 		t.Fatalf("RunPodSandbox with the stuck handler: %v", err)
 	}
@@ -148,7 +148,7 @@ func TestStuckRuntimeCallIsBounded(t *testing.T) {
 	}
 	// The node's other pods are served meanwhile: the monitor is not
 	// stuck, one of its calls is.
-	if _, err := d.Runtime.StopContainer(ctxT(t), &criapi.StopContainerRequest{ContainerId: plainSleeper, Timeout: 1}); err != nil {
+	if _, err := d.Runtime.StopContainer(berthdtest.Ctx(t), &criapi.StopContainerRequest{ContainerId: plainSleeper, Timeout: 1}); err != nil {
 		t.Errorf("StopContainer in another pod while a runtime call hangs: %v", err)
 	}
 
@@ -171,7 +171,7 @@ func TestStuckRuntimeCallIsBounded(t *testing.T) {
 	}
 
 	stuck.release()
-	if _, err := d.Runtime.StopContainer(ctxT(t), &criapi.StopContainerRequest{ContainerId: victim, Timeout: 1}); err != nil {
+	if _, err := d.Runtime.StopContainer(berthdtest.Ctx(t), &criapi.StopContainerRequest{ContainerId: victim, Timeout: 1}); err != nil {
 		t.Fatalf("StopContainer once the runtime works again: %v", err)
 	}
 	if st := sp.status(victim); st.State != criapi.ContainerState_CONTAINER_EXITED {

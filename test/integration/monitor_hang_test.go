@@ -224,7 +224,7 @@ func TestHungMonitorLeavesReadsAnswering(t *testing.T) {
 	if g1 := goroutines(t, n.e.d); g1 > g0+10 {
 		t.Errorf("berthd's goroutines grew with calls given up on the stopped monitor: %d → %d", g0, g1)
 	}
-	st, err := rt.ContainerStatus(ctxT(t), &criapi.ContainerStatusRequest{ContainerId: n.quitter})
+	st, err := rt.ContainerStatus(berthdtest.Ctx(t), &criapi.ContainerStatusRequest{ContainerId: n.quitter})
 	if err != nil || st.Status.State != criapi.ContainerState_CONTAINER_RUNNING {
 		t.Fatalf("quitter with the monitor stopped: %v, %v; want RUNNING (last known)", st, err)
 	}
@@ -253,7 +253,7 @@ func TestHungMonitorLeavesReadsAnswering(t *testing.T) {
 			t.Errorf("sleeper %s runs as %d, was %d: restarted", id, pid, pids[id])
 		}
 	}
-	if _, err := rt.StopContainer(ctxT(t), &criapi.StopContainerRequest{ContainerId: n.sleepers[1], Timeout: 1}); err != nil {
+	if _, err := rt.StopContainer(berthdtest.Ctx(t), &criapi.StopContainerRequest{ContainerId: n.sleepers[1], Timeout: 1}); err != nil {
 		t.Errorf("StopContainer after the monitor went on: %v", err)
 	}
 	if ls := listed(t, n.e.d); len(ls) != len(n.sleepers)+1 {

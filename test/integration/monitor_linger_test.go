@@ -36,10 +36,10 @@ func TestNodeEndsWithItsLastContainerWhileTheKeeperLags(t *testing.T) {
 	if err := shimfault.Arm(faults, shimfault.KeeperSlowLink); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := d.Runtime.StopContainer(ctxT(t), &criapi.StopContainerRequest{ContainerId: id}); err != nil {
+	if _, err := d.Runtime.StopContainer(berthdtest.Ctx(t), &criapi.StopContainerRequest{ContainerId: id}); err != nil {
 		t.Fatalf("StopContainer: %v", err)
 	}
-	if _, err := d.Runtime.RemoveContainer(ctxT(t), &criapi.RemoveContainerRequest{ContainerId: id}); err != nil {
+	if _, err := d.Runtime.RemoveContainer(berthdtest.Ctx(t), &criapi.RemoveContainerRequest{ContainerId: id}); err != nil {
 		t.Fatalf("RemoveContainer: %v", err)
 	}
 	// The pod's last container is gone: its monitor exits, and with it

@@ -63,7 +63,7 @@ func TestSandboxLostNetnsLeavesNoIPv6NATRules(t *testing.T) {
 	})
 	tagged := func(f iptables.Family) []string {
 		t.Helper()
-		tables, err := iptables.Save(ctxT(t), f, "nat")
+		tables, err := iptables.Save(berthdtest.Ctx(t), f, "nat")
 		if err != nil {
 			t.Fatal(err)
 		}

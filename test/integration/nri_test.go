@@ -254,7 +254,7 @@ func TestNRILifecycleEvents(t *testing.T) {
 	d := nriDaemon(t)
 	p := startPlugin(t, d, "lifecycle", "00", nil)
 	e := newCtrEnvOn(t, d)
-	ctx := ctxT(t)
+	ctx := berthdtest.Ctx(t)
 
 	run := p.find("RunPodSandbox", e.pod)
 	if run == nil {
@@ -366,10 +366,10 @@ func TestNRIExitedContainerIsStopped(t *testing.T) {
 		t.Fatalf("stop event: exit code %d state %s", stop.ExitCode, stop.State)
 	}
 	// An explicit stop of the exited container adds nothing.
-	if _, err := d.Runtime.StopContainer(ctxT(t), &criapi.StopContainerRequest{ContainerId: id}); err != nil {
+	if _, err := d.Runtime.StopContainer(berthdtest.Ctx(t), &criapi.StopContainerRequest{ContainerId: id}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := d.Runtime.RemoveContainer(ctxT(t), &criapi.RemoveContainerRequest{ContainerId: id}); err != nil {
+	if _, err := d.Runtime.RemoveContainer(berthdtest.Ctx(t), &criapi.RemoveContainerRequest{ContainerId: id}); err != nil {
 		t.Fatal(err)
 	}
 	want := []string{"CreateContainer", "PostCreateContainer", "StartContainer", "PostStartContainer", "StopContainer", "RemoveContainer"}
@@ -437,7 +437,7 @@ func TestNRIRunPodSandboxHook(t *testing.T) {
 	d := nriDaemon(t)
 	e := newCtrEnvOn(t, d)
 	stopRemove(t, d, e.pod)
-	ctx := ctxT(t)
+	ctx := berthdtest.Ctx(t)
 
 	reached, release := make(chan string, 1), make(chan struct{})
 	var fail sync.Once
@@ -487,7 +487,7 @@ func TestNRIRunPodSandboxHook(t *testing.T) {
 		}
 	}
 	_, err = d.Runtime.PodSandboxStatus(ctx, &criapi.PodSandboxStatusRequest{PodSandboxId: hookID})
-	wantCode(t, err, codes.NotFound)
+	berthdtest.WantCode(t, err, codes.NotFound)
 	_, err = d.Runtime.CreateContainer(ctx, &criapi.CreateContainerRequest{PodSandboxId: hookID, Config: e.config("early", "true"), SandboxConfig: cfg})
 	if err == nil {
 		t.Fatal("CreateContainer in a pod whose RunPodSandbox hook runs succeeded")
@@ -553,7 +553,7 @@ func TestNRICreateContainerHook(t *testing.T) {
 		}
 	})
 	e := newCtrEnvOn(t, d)
-	ctx := ctxT(t)
+	ctx := berthdtest.Ctx(t)
 
 	done := make(chan error, 1)
 	var created string
@@ -573,7 +573,7 @@ func TestNRICreateContainerHook(t *testing.T) {
 		t.Fatalf("containers listed while the CreateContainer hook runs: %v %v", list.GetContainers(), err)
 	}
 	_, err = d.Runtime.ContainerStatus(ctx, &criapi.ContainerStatusRequest{ContainerId: hookID})
-	wantCode(t, err, codes.NotFound)
+	berthdtest.WantCode(t, err, codes.NotFound)
 	close(release)
 	if err := <-done; err != nil || created != hookID {
 		t.Fatalf("CreateContainer after the hook: %q %v (hook saw %q)", created, err, hookID)
@@ -640,7 +640,7 @@ func TestNRIStopPodSandboxHook(t *testing.T) {
 		}
 	})
 	e := newCtrEnvOn(t, d)
-	ctx := ctxT(t)
+	ctx := berthdtest.Ctx(t)
 	id := e.run(e.config("work", "sleep", "1000"))
 	done := make(chan error, 1)
 	go func() {
@@ -671,7 +671,7 @@ func TestNRIStopPodSandboxHook(t *testing.T) {
 		}
 	}
 	_, err := d.Runtime.CreateContainer(ctx, &criapi.CreateContainerRequest{PodSandboxId: e.pod, Config: e.config("late", "true"), SandboxConfig: e.podCfg})
-	wantCode(t, err, codes.FailedPrecondition)
+	berthdtest.WantCode(t, err, codes.FailedPrecondition)
 	time.Sleep(300 * time.Millisecond)
 	count := func(kind string) int {
 		n := 0
@@ -728,7 +728,7 @@ func TestNRISynchronize(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			resp, err := d.Runtime.CreateContainer(ctxT(t), &criapi.CreateContainerRequest{PodSandboxId: e.pod, Config: e.config("during-"+string(rune('a'+i)), "sleep", "1000"), SandboxConfig: e.podCfg})
+			resp, err := d.Runtime.CreateContainer(berthdtest.Ctx(t), &criapi.CreateContainerRequest{PodSandboxId: e.pod, Config: e.config("during-"+string(rune('a'+i)), "sleep", "1000"), SandboxConfig: e.podCfg})
 			if err != nil {
 				t.Errorf("create during Synchronize: %v", err)
 				return
@@ -811,7 +811,7 @@ func TestNRIPluginUpdatesContainer(t *testing.T) {
 		return []*api.ContainerUpdate{u}, nil
 	}
 	p.mu.Unlock()
-	if _, err := d.Runtime.UpdateContainerResources(ctxT(t), &criapi.UpdateContainerResourcesRequest{
+	if _, err := d.Runtime.UpdateContainerResources(berthdtest.Ctx(t), &criapi.UpdateContainerResourcesRequest{
 		ContainerId: id, Linux: &criapi.LinuxContainerResources{MemoryLimitInBytes: 96 << 20},
 	}); err != nil {
 		t.Fatalf("UpdateContainerResources: %v", err)
@@ -910,7 +910,7 @@ func TestNRIPodRemovalPartialFailure(t *testing.T) {
 	d := nriDaemon(t)
 	p := startPlugin(t, d, "partial", "00", nil)
 	e := newCtrEnvOn(t, d)
-	ctx := ctxT(t)
+	ctx := berthdtest.Ctx(t)
 	evCtx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	stream, err := d.Runtime.GetContainerEvents(evCtx, &criapi.GetEventsRequest{})

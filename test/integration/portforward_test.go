@@ -80,7 +80,7 @@ func TestPortForwardIntoThePodNetworkOverSPDYAndWebsocket(t *testing.T) {
 
 	for _, transport := range []string{"spdy", "websocket"} {
 		t.Run(transport, func(t *testing.T) {
-			resp, err := d.Runtime.PortForward(ctxT(t), &criapi.PortForwardRequest{PodSandboxId: id, Port: []int32{podPort}})
+			resp, err := d.Runtime.PortForward(berthdtest.Ctx(t), &criapi.PortForwardRequest{PodSandboxId: id, Port: []int32{podPort}})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -99,17 +99,17 @@ func TestPortForwardIntoThePodNetworkOverSPDYAndWebsocket(t *testing.T) {
 func TestPortForwardRejectsBadRequests(t *testing.T) {
 	t.Parallel()
 	d := berthdtest.Start(t, berthdtest.Options{})
-	ctx := ctxT(t)
+	ctx := berthdtest.Ctx(t)
 	_, err := d.Runtime.PortForward(ctx, &criapi.PortForwardRequest{})
-	wantCode(t, err, codes.InvalidArgument)
+	berthdtest.WantCode(t, err, codes.InvalidArgument)
 	_, err = d.Runtime.PortForward(ctx, &criapi.PortForwardRequest{PodSandboxId: "nonexistent", Port: []int32{80}})
-	wantCode(t, err, codes.NotFound)
+	berthdtest.WantCode(t, err, codes.NotFound)
 	id := runPod(t, d, podConfig("pfstopped"))
 	if _, err := d.Runtime.StopPodSandbox(ctx, &criapi.StopPodSandboxRequest{PodSandboxId: id}); err != nil {
 		t.Fatal(err)
 	}
 	_, err = d.Runtime.PortForward(ctx, &criapi.PortForwardRequest{PodSandboxId: id, Port: []int32{80}})
-	wantCode(t, err, codes.FailedPrecondition)
+	berthdtest.WantCode(t, err, codes.FailedPrecondition)
 	if _, err := d.Runtime.RemovePodSandbox(ctx, &criapi.RemovePodSandboxRequest{PodSandboxId: id}); err != nil {
 		t.Fatal(err)
 	}

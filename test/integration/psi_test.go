@@ -4,6 +4,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/berthcri/berth/internal/testutil/berthdtest"
 	"github.com/containerd/cgroups/v3"
 	criapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 )
@@ -41,7 +42,7 @@ func TestPSIAbsentWhereTheKernelHasNone(t *testing.T) {
 			}
 		}
 	}
-	descs, err := e.d.Runtime.ListMetricDescriptors(ctxT(t), &criapi.ListMetricDescriptorsRequest{})
+	descs, err := e.d.Runtime.ListMetricDescriptors(berthdtest.Ctx(t), &criapi.ListMetricDescriptorsRequest{})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -51,8 +51,8 @@ func TestSandboxRecordMigratesFromCheckpointJSON(t *testing.T) {
 		t.Error("berthd did not log the rename")
 	}
 	// Its name is still reserved.
-	_, err := d.Runtime.RunPodSandbox(ctxT(t), &criapi.RunPodSandboxRequest{Config: cfg})
-	wantCode(t, err, codes.AlreadyExists)
+	_, err := d.Runtime.RunPodSandbox(berthdtest.Ctx(t), &criapi.RunPodSandboxRequest{Config: cfg})
+	berthdtest.WantCode(t, err, codes.AlreadyExists)
 	stopRemove(t, d, id)
 	leakcheck.CheckSettled(t, scope, before, leakcheck.Take(t, scope))
 }

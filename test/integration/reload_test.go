@@ -46,7 +46,7 @@ func mirrorOnly(mirror string) string {
 
 func metricsAddr(t *testing.T, d *berthdtest.Daemon) string {
 	t.Helper()
-	st, err := d.Runtime.Status(ctxT(t), &criapi.StatusRequest{Verbose: true})
+	st, err := d.Runtime.Status(berthdtest.Ctx(t), &criapi.StatusRequest{Verbose: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -74,7 +74,7 @@ func TestReloadMirrorAddedServesTheNextPull(t *testing.T) {
 	d := berthdtest.Start(t, berthdtest.Options{Configure: func(c *config.Config) { c.MetricsAddress = "127.0.0.1:0" }})
 	writeHostsFile(t, d.Config.RegistryConfigDir, "registry.example.invalid", mirrorOnly(""))
 	ref := "registry.example.invalid/busybox:latest"
-	if _, err := d.Image.PullImage(ctxT(t), &criapi.PullImageRequest{Image: &criapi.ImageSpec{Image: ref}}); err == nil {
+	if _, err := d.Image.PullImage(berthdtest.Ctx(t), &criapi.PullImageRequest{Image: &criapi.ImageSpec{Image: ref}}); err == nil {
 		t.Fatal("pull without a mirror succeeded")
 	}
 
@@ -105,7 +105,7 @@ func TestReloadMirrorAddedServesTheNextPull(t *testing.T) {
 			t.Errorf("berthd config --running lacks %q:\n%s", want, out)
 		}
 	}
-	st, err := d.Runtime.Status(ctxT(t), &criapi.StatusRequest{Verbose: true})
+	st, err := d.Runtime.Status(berthdtest.Ctx(t), &criapi.StatusRequest{Verbose: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -131,7 +131,7 @@ func TestReloadPullInFlightFinishesOnItsConfig(t *testing.T) {
 	hold := regA.HoldBlob(t, ld)
 	errc := make(chan error, 1)
 	go func() {
-		_, err := d.Image.PullImage(ctxT(t), &criapi.PullImageRequest{Image: &criapi.ImageSpec{Image: "registry.example.invalid/busybox:latest"}})
+		_, err := d.Image.PullImage(berthdtest.Ctx(t), &criapi.PullImageRequest{Image: &criapi.ImageSpec{Image: "registry.example.invalid/busybox:latest"}})
 		errc <- err
 	}()
 	select {
@@ -171,7 +171,7 @@ func TestReloadRuntimeHandlerAddedThenRemovalRefusedWhileInUse(t *testing.T) {
 	podCfg := podConfig("reload-second")
 	podCfg.LogDirectory = e.logDir
 	podCfg.Linux.CgroupParent = ""
-	_, err := d.Runtime.RunPodSandbox(ctxT(t), &criapi.RunPodSandboxRequest{Config: podCfg, RuntimeHandler: "second"})
+	_, err := d.Runtime.RunPodSandbox(berthdtest.Ctx(t), &criapi.RunPodSandboxRequest{Config: podCfg, RuntimeHandler: "second"})
 	if status.Code(err) != codes.InvalidArgument {
 		t.Fatalf("RunPodSandbox on an unknown handler: %v, want InvalidArgument", err)
 	}
@@ -189,17 +189,17 @@ func TestReloadRuntimeHandlerAddedThenRemovalRefusedWhileInUse(t *testing.T) {
 	if !slices.Contains(handlerNames(t, d), "second") {
 		t.Fatalf("Status does not list the added handler: %v", handlerNames(t, d))
 	}
-	resp, err := d.Runtime.RunPodSandbox(ctxT(t), &criapi.RunPodSandboxRequest{Config: podCfg, RuntimeHandler: "second"})
+	resp, err := d.Runtime.RunPodSandbox(berthdtest.Ctx(t), &criapi.RunPodSandboxRequest{Config: podCfg, RuntimeHandler: "second"})
 	if err != nil {
 		t.Fatalf("RunPodSandbox on the added handler: %v", err)
 	}
 	pod := resp.PodSandboxId
 	cfg := e.config("on-second", "sleep", "3600")
-	cr, err := d.Runtime.CreateContainer(ctxT(t), &criapi.CreateContainerRequest{PodSandboxId: pod, Config: cfg, SandboxConfig: podCfg})
+	cr, err := d.Runtime.CreateContainer(berthdtest.Ctx(t), &criapi.CreateContainerRequest{PodSandboxId: pod, Config: cfg, SandboxConfig: podCfg})
 	if err != nil {
 		t.Fatalf("CreateContainer on the added handler: %v", err)
 	}
-	if _, err := d.Runtime.StartContainer(ctxT(t), &criapi.StartContainerRequest{ContainerId: cr.ContainerId}); err != nil {
+	if _, err := d.Runtime.StartContainer(berthdtest.Ctx(t), &criapi.StartContainerRequest{ContainerId: cr.ContainerId}); err != nil {
 		t.Fatalf("StartContainer on the added handler: %v", err)
 	}
 	if st := e.status(cr.ContainerId); st.State != criapi.ContainerState_CONTAINER_RUNNING {
@@ -233,7 +233,7 @@ func TestReloadRuntimeHandlerAddedThenRemovalRefusedWhileInUse(t *testing.T) {
 	if slices.Contains(handlerNames(t, d), "second") {
 		t.Fatal("removed handler still listed")
 	}
-	_, err = d.Runtime.RunPodSandbox(ctxT(t), &criapi.RunPodSandboxRequest{Config: podCfg, RuntimeHandler: "second"})
+	_, err = d.Runtime.RunPodSandbox(berthdtest.Ctx(t), &criapi.RunPodSandboxRequest{Config: podCfg, RuntimeHandler: "second"})
 	if status.Code(err) != codes.InvalidArgument {
 		t.Fatalf("RunPodSandbox on the removed handler: %v, want InvalidArgument", err)
 	}
@@ -242,7 +242,7 @@ func TestReloadRuntimeHandlerAddedThenRemovalRefusedWhileInUse(t *testing.T) {
 
 func handlerNames(t *testing.T, d *berthdtest.Daemon) []string {
 	t.Helper()
-	st, err := d.Runtime.Status(ctxT(t), &criapi.StatusRequest{})
+	st, err := d.Runtime.Status(berthdtest.Ctx(t), &criapi.StatusRequest{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -301,7 +301,7 @@ func TestReloadBadFileKeepsTheConfigInEffect(t *testing.T) {
 		t.Fatalf("configuration in effect lost the applied reload:\n%s", after["toml"])
 	}
 	// Still serving.
-	if _, err := d.Runtime.Version(ctxT(t), &criapi.VersionRequest{}); err != nil {
+	if _, err := d.Runtime.Version(berthdtest.Ctx(t), &criapi.VersionRequest{}); err != nil {
 		t.Fatalf("Version after refused reloads: %v", err)
 	}
 	wantReloadMetrics(t, d, 1, 0, float64(refused))
@@ -331,12 +331,12 @@ func TestReloadLogLevel(t *testing.T) {
 	const reloaded = `msg="configuration reloaded"`
 	wantResult(t, d.Reconfigure(func(c *config.Config) { c.LogLevel = "info" }), "success")
 	for i := 0; i < 3; i++ {
-		if _, err := d.Runtime.Version(ctxT(t), &criapi.VersionRequest{}); err != nil {
+		if _, err := d.Runtime.Version(berthdtest.Ctx(t), &criapi.VersionRequest{}); err != nil {
 			t.Fatal(err)
 		}
 	}
 	wantResult(t, d.Reconfigure(func(c *config.Config) { c.LogLevel = "debug" }), "success")
-	if _, err := d.Runtime.Version(ctxT(t), &criapi.VersionRequest{}); err != nil {
+	if _, err := d.Runtime.Version(berthdtest.Ctx(t), &criapi.VersionRequest{}); err != nil {
 		t.Fatal(err)
 	}
 	// The log is a pipe: wait for the last line to come through; all
@@ -392,7 +392,7 @@ func TestReloadPullProgressTimeoutAppliesToTheNextPull(t *testing.T) {
 	wantResult(t, d.Reconfigure(func(c *config.Config) { c.ImagePullProgressTimeout = config.Duration(time.Second) }), "success")
 	holdB := reg.HoldBlob(t, configDigest(t, mustImage(t, testimages.BusyboxUser)))
 	_, err := d.Image.PullImage(context.Background(), &criapi.PullImageRequest{Image: &criapi.ImageSpec{Image: reg.Ref(testimages.UserRef)}})
-	wantCode(t, err, codes.DeadlineExceeded)
+	berthdtest.WantCode(t, err, codes.DeadlineExceeded)
 	if !strings.Contains(err.Error(), "image_pull_progress_timeout") {
 		t.Fatalf("error does not name the setting: %v", err)
 	}

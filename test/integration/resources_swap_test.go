@@ -39,7 +39,7 @@ func TestSwapLimitFollowsTheHostsSwapAccounting(t *testing.T) {
 				t.Skip("the kernel accounts no swap here (swapaccount=0?): only the injected case applies")
 			}
 			e := newCtrEnvOn(t, berthdtest.Start(t, berthdtest.Options{Env: tc.env}))
-			ctx := ctxT(t)
+			ctx := berthdtest.Ctx(t)
 
 			cfg := e.config("swap", "sleep", "3600")
 			cfg.Linux.Resources = &criapi.LinuxContainerResources{MemoryLimitInBytes: 64 << 20, MemorySwapLimitInBytes: 96 << 20}
@@ -56,11 +56,11 @@ func TestSwapLimitFollowsTheHostsSwapAccounting(t *testing.T) {
 			// Below the memory limit: refused by both, the container as it was.
 			bad := &criapi.LinuxContainerResources{MemoryLimitInBytes: 64 << 20, MemorySwapLimitInBytes: 32 << 20}
 			_, err := e.d.Runtime.UpdateContainerResources(ctx, &criapi.UpdateContainerResourcesRequest{ContainerId: id, Linux: bad})
-			wantCode(t, err, codes.InvalidArgument)
+			berthdtest.WantCode(t, err, codes.InvalidArgument)
 			badCfg := e.config("badswap", "sleep", "3600")
 			badCfg.Linux.Resources = bad
 			_, err = e.d.Runtime.CreateContainer(ctx, &criapi.CreateContainerRequest{PodSandboxId: e.pod, Config: badCfg, SandboxConfig: e.podCfg})
-			wantCode(t, err, codes.InvalidArgument)
+			berthdtest.WantCode(t, err, codes.InvalidArgument)
 			checkSwap(t, e, id, pid, 128<<20, 192<<20, tc.accounting)
 		})
 	}

@@ -12,6 +12,7 @@ import (
 
 	criapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
+	"github.com/berthcri/berth/internal/testutil/berthdtest"
 	"github.com/berthcri/berth/internal/testutil/leakcheck"
 	"github.com/berthcri/berth/internal/testutil/testimages"
 )
@@ -148,10 +149,10 @@ func TestSandboxRemoveWithRunningContainersLeavesNothing(t *testing.T) {
 			c.Linux.SecurityContext.NamespaceOptions.Pid = pid
 			pe.run(c)
 		}
-		if _, err := pe.d.Runtime.RemovePodSandbox(ctxT(t), &criapi.RemovePodSandboxRequest{PodSandboxId: pe.pod}); err != nil {
+		if _, err := pe.d.Runtime.RemovePodSandbox(berthdtest.Ctx(t), &criapi.RemovePodSandboxRequest{PodSandboxId: pe.pod}); err != nil {
 			t.Fatalf("RemovePodSandbox with running containers: %v", err)
 		}
-		resp, err := pe.d.Runtime.ListContainers(ctxT(t), &criapi.ListContainersRequest{Filter: &criapi.ContainerFilter{PodSandboxId: pe.pod}})
+		resp, err := pe.d.Runtime.ListContainers(berthdtest.Ctx(t), &criapi.ListContainersRequest{Filter: &criapi.ContainerFilter{PodSandboxId: pe.pod}})
 		if err != nil || len(resp.Containers) != 0 {
 			t.Fatalf("containers of the removed pod: %v %v", resp.GetContainers(), err)
 		}

@@ -38,7 +38,7 @@ func readFile(t *testing.T, path string) string {
 func TestSandboxDefaultNetworkReachableFromHost(t *testing.T) {
 	t.Parallel()
 	d := berthdtest.Start(t, berthdtest.Options{})
-	st, err := d.Runtime.Status(ctxT(t), &criapi.StatusRequest{})
+	st, err := d.Runtime.Status(berthdtest.Ctx(t), &criapi.StatusRequest{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -149,7 +149,7 @@ func TestSandboxDefaultNetworkMasqueradesOncePerNode(t *testing.T) {
 	chain := "BERTH-MASQ-" + d.Config.DefaultNetwork.Bridge
 	natRules := func() []string {
 		t.Helper()
-		tables, err := iptables.Save(ctxT(t), iptables.IPv4, "nat")
+		tables, err := iptables.Save(berthdtest.Ctx(t), iptables.IPv4, "nat")
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -341,8 +341,8 @@ func TestSandboxSysctls(t *testing.T) {
 
 	bad := podConfig("badsysctl")
 	bad.Linux.Sysctls = map[string]string{"kernel.pid_max": "1000"}
-	_, err = d.Runtime.RunPodSandbox(ctxT(t), &criapi.RunPodSandboxRequest{Config: bad})
-	wantCode(t, err, codes.InvalidArgument)
+	_, err = d.Runtime.RunPodSandbox(berthdtest.Ctx(t), &criapi.RunPodSandboxRequest{Config: bad})
+	berthdtest.WantCode(t, err, codes.InvalidArgument)
 }
 
 // A second RunPodSandbox for the same name/namespace/uid/attempt fails
@@ -351,13 +351,13 @@ func TestSandboxSysctls(t *testing.T) {
 func TestSandboxAlreadyExistsAndIdempotentStopRemove(t *testing.T) {
 	t.Parallel()
 	d := berthdtest.Start(t, berthdtest.Options{})
-	ctx := ctxT(t)
+	ctx := berthdtest.Ctx(t)
 	cfg := podConfig("dup")
 	id := runPod(t, d, cfg)
 	_, err := d.Runtime.RunPodSandbox(ctx, &criapi.RunPodSandboxRequest{Config: cfg})
-	wantCode(t, err, codes.AlreadyExists)
+	berthdtest.WantCode(t, err, codes.AlreadyExists)
 	_, err = d.Runtime.RunPodSandbox(ctx, &criapi.RunPodSandboxRequest{Config: podConfig("other"), RuntimeHandler: "no-such-handler"})
-	wantCode(t, err, codes.InvalidArgument)
+	berthdtest.WantCode(t, err, codes.InvalidArgument)
 	for i := 0; i < 2; i++ {
 		if _, err := d.Runtime.StopPodSandbox(ctx, &criapi.StopPodSandboxRequest{PodSandboxId: id}); err != nil {
 			t.Fatalf("stop #%d: %v", i+1, err)
@@ -369,14 +369,14 @@ func TestSandboxAlreadyExistsAndIdempotentStopRemove(t *testing.T) {
 	}
 	// Still reserved while it exists, stopped or not.
 	_, err = d.Runtime.RunPodSandbox(ctx, &criapi.RunPodSandboxRequest{Config: cfg})
-	wantCode(t, err, codes.AlreadyExists)
+	berthdtest.WantCode(t, err, codes.AlreadyExists)
 	for i := 0; i < 2; i++ {
 		if _, err := d.Runtime.RemovePodSandbox(ctx, &criapi.RemovePodSandboxRequest{PodSandboxId: id}); err != nil {
 			t.Fatalf("remove #%d: %v", i+1, err)
 		}
 	}
 	_, err = d.Runtime.PodSandboxStatus(ctx, &criapi.PodSandboxStatusRequest{PodSandboxId: id})
-	wantCode(t, err, codes.NotFound)
+	berthdtest.WantCode(t, err, codes.NotFound)
 	if _, err := d.Runtime.StopPodSandbox(ctx, &criapi.StopPodSandboxRequest{PodSandboxId: "does-not-exist"}); err != nil {
 		t.Fatalf("stop of unknown sandbox: %v", err)
 	}
@@ -394,7 +394,7 @@ func TestSandboxAlreadyExistsAndIdempotentStopRemove(t *testing.T) {
 func TestSandboxListFilters(t *testing.T) {
 	t.Parallel()
 	d := berthdtest.Start(t, berthdtest.Options{})
-	ctx := ctxT(t)
+	ctx := berthdtest.Ctx(t)
 	a := podConfig("a")
 	a.Labels = map[string]string{"tier": "front", "app": "a"}
 	b := podConfig("b")
@@ -495,7 +495,7 @@ func TestSandboxConfDirConfigIsUsedAndReloaded(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(d.Config.CNIConfDir, "00-broken.conflist"), []byte(broken), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	status, err := d.Runtime.Status(ctxT(t), &criapi.StatusRequest{})
+	status, err := d.Runtime.Status(berthdtest.Ctx(t), &criapi.StatusRequest{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -504,7 +504,7 @@ func TestSandboxConfDirConfigIsUsedAndReloaded(t *testing.T) {
 			t.Fatalf("NetworkReady with a missing plugin: %+v", c)
 		}
 	}
-	if _, err := d.Runtime.RunPodSandbox(ctxT(t), &criapi.RunPodSandboxRequest{Config: podConfig("broken")}); err == nil {
+	if _, err := d.Runtime.RunPodSandbox(berthdtest.Ctx(t), &criapi.RunPodSandboxRequest{Config: podConfig("broken")}); err == nil {
 		t.Fatal("RunPodSandbox succeeded with a broken network config")
 	}
 }
@@ -540,7 +540,7 @@ func TestSandboxCheckpointRestoreAndNotReadyAfterCrash(t *testing.T) {
 	d.Start()
 	d.WaitReady()
 
-	resp, err := d.Runtime.ListPodSandbox(ctxT(t), &criapi.ListPodSandboxRequest{})
+	resp, err := d.Runtime.ListPodSandbox(berthdtest.Ctx(t), &criapi.ListPodSandboxRequest{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -573,7 +573,7 @@ func TestSandboxCheckpointRestoreAndNotReadyAfterCrash(t *testing.T) {
 			t.Fatalf("iptables rule of the lost pod survives: %s", r)
 		}
 	}
-	resp, _ = d.Runtime.ListPodSandbox(ctxT(t), &criapi.ListPodSandboxRequest{})
+	resp, _ = d.Runtime.ListPodSandbox(berthdtest.Ctx(t), &criapi.ListPodSandboxRequest{})
 	if len(resp.Items) != 0 {
 		t.Fatalf("sandboxes left: %v", resp.Items)
 	}
@@ -584,7 +584,7 @@ func TestSandboxCheckpointRestoreAndNotReadyAfterCrash(t *testing.T) {
 func TestSandboxLifecycleLeavesNothingBehind(t *testing.T) {
 	t.Parallel()
 	d := berthdtest.Start(t, berthdtest.Options{})
-	ctx := ctxT(t)
+	ctx := berthdtest.Ctx(t)
 	scope := leakcheck.ForDaemon(d)
 	if err := os.MkdirAll(d.Config.CNIConfDir, 0o755); err != nil {
 		t.Fatal(err)
@@ -697,7 +697,7 @@ func TestSandboxConcurrentRuns(t *testing.T) {
 	errs := make(chan error, n)
 	for i := 0; i < n; i++ {
 		go func(i int) {
-			resp, err := d.Runtime.RunPodSandbox(ctxT(t), &criapi.RunPodSandboxRequest{Config: podConfig(fmt.Sprintf("conc-%d", i))})
+			resp, err := d.Runtime.RunPodSandbox(berthdtest.Ctx(t), &criapi.RunPodSandboxRequest{Config: podConfig(fmt.Sprintf("conc-%d", i))})
 			if err == nil {
 				ids[i] = resp.PodSandboxId
 			}
@@ -719,7 +719,7 @@ func TestSandboxConcurrentRuns(t *testing.T) {
 	}
 	for _, id := range ids {
 		go func(id string) {
-			_, err := d.Runtime.RemovePodSandbox(ctxT(t), &criapi.RemovePodSandboxRequest{PodSandboxId: id})
+			_, err := d.Runtime.RemovePodSandbox(berthdtest.Ctx(t), &criapi.RemovePodSandboxRequest{PodSandboxId: id})
 			errs <- err
 		}(id)
 	}
@@ -728,7 +728,7 @@ func TestSandboxConcurrentRuns(t *testing.T) {
 			t.Fatalf("concurrent RemovePodSandbox: %v", err)
 		}
 	}
-	resp, _ := d.Runtime.ListPodSandbox(ctxT(t), &criapi.ListPodSandboxRequest{})
+	resp, _ := d.Runtime.ListPodSandbox(berthdtest.Ctx(t), &criapi.ListPodSandboxRequest{})
 	if len(resp.Items) != 0 {
 		t.Fatalf("%d sandboxes left", len(resp.Items))
 	}
@@ -737,7 +737,7 @@ func TestSandboxConcurrentRuns(t *testing.T) {
 	won := make(chan string, n)
 	for i := 0; i < n; i++ {
 		go func() {
-			resp, err := d.Runtime.RunPodSandbox(ctxT(t), &criapi.RunPodSandboxRequest{Config: podConfig("same")})
+			resp, err := d.Runtime.RunPodSandbox(berthdtest.Ctx(t), &criapi.RunPodSandboxRequest{Config: podConfig("same")})
 			if err == nil {
 				won <- resp.PodSandboxId
 			} else if status.Code(err) != codes.AlreadyExists {
@@ -776,7 +776,7 @@ func TestSandboxCrashMidRunRecovers(t *testing.T) {
 		d.WaitReady()
 		cfg := podConfig("crash-" + string(point))
 		cfg.PortMappings = []*criapi.PortMapping{{Protocol: criapi.Protocol_TCP, ContainerPort: 80, HostPort: int32(25000 + os.Getpid()%10000)}}
-		if _, err := d.Runtime.RunPodSandbox(ctxT(t), &criapi.RunPodSandboxRequest{Config: cfg}); err == nil {
+		if _, err := d.Runtime.RunPodSandbox(berthdtest.Ctx(t), &criapi.RunPodSandboxRequest{Config: cfg}); err == nil {
 			t.Fatalf("%s: RunPodSandbox succeeded though berthd was to crash", point)
 		}
 		select {
@@ -787,7 +787,7 @@ func TestSandboxCrashMidRunRecovers(t *testing.T) {
 		d.SetEnv()
 		d.Start()
 		d.WaitReady()
-		resp, err := d.Runtime.ListPodSandbox(ctxT(t), &criapi.ListPodSandboxRequest{})
+		resp, err := d.Runtime.ListPodSandbox(berthdtest.Ctx(t), &criapi.ListPodSandboxRequest{})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -795,8 +795,8 @@ func TestSandboxCrashMidRunRecovers(t *testing.T) {
 			t.Fatalf("%s: after restart want one NOTREADY sandbox, got %v", point, resp.Items)
 		}
 		// The name stays reserved until the half-made sandbox is removed.
-		_, err = d.Runtime.RunPodSandbox(ctxT(t), &criapi.RunPodSandboxRequest{Config: podConfig(cfg.Metadata.Name)})
-		wantCode(t, err, codes.AlreadyExists)
+		_, err = d.Runtime.RunPodSandbox(berthdtest.Ctx(t), &criapi.RunPodSandboxRequest{Config: podConfig(cfg.Metadata.Name)})
+		berthdtest.WantCode(t, err, codes.AlreadyExists)
 		stopRemove(t, d, resp.Items[0].Id)
 		leakcheck.CheckSettled(t, scope, before, leakcheck.Take(t, scope))
 	}

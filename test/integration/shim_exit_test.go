@@ -5,6 +5,7 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/berthcri/berth/internal/testutil/berthdtest"
 	criapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 )
 
@@ -24,7 +25,7 @@ func TestParallelRemovalOfAPodsLastContainers(t *testing.T) {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				_, errs[i] = e.d.Runtime.RemoveContainer(ctxT(t), &criapi.RemoveContainerRequest{ContainerId: id})
+				_, errs[i] = e.d.Runtime.RemoveContainer(berthdtest.Ctx(t), &criapi.RemoveContainerRequest{ContainerId: id})
 			}()
 		}
 		wg.Wait()

@@ -45,7 +45,7 @@ func writePolicy(t *testing.T, path, policy string) {
 // Unknown, a message that starts with it and names the scope and why.
 func wantSignatureRefused(t *testing.T, d *berthdtest.Daemon, ref string, wants ...string) {
 	t.Helper()
-	_, err := d.Image.PullImage(ctxT(t), &criapi.PullImageRequest{Image: &criapi.ImageSpec{Image: ref}})
+	_, err := d.Image.PullImage(berthdtest.Ctx(t), &criapi.PullImageRequest{Image: &criapi.ImageSpec{Image: ref}})
 	if err == nil {
 		t.Fatalf("pull %s: accepted, want it refused by the signature policy", ref)
 	}

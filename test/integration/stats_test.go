@@ -26,7 +26,7 @@ import (
 func TestStatsContainersAndPod(t *testing.T) {
 	t.Parallel()
 	e := newCtrEnv(t)
-	ctx := ctxT(t)
+	ctx := berthdtest.Ctx(t)
 
 	burner := e.run(e.config("burner", "sh", "-c", "while :; do :; done"))
 	// 70 MiB of tmpfs pages (two 64 MiB tmpfs mounts: /dev/shm and /dev),
@@ -165,9 +165,9 @@ func TestStatsContainersAndPod(t *testing.T) {
 
 	// Unknown IDs.
 	_, err = e.d.Runtime.ContainerStats(ctx, &criapi.ContainerStatsRequest{ContainerId: "nonexistent"})
-	wantCode(t, err, codes.NotFound)
+	berthdtest.WantCode(t, err, codes.NotFound)
 	_, err = e.d.Runtime.PodSandboxStats(ctx, &criapi.PodSandboxStatsRequest{PodSandboxId: "nonexistent"})
-	wantCode(t, err, codes.NotFound)
+	berthdtest.WantCode(t, err, codes.NotFound)
 
 	// An exited container still reports its writable layer.
 	if _, err := e.d.Runtime.StopContainer(ctx, &criapi.StopContainerRequest{ContainerId: burner}); err != nil {
@@ -205,7 +205,7 @@ func TestStatsPodNetworkGrowsWithTraffic(t *testing.T) {
 		t.Fatalf("network counters did not grow: before %+v after %+v", before, after)
 	}
 
-	resp, err := d.Runtime.ListPodSandboxMetrics(ctxT(t), &criapi.ListPodSandboxMetricsRequest{})
+	resp, err := d.Runtime.ListPodSandboxMetrics(berthdtest.Ctx(t), &criapi.ListPodSandboxMetricsRequest{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -297,7 +297,7 @@ func enableBlkioAccounting(t *testing.T, id, dir string) {
 func TestStatsMetricDescriptorsAndContainerMetrics(t *testing.T) {
 	t.Parallel()
 	e := newCtrEnv(t)
-	ctx := ctxT(t)
+	ctx := berthdtest.Ctx(t)
 	descs, err := e.d.Runtime.ListMetricDescriptors(ctx, &criapi.ListMetricDescriptorsRequest{})
 	if err != nil {
 		t.Fatal(err)
@@ -558,7 +558,7 @@ func TestMetricsCountObjectsAndPulls(t *testing.T) {
 	reg := testimages.StartRegistry(t)
 	reg.PushStandard(t)
 	pull(t, d, reg.Ref("busybox:latest"), nil)
-	ctx := ctxT(t)
+	ctx := berthdtest.Ctx(t)
 	cfg := podConfig("counted")
 	pod := runPod(t, d, cfg)
 	create := func(name string, args ...string) string {
@@ -612,7 +612,7 @@ func TestMetricsCountObjectsAndPulls(t *testing.T) {
 func TestUpdatePodSandboxResourcesSetsPodCgroup(t *testing.T) {
 	t.Parallel()
 	d := berthdtest.Start(t, berthdtest.Options{})
-	ctx := ctxT(t)
+	ctx := berthdtest.Ctx(t)
 	cfg := podConfig("resized")
 	cfg.Linux.CgroupParent = "/" + d.Config.CgroupParent + "/kubepods/burstable/pod-resized-uid"
 	id := runPod(t, d, cfg)
@@ -678,9 +678,9 @@ func TestUpdatePodSandboxResourcesSetsPodCgroup(t *testing.T) {
 		}
 	}
 	_, err = d.Runtime.UpdatePodSandboxResources(ctx, &criapi.UpdatePodSandboxResourcesRequest{PodSandboxId: "nonexistent", Resources: &criapi.LinuxContainerResources{}})
-	wantCode(t, err, codes.NotFound)
+	berthdtest.WantCode(t, err, codes.NotFound)
 	_, err = d.Runtime.UpdatePodSandboxResources(ctx, &criapi.UpdatePodSandboxResourcesRequest{})
-	wantCode(t, err, codes.InvalidArgument)
+	berthdtest.WantCode(t, err, codes.InvalidArgument)
 	stopRemove(t, d, id)
 }
 

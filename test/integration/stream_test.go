@@ -70,7 +70,7 @@ func TestStreamListsMatchListsWithThousandsOfItems(t *testing.T) {
 	t.Parallel()
 	const nCtrs, nPods = 3000, 1500
 	e := newCtrEnv(t)
-	ctx := ctxT(t)
+	ctx := berthdtest.Ctx(t)
 	running := e.run(e.config("running", "sleep", "3600"))
 	exited := e.run(e.config("exited", "true"))
 	e.waitExited(exited)
@@ -123,7 +123,7 @@ func TestStreamListsMatchListsWithThousandsOfItems(t *testing.T) {
 
 	// One List answer no longer fits a default client's message...
 	_, err = e.d.Runtime.ListContainers(ctx, &criapi.ListContainersRequest{})
-	wantCode(t, err, codes.ResourceExhausted)
+	berthdtest.WantCode(t, err, codes.ResourceExhausted)
 
 	t.Run("containers", func(t *testing.T) {
 		for _, f := range []*criapi.ContainerFilter{
@@ -285,7 +285,7 @@ func TestStreamListsMatchListsWithThousandsOfItems(t *testing.T) {
 		for err == nil {
 			_, err = stream.Recv()
 		}
-		wantCode(t, err, codes.Canceled)
+		berthdtest.WantCode(t, err, codes.Canceled)
 		stream, err = e.d.Runtime.StreamContainers(ctx, &criapi.StreamContainersRequest{})
 		if err != nil {
 			t.Fatal(err)

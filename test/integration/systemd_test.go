@@ -27,7 +27,7 @@ func TestSystemdCgroupDriver(t *testing.T) {
 		Configure:    func(c *config.Config) { c.CgroupDriver = "systemd" },
 		StartProcess: sd.startProcess,
 	})
-	rc, err := d.Runtime.RuntimeConfig(ctxT(t), &criapi.RuntimeConfigRequest{})
+	rc, err := d.Runtime.RuntimeConfig(berthdtest.Ctx(t), &criapi.RuntimeConfigRequest{})
 	if err != nil || rc.GetLinux().GetCgroupDriver() != criapi.CgroupDriver_SYSTEMD {
 		t.Fatalf("RuntimeConfig = %v, %v; want SYSTEMD", rc, err)
 	}
@@ -35,7 +35,7 @@ func TestSystemdCgroupDriver(t *testing.T) {
 		t.Fatalf("berthctl info (exit %d) does not show the systemd driver:\n%s", code, out)
 	}
 	e := newCtrEnvOn(t, d)
-	ctx := ctxT(t)
+	ctx := berthdtest.Ctx(t)
 
 	// The pod: a slice below the default parent, realised in the memory
 	// hierarchy (stats and limits need it there on v1).
@@ -184,7 +184,7 @@ func TestSystemdCgroupDriver(t *testing.T) {
 	d.SetEnv(fault.EnvVar + "=" + string(fault.SandboxAfterCNIAdd))
 	d.Start()
 	d.WaitReady()
-	if _, err := d.Runtime.RunPodSandbox(ctxT(t), &criapi.RunPodSandboxRequest{Config: podConfig("systemd-crash")}); err == nil {
+	if _, err := d.Runtime.RunPodSandbox(berthdtest.Ctx(t), &criapi.RunPodSandboxRequest{Config: podConfig("systemd-crash")}); err == nil {
 		t.Fatalf("RunPodSandbox succeeded though berthd was to die")
 	}
 	select {
@@ -195,7 +195,7 @@ func TestSystemdCgroupDriver(t *testing.T) {
 	d.SetEnv()
 	d.Start()
 	d.WaitReady()
-	pods, err := d.Runtime.ListPodSandbox(ctxT(t), &criapi.ListPodSandboxRequest{})
+	pods, err := d.Runtime.ListPodSandbox(berthdtest.Ctx(t), &criapi.ListPodSandboxRequest{})
 	if err != nil || len(pods.Items) != 1 {
 		t.Fatalf("pods after the crash: %v, %v; want the crashed one", pods, err)
 	}
@@ -217,7 +217,7 @@ func TestSystemdCgroupDriver(t *testing.T) {
 	if err := os.WriteFile(conf, []byte(`{"cniVersion":"1.0.0","name":"broken","plugins":[{"type":"berth-no-such-plugin"}]}`), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	_, err = d.Runtime.RunPodSandbox(ctxT(t), &criapi.RunPodSandboxRequest{Config: podConfig("systemd-cnifail")})
+	_, err = d.Runtime.RunPodSandbox(berthdtest.Ctx(t), &criapi.RunPodSandboxRequest{Config: podConfig("systemd-cnifail")})
 	if err == nil {
 		t.Fatalf("RunPodSandbox succeeded with a CNI plugin that does not exist")
 	}

@@ -92,7 +92,7 @@ func TestTracingExportsPodStartUnderCallersTrace(t *testing.T) {
 
 	const traceID = "4bf92f3577b34da6a3ce929d0e0e4736"
 	const parentID = "00f067aa0ba902b7"
-	ctx := metadata.AppendToOutgoingContext(ctxT(t), "traceparent", "00-"+traceID+"-"+parentID+"-01")
+	ctx := metadata.AppendToOutgoingContext(berthdtest.Ctx(t), "traceparent", "00-"+traceID+"-"+parentID+"-01")
 	ref := reg.Ref("busybox:latest")
 	if _, err := d.Image.PullImage(ctx, &criapi.PullImageRequest{Image: &criapi.ImageSpec{Image: ref}}); err != nil {
 		t.Fatal(err)
@@ -127,7 +127,7 @@ func TestTracingExportsPodStartUnderCallersTrace(t *testing.T) {
 		t.Fatal(err)
 	}
 	// Not traced: sampling 0 and no caller's context.
-	if _, err := d.Runtime.Version(ctxT(t), &criapi.VersionRequest{}); err != nil {
+	if _, err := d.Runtime.Version(berthdtest.Ctx(t), &criapi.VersionRequest{}); err != nil {
 		t.Fatal(err)
 	}
 	// Stopping flushes the batch: no waiting on the exporter's timer.
@@ -239,7 +239,7 @@ func TestTracingOffExportsNothing(t *testing.T) {
 	}})
 	reg := testimages.StartRegistry(t)
 	reg.PushStandard(t)
-	ctx := metadata.AppendToOutgoingContext(ctxT(t), "traceparent", "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01")
+	ctx := metadata.AppendToOutgoingContext(berthdtest.Ctx(t), "traceparent", "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01")
 	if _, err := d.Image.PullImage(ctx, &criapi.PullImageRequest{Image: &criapi.ImageSpec{Image: reg.Ref("busybox:latest")}}); err != nil {
 		t.Fatal(err)
 	}

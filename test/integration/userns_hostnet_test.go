@@ -10,6 +10,7 @@ import (
 	"google.golang.org/grpc/codes"
 	criapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
+	"github.com/berthcri/berth/internal/testutil/berthdtest"
 	"github.com/berthcri/berth/internal/testutil/leakcheck"
 )
 
@@ -96,7 +97,7 @@ func defaultRouteInterface(t *testing.T) string {
 func TestUsernsHostNetwork(t *testing.T) {
 	t.Parallel()
 	e, scope, before := newUsernsLeakEnv(t, criapi.NamespaceMode_POD)
-	ctx := ctxT(t)
+	ctx := berthdtest.Ctx(t)
 
 	resp, err := e.d.Runtime.Status(ctx, &criapi.StatusRequest{})
 	if err != nil {
@@ -115,7 +116,7 @@ func TestUsernsHostNetwork(t *testing.T) {
 		set(cfg.Linux.SecurityContext.NamespaceOptions)
 		_, err := e.d.Runtime.RunPodSandbox(ctx, &criapi.RunPodSandboxRequest{Config: cfg})
 		t.Logf("host %s: %v", name, err)
-		wantCode(t, err, codes.InvalidArgument)
+		berthdtest.WantCode(t, err, codes.InvalidArgument)
 	}
 
 	// The host's network namespace, read from this goroutine's own thread:

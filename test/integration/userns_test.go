@@ -48,7 +48,7 @@ var mapLine = regexp.MustCompile(`^\s*0\s+1000\s+100000\s*$`)
 func TestUsernsStatusReportsSupport(t *testing.T) {
 	t.Parallel()
 	d := startUsernsDaemon(t)
-	resp, err := d.Runtime.Status(ctxT(t), &criapi.StatusRequest{Verbose: true})
+	resp, err := d.Runtime.Status(berthdtest.Ctx(t), &criapi.StatusRequest{Verbose: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -81,7 +81,7 @@ func TestUsernsPodContainerSeesMapping(t *testing.T) {
 	e := newUsernsEnv(t, criapi.NamespaceMode_POD)
 	_, info := podStatus(t, e.d, e.pod)
 	var raw map[string]any
-	resp, err := e.d.Runtime.PodSandboxStatus(ctxT(t), &criapi.PodSandboxStatusRequest{PodSandboxId: e.pod, Verbose: true})
+	resp, err := e.d.Runtime.PodSandboxStatus(berthdtest.Ctx(t), &criapi.PodSandboxStatusRequest{PodSandboxId: e.pod, Verbose: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -273,7 +273,7 @@ func mountedBelow(t *testing.T, dir string) bool {
 func TestUsernsRefusalsAndRemovalLeakNothing(t *testing.T) {
 	t.Parallel()
 	e, scope, before := newUsernsLeakEnv(t, criapi.NamespaceMode_POD)
-	ctx := ctxT(t)
+	ctx := berthdtest.Ctx(t)
 
 	two := []*criapi.IDMapping{usernsMapping[0], {ContainerId: 0, HostId: 2000, Length: 100000}}
 	notZero := []*criapi.IDMapping{{ContainerId: 1, HostId: 1000, Length: 100000}}
@@ -289,12 +289,12 @@ func TestUsernsRefusalsAndRemovalLeakNothing(t *testing.T) {
 		cfg.Linux.SecurityContext.NamespaceOptions.UsernsOptions = u
 		_, err := e.d.Runtime.RunPodSandbox(ctx, &criapi.RunPodSandboxRequest{Config: cfg})
 		t.Logf("%s: %v", name, err)
-		wantCode(t, err, codes.InvalidArgument)
+		berthdtest.WantCode(t, err, codes.InvalidArgument)
 	}
 	hostIPC := usernsPodConfig("refused-hostipc", criapi.NamespaceMode_CONTAINER)
 	hostIPC.Linux.SecurityContext.NamespaceOptions.Ipc = criapi.NamespaceMode_NODE
 	_, err := e.d.Runtime.RunPodSandbox(ctx, &criapi.RunPodSandboxRequest{Config: hostIPC})
-	wantCode(t, err, codes.InvalidArgument)
+	berthdtest.WantCode(t, err, codes.InvalidArgument)
 	// Fails after the namespaces were created and pinned (a sysctl value
 	// the kernel rejects), with the holder kept as pause process.
 	badSysctl := usernsPodConfig("failed-sysctl", criapi.NamespaceMode_POD)
@@ -315,12 +315,12 @@ func TestUsernsRefusalsAndRemovalLeakNothing(t *testing.T) {
 	c := plain.config("wants-userns", "true")
 	c.Linux.SecurityContext.NamespaceOptions.UsernsOptions = &criapi.UserNamespace{Mode: criapi.NamespaceMode_POD, Uids: usernsMapping, Gids: usernsMapping}
 	_, err = e.d.Runtime.CreateContainer(ctx, &criapi.CreateContainerRequest{PodSandboxId: plain.pod, Config: c, SandboxConfig: plainCfg})
-	wantCode(t, err, codes.InvalidArgument)
+	berthdtest.WantCode(t, err, codes.InvalidArgument)
 	// Nor an idmapped mount.
 	c = plain.config("wants-idmap", "true")
 	c.Mounts = []*criapi.Mount{{ContainerPath: "/v", HostPath: e.d.Dir, UidMappings: usernsMapping, GidMappings: usernsMapping}}
 	_, err = e.d.Runtime.CreateContainer(ctx, &criapi.CreateContainerRequest{PodSandboxId: plain.pod, Config: c, SandboxConfig: plainCfg})
-	wantCode(t, err, codes.InvalidArgument)
+	berthdtest.WantCode(t, err, codes.InvalidArgument)
 	stopRemove(t, e.d, plain.pod)
 
 	vol := filepath.Join(e.d.Dir, "vol")
@@ -345,12 +345,12 @@ func TestUsernsRefusalsAndRemovalLeakNothing(t *testing.T) {
 	bad := e.usernsCtrConfig("other-map", "true")
 	bad.Mounts = []*criapi.Mount{{ContainerPath: "/vol", HostPath: vol, UidMappings: other, GidMappings: other}}
 	_, err = e.d.Runtime.CreateContainer(ctx, &criapi.CreateContainerRequest{PodSandboxId: e.pod, Config: bad, SandboxConfig: e.podCfg})
-	wantCode(t, err, codes.InvalidArgument)
+	berthdtest.WantCode(t, err, codes.InvalidArgument)
 	// A container restating other user namespace options: refused.
 	bad = e.usernsCtrConfig("other-userns", "true")
 	bad.Linux.SecurityContext.NamespaceOptions.UsernsOptions = &criapi.UserNamespace{Mode: criapi.NamespaceMode_NODE}
 	_, err = e.d.Runtime.CreateContainer(ctx, &criapi.CreateContainerRequest{PodSandboxId: e.pod, Config: bad, SandboxConfig: e.podCfg})
-	wantCode(t, err, codes.InvalidArgument)
+	berthdtest.WantCode(t, err, codes.InvalidArgument)
 
 	running := e.run(withVol(e.usernsCtrConfig("running", "sleep", "3600")))
 	e.waitExited(e.run(withVol(e.usernsCtrConfig("exited", "touch", "/vol/x"))))
@@ -447,7 +447,7 @@ func TestUsernsCrashesLeaveNothing(t *testing.T) {
 		e.d.SetEnv()
 		e.d.Start()
 		e.d.WaitReady()
-		ctx = ctxT(t)
+		ctx = berthdtest.Ctx(t)
 		cs, err := e.d.Runtime.ListContainers(ctx, &criapi.ListContainersRequest{})
 		if err != nil {
 			t.Fatal(err)
@@ -479,7 +479,7 @@ func TestUsernsRefusedWhereUnsupported(t *testing.T) {
 			t.Fatal(err)
 		}
 	}})
-	resp, err := d.Runtime.Status(ctxT(t), &criapi.StatusRequest{})
+	resp, err := d.Runtime.Status(berthdtest.Ctx(t), &criapi.StatusRequest{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -488,12 +488,12 @@ func TestUsernsRefusedWhereUnsupported(t *testing.T) {
 			t.Errorf("handler %q offers user namespaces", h.Name)
 		}
 	}
-	_, err = d.Runtime.RunPodSandbox(ctxT(t), &criapi.RunPodSandboxRequest{Config: usernsPodConfig("unsupported", criapi.NamespaceMode_POD)})
-	wantCode(t, err, codes.FailedPrecondition)
+	_, err = d.Runtime.RunPodSandbox(berthdtest.Ctx(t), &criapi.RunPodSandboxRequest{Config: usernsPodConfig("unsupported", criapi.NamespaceMode_POD)})
+	berthdtest.WantCode(t, err, codes.FailedPrecondition)
 	if !strings.Contains(err.Error(), "not searchable by others") {
 		t.Fatalf("refusal does not say why: %v", err)
 	}
-	pods, err := d.Runtime.ListPodSandbox(ctxT(t), &criapi.ListPodSandboxRequest{})
+	pods, err := d.Runtime.ListPodSandbox(berthdtest.Ctx(t), &criapi.ListPodSandboxRequest{})
 	if err != nil || len(pods.Items) != 0 {
 		t.Fatalf("refused pod listed: %v, %v", pods, err)
 	}

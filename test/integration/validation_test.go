@@ -8,6 +8,7 @@ import (
 	"google.golang.org/grpc/status"
 	criapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
+	"github.com/berthcri/berth/internal/testutil/berthdtest"
 	"github.com/berthcri/berth/internal/testutil/leakcheck"
 )
 
@@ -334,7 +335,7 @@ func TestBadInputGetsAClearCodeAndLeavesNothing(t *testing.T) {
 	scope.Root = e.d.Root
 	before := leakcheck.Take(t, scope)
 	pid := e.d.Pid()
-	ctx := ctxT(t)
+	ctx := berthdtest.Ctx(t)
 	for _, c := range badRequests {
 		err := c.call(ctx, e, e.pod, ctr)
 		if got := status.Code(err); got != c.want {

@@ -10,6 +10,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/berthcri/berth/internal/testutil/berthdtest"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"google.golang.org/grpc/codes"
 	criapi "k8s.io/cri-api/pkg/apis/runtime/v1"
@@ -145,7 +146,7 @@ func restoreTar(t *testing.T, name, data string) []byte {
 // (issue 34, finding 9).
 func TestCheckpointRestoreDistrustsTheArchive(t *testing.T) {
 	p := newMiscPod(t, nil)
-	st, err := p.d.Image.ImageStatus(ctxT(t), &criapi.ImageStatusRequest{Image: &criapi.ImageSpec{Image: p.reg.Ref("busybox:latest")}})
+	st, err := p.d.Image.ImageStatus(berthdtest.Ctx(t), &criapi.ImageStatusRequest{Image: &criapi.ImageSpec{Image: p.reg.Ref("busybox:latest")}})
 	if err != nil || st.Image == nil {
 		t.Fatalf("ImageStatus: %v", err)
 	}
@@ -176,11 +177,11 @@ func TestCheckpointRestoreDistrustsTheArchive(t *testing.T) {
 			cfg.Linux.SecurityContext.RunAsGroup = &criapi.Int64Value{Value: 1000}
 			id, err := p.create(cfg)
 			if err == nil {
-				resp, _ := p.d.Runtime.ContainerStatus(ctxT(t), &criapi.ContainerStatusRequest{ContainerId: id, Verbose: true})
+				resp, _ := p.d.Runtime.ContainerStatus(berthdtest.Ctx(t), &criapi.ContainerStatusRequest{ContainerId: id, Verbose: true})
 				t.Fatalf("CreateContainer restored the hostile archive: %v", resp.GetStatus())
 			}
 			t.Logf("refused: %v", err)
-			wantCode(t, err, codes.InvalidArgument)
+			berthdtest.WantCode(t, err, codes.InvalidArgument)
 			if !strings.Contains(err.Error(), tc.want) {
 				t.Fatalf("refused for another reason than %q: %v", tc.want, err)
 			}

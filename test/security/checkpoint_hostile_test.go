@@ -69,7 +69,7 @@ func newHostileRestoreEnv(t *testing.T) *hostileRestoreEnv {
 			NamespaceOptions: &criapi.NamespaceOption{Pid: criapi.NamespaceMode_CONTAINER},
 		}},
 	}
-	resp, err := d.Runtime.RunPodSandbox(ctxT(t), &criapi.RunPodSandboxRequest{Config: e.podCfg})
+	resp, err := d.Runtime.RunPodSandbox(berthdtest.Ctx(t), &criapi.RunPodSandboxRequest{Config: e.podCfg})
 	if err != nil {
 		t.Fatalf("RunPodSandbox: %v", err)
 	}
@@ -79,10 +79,10 @@ func newHostileRestoreEnv(t *testing.T) *hostileRestoreEnv {
 
 func (e *hostileRestoreEnv) pull(ref string) string {
 	e.t.Helper()
-	if _, err := e.d.Image.PullImage(ctxT(e.t), &criapi.PullImageRequest{Image: &criapi.ImageSpec{Image: ref}}); err != nil {
+	if _, err := e.d.Image.PullImage(berthdtest.Ctx(e.t), &criapi.PullImageRequest{Image: &criapi.ImageSpec{Image: ref}}); err != nil {
 		e.t.Fatalf("pull %s: %v", ref, err)
 	}
-	st, err := e.d.Image.ImageStatus(ctxT(e.t), &criapi.ImageStatusRequest{Image: &criapi.ImageSpec{Image: ref}})
+	st, err := e.d.Image.ImageStatus(berthdtest.Ctx(e.t), &criapi.ImageStatusRequest{Image: &criapi.ImageSpec{Image: ref}})
 	if err != nil || st.Image == nil {
 		e.t.Fatalf("ImageStatus %s: %v", ref, err)
 	}
@@ -106,7 +106,7 @@ func (e *hostileRestoreEnv) config(name string) *criapi.ContainerConfig {
 }
 
 func (e *hostileRestoreEnv) create(cfg *criapi.ContainerConfig) (string, error) {
-	resp, err := e.d.Runtime.CreateContainer(ctxT(e.t), &criapi.CreateContainerRequest{PodSandboxId: e.pod, Config: cfg, SandboxConfig: e.podCfg})
+	resp, err := e.d.Runtime.CreateContainer(berthdtest.Ctx(e.t), &criapi.CreateContainerRequest{PodSandboxId: e.pod, Config: cfg, SandboxConfig: e.podCfg})
 	if err != nil {
 		return "", err
 	}
@@ -115,7 +115,7 @@ func (e *hostileRestoreEnv) create(cfg *criapi.ContainerConfig) (string, error) 
 
 func (e *hostileRestoreEnv) remove(id string) {
 	e.t.Helper()
-	if _, err := e.d.Runtime.RemoveContainer(ctxT(e.t), &criapi.RemoveContainerRequest{ContainerId: id}); err != nil {
+	if _, err := e.d.Runtime.RemoveContainer(berthdtest.Ctx(e.t), &criapi.RemoveContainerRequest{ContainerId: id}); err != nil {
 		e.t.Fatalf("RemoveContainer: %v", err)
 	}
 }
@@ -169,7 +169,7 @@ func (e *hostileRestoreEnv) archive(spec specs.Spec, cfg map[string]any) string 
 // images is ListImages as sorted "id tags digests" lines.
 func (e *hostileRestoreEnv) images() []string {
 	e.t.Helper()
-	resp, err := e.d.Image.ListImages(ctxT(e.t), &criapi.ListImagesRequest{})
+	resp, err := e.d.Image.ListImages(berthdtest.Ctx(e.t), &criapi.ListImagesRequest{})
 	if err != nil {
 		e.t.Fatalf("ListImages: %v", err)
 	}
@@ -291,7 +291,7 @@ func TestCheckpointRestoreKeepsTheRequestsMountsAnnotationsAndImages(t *testing.
 					t.Fatalf("CreateContainer restored the hostile archive; its mounts: %+v", s.Mounts)
 				}
 				t.Logf("refused: %v", err)
-				wantCode(t, err, tc.code)
+				berthdtest.WantCode(t, err, tc.code)
 				if !strings.Contains(err.Error(), tc.refused) {
 					t.Fatalf("refused for another reason than %q: %v", tc.refused, err)
 				}

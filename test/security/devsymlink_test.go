@@ -37,7 +37,7 @@ func TestImageDevSymlinkLeavesHostDirectoryAlone(t *testing.T) {
 	img := testimages.Must(t, built, err)
 	reg.Push(t, "devlink:1", img)
 	ref := reg.Ref("devlink:1")
-	if _, err := e.d.Image.PullImage(ctxT(t), &criapi.PullImageRequest{Image: &criapi.ImageSpec{Image: ref}}); err != nil {
+	if _, err := e.d.Image.PullImage(berthdtest.Ctx(t), &criapi.PullImageRequest{Image: &criapi.ImageSpec{Image: ref}}); err != nil {
 		t.Fatalf("pull: %v", err)
 	}
 	ns := &criapi.NamespaceOption{Pid: criapi.NamespaceMode_CONTAINER}

@@ -114,7 +114,7 @@ func TestNoDescriptorOfBerthReachesContainers(t *testing.T) {
 		check(name+" container, exec without a terminal", out, true)
 
 		// An exec with a terminal, through the streaming server.
-		resp, err := e.d.Runtime.Exec(ctxT(t), &criapi.ExecRequest{ContainerId: id, Cmd: []string{"ls", "-l", "/proc/self/fd"}, Stdout: true, Tty: true})
+		resp, err := e.d.Runtime.Exec(berthdtest.Ctx(t), &criapi.ExecRequest{ContainerId: id, Cmd: []string{"ls", "-l", "/proc/self/fd"}, Stdout: true, Tty: true})
 		if err != nil {
 			t.Fatalf("Exec: %v", err)
 		}
@@ -127,7 +127,7 @@ func TestNoDescriptorOfBerthReachesContainers(t *testing.T) {
 			t.Fatal(err)
 		}
 		var buf bytes.Buffer
-		if err := ex.StreamWithContext(ctxT(t), remotecommand.StreamOptions{Stdout: &buf, Tty: true}); err != nil {
+		if err := ex.StreamWithContext(berthdtest.Ctx(t), remotecommand.StreamOptions{Stdout: &buf, Tty: true}); err != nil {
 			t.Fatalf("%s: tty exec: %v (%q)", name, err, buf.String())
 		}
 		check(name+" container, exec with a terminal", strings.ReplaceAll(buf.String(), "\r", ""), true)

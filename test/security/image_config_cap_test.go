@@ -67,7 +67,7 @@ func TestImageHugeDeclaredConfigNotRead(t *testing.T) {
 	})
 
 	err = unpackPull(t, d, reg.Ref("hugecfg:1"))
-	wantCode(t, err, codes.ResourceExhausted)
+	berthdtest.WantCode(t, err, codes.ResourceExhausted)
 	if !strings.Contains(err.Error(), "config") {
 		t.Fatalf("refusal %q does not name the config", err)
 	}

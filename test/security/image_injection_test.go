@@ -44,7 +44,7 @@ func newInjPod(t *testing.T, edit func(*criapi.PodSandboxConfig)) *injPod {
 	if edit != nil {
 		edit(p.podCfg)
 	}
-	resp, err := p.d.Runtime.RunPodSandbox(ctxT(t), &criapi.RunPodSandboxRequest{Config: p.podCfg})
+	resp, err := p.d.Runtime.RunPodSandbox(berthdtest.Ctx(t), &criapi.RunPodSandboxRequest{Config: p.podCfg})
 	if err != nil {
 		t.Fatalf("RunPodSandbox: %v", err)
 	}
@@ -58,7 +58,7 @@ func (p *injPod) push(repoTag string, img v1.Image) string {
 	p.t.Helper()
 	p.reg.Push(p.t, repoTag, img)
 	ref := p.reg.Ref(repoTag)
-	if _, err := p.d.Image.PullImage(ctxT(p.t), &criapi.PullImageRequest{Image: &criapi.ImageSpec{Image: ref}}); err != nil {
+	if _, err := p.d.Image.PullImage(berthdtest.Ctx(p.t), &criapi.PullImageRequest{Image: &criapi.ImageSpec{Image: ref}}); err != nil {
 		p.t.Fatalf("pull %s: %v", ref, err)
 	}
 	return ref
@@ -77,7 +77,7 @@ func (p *injPod) config(name, image string, args ...string) *criapi.ContainerCon
 }
 
 func (p *injPod) create(cfg *criapi.ContainerConfig) (string, error) {
-	resp, err := p.d.Runtime.CreateContainer(ctxT(p.t), &criapi.CreateContainerRequest{PodSandboxId: p.pod, Config: cfg, SandboxConfig: p.podCfg})
+	resp, err := p.d.Runtime.CreateContainer(berthdtest.Ctx(p.t), &criapi.CreateContainerRequest{PodSandboxId: p.pod, Config: cfg, SandboxConfig: p.podCfg})
 	if err != nil {
 		return "", err
 	}
@@ -90,7 +90,7 @@ func (p *injPod) run(cfg *criapi.ContainerConfig) string {
 	if err != nil {
 		p.t.Fatalf("CreateContainer %s: %v", cfg.Metadata.Name, err)
 	}
-	if _, err := p.d.Runtime.StartContainer(ctxT(p.t), &criapi.StartContainerRequest{ContainerId: id}); err != nil {
+	if _, err := p.d.Runtime.StartContainer(berthdtest.Ctx(p.t), &criapi.StartContainerRequest{ContainerId: id}); err != nil {
 		p.t.Fatalf("StartContainer %s: %v", cfg.Metadata.Name, err)
 	}
 	return id
@@ -99,7 +99,7 @@ func (p *injPod) run(cfg *criapi.ContainerConfig) string {
 // sh runs script in the container and returns its stdout and stderr.
 func (p *injPod) sh(id, script string) string {
 	p.t.Helper()
-	r, err := p.d.Runtime.ExecSync(ctxT(p.t), &criapi.ExecSyncRequest{ContainerId: id, Cmd: []string{"sh", "-c", script}, Timeout: 20})
+	r, err := p.d.Runtime.ExecSync(berthdtest.Ctx(p.t), &criapi.ExecSyncRequest{ContainerId: id, Cmd: []string{"sh", "-c", script}, Timeout: 20})
 	if err != nil {
 		p.t.Fatalf("exec %q: %v", script, err)
 	}
@@ -110,10 +110,10 @@ func (p *injPod) sh(id, script string) string {
 // systemd ExecStopPost, runs then).
 func (p *injPod) remove(id string) {
 	p.t.Helper()
-	if _, err := p.d.Runtime.StopContainer(ctxT(p.t), &criapi.StopContainerRequest{ContainerId: id, Timeout: 1}); err != nil {
+	if _, err := p.d.Runtime.StopContainer(berthdtest.Ctx(p.t), &criapi.StopContainerRequest{ContainerId: id, Timeout: 1}); err != nil {
 		p.t.Fatalf("StopContainer: %v", err)
 	}
-	if _, err := p.d.Runtime.RemoveContainer(ctxT(p.t), &criapi.RemoveContainerRequest{ContainerId: id}); err != nil {
+	if _, err := p.d.Runtime.RemoveContainer(berthdtest.Ctx(p.t), &criapi.RemoveContainerRequest{ContainerId: id}); err != nil {
 		p.t.Fatalf("RemoveContainer: %v", err)
 	}
 }
@@ -248,7 +248,7 @@ func TestImageLabelsAndPodAnnotationsNeverReachRuntime(t *testing.T) {
 	if s.Hooks != nil {
 		t.Errorf("config.json has hooks: %+v", s.Hooks)
 	}
-	st, err := p.d.Runtime.ContainerStatus(ctxT(t), &criapi.ContainerStatusRequest{ContainerId: id})
+	st, err := p.d.Runtime.ContainerStatus(berthdtest.Ctx(t), &criapi.ContainerStatusRequest{ContainerId: id})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -256,7 +256,7 @@ func TestImageLabelsAndPodAnnotationsNeverReachRuntime(t *testing.T) {
 		t.Errorf("status labels %q annotations %q, want the config's own %q %q",
 			st.Status.Labels, st.Status.Annotations, cfg.Labels, cfg.Annotations)
 	}
-	list, err := p.d.Runtime.ListContainers(ctxT(t), &criapi.ListContainersRequest{})
+	list, err := p.d.Runtime.ListContainers(berthdtest.Ctx(t), &criapi.ListContainersRequest{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -332,7 +332,7 @@ func TestImageVolumeSubPathSymlinkStaysInside(t *testing.T) {
 				}
 				return
 			}
-			if _, err := p.d.Runtime.StartContainer(ctxT(t), &criapi.StartContainerRequest{ContainerId: id}); err != nil {
+			if _, err := p.d.Runtime.StartContainer(berthdtest.Ctx(t), &criapi.StartContainerRequest{ContainerId: id}); err != nil {
 				t.Fatalf("StartContainer: %v", err)
 			}
 			out := p.sh(id, "cat /v /v/secret /v/marker 2>&1; ls -A /v 2>&1; echo done")
@@ -405,7 +405,7 @@ func TestImageEtcSymlinkWritesNothingOnHost(t *testing.T) {
 		{Name: "etc", Symlink: escape(canary) + "/etc"},
 	}}, v1.Config{Cmd: []string{"sh"}, User: "evil"}))
 	_, err := p.create(p.config("etclink-user", ref, "sleep", "3600"))
-	wantCode(t, err, codes.InvalidArgument)
+	berthdtest.WantCode(t, err, codes.InvalidArgument)
 	sameTree(t, canary, before)
 }
 
@@ -423,7 +423,7 @@ func TestImageNumericUserNeverRoot(t *testing.T) {
 				{Name: "etc", Dir: true},
 				{Name: "etc/passwd", Data: []byte(passwd)},
 			}}, v1.Config{Cmd: []string{"sh"}, User: user}))
-			img, err := p.d.Image.ImageStatus(ctxT(t), &criapi.ImageStatusRequest{Image: &criapi.ImageSpec{Image: ref}})
+			img, err := p.d.Image.ImageStatus(berthdtest.Ctx(t), &criapi.ImageStatusRequest{Image: &criapi.ImageSpec{Image: ref}})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -433,13 +433,13 @@ func TestImageNumericUserNeverRoot(t *testing.T) {
 			cfg := p.config(fmt.Sprintf("numuser%d", i), ref, "sh", "-c", "id -u; sleep 3600")
 			id, err := p.create(cfg)
 			if err == nil {
-				if _, err := p.d.Runtime.StartContainer(ctxT(t), &criapi.StartContainerRequest{ContainerId: id}); err == nil {
+				if _, err := p.d.Runtime.StartContainer(berthdtest.Ctx(t), &criapi.StartContainerRequest{ContainerId: id}); err == nil {
 					t.Logf("id -u in the container: %q", p.sh(id, "id -u"))
 				}
 				t.Fatalf("image USER %q (ImageStatus uid %v) created a container as uid %d",
 					user, img.GetImage().GetUid(), p.bundleSpec(id).Process.User.UID)
 			}
-			wantCode(t, err, codes.InvalidArgument)
+			berthdtest.WantCode(t, err, codes.InvalidArgument)
 		})
 	}
 }
@@ -496,7 +496,7 @@ func TestImageUserDatabaseMemoryBounded(t *testing.T) {
 	peak := procKiB(t, pid, "VmHWM")
 	t.Logf("berthd peak RSS %d MiB -> %d MiB across the create (%v)", base>>10, peak>>10, err)
 	if err != nil {
-		wantCode(t, err, codes.InvalidArgument)
+		berthdtest.WantCode(t, err, codes.InvalidArgument)
 	} else if gids := p.bundleSpec(id).Process.User.AdditionalGids; len(gids) != 17 {
 		t.Errorf("additional gids %v, want the primary and the 16 groups", gids)
 	}

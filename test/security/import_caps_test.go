@@ -45,8 +45,8 @@ func TestImportHugeJSONRefused(t *testing.T) {
 	for _, file := range []string{"manifest.json", cfg.String()} {
 		t.Run(file, func(t *testing.T) {
 			padded := importPadEntry(t, archive.Bytes(), file, 32<<20)
-			_, err := admin.ImportImage(ctxT(t), conn, bytes.NewReader(padded))
-			wantCode(t, err, codes.ResourceExhausted)
+			_, err := admin.ImportImage(berthdtest.Ctx(t), conn, bytes.NewReader(padded))
+			berthdtest.WantCode(t, err, codes.ResourceExhausted)
 		})
 	}
 }

@@ -31,7 +31,7 @@ func newMiscPod(t *testing.T, edit func(*criapi.PodSandboxConfig)) *miscPod {
 	d := berthdtest.Start(t, berthdtest.Options{})
 	reg := testimages.StartRegistry(t)
 	reg.PushStandard(t)
-	if _, err := d.Image.PullImage(ctxT(t), &criapi.PullImageRequest{Image: &criapi.ImageSpec{Image: reg.Ref("busybox:latest")}}); err != nil {
+	if _, err := d.Image.PullImage(berthdtest.Ctx(t), &criapi.PullImageRequest{Image: &criapi.ImageSpec{Image: reg.Ref("busybox:latest")}}); err != nil {
 		t.Fatalf("pull busybox: %v", err)
 	}
 	p := &miscPod{t: t, d: d, reg: reg, logDir: filepath.Join(d.Dir, "podlogs")}
@@ -47,7 +47,7 @@ func newMiscPod(t *testing.T, edit func(*criapi.PodSandboxConfig)) *miscPod {
 	if edit != nil {
 		edit(p.podCfg)
 	}
-	resp, err := d.Runtime.RunPodSandbox(ctxT(t), &criapi.RunPodSandboxRequest{Config: p.podCfg})
+	resp, err := d.Runtime.RunPodSandbox(berthdtest.Ctx(t), &criapi.RunPodSandboxRequest{Config: p.podCfg})
 	if err != nil {
 		t.Fatalf("RunPodSandbox: %v", err)
 	}
@@ -69,7 +69,7 @@ func (p *miscPod) config(name, logPath string, args ...string) *criapi.Container
 }
 
 func (p *miscPod) create(cfg *criapi.ContainerConfig) (string, error) {
-	resp, err := p.d.Runtime.CreateContainer(ctxT(p.t), &criapi.CreateContainerRequest{PodSandboxId: p.pod, Config: cfg, SandboxConfig: p.podCfg})
+	resp, err := p.d.Runtime.CreateContainer(berthdtest.Ctx(p.t), &criapi.CreateContainerRequest{PodSandboxId: p.pod, Config: cfg, SandboxConfig: p.podCfg})
 	if err != nil {
 		return "", err
 	}
@@ -78,7 +78,7 @@ func (p *miscPod) create(cfg *criapi.ContainerConfig) (string, error) {
 
 func (p *miscPod) start(id string) {
 	p.t.Helper()
-	if _, err := p.d.Runtime.StartContainer(ctxT(p.t), &criapi.StartContainerRequest{ContainerId: id}); err != nil {
+	if _, err := p.d.Runtime.StartContainer(berthdtest.Ctx(p.t), &criapi.StartContainerRequest{ContainerId: id}); err != nil {
 		p.t.Fatalf("StartContainer: %v", err)
 	}
 }
@@ -86,7 +86,7 @@ func (p *miscPod) start(id string) {
 // waitExited waits for the container to exit (the kubelet's poll).
 func (p *miscPod) waitExited(id string) {
 	p.t.Helper()
-	for ctx := ctxT(p.t); ctx.Err() == nil; time.Sleep(50 * time.Millisecond) {
+	for ctx := berthdtest.Ctx(p.t); ctx.Err() == nil; time.Sleep(50 * time.Millisecond) {
 		resp, err := p.d.Runtime.ContainerStatus(ctx, &criapi.ContainerStatusRequest{ContainerId: id})
 		if err != nil {
 			p.t.Fatalf("ContainerStatus: %v", err)
@@ -101,7 +101,7 @@ func (p *miscPod) waitExited(id string) {
 // waitFileHas waits until the file at path holds want.
 func waitFileHas(t *testing.T, path string, want []byte) {
 	t.Helper()
-	for ctx := ctxT(t); ctx.Err() == nil; time.Sleep(50 * time.Millisecond) {
+	for ctx := berthdtest.Ctx(t); ctx.Err() == nil; time.Sleep(50 * time.Millisecond) {
 		if b, _ := os.ReadFile(path); bytes.Contains(b, want) {
 			return
 		}
@@ -195,7 +195,7 @@ func TestLogSymlinkPlantedBeforeReopenIsNotFollowed(t *testing.T) {
 	if err := os.Symlink(hostFile, logFile); err != nil {
 		t.Fatal(err)
 	}
-	_, err = p.d.Runtime.ReopenContainerLog(ctxT(t), &criapi.ReopenContainerLogRequest{ContainerId: id})
+	_, err = p.d.Runtime.ReopenContainerLog(berthdtest.Ctx(t), &criapi.ReopenContainerLogRequest{ContainerId: id})
 	if err == nil {
 		// Give the container's next lines the time to land where the
 		// monitor now writes before looking at the host file.

@@ -83,10 +83,10 @@ func TestAmbiguousManifestRefused(t *testing.T) {
 			}
 			ambiguousPutManifest(t, reg, tc.tag, body, tc.contentType)
 			ref := reg.Host + "/app:" + tc.tag
-			_, err = d.Image.PullImage(ctxT(t), &criapi.PullImageRequest{Image: &criapi.ImageSpec{Image: ref}})
+			_, err = d.Image.PullImage(berthdtest.Ctx(t), &criapi.PullImageRequest{Image: &criapi.ImageSpec{Image: ref}})
 			t.Logf("pull: %v", err)
-			wantCode(t, err, codes.InvalidArgument)
-			st, err := d.Image.ImageStatus(ctxT(t), &criapi.ImageStatusRequest{Image: &criapi.ImageSpec{Image: ref}})
+			berthdtest.WantCode(t, err, codes.InvalidArgument)
+			st, err := d.Image.ImageStatus(berthdtest.Ctx(t), &criapi.ImageStatusRequest{Image: &criapi.ImageSpec{Image: ref}})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -102,7 +102,7 @@ func TestAmbiguousManifestRefused(t *testing.T) {
 
 func ambiguousListImages(t *testing.T, d *berthdtest.Daemon) []string {
 	t.Helper()
-	resp, err := d.Image.ListImages(ctxT(t), &criapi.ListImagesRequest{})
+	resp, err := d.Image.ListImages(berthdtest.Ctx(t), &criapi.ListImagesRequest{})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -136,7 +136,7 @@ func startPhEnv(t *testing.T, opts berthdtest.Options) *phEnv {
 	reg := testimages.StartRegistry(t)
 	reg.PushStandard(t)
 	img := reg.Ref("busybox:latest")
-	if _, err := d.Image.PullImage(ctxT(t), &criapi.PullImageRequest{Image: &criapi.ImageSpec{Image: img}}); err != nil {
+	if _, err := d.Image.PullImage(berthdtest.Ctx(t), &criapi.PullImageRequest{Image: &criapi.ImageSpec{Image: img}}); err != nil {
 		t.Fatalf("pull: %v", err)
 	}
 	return &phEnv{d: d, img: img}
@@ -153,13 +153,13 @@ func (e *phEnv) runPod(t *testing.T, name string, ns *criapi.NamespaceOption) (*
 			NamespaceOptions: ns,
 		}},
 	}
-	run, err := e.d.Runtime.RunPodSandbox(ctxT(t), &criapi.RunPodSandboxRequest{Config: pod})
+	run, err := e.d.Runtime.RunPodSandbox(berthdtest.Ctx(t), &criapi.RunPodSandboxRequest{Config: pod})
 	if err != nil {
 		t.Fatalf("RunPodSandbox %s: %v", name, err)
 	}
 	t.Cleanup(func() {
-		_, _ = e.d.Runtime.StopPodSandbox(ctxT(t), &criapi.StopPodSandboxRequest{PodSandboxId: run.PodSandboxId})
-		_, _ = e.d.Runtime.RemovePodSandbox(ctxT(t), &criapi.RemovePodSandboxRequest{PodSandboxId: run.PodSandboxId})
+		_, _ = e.d.Runtime.StopPodSandbox(berthdtest.Ctx(t), &criapi.StopPodSandboxRequest{PodSandboxId: run.PodSandboxId})
+		_, _ = e.d.Runtime.RemovePodSandbox(berthdtest.Ctx(t), &criapi.RemovePodSandboxRequest{PodSandboxId: run.PodSandboxId})
 	})
 	return pod, run.PodSandboxId
 }
@@ -179,7 +179,7 @@ func (e *phEnv) container(name string, ns *criapi.NamespaceOption) *criapi.Conta
 
 func (e *phEnv) runContainer(t *testing.T, podID string, pod *criapi.PodSandboxConfig, ctr *criapi.ContainerConfig) string {
 	t.Helper()
-	ctx := ctxT(t)
+	ctx := berthdtest.Ctx(t)
 	cr, err := e.d.Runtime.CreateContainer(ctx, &criapi.CreateContainerRequest{PodSandboxId: podID, Config: ctr, SandboxConfig: pod})
 	if err != nil {
 		t.Fatalf("CreateContainer %s: %v", ctr.Metadata.Name, err)
@@ -194,7 +194,7 @@ func (e *phEnv) runContainer(t *testing.T, podID string, pod *criapi.PodSandboxC
 // stderr together, and its exit code.
 func (e *phEnv) sh(t *testing.T, id, script string) (string, int32) {
 	t.Helper()
-	r, err := e.d.Runtime.ExecSync(ctxT(t), &criapi.ExecSyncRequest{ContainerId: id, Cmd: []string{"sh", "-c", script}, Timeout: 30})
+	r, err := e.d.Runtime.ExecSync(berthdtest.Ctx(t), &criapi.ExecSyncRequest{ContainerId: id, Cmd: []string{"sh", "-c", script}, Timeout: 30})
 	if err != nil {
 		t.Fatalf("exec %q: %v", script, err)
 	}

@@ -209,7 +209,7 @@ func TestRegistryCredsNotSentToMirror(t *testing.T) {
 			}
 			writeCredsHostsToml(t, d, up.Host, hosts)
 			ref := up.Host + "/app:1"
-			_, err := d.Image.PullImage(ctxT(t), &criapi.PullImageRequest{
+			_, err := d.Image.PullImage(berthdtest.Ctx(t), &criapi.PullImageRequest{
 				Image: &criapi.ImageSpec{Image: ref},
 				Auth:  credsAuth(strings.ReplaceAll(tc.server, "UP", up.Host)),
 			})
@@ -225,7 +225,7 @@ func TestRegistryCredsNotSentToMirror(t *testing.T) {
 			case !tc.wantPulled && err == nil:
 				t.Errorf("pull %s: pulled, want it refused", ref)
 			case !tc.wantPulled && tc.wantRefused != codes.OK:
-				wantCode(t, err, tc.wantRefused)
+				berthdtest.WantCode(t, err, tc.wantRefused)
 			}
 			if tc.wantRefused == codes.InvalidArgument && (mirror.requests() > 0 || up.requests() > 0) {
 				t.Errorf("a refused server_address still reached the registries (mirror %d, upstream %d requests)", mirror.requests(), up.requests())
@@ -256,7 +256,7 @@ func TestRegistryCredsNotForwardedOnRedirect(t *testing.T) {
 	up.redirect = "http://" + storage.Host
 	up.mu.Unlock()
 	ref := up.Host + "/app:1"
-	if _, err := d.Image.PullImage(ctxT(t), &criapi.PullImageRequest{Image: &criapi.ImageSpec{Image: ref}, Auth: credsAuth(up.Host)}); err != nil {
+	if _, err := d.Image.PullImage(berthdtest.Ctx(t), &criapi.PullImageRequest{Image: &criapi.ImageSpec{Image: ref}, Auth: credsAuth(up.Host)}); err != nil {
 		t.Fatalf("pull %s: %v", ref, err)
 	}
 	if storage.requests() == 0 {
@@ -303,7 +303,7 @@ func TestRegistryForeignLayerURLsNotFetched(t *testing.T) {
 	}
 	up.pushImage(t, "app:1", img)
 	ref := up.Host + "/app:1"
-	if _, err := d.Image.PullImage(ctxT(t), &criapi.PullImageRequest{Image: &criapi.ImageSpec{Image: ref}, Auth: credsAuth(up.Host)}); err != nil {
+	if _, err := d.Image.PullImage(berthdtest.Ctx(t), &criapi.PullImageRequest{Image: &criapi.ImageSpec{Image: ref}, Auth: credsAuth(up.Host)}); err != nil {
 		t.Fatalf("pull %s: %v", ref, err)
 	}
 	if n := sink.requests(); n != 0 {

@@ -105,7 +105,7 @@ func TestRegistryNoPlainHTTPForPrivateAddress(t *testing.T) {
 	for _, host := range []string{"10.0.0.1:5000", "192.168.77.7:5000", "172.16.9.9", "registry.local:5000", "registry.localhost:5000"} {
 		t.Run("unconfigured "+host, func(t *testing.T) {
 			ref := host + "/app:1"
-			_, err := d.Image.PullImage(ctxT(t), &criapi.PullImageRequest{Image: &criapi.ImageSpec{Image: ref}, Auth: credsAuth("")})
+			_, err := d.Image.PullImage(berthdtest.Ctx(t), &criapi.PullImageRequest{Image: &criapi.ImageSpec{Image: ref}, Auth: credsAuth("")})
 			connects, plain := proxy.seen(strings.Split(host, ":")[0])
 			if len(plain) > 0 {
 				t.Errorf("%d plain HTTP requests to %s (credentials in clear: %v): %q", len(plain), host, strings.Contains(strings.Join(plain, "\n"), basic), plain)
@@ -122,7 +122,7 @@ func TestRegistryNoPlainHTTPForPrivateAddress(t *testing.T) {
 	t.Run("hosts.toml http server", func(t *testing.T) {
 		host := "10.0.0.3:5000"
 		writeCredsHostsToml(t, d, host, fmt.Sprintf("server = %q\n", "http://"+host))
-		if _, err := d.Image.PullImage(ctxT(t), &criapi.PullImageRequest{Image: &criapi.ImageSpec{Image: host + "/app:1"}}); err != nil {
+		if _, err := d.Image.PullImage(berthdtest.Ctx(t), &criapi.PullImageRequest{Image: &criapi.ImageSpec{Image: host + "/app:1"}}); err != nil {
 			t.Fatalf("pull from a registry hosts.toml configures as http://: %v", err)
 		}
 		if _, plain := proxy.seen("10.0.0.3"); len(plain) == 0 {
@@ -149,7 +149,7 @@ func TestRegistryNoPlainHTTPForPrivateAddress(t *testing.T) {
 		if err := remote.Write(ref, img); err != nil {
 			t.Fatalf("push: %v", err)
 		}
-		if _, err := d.Image.PullImage(ctxT(t), &criapi.PullImageRequest{Image: &criapi.ImageSpec{Image: host + "/app:1"}}); err != nil {
+		if _, err := d.Image.PullImage(berthdtest.Ctx(t), &criapi.PullImageRequest{Image: &criapi.ImageSpec{Image: host + "/app:1"}}); err != nil {
 			t.Fatalf("pull from an unconfigured loopback registry: %v", err)
 		}
 	})

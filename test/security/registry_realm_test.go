@@ -81,7 +81,7 @@ func TestRegistryTokenRealmOverCleartextRefused(t *testing.T) {
 			mu.Lock()
 			realm, tokenReqs = tc.realm, nil
 			mu.Unlock()
-			_, err := d.Image.PullImage(ctxT(t), &criapi.PullImageRequest{
+			_, err := d.Image.PullImage(berthdtest.Ctx(t), &criapi.PullImageRequest{
 				Image: &criapi.ImageSpec{Image: host + "/app:1"},
 				Auth:  &criapi.AuthConfig{Username: credsUser, Password: credsPassword, ServerAddress: host},
 			})

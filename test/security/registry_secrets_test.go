@@ -137,7 +137,7 @@ func TestRegistryErrorsCarryNoSecrets(t *testing.T) {
 			reg.mu.Lock()
 			reg.mode, reg.keep = tc.mode, keep
 			reg.mu.Unlock()
-			_, err = d.Image.PullImage(ctxT(t), &criapi.PullImageRequest{Image: &criapi.ImageSpec{Image: reg.Host + "/" + repo}, Auth: tc.auth})
+			_, err = d.Image.PullImage(berthdtest.Ctx(t), &criapi.PullImageRequest{Image: &criapi.ImageSpec{Image: reg.Host + "/" + repo}, Auth: tc.auth})
 			if err == nil {
 				t.Fatal("the pull succeeded; the hostile registry should have failed it")
 			}

@@ -67,7 +67,7 @@ func TestSignatureIdentityRequiredForBundles(t *testing.T) {
 		{reg.Ref("team-a/app:v1"), "claims no identity"},
 		{reg.Ref("team-c/app:v1"), ""},
 	} {
-		_, err := d.Image.PullImage(ctxT(t), &criapi.PullImageRequest{Image: &criapi.ImageSpec{Image: tc.ref}})
+		_, err := d.Image.PullImage(berthdtest.Ctx(t), &criapi.PullImageRequest{Image: &criapi.ImageSpec{Image: tc.ref}})
 		if tc.want == "" {
 			if err != nil {
 				t.Errorf("pull %s: %v, want it pulled (its bundle names the repository)", tc.ref, err)

@@ -64,7 +64,7 @@ func startStateTreeEnv(t *testing.T) *stateTreeEnv {
 	e := &stateTreeEnv{d: d, reg: testimages.StartRegistry(t)}
 	e.reg.PushStandard(t)
 	ref := e.reg.Ref(testimages.BusyboxRef)
-	if _, err := d.Image.PullImage(ctxT(t), &criapi.PullImageRequest{Image: &criapi.ImageSpec{Image: ref}}); err != nil {
+	if _, err := d.Image.PullImage(berthdtest.Ctx(t), &criapi.PullImageRequest{Image: &criapi.ImageSpec{Image: ref}}); err != nil {
 		t.Fatalf("pull %s: %v", ref, err)
 	}
 	e.podLog = filepath.Join(d.Dir, "podlogs")
@@ -73,7 +73,7 @@ func startStateTreeEnv(t *testing.T) *stateTreeEnv {
 	e.pod, e.podShm = e.runPod(t, e.podCfg)
 	e.ctr = e.runContainer(t, e.pod, e.podCfg, nil, "ctr")
 
-	st, err := d.Runtime.Status(ctxT(t), &criapi.StatusRequest{})
+	st, err := d.Runtime.Status(berthdtest.Ctx(t), &criapi.StatusRequest{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -106,11 +106,11 @@ func stateTreePodConfig(name string, userns *criapi.UserNamespace) *criapi.PodSa
 // runPod runs cfg and returns its ID and /dev/shm path.
 func (e *stateTreeEnv) runPod(t *testing.T, cfg *criapi.PodSandboxConfig) (string, string) {
 	t.Helper()
-	resp, err := e.d.Runtime.RunPodSandbox(ctxT(t), &criapi.RunPodSandboxRequest{Config: cfg})
+	resp, err := e.d.Runtime.RunPodSandbox(berthdtest.Ctx(t), &criapi.RunPodSandboxRequest{Config: cfg})
 	if err != nil {
 		t.Fatalf("RunPodSandbox %s: %v", cfg.Metadata.Name, err)
 	}
-	st, err := e.d.Runtime.PodSandboxStatus(ctxT(t), &criapi.PodSandboxStatusRequest{PodSandboxId: resp.PodSandboxId, Verbose: true})
+	st, err := e.d.Runtime.PodSandboxStatus(berthdtest.Ctx(t), &criapi.PodSandboxStatusRequest{PodSandboxId: resp.PodSandboxId, Verbose: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -136,11 +136,11 @@ func (e *stateTreeEnv) runContainer(t *testing.T, pod string, podCfg *criapi.Pod
 			NamespaceOptions: &criapi.NamespaceOption{Pid: criapi.NamespaceMode_CONTAINER, UsernsOptions: userns},
 		}},
 	}
-	resp, err := e.d.Runtime.CreateContainer(ctxT(t), &criapi.CreateContainerRequest{PodSandboxId: pod, Config: cfg, SandboxConfig: podCfg})
+	resp, err := e.d.Runtime.CreateContainer(berthdtest.Ctx(t), &criapi.CreateContainerRequest{PodSandboxId: pod, Config: cfg, SandboxConfig: podCfg})
 	if err != nil {
 		t.Fatalf("CreateContainer %s: %v", name, err)
 	}
-	if _, err := e.d.Runtime.StartContainer(ctxT(t), &criapi.StartContainerRequest{ContainerId: resp.ContainerId}); err != nil {
+	if _, err := e.d.Runtime.StartContainer(berthdtest.Ctx(t), &criapi.StartContainerRequest{ContainerId: resp.ContainerId}); err != nil {
 		t.Fatalf("StartContainer %s: %v", name, err)
 	}
 	return resp.ContainerId
@@ -149,7 +149,7 @@ func (e *stateTreeEnv) runContainer(t *testing.T, pod string, podCfg *criapi.Pod
 // exec runs cmd in container id and fails the test unless it exits 0.
 func (e *stateTreeEnv) exec(t *testing.T, id string, cmd ...string) string {
 	t.Helper()
-	r, err := e.d.Runtime.ExecSync(ctxT(t), &criapi.ExecSyncRequest{ContainerId: id, Cmd: cmd, Timeout: 30})
+	r, err := e.d.Runtime.ExecSync(berthdtest.Ctx(t), &criapi.ExecSyncRequest{ContainerId: id, Cmd: cmd, Timeout: 30})
 	if err != nil || r.ExitCode != 0 {
 		t.Fatalf("exec %q in %s: %v, exit %d, stdout %q, stderr %q", cmd, id, err, r.GetExitCode(), r.GetStdout(), r.GetStderr())
 	}
@@ -477,7 +477,7 @@ func TestStateTreeImageExportIsPrivate(t *testing.T) {
 	reg := testimages.StartRegistry(t)
 	reg.PushStandard(t)
 	ref := reg.Ref(testimages.BusyboxRef)
-	if _, err := d.Image.PullImage(ctxT(t), &criapi.PullImageRequest{Image: &criapi.ImageSpec{Image: ref}}); err != nil {
+	if _, err := d.Image.PullImage(berthdtest.Ctx(t), &criapi.PullImageRequest{Image: &criapi.ImageSpec{Image: ref}}); err != nil {
 		t.Fatalf("pull %s: %v", ref, err)
 	}
 	ctl := filepath.Join(os.Getenv("BERTH_BIN_DIR"), "berthctl")

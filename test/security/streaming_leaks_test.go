@@ -265,13 +265,13 @@ func slkParallel(t *testing.T, n, workers int, job func(i int) error) {
 func TestStreamingTTYExecResizeStormLeavesNothing(t *testing.T) {
 	e := startSlkEnv(t)
 	session := func(i int, cut time.Duration) error {
-		resp, err := e.d.Runtime.Exec(ctxT(t), &criapi.ExecRequest{
+		resp, err := e.d.Runtime.Exec(berthdtest.Ctx(t), &criapi.ExecRequest{
 			ContainerId: e.id, Cmd: []string{"sh", "-c", "sleep 1"}, Tty: true, Stdin: true, Stdout: true,
 		})
 		if err != nil {
 			return err
 		}
-		ctx, cancel := context.WithTimeout(ctxT(t), cut)
+		ctx, cancel := context.WithTimeout(berthdtest.Ctx(t), cut)
 		defer cancel()
 		out := &slkLockedBuffer{}
 		err = slkExecutor(t, resp.Url).StreamWithContext(ctx, remotecommand.StreamOptions{
@@ -310,11 +310,11 @@ func TestStreamingTTYExecResizeStormLeavesNothing(t *testing.T) {
 func TestStreamingAttachChurnLeavesNothing(t *testing.T) {
 	e := startSlkEnv(t)
 	attach := func(stdin []byte, cut time.Duration, want string) error {
-		resp, err := e.d.Runtime.Attach(ctxT(t), &criapi.AttachRequest{ContainerId: e.id, Stdin: true, Stdout: true, Stderr: true})
+		resp, err := e.d.Runtime.Attach(berthdtest.Ctx(t), &criapi.AttachRequest{ContainerId: e.id, Stdin: true, Stdout: true, Stderr: true})
 		if err != nil {
 			return err
 		}
-		ctx, cancel := context.WithTimeout(ctxT(t), cut)
+		ctx, cancel := context.WithTimeout(berthdtest.Ctx(t), cut)
 		defer cancel()
 		out := &slkLockedBuffer{}
 		err = slkExecutor(t, resp.Url).StreamWithContext(ctx, remotecommand.StreamOptions{
@@ -338,7 +338,7 @@ func TestStreamingAttachChurnLeavesNothing(t *testing.T) {
 	for round := 1; round <= 2; round++ {
 		// URLs never connected: nothing but a cache entry each.
 		for i := 0; i < neverConnected; i++ {
-			if _, err := e.d.Runtime.Attach(ctxT(t), &criapi.AttachRequest{ContainerId: e.id, Stdin: true, Stdout: true}); err != nil {
+			if _, err := e.d.Runtime.Attach(berthdtest.Ctx(t), &criapi.AttachRequest{ContainerId: e.id, Stdin: true, Stdout: true}); err != nil {
 				t.Fatalf("Attach %d: %v", i, err)
 			}
 		}
@@ -357,7 +357,7 @@ func TestStreamingAttachChurnLeavesNothing(t *testing.T) {
 	// it holds instead of growing.
 	refused := false
 	for i := 2 * neverConnected; i < 1100; i++ {
-		_, err := e.d.Runtime.Attach(ctxT(t), &criapi.AttachRequest{ContainerId: e.id, Stdin: true, Stdout: true})
+		_, err := e.d.Runtime.Attach(berthdtest.Ctx(t), &criapi.AttachRequest{ContainerId: e.id, Stdin: true, Stdout: true})
 		if err != nil {
 			if status.Code(err) == codes.OK {
 				t.Fatalf("Attach %d: %v", i, err)
@@ -403,7 +403,7 @@ func TestStreamingSPDYFrameBombsAreRefused(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			hwm := procKiB(t, e.d.Pid(), "VmHWM")
-			resp, err := e.d.Runtime.Exec(ctxT(t), &criapi.ExecRequest{ContainerId: e.id, Cmd: []string{"true"}, Stdout: true})
+			resp, err := e.d.Runtime.Exec(berthdtest.Ctx(t), &criapi.ExecRequest{ContainerId: e.id, Cmd: []string{"true"}, Stdout: true})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -419,7 +419,7 @@ func TestStreamingSPDYFrameBombsAreRefused(t *testing.T) {
 			_, err = io.Copy(io.Discard, conn)
 			var ne net.Error
 			stillOpen := errors.As(err, &ne) && ne.Timeout()
-			if _, err := e.d.Runtime.Version(ctxT(t), &criapi.VersionRequest{}); err != nil {
+			if _, err := e.d.Runtime.Version(berthdtest.Ctx(t), &criapi.VersionRequest{}); err != nil {
 				t.Fatalf("berthd after the hostile frame: %v", err)
 			}
 			grown := procKiB(t, e.d.Pid(), "VmHWM") - hwm

@@ -41,18 +41,18 @@ func TestSysctlInjectionIsRefused(t *testing.T) {
 					},
 				},
 			}
-			resp, err := d.Runtime.RunPodSandbox(ctxT(t), &criapi.RunPodSandboxRequest{Config: cfg})
+			resp, err := d.Runtime.RunPodSandbox(berthdtest.Ctx(t), &criapi.RunPodSandboxRequest{Config: cfg})
 			if err == nil {
 				t.Cleanup(func() {
-					d.Runtime.StopPodSandbox(ctxT(t), &criapi.StopPodSandboxRequest{PodSandboxId: resp.PodSandboxId})
-					d.Runtime.RemovePodSandbox(ctxT(t), &criapi.RemovePodSandboxRequest{PodSandboxId: resp.PodSandboxId})
+					d.Runtime.StopPodSandbox(berthdtest.Ctx(t), &criapi.StopPodSandboxRequest{PodSandboxId: resp.PodSandboxId})
+					d.Runtime.RemovePodSandbox(berthdtest.Ctx(t), &criapi.RemovePodSandboxRequest{PodSandboxId: resp.PodSandboxId})
 				})
 			}
 			if after, _ := os.ReadFile("/proc/sys/kernel/core_pattern"); string(after) != string(before) {
 				os.WriteFile("/proc/sys/kernel/core_pattern", before, 0o644)
 				t.Fatalf("kernel.core_pattern changed to %q", after)
 			}
-			wantCode(t, err, codes.InvalidArgument)
+			berthdtest.WantCode(t, err, codes.InvalidArgument)
 		})
 	}
 }

@@ -32,7 +32,7 @@ func TestUnpackSparseTerabyteRefusedAndStops(t *testing.T) {
 	reg.Push(t, "sparse:1", unpackImage(t, []string{"true"}, unpackLayerOf(t, testimages.SparseTar("big", 1<<40))))
 
 	err := unpackPull(t, d, reg.Ref("sparse:1"))
-	wantCode(t, err, codes.ResourceExhausted)
+	berthdtest.WantCode(t, err, codes.ResourceExhausted)
 	if !strings.Contains(err.Error(), "image_limits.max_layer_size") {
 		t.Fatalf("refusal %q does not name the limit", err)
 	}
@@ -101,7 +101,7 @@ func TestUnpackBoundsRefused(t *testing.T) {
 			repo := strings.ReplaceAll(tc.name, " ", "-") + ":1"
 			reg.Push(t, repo, unpackImage(t, []string{"true"}, tc.layer(t)))
 			err := unpackPull(t, d, reg.Ref(repo))
-			wantCode(t, err, codes.ResourceExhausted)
+			berthdtest.WantCode(t, err, codes.ResourceExhausted)
 			if !strings.Contains(err.Error(), tc.limit) {
 				t.Fatalf("refusal %q does not name %s", err, tc.limit)
 			}

@@ -115,7 +115,7 @@ func unpackImage(t *testing.T, cmd []string, layers ...v1.Layer) v1.Image {
 // unpackPull pulls ref through the CRI.
 func unpackPull(t *testing.T, d *berthdtest.Daemon, ref string) error {
 	t.Helper()
-	_, err := d.Image.PullImage(ctxT(t), &criapi.PullImageRequest{Image: &criapi.ImageSpec{Image: ref}})
+	_, err := d.Image.PullImage(berthdtest.Ctx(t), &criapi.PullImageRequest{Image: &criapi.ImageSpec{Image: ref}})
 	return err
 }
 
@@ -154,7 +154,7 @@ func unpackIngestEmpty(t *testing.T, d *berthdtest.Daemon) {
 // stdout and stderr lines.
 func unpackRunOutput(t *testing.T, d *berthdtest.Daemon, ref string) []string {
 	t.Helper()
-	ctx := ctxT(t)
+	ctx := berthdtest.Ctx(t)
 	name := strings.ToLower(strings.NewReplacer("/", "-", "_", "-").Replace(t.Name()))
 	logDir := filepath.Join(d.Dir, "podlogs-"+name)
 	podCfg := &criapi.PodSandboxConfig{
