@@ -30,8 +30,10 @@ import (
 // directory as for any other. Its other chunks come by range requests
 // when a container reads them, each verified against the TOC.
 //
-// What this stage does not do yet (S3, S4): fetch the rest of the layer
-// in the background, and survive the end of berthd. The filesystem is
+// The rest of the layer comes in the background (S3, below); once it is
+// verified, its files are written out under its cache and the filesystem
+// serves them at local speed (FUSE passthrough; internal/lazy/local.go).
+// What is not done yet (S4): survive the end of berthd. The filesystem is
 // served by berthd itself, so a berthd that ends takes its lazy layers
 // with it: at start, a layer left from a previous berthd is removed with
 // the images that use it (the kubelet pulls them again), and containers
@@ -254,7 +256,8 @@ func (s *Store) lazyLayer(ctx context.Context, lr layerMeta, rb registryBlobs) (
 // (blobFetch: ranged for large blobs, its digest and size checked), its
 // decompressed stream checked against the config's diff ID; then the
 // layer reads every chunk from it, and the node ends with the whole
-// image as after a full pull. A registry that fails or stalls
+// image as after a full pull; then its files are written out (materialize)
+// and its chunk cache dropped. A registry that fails or stalls
 // (image_pull_progress_timeout without a byte) is tried again with
 // back-off, from 1 s doubling to a minute, until the fetch completes or
 // the layer goes.
@@ -268,7 +271,11 @@ func (s *Store) backgroundFetch(ctx context.Context, lr layerMeta, rb registryBl
 	delay := backgroundRetryFirst
 	for {
 		err := s.fetchWholeBlob(ctx, lr, rb, l)
-		if err == nil || ctx.Err() != nil {
+		if err == nil {
+			s.materialize(ctx, lr, l)
+			return
+		}
+		if ctx.Err() != nil {
 			return
 		}
 		if errors.Is(err, errCorruptBlob) {
@@ -284,6 +291,21 @@ func (s *Store) backgroundFetch(ctx context.Context, lr layerMeta, rb registryBl
 		}
 		delay = min(2*delay, backgroundRetryMax)
 	}
+}
+
+// materialize writes the complete layer's files out (lazy.Layer.Materialize),
+// so that the filesystem serves them at local speed (FUSE passthrough),
+// and drops its chunk cache. A failure (the disk full) is logged: reads go
+// on from the verified blob, only slower.
+func (s *Store) materialize(ctx context.Context, lr layerMeta, l *lazy.Layer) {
+	defer s.usage.changed()
+	if err := l.Materialize(ctx); err != nil {
+		if ctx.Err() == nil {
+			s.log.Warn("lazy layer: write its files out; reads go on from its blob", "layer", lr.ChainID, "error", err)
+		}
+		return
+	}
+	s.log.Info("lazy layer files local", "layer", lr.ChainID)
 }
 
 // errDiffID is a blob whose decompressed stream is not the config's

@@ -3,7 +3,9 @@
 // against the digest its manifest names, the files it lists are served
 // by a read-only FUSE filesystem (fs.go), and each chunk a reader needs is
 // fetched by an HTTP range request and checked against its TOC digest
-// before the reader sees it.
+// before the reader sees it. Once the whole blob is on disk and verified,
+// the layer's files are written out and served from there, passed
+// through to the kernel where it takes them (local.go, handle.go).
 //
 // The format is github.com/containerd/stargz-snapshotter/estargz's; this
 // package only fetches, verifies and caches.
@@ -103,6 +105,16 @@ type Layer struct {
 	// local is the whole blob on disk, once the background fetch
 	// verified it: chunks are read from it instead of the source.
 	local atomic.Pointer[os.File]
+	// files is the dir of the layer's files, once Materialize wrote them
+	// (local.go): reads come from there.
+	files atomic.Pointer[string]
+
+	// Open files (handle.go): cachedOpens counts, per file, the opens in
+	// the kernel's cached mode, which keep passthrough off that file.
+	opensMu       sync.Mutex
+	cachedOpens   map[*estargz.TOCEntry]int
+	noPassthrough atomic.Bool
+	servedReads   atomic.Int64
 }
 
 // UseLocal serves every chunk not yet cached from f, the layer's whole
@@ -190,6 +202,10 @@ func Open(ctx context.Context, src Source, tocDigest string, opts Options) (*Lay
 	if err := os.MkdirAll(opts.CacheDir, 0o700); err != nil {
 		return nil, err
 	}
+	// A Materialize cut short (kill -9) left its temp dir: redone later.
+	if err := removeTempFiles(opts.CacheDir); err != nil {
+		return nil, fmt.Errorf("lazy layer: remove a partial files dir: %w", err)
+	}
 	return l, nil
 }
 
@@ -252,6 +268,9 @@ func (l *Layer) ReadFile(ctx context.Context, ent *estargz.TOCEntry, p []byte, o
 		return 0, nil
 	}
 	end := min(off+int64(len(p)), ent.Size)
+	if n, ok := l.readLocalFile(ent, p[:end-off], off); ok {
+		return n, nil
+	}
 	n := 0
 	for pos := off; pos < end; {
 		ce, ok := l.r.ChunkEntryForOffset(ent.Name, pos)
@@ -277,12 +296,11 @@ func (l *Layer) ReadFile(ctx context.Context, ent *estargz.TOCEntry, p []byte, o
 // cache, only the bytes asked for, or fetched (one fetch per chunk
 // however many readers wait).
 func (l *Layer) readChunk(ctx context.Context, ce *estargz.TOCEntry, dst []byte, in int64) (int, error) {
-	d, err := digest.Parse(ce.ChunkDigest)
+	cached, err := l.cachePath(ce)
 	if err != nil {
-		return 0, fmt.Errorf("%s: chunk at %d: digest %q: %w", ce.Name, ce.ChunkOffset, ce.ChunkDigest, err)
+		return 0, err
 	}
 	dst = dst[:min(int64(len(dst)), ce.ChunkSize-in)]
-	cached := filepath.Join(l.opts.CacheDir, d.Encoded())
 	if n, ok := readCached(cached, ce.ChunkSize, dst, in); ok {
 		return n, nil
 	}
@@ -294,6 +312,15 @@ func (l *Layer) readChunk(ctx context.Context, ce *estargz.TOCEntry, dst []byte,
 		return 0, fmt.Errorf("%s: chunk at %d: %d bytes, the TOC says %d", ce.Name, ce.ChunkOffset, len(data), ce.ChunkSize)
 	}
 	return copy(dst, data[in:]), nil
+}
+
+// cachePath is where chunk ce is cached: named by its digest.
+func (l *Layer) cachePath(ce *estargz.TOCEntry) (string, error) {
+	d, err := digest.Parse(ce.ChunkDigest)
+	if err != nil {
+		return "", fmt.Errorf("%s: chunk at %d: digest %q: %w", ce.Name, ce.ChunkOffset, ce.ChunkDigest, err)
+	}
+	return filepath.Join(l.opts.CacheDir, d.Encoded()), nil
 }
 
 // readCached reads dst from off of the chunk file at path, if the cache
@@ -417,7 +444,11 @@ func (l *Layer) fail(err error) error {
 }
 
 // store writes a verified chunk to the cache; failing to is only slower.
+// A layer whose files are local keeps no chunks.
 func (l *Layer) store(cached string, data []byte) {
+	if l.LocalFiles() {
+		return
+	}
 	tmp := cached + ".tmp-" + fmt.Sprint(time.Now().UnixNano())
 	if err := os.WriteFile(tmp, data, 0o600); err != nil {
 		l.log.Warn("lazy layer: cache chunk", "error", err)
