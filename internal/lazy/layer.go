@@ -14,7 +14,6 @@ package lazy
 import (
 	"archive/tar"
 	"bytes"
-	"compress/gzip"
 	"context"
 	"errors"
 	"fmt"
@@ -29,6 +28,7 @@ import (
 	"time"
 
 	"github.com/containerd/stargz-snapshotter/estargz"
+	"github.com/klauspost/compress/gzip"
 	digest "github.com/opencontainers/go-digest"
 )
 

@@ -78,6 +78,9 @@ func (l *Layer) Materialize(ctx context.Context) (err error) {
 	if l.local.Load() == nil {
 		return errors.New("materialize lazy layer: its blob is not local")
 	}
+	if l.Corrupt() {
+		return fmt.Errorf("materialize lazy layer: %w", ErrCorrupt)
+	}
 	final := filepath.Join(l.opts.CacheDir, filesDir)
 	if st, err := os.Stat(final); err == nil && st.IsDir() {
 		l.useFiles(final)
