@@ -270,9 +270,9 @@ const (
 func (s *Store) backgroundFetch(ctx context.Context, lr layerMeta, rb registryBlobs, l *lazy.Layer) {
 	delay := backgroundRetryFirst
 	for {
-		err := s.fetchWholeBlob(ctx, lr, rb, l)
+		unpacked, err := s.fetchWholeBlob(ctx, lr, rb, l)
 		if err == nil {
-			s.materialize(ctx, lr, l)
+			s.materialize(ctx, lr, l, unpacked)
 			return
 		}
 		if ctx.Err() != nil {
@@ -295,11 +295,12 @@ func (s *Store) backgroundFetch(ctx context.Context, lr layerMeta, rb registryBl
 
 // materialize writes the complete layer's files out (lazy.Layer.Materialize),
 // so that the filesystem serves them at local speed (FUSE passthrough),
-// and drops its chunk cache. A failure (the disk full) is logged: reads go
-// on from the verified blob, only slower.
-func (s *Store) materialize(ctx context.Context, lr layerMeta, l *lazy.Layer) {
+// and drops its chunk cache; the files may not add up to more than the
+// layer's unpacked bytes, as a full pull's could not. A failure (the disk
+// full) is logged: reads go on from the verified blob, only slower.
+func (s *Store) materialize(ctx context.Context, lr layerMeta, l *lazy.Layer, unpacked int64) {
 	defer s.usage.changed()
-	if err := l.Materialize(ctx); err != nil {
+	if err := l.Materialize(ctx, unpacked); err != nil {
 		if ctx.Err() == nil {
 			s.log.Warn("lazy layer: write its files out; reads go on from its blob", "layer", lr.ChainID, "error", err)
 		}
@@ -317,8 +318,9 @@ var (
 )
 
 // fetchWholeBlob fetches lr's blob into the content store (verified)
-// and checks its diff ID, then has l read from it.
-func (s *Store) fetchWholeBlob(ctx context.Context, lr layerMeta, rb registryBlobs, l *lazy.Layer) (err error) {
+// and checks its diff ID, then has l read from it. It returns the
+// layer's unpacked size (its decompressed stream).
+func (s *Store) fetchWholeBlob(ctx context.Context, lr layerMeta, rb registryBlobs, l *lazy.Layer) (unpacked int64, err error) {
 	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
 	count := &atomic.Int64{}
@@ -326,52 +328,53 @@ func (s *Store) fetchWholeBlob(ctx context.Context, lr layerMeta, rb registryBlo
 	defer stopWatch()
 	bf, err := s.startBlobFetch(ctx, lr, rb, count)
 	if err != nil {
-		return err
+		return 0, err
 	}
 	defer bf.close()
 	src := &readErr{r: bf}
-	diffErr := checkDiffID(src, lr.DiffID)
+	unpacked, diffErr := checkDiffID(src, lr.DiffID)
 	if src.err != nil {
 		// The transfer broke: not the content's fault, retried.
 		diffErr = src.err
 	}
 	if err := bf.finish(diffErr); err != nil {
 		if cause := context.Cause(ctx); cause != nil && !errors.Is(cause, context.Canceled) {
-			return fmt.Errorf("%w: %w", cause, err)
+			return 0, fmt.Errorf("%w: %w", cause, err)
 		}
 		// Every byte the manifest announced arrived, and it is not the
 		// image's layer.
 		if count.Load() >= lr.Size && (errors.Is(err, errDiffID) || errors.Is(err, errdefs.ErrInvalidArgument)) {
-			return fmt.Errorf("%w: %w", errCorruptBlob, err)
+			return 0, fmt.Errorf("%w: %w", errCorruptBlob, err)
 		}
-		return err
+		return 0, err
 	}
 	f, err := s.content.open(lr.Digest)
 	if err != nil {
-		return err
+		return 0, err
 	}
 	l.UseLocal(f)
 	s.usage.changed()
 	s.log.Info("lazy layer complete on disk", "layer", lr.ChainID, "blob", lr.Digest)
-	return nil
+	return unpacked, nil
 }
 
 // checkDiffID reads the gzip stream r to its end and compares the
-// decompressed bytes' digest with diffID.
-func checkDiffID(r io.Reader, diffID string) error {
+// decompressed bytes' digest with diffID; it returns how many there were.
+func checkDiffID(r io.Reader, diffID string) (int64, error) {
 	zr, err := gzip.NewReader(r)
 	if err != nil {
-		return fmt.Errorf("%w: %w", errDiffID, err)
+		return 0, fmt.Errorf("%w: %w", errDiffID, err)
 	}
 	zr.Multistream(true)
 	h := sha256.New()
-	if _, err := io.Copy(h, zr); err != nil {
-		return fmt.Errorf("%w: %w", errDiffID, err)
+	n, err := io.Copy(h, zr)
+	if err != nil {
+		return n, fmt.Errorf("%w: %w", errDiffID, err)
 	}
 	if got := "sha256:" + hex.EncodeToString(h.Sum(nil)); got != diffID {
-		return fmt.Errorf("%w: %s, the config says %s", errDiffID, got, diffID)
+		return n, fmt.Errorf("%w: %s, the config says %s", errDiffID, got, diffID)
 	}
-	return nil
+	return n, nil
 }
 
 // errBackgroundStalled ends a background fetch that received nothing for

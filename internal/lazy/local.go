@@ -67,11 +67,14 @@ func (l *Layer) LocalFiles() bool { return l.files.Load() != nil }
 // Materialize writes the layer's regular files into <cache>/files from
 // the local blob (UseLocal first) or the chunks already cached, each
 // chunk checked against its TOC digest, and then serves reads from them
-// and drops the chunk cache. A files dir already there (complete: it is
-// renamed into place only when whole) is used as it is. On failure
-// nothing is left and reads go on from the chunks; a chunk that fails its
-// digest marks the layer corrupt, as a read would.
-func (l *Layer) Materialize(ctx context.Context) (err error) {
+// and drops the chunk cache. The files the TOC lists may add up to at
+// most limit bytes (the layer's unpacked size: a TOC can name the same
+// compressed bytes for many files, which would fill the disk). A files
+// dir already there (complete: it is renamed into place only when whole)
+// is used as it is. On failure nothing is left and reads go on from the
+// chunks; a chunk that fails its digest marks the layer corrupt, as a
+// read would.
+func (l *Layer) Materialize(ctx context.Context, limit int64) (err error) {
 	if l.LocalFiles() {
 		return nil
 	}
@@ -103,6 +106,13 @@ func (l *Layer) Materialize(ctx context.Context) (err error) {
 			ents = append(ents, ent)
 		}
 	})
+	var total int64
+	for _, ent := range ents {
+		total += max(ent.Size, 0)
+	}
+	if total > limit {
+		return fmt.Errorf("materialize lazy layer: its TOC lists %d bytes of files, more than the layer's %d unpacked bytes", total, limit)
+	}
 	// In blob order: the local blob is read front to back.
 	sort.Slice(ents, func(i, j int) bool { return ents[i].Offset < ents[j].Offset })
 	buf := make([]byte, 0, 4<<20)

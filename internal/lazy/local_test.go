@@ -2,9 +2,11 @@ package lazy_test
 
 import (
 	"bytes"
+	"compress/gzip"
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"strings"
@@ -15,6 +17,21 @@ import (
 
 	"github.com/berthcri/berth/internal/lazy"
 )
+
+// unpackedSize is the length of blob's decompressed stream, as the
+// background fetch measures it.
+func unpackedSize(t *testing.T, blob []byte) int64 {
+	t.Helper()
+	zr, err := gzip.NewReader(bytes.NewReader(blob))
+	if err != nil {
+		t.Fatal(err)
+	}
+	n, err := io.Copy(io.Discard, zr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
 
 // localBlob writes blob to a file and opens it, as the background fetch
 // hands the layer its verified blob.
@@ -103,7 +120,7 @@ func TestLazyLayerLocalFilesAfterMaterialize(t *testing.T) {
 	}
 
 	l.UseLocal(localBlob(t, blob))
-	if err := l.Materialize(context.Background()); err != nil {
+	if err := l.Materialize(context.Background(), unpackedSize(t, blob)); err != nil {
 		t.Fatalf("materialize: %v", err)
 	}
 	if !l.LocalFiles() {
@@ -222,7 +239,7 @@ func TestLazyLayerMaterializeIsAllOrNothing(t *testing.T) {
 	l := open()
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
-	if err := l.Materialize(ctx); !errors.Is(err, context.Canceled) {
+	if err := l.Materialize(ctx, unpackedSize(t, blob)); !errors.Is(err, context.Canceled) {
 		t.Fatalf("materialize with its context ended: %v", err)
 	}
 	if got := cacheEntries(t, cache); len(got) != 0 || l.LocalFiles() {
@@ -240,7 +257,7 @@ func TestLazyLayerMaterializeIsAllOrNothing(t *testing.T) {
 	if got := cacheEntries(t, cache); len(got) != 0 {
 		t.Fatalf("cache after open: %v, want the partial files dir gone", got)
 	}
-	if err := l.Materialize(context.Background()); err != nil {
+	if err := l.Materialize(context.Background(), unpackedSize(t, blob)); err != nil {
 		t.Fatal(err)
 	}
 	ent := lookup(t, l, "data/weights")
@@ -255,7 +272,7 @@ func TestLazyLayerMaterializeIsAllOrNothing(t *testing.T) {
 		t.Fatal(err)
 	}
 	l = open()
-	if err := l.Materialize(context.Background()); err != nil || !l.LocalFiles() {
+	if err := l.Materialize(context.Background(), unpackedSize(t, blob)); err != nil || !l.LocalFiles() {
 		t.Fatalf("materialize over a complete files dir: %v", err)
 	}
 	if st2, err := os.Stat(files); err != nil || !os.SameFile(st, st2) {
@@ -281,7 +298,7 @@ func TestLazyLayerMaterializeOfACorruptBlobLeavesNothing(t *testing.T) {
 		bad[i] ^= 0xff
 	}
 	l.UseLocal(localBlob(t, bad))
-	if err := l.Materialize(context.Background()); !errors.Is(err, lazy.ErrCorrupt) {
+	if err := l.Materialize(context.Background(), unpackedSize(t, blob)); !errors.Is(err, lazy.ErrCorrupt) {
 		t.Fatalf("materialize of a corrupt blob: %v, want ErrCorrupt", err)
 	}
 	if !l.Corrupt() || corrupt != 1 || l.LocalFiles() {
@@ -291,5 +308,38 @@ func TestLazyLayerMaterializeOfACorruptBlobLeavesNothing(t *testing.T) {
 		if strings.HasPrefix(name, "files") {
 			t.Fatalf("cache holds %s after a failed materialize", name)
 		}
+	}
+}
+
+// A TOC whose files add up to more than the layer's unpacked stream (as
+// one whose chunks overlap would: each decoded from its own offset on
+// through the members after it, a few compressed bytes named for file
+// after file; the format's own check refuses only a reused offset) is not
+// written out: nothing is left, the layer is not marked corrupt, and
+// reads go on from the blob.
+func TestLazyLayerMaterializeRefusesFilesBeyondTheLayer(t *testing.T) {
+	blob, toc := testLayer(t)
+	cache := filepath.Join(t.TempDir(), "cache")
+	l, err := lazy.Open(context.Background(), &memSource{blob: blob}, toc, lazy.Options{CacheDir: cache})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	l.UseLocal(localBlob(t, blob))
+	// The weights alone are 640 KiB.
+	err = l.Materialize(context.Background(), 100<<10)
+	if err == nil || !strings.Contains(err.Error(), "more than the layer's") {
+		t.Fatalf("materialize of files beyond the layer: %v, want it refused", err)
+	}
+	if l.LocalFiles() || l.Corrupt() {
+		t.Fatalf("local files %v, corrupt %v", l.LocalFiles(), l.Corrupt())
+	}
+	if got := cacheEntries(t, cache); len(got) != 0 {
+		t.Fatalf("cache after a refused materialize: %v", got)
+	}
+	ent := lookup(t, l, "etc/conf")
+	p := make([]byte, 64)
+	if n, err := l.ReadFile(context.Background(), ent, p, 0); err != nil || string(p[:n]) != "prefetched=1\n" {
+		t.Fatalf("read after a refused materialize: %q, %v", p[:n], err)
 	}
 }
