@@ -108,6 +108,9 @@ type Layer struct {
 	// files is the dir of the layer's files, once Materialize wrote them
 	// (local.go): reads come from there.
 	files atomic.Pointer[string]
+	// storeMu orders chunk stores (read-locked) before the chunk cache is
+	// dropped (locked).
+	storeMu sync.RWMutex
 
 	// Open files (handle.go): cachedOpens counts, per file, the opens in
 	// the kernel's cached mode, which keep passthrough off that file.
@@ -446,6 +449,10 @@ func (l *Layer) fail(err error) error {
 // store writes a verified chunk to the cache; failing to is only slower.
 // A layer whose files are local keeps no chunks.
 func (l *Layer) store(cached string, data []byte) {
+	// Held across the write, so that useFiles, which drops the cache,
+	// waits for a store under way and every later one sees the files.
+	l.storeMu.RLock()
+	defer l.storeMu.RUnlock()
 	if l.LocalFiles() {
 		return
 	}

@@ -108,10 +108,12 @@ func (l *Layer) Materialize(ctx context.Context, limit int64) (err error) {
 	})
 	var total int64
 	for _, ent := range ents {
-		total += max(ent.Size, 0)
-	}
-	if total > limit {
-		return fmt.Errorf("materialize lazy layer: its TOC lists %d bytes of files, more than the layer's %d unpacked bytes", total, limit)
+		// Compared before it is added: a hostile size cannot overflow.
+		if n := max(ent.Size, 0); n > limit-total {
+			return fmt.Errorf("materialize lazy layer: its TOC lists more than the layer's %d unpacked bytes of files", limit)
+		} else {
+			total += n
+		}
 	}
 	// In blob order: the local blob is read front to back.
 	sort.Slice(ents, func(i, j int) bool { return ents[i].Offset < ents[j].Offset })
@@ -186,6 +188,8 @@ func (l *Layer) chunkForCopy(ctx context.Context, ce *estargz.TOCEntry, buf []by
 // useFiles serves reads from the complete files dir and drops the chunk
 // cache, which it replaces.
 func (l *Layer) useFiles(dir string) {
+	l.storeMu.Lock()
+	defer l.storeMu.Unlock()
 	l.files.Store(&dir)
 	es, err := os.ReadDir(l.opts.CacheDir)
 	if err != nil {

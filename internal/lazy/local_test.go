@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -341,5 +342,48 @@ func TestLazyLayerMaterializeRefusesFilesBeyondTheLayer(t *testing.T) {
 	p := make([]byte, 64)
 	if n, err := l.ReadFile(context.Background(), ent, p, 0); err != nil || string(p[:n]) != "prefetched=1\n" {
 		t.Fatalf("read after a refused materialize: %q, %v", p[:n], err)
+	}
+}
+
+// Readers fetching chunks while Materialize drops the chunk cache leave
+// no chunk behind it: a store under way finishes before the drop, and
+// every later one sees the files.
+func TestLazyLayerMaterializeDropsChunksStoredMeanwhile(t *testing.T) {
+	blob, toc := testLayer(t)
+	cache := filepath.Join(t.TempDir(), "cache")
+	l, err := lazy.Open(context.Background(), &memSource{blob: blob}, toc, lazy.Options{CacheDir: cache})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	l.UseLocal(localBlob(t, blob))
+	ent := lookup(t, l, "data/weights")
+	done := make(chan struct{})
+	var wg sync.WaitGroup
+	for i := range 4 {
+		wg.Go(func() {
+			p := make([]byte, 100)
+			for n := 0; ; n++ {
+				select {
+				case <-done:
+					return
+				default:
+				}
+				off := int64((n*4+i)%10) << 16
+				if _, err := l.ReadFile(context.Background(), ent, p, off); err != nil {
+					t.Error(err)
+					return
+				}
+			}
+		})
+	}
+	err = l.Materialize(context.Background(), unpackedSize(t, blob))
+	close(done)
+	wg.Wait()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := cacheEntries(t, cache); len(got) != 1 || got[0] != "files" {
+		t.Fatalf("cache holds %v, want only the files dir", got)
 	}
 }
