@@ -185,8 +185,10 @@ func waitReady(ctx context.Context, ep *Endpoint, id, logPath string) error {
 	}
 }
 
-// waitBlobs waits until berthd's store holds every blob of li: the
-// background fetch has completed and committed them (decision 3600, S3).
+// waitBlobs waits until berthd's store holds every blob of li and every
+// lazy layer has written its files out: the background fetch has
+// completed, committed and verified them, and the layers serve their
+// files from disk (decision 3600, S3).
 func waitBlobs(ctx context.Context, ep *Endpoint, li *LazyImage) error {
 	tick := time.NewTicker(20 * time.Millisecond)
 	defer tick.Stop()
@@ -194,6 +196,13 @@ func waitBlobs(ctx context.Context, ep *Endpoint, li *LazyImage) error {
 		whole := true
 		for _, l := range li.Layers {
 			if _, err := os.Stat(filepath.Join(ep.Daemon.Root, "images", "blobs", "sha256", strings.TrimPrefix(l.Digest, "sha256:"))); err != nil {
+				whole = false
+				break
+			}
+		}
+		metas, _ := filepath.Glob(filepath.Join(ep.Daemon.Root, "images", "layers", "*", "lazy.json"))
+		for _, m := range metas {
+			if _, err := os.Stat(filepath.Join(filepath.Dir(m), "cache", "files")); err != nil {
 				whole = false
 				break
 			}

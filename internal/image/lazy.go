@@ -1,7 +1,6 @@
 package image
 
 import (
-	"compress/gzip"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -16,6 +15,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/klauspost/compress/gzip"
 	"golang.org/x/sys/unix"
 
 	"github.com/berthcri/berth/internal/errdefs"
@@ -30,8 +30,10 @@ import (
 // directory as for any other. Its other chunks come by range requests
 // when a container reads them, each verified against the TOC.
 //
-// What this stage does not do yet (S3, S4): fetch the rest of the layer
-// in the background, and survive the end of berthd. The filesystem is
+// The rest of the layer comes in the background (S3, below); once it is
+// verified, its files are written out under its cache and the filesystem
+// serves them at local speed (FUSE passthrough; internal/lazy/local.go).
+// What is not done yet (S4): survive the end of berthd. The filesystem is
 // served by berthd itself, so a berthd that ends takes its lazy layers
 // with it: at start, a layer left from a previous berthd is removed with
 // the images that use it (the kubelet pulls them again), and containers
@@ -254,7 +256,8 @@ func (s *Store) lazyLayer(ctx context.Context, lr layerMeta, rb registryBlobs) (
 // (blobFetch: ranged for large blobs, its digest and size checked), its
 // decompressed stream checked against the config's diff ID; then the
 // layer reads every chunk from it, and the node ends with the whole
-// image as after a full pull. A registry that fails or stalls
+// image as after a full pull; then its files are written out (materialize)
+// and its chunk cache dropped. A registry that fails or stalls
 // (image_pull_progress_timeout without a byte) is tried again with
 // back-off, from 1 s doubling to a minute, until the fetch completes or
 // the layer goes.
@@ -267,8 +270,12 @@ const (
 func (s *Store) backgroundFetch(ctx context.Context, lr layerMeta, rb registryBlobs, l *lazy.Layer) {
 	delay := backgroundRetryFirst
 	for {
-		err := s.fetchWholeBlob(ctx, lr, rb, l)
-		if err == nil || ctx.Err() != nil {
+		unpacked, err := s.fetchWholeBlob(ctx, lr, rb, l)
+		if err == nil {
+			s.materialize(ctx, lr, l, unpacked)
+			return
+		}
+		if ctx.Err() != nil {
 			return
 		}
 		if errors.Is(err, errCorruptBlob) {
@@ -286,6 +293,22 @@ func (s *Store) backgroundFetch(ctx context.Context, lr layerMeta, rb registryBl
 	}
 }
 
+// materialize writes the complete layer's files out (lazy.Layer.Materialize),
+// so that the filesystem serves them at local speed (FUSE passthrough),
+// and drops its chunk cache; the files may not add up to more than the
+// layer's unpacked bytes, as a full pull's could not. A failure (the disk
+// full) is logged: reads go on from the verified blob, only slower.
+func (s *Store) materialize(ctx context.Context, lr layerMeta, l *lazy.Layer, unpacked int64) {
+	defer s.usage.changed()
+	if err := l.Materialize(ctx, unpacked); err != nil {
+		if ctx.Err() == nil {
+			s.log.Warn("lazy layer: write its files out; reads go on from its blob", "layer", lr.ChainID, "error", err)
+		}
+		return
+	}
+	s.log.Info("lazy layer files local", "layer", lr.ChainID)
+}
+
 // errDiffID is a blob whose decompressed stream is not the config's
 // diff ID; errCorruptBlob a blob received whole that is not the image's
 // (its digest or diff ID): not retried.
@@ -295,8 +318,9 @@ var (
 )
 
 // fetchWholeBlob fetches lr's blob into the content store (verified)
-// and checks its diff ID, then has l read from it.
-func (s *Store) fetchWholeBlob(ctx context.Context, lr layerMeta, rb registryBlobs, l *lazy.Layer) (err error) {
+// and checks its diff ID, then has l read from it. It returns the
+// layer's unpacked size (its decompressed stream).
+func (s *Store) fetchWholeBlob(ctx context.Context, lr layerMeta, rb registryBlobs, l *lazy.Layer) (unpacked int64, err error) {
 	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
 	count := &atomic.Int64{}
@@ -304,52 +328,53 @@ func (s *Store) fetchWholeBlob(ctx context.Context, lr layerMeta, rb registryBlo
 	defer stopWatch()
 	bf, err := s.startBlobFetch(ctx, lr, rb, count)
 	if err != nil {
-		return err
+		return 0, err
 	}
 	defer bf.close()
 	src := &readErr{r: bf}
-	diffErr := checkDiffID(src, lr.DiffID)
+	unpacked, diffErr := checkDiffID(src, lr.DiffID)
 	if src.err != nil {
 		// The transfer broke: not the content's fault, retried.
 		diffErr = src.err
 	}
 	if err := bf.finish(diffErr); err != nil {
 		if cause := context.Cause(ctx); cause != nil && !errors.Is(cause, context.Canceled) {
-			return fmt.Errorf("%w: %w", cause, err)
+			return 0, fmt.Errorf("%w: %w", cause, err)
 		}
 		// Every byte the manifest announced arrived, and it is not the
 		// image's layer.
 		if count.Load() >= lr.Size && (errors.Is(err, errDiffID) || errors.Is(err, errdefs.ErrInvalidArgument)) {
-			return fmt.Errorf("%w: %w", errCorruptBlob, err)
+			return 0, fmt.Errorf("%w: %w", errCorruptBlob, err)
 		}
-		return err
+		return 0, err
 	}
 	f, err := s.content.open(lr.Digest)
 	if err != nil {
-		return err
+		return 0, err
 	}
 	l.UseLocal(f)
 	s.usage.changed()
 	s.log.Info("lazy layer complete on disk", "layer", lr.ChainID, "blob", lr.Digest)
-	return nil
+	return unpacked, nil
 }
 
 // checkDiffID reads the gzip stream r to its end and compares the
-// decompressed bytes' digest with diffID.
-func checkDiffID(r io.Reader, diffID string) error {
+// decompressed bytes' digest with diffID; it returns how many there were.
+func checkDiffID(r io.Reader, diffID string) (int64, error) {
 	zr, err := gzip.NewReader(r)
 	if err != nil {
-		return fmt.Errorf("%w: %w", errDiffID, err)
+		return 0, fmt.Errorf("%w: %w", errDiffID, err)
 	}
 	zr.Multistream(true)
 	h := sha256.New()
-	if _, err := io.Copy(h, zr); err != nil {
-		return fmt.Errorf("%w: %w", errDiffID, err)
+	n, err := io.Copy(h, zr)
+	if err != nil {
+		return n, fmt.Errorf("%w: %w", errDiffID, err)
 	}
 	if got := "sha256:" + hex.EncodeToString(h.Sum(nil)); got != diffID {
-		return fmt.Errorf("%w: %s, the config says %s", errDiffID, got, diffID)
+		return n, fmt.Errorf("%w: %s, the config says %s", errDiffID, got, diffID)
 	}
-	return nil
+	return n, nil
 }
 
 // errBackgroundStalled ends a background fetch that received nothing for

@@ -147,12 +147,19 @@ func (n *node) Open(ctx context.Context, flags uint32) (fs.FileHandle, uint32, s
 		return nil, 0, syscall.EROFS
 	}
 	// The content never changes: the kernel may keep it across opens.
+	if n.ent != nil && n.ent.Type == "reg" {
+		return n.l.openHandle(n.ent), fuse.FOPEN_KEEP_CACHE, 0
+	}
 	return nil, fuse.FOPEN_KEEP_CACHE, 0
 }
 
-func (n *node) Read(ctx context.Context, _ fs.FileHandle, dest []byte, off int64) (fuse.ReadResult, syscall.Errno) {
+func (n *node) Read(ctx context.Context, fh fs.FileHandle, dest []byte, off int64) (fuse.ReadResult, syscall.Errno) {
 	if n.ent == nil || n.ent.Type != "reg" {
 		return nil, syscall.EINVAL
+	}
+	n.l.servedReads.Add(1)
+	if h, ok := fh.(*localHandle); ok {
+		return h.read(dest, off)
 	}
 	got, err := n.l.ReadFile(ctx, n.ent, dest, off)
 	if err != nil {

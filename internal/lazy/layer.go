@@ -3,7 +3,9 @@
 // against the digest its manifest names, the files it lists are served
 // by a read-only FUSE filesystem (fs.go), and each chunk a reader needs is
 // fetched by an HTTP range request and checked against its TOC digest
-// before the reader sees it.
+// before the reader sees it. Once the whole blob is on disk and verified,
+// the layer's files are written out and served from there, passed
+// through to the kernel where it takes them (local.go, handle.go).
 //
 // The format is github.com/containerd/stargz-snapshotter/estargz's; this
 // package only fetches, verifies and caches.
@@ -12,7 +14,6 @@ package lazy
 import (
 	"archive/tar"
 	"bytes"
-	"compress/gzip"
 	"context"
 	"errors"
 	"fmt"
@@ -27,6 +28,7 @@ import (
 	"time"
 
 	"github.com/containerd/stargz-snapshotter/estargz"
+	"github.com/klauspost/compress/gzip"
 	digest "github.com/opencontainers/go-digest"
 )
 
@@ -103,6 +105,19 @@ type Layer struct {
 	// local is the whole blob on disk, once the background fetch
 	// verified it: chunks are read from it instead of the source.
 	local atomic.Pointer[os.File]
+	// files is the dir of the layer's files, once Materialize wrote them
+	// (local.go): reads come from there.
+	files atomic.Pointer[string]
+	// storeMu orders chunk stores (read-locked) before the chunk cache is
+	// dropped (locked).
+	storeMu sync.RWMutex
+
+	// Open files (handle.go): cachedOpens counts, per file, the opens in
+	// the kernel's cached mode, which keep passthrough off that file.
+	opensMu       sync.Mutex
+	cachedOpens   map[*estargz.TOCEntry]int
+	noPassthrough atomic.Bool
+	servedReads   atomic.Int64
 }
 
 // UseLocal serves every chunk not yet cached from f, the layer's whole
@@ -190,6 +205,10 @@ func Open(ctx context.Context, src Source, tocDigest string, opts Options) (*Lay
 	if err := os.MkdirAll(opts.CacheDir, 0o700); err != nil {
 		return nil, err
 	}
+	// A Materialize cut short (kill -9) left its temp dir: redone later.
+	if err := removeTempFiles(opts.CacheDir); err != nil {
+		return nil, fmt.Errorf("lazy layer: remove a partial files dir: %w", err)
+	}
 	return l, nil
 }
 
@@ -245,46 +264,110 @@ func (l *Layer) CachedBytes() int64 { return l.cached.Load() }
 func (l *Layer) FetchedBytes() int64 { return l.fetched.Load() }
 
 // ReadFile reads the regular file ent into p from off, chunk by verified
-// chunk. It returns fewer bytes only at the end of the file.
+// chunk, reading of each chunk only the bytes asked for. It returns fewer
+// bytes only at the end of the file.
 func (l *Layer) ReadFile(ctx context.Context, ent *estargz.TOCEntry, p []byte, off int64) (int, error) {
 	if off >= ent.Size {
 		return 0, nil
 	}
 	end := min(off+int64(len(p)), ent.Size)
+	if n, ok := l.readLocalFile(ent, p[:end-off], off); ok {
+		return n, nil
+	}
 	n := 0
 	for pos := off; pos < end; {
 		ce, ok := l.r.ChunkEntryForOffset(ent.Name, pos)
 		if !ok {
 			return n, fmt.Errorf("%s: no chunk at offset %d in the TOC", ent.Name, pos)
 		}
-		data, err := l.chunk(ctx, ce)
+		in := pos - ce.ChunkOffset
+		if in < 0 || in >= ce.ChunkSize {
+			return n, fmt.Errorf("%s: chunk at %d does not hold offset %d", ent.Name, ce.ChunkOffset, pos)
+		}
+		c, err := l.readChunk(ctx, ce, p[pos-off:end-off], in)
 		if err != nil {
 			return n, err
 		}
-		in := pos - ce.ChunkOffset
-		if in < 0 || in >= int64(len(data)) {
-			return n, fmt.Errorf("%s: chunk at %d does not hold offset %d", ent.Name, ce.ChunkOffset, pos)
-		}
-		c := copy(p[pos-off:end-off], data[in:])
 		n += c
 		pos += int64(c)
 	}
 	return n, nil
 }
 
-// chunk is the uncompressed, verified data of chunk entry ce: from the
-// cache, or fetched (one fetch per chunk however many readers wait).
-func (l *Layer) chunk(ctx context.Context, ce *estargz.TOCEntry) ([]byte, error) {
+// readChunk reads into dst the bytes of chunk ce from in (as many as dst
+// holds, to the chunk's end), verified: from the chunk's file in the
+// cache, only the bytes asked for, or fetched (one fetch per chunk
+// however many readers wait).
+func (l *Layer) readChunk(ctx context.Context, ce *estargz.TOCEntry, dst []byte, in int64) (int, error) {
+	cached, err := l.cachePath(ce)
+	if err != nil {
+		return 0, err
+	}
+	dst = dst[:min(int64(len(dst)), ce.ChunkSize-in)]
+	if n, ok := readCached(cached, ce.ChunkSize, dst, in); ok {
+		return n, nil
+	}
+	data, err := l.chunk(ctx, ce, cached)
+	if err != nil {
+		return 0, err
+	}
+	if int64(len(data)) != ce.ChunkSize {
+		return 0, fmt.Errorf("%s: chunk at %d: %d bytes, the TOC says %d", ce.Name, ce.ChunkOffset, len(data), ce.ChunkSize)
+	}
+	return copy(dst, data[in:]), nil
+}
+
+// cachePath is where chunk ce is cached: named by its digest.
+func (l *Layer) cachePath(ce *estargz.TOCEntry) (string, error) {
 	d, err := digest.Parse(ce.ChunkDigest)
 	if err != nil {
-		return nil, fmt.Errorf("%s: chunk at %d: digest %q: %w", ce.Name, ce.ChunkOffset, ce.ChunkDigest, err)
+		return "", fmt.Errorf("%s: chunk at %d: digest %q: %w", ce.Name, ce.ChunkOffset, ce.ChunkDigest, err)
 	}
-	cached := filepath.Join(l.opts.CacheDir, d.Encoded())
-	if data, err := os.ReadFile(cached); err == nil && int64(len(data)) == ce.ChunkSize {
-		return data, nil
+	return filepath.Join(l.opts.CacheDir, d.Encoded()), nil
+}
+
+// readCached reads dst from off of the chunk file at path, if the cache
+// holds it whole. Only verified chunks are written there, whole, under a
+// temporary name then renamed (store), and the directory is berthd's own:
+// a file of the chunk's size is the chunk.
+func readCached(path string, size int64, dst []byte, off int64) (int, bool) {
+	f, err := os.Open(path)
+	if err != nil {
+		return 0, false
 	}
+	defer f.Close()
+	if st, err := f.Stat(); err != nil || st.Size() != size {
+		return 0, false
+	}
+	n, err := f.ReadAt(dst, off)
+	if n < len(dst) {
+		return 0, false
+	}
+	_ = err // io.EOF at the chunk's end, with every byte asked for
+	return n, true
+}
+
+// chunk is the uncompressed, verified data of chunk entry ce, fetched
+// and then cached at cached: one fetch per chunk however many readers
+// wait. The call stays in inflight, with its data, until the chunk is in
+// the cache, so that a reader that missed the cache meanwhile finds one
+// or the other.
+func (l *Layer) chunk(ctx context.Context, ce *estargz.TOCEntry, cached string) ([]byte, error) {
 	l.mu.Lock()
-	if c, ok := l.inflight[ce.ChunkDigest]; ok {
+	c, ok := l.inflight[ce.ChunkDigest]
+	if !ok {
+		// Stored and out of inflight since this reader missed the cache?
+		if st, err := os.Stat(cached); err == nil && st.Size() == ce.ChunkSize {
+			l.mu.Unlock()
+			data, err := os.ReadFile(cached)
+			if err == nil && int64(len(data)) == ce.ChunkSize {
+				return data, nil
+			}
+			l.mu.Lock()
+			c, ok = l.inflight[ce.ChunkDigest]
+		}
+	}
+	if ok {
 		l.mu.Unlock()
 		select {
 		case <-c.done:
@@ -293,22 +376,25 @@ func (l *Layer) chunk(ctx context.Context, ce *estargz.TOCEntry) ([]byte, error)
 			return nil, ctx.Err()
 		}
 	}
-	c := &chunkCall{done: make(chan struct{})}
+	c = &chunkCall{done: make(chan struct{})}
 	l.inflight[ce.ChunkDigest] = c
 	l.mu.Unlock()
 	// The fetch is shared: it runs to its end even when the reader that
 	// started it gives up, bounded by the retries.
-	c.data, c.err = l.fetchChunk(context.WithoutCancel(ctx), ce, cached)
+	c.data, c.err = l.fetchChunk(context.WithoutCancel(ctx), ce)
 	close(c.done)
+	if c.err == nil {
+		l.store(cached, c.data)
+	}
 	l.mu.Lock()
 	delete(l.inflight, ce.ChunkDigest)
 	l.mu.Unlock()
 	return c.data, c.err
 }
 
-// fetchChunk fetches ce's compressed bytes, decompresses and verifies
-// them, and caches them at cached.
-func (l *Layer) fetchChunk(ctx context.Context, ce *estargz.TOCEntry, cached string) ([]byte, error) {
+// fetchChunk fetches ce's compressed bytes (from the source, or the local
+// blob once there is one), decompresses and verifies them.
+func (l *Layer) fetchChunk(ctx context.Context, ce *estargz.TOCEntry) ([]byte, error) {
 	start, end := ce.Offset, ce.NextOffset()
 	if ce.ChunkSize <= 0 || ce.ChunkSize > maxChunk || end <= start || end-start > maxChunkOnTheWire || end > l.src.Size() {
 		return nil, l.fail(fmt.Errorf("%s: chunk at %d: %d bytes at [%d, %d) of the blob: %w", ce.Name, ce.ChunkOffset, ce.ChunkSize, start, end, ErrCorrupt))
@@ -317,12 +403,7 @@ func (l *Layer) fetchChunk(ctx context.Context, ce *estargz.TOCEntry, cached str
 	if err != nil {
 		return nil, fmt.Errorf("%s: fetch chunk at %d: %w", ce.Name, ce.ChunkOffset, err)
 	}
-	data, err := l.decode(ce, raw)
-	if err != nil {
-		return nil, err
-	}
-	l.store(cached, data)
-	return data, nil
+	return l.decode(ce, raw)
 }
 
 // decode decompresses one chunk from raw (the blob from ce.Offset) and
@@ -366,7 +447,15 @@ func (l *Layer) fail(err error) error {
 }
 
 // store writes a verified chunk to the cache; failing to is only slower.
+// A layer whose files are local keeps no chunks.
 func (l *Layer) store(cached string, data []byte) {
+	// Held across the write, so that useFiles, which drops the cache,
+	// waits for a store under way and every later one sees the files.
+	l.storeMu.RLock()
+	defer l.storeMu.RUnlock()
+	if l.LocalFiles() {
+		return
+	}
 	tmp := cached + ".tmp-" + fmt.Sprint(time.Now().UnixNano())
 	if err := os.WriteFile(tmp, data, 0o600); err != nil {
 		l.log.Warn("lazy layer: cache chunk", "error", err)

@@ -1,11 +1,15 @@
 package integration
 
 import (
+	"archive/tar"
 	"bytes"
 	"crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
 	"io"
 	"net/http"
 	"os"
+	"path"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -475,6 +479,151 @@ func TestLazyPullBackgroundFetchCompletes(t *testing.T) {
 		t.Fatalf("read from the completed layer: %q", got)
 	}
 	removeSettled(t, d, ref, scope, before)
+}
+
+// TestLazyPullCompleteLayerReadsLocalFiles: once the background fetch
+// has completed, each lazy layer writes its files out under its cache
+// and drops its chunks (decision 3600, S3), and reads come from those
+// files (FUSE passthrough where the kernel takes them, a read of the
+// local file by the server otherwise). With the registry gone, a
+// container runs busybox from them and reads the right bytes of a
+// 512 KiB file, the host reads the same through the layer's mount,
+// ImageStatus counts the blob and ImageFsInfo the files, and removing
+// the image leaves nothing.
+func TestLazyPullCompleteLayerReadsLocalFiles(t *testing.T) {
+	t.Parallel()
+	p := pullLazy(t, "lazy/local", false, berthdtest.Options{})
+	reg, img, dataDigest, log, d, scope, before, ref := p.reg, p.img, p.dataDigest, p.log, p.d, p.scope, p.before, p.ref
+	layerDirs, err := filepath.Glob(filepath.Join(d.Root, "images", "layers", "*", "lazy.json"))
+	if err != nil || len(layerDirs) != 2 {
+		t.Fatalf("lazy layers: %v, %v", layerDirs, err)
+	}
+	for i := range layerDirs {
+		layerDirs[i] = filepath.Dir(layerDirs[i])
+	}
+	lazyWait(t, func() bool {
+		for _, l := range layerDirs {
+			if _, err := os.Stat(filepath.Join(l, "cache", "files")); err != nil {
+				return false
+			}
+		}
+		return blobStored(d, dataDigest)
+	})
+	for _, l := range layerDirs {
+		if e := dirEntriesAt(t, filepath.Join(l, "cache")); len(e) != 1 || e[0] != "files" {
+			t.Fatalf("%s/cache: %v, want the files only (chunks dropped)", l, e)
+		}
+	}
+	log.setGone(true)
+
+	filler := fileInLayer(t, img, 1, "data/filler")
+	sum := sha256.Sum256(filler)
+	want := hex.EncodeToString(sum[:]) + "  /data/filler"
+	if got := shInPod(t, d, reg, ref, "sha256sum /data/filler"); got != want {
+		t.Fatalf("container read %q, want %q", got, want)
+	}
+	if got := catInPod(t, d, reg, ref, "/data/later"); got != lazyLater {
+		t.Fatalf("container read %q", got)
+	}
+	mounted, _ := filepath.Glob(filepath.Join(d.Root, "images", "layers", "*", "diff", "data", "filler"))
+	if len(mounted) != 1 {
+		t.Fatalf("data/filler in the lazy mounts: %v", mounted)
+	}
+	if got, err := os.ReadFile(mounted[0]); err != nil || !bytes.Equal(got, filler) {
+		t.Fatalf("data/filler through the lazy mount: %d bytes, %v", len(got), err)
+	}
+
+	logs := d.Logs()
+	if n := strings.Count(logs, "lazy layer files local"); n != 2 {
+		t.Fatalf("berthd logged %d layers with local files, want 2", n)
+	}
+	// Where the kernel takes the files for passthrough, berthd answers no
+	// read of them (internal/lazy's tests assert it with a probe).
+	t.Logf("berthd read local files for the kernel (no passthrough): %v", strings.Contains(logs, "did not take them for passthrough"))
+
+	blob, _, _ := layerOf(t, img, 1)
+	if st := imageStatus(t, d, ref); st == nil || st.Size < uint64(len(blob)) {
+		t.Fatalf("ImageStatus size %v, want at least the %d bytes of the data layer's blob", st.GetSize(), len(blob))
+	}
+	var files int64
+	for _, l := range layerDirs {
+		for _, e := range dirEntriesAt(t, filepath.Join(l, "cache", "files")) {
+			if fi, err := os.Stat(filepath.Join(l, "cache", "files", e)); err == nil {
+				files += fi.Size()
+			}
+		}
+	}
+	fs, err := d.Image.ImageFsInfo(ctxT(t), &criapi.ImageFsInfoRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if used := fs.ImageFilesystems[0].UsedBytes.GetValue(); used < uint64(files+int64(len(blob))) {
+		t.Fatalf("ImageFsInfo used %d bytes, less than the local files (%d) and the data blob (%d)", used, files, len(blob))
+	}
+	removeSettled(t, d, ref, scope, before)
+}
+
+// dirEntriesAt are the names in dir.
+func dirEntriesAt(t *testing.T, dir string) []string {
+	t.Helper()
+	es, err := os.ReadDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	for _, e := range es {
+		out = append(out, e.Name())
+	}
+	return out
+}
+
+// fileInLayer is the content of name in img's layer i.
+func fileInLayer(t *testing.T, img v1.Image, i int, name string) []byte {
+	t.Helper()
+	layers, err := img.Layers()
+	if err != nil {
+		t.Fatal(err)
+	}
+	rc, err := layers[i].Uncompressed()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rc.Close()
+	tr := tar.NewReader(rc)
+	for {
+		h, err := tr.Next()
+		if err != nil {
+			t.Fatalf("%s not in layer %d: %v", name, i, err)
+		}
+		if strings.TrimPrefix(path.Clean(h.Name), "/") == name {
+			data, err := io.ReadAll(tr)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return data
+		}
+	}
+}
+
+// shInPod runs `sh -c script` from image ref in a new pod on d and
+// returns what it printed; the pod is removed.
+func shInPod(t *testing.T, d *berthdtest.Daemon, reg *testimages.Registry, ref, script string) string {
+	t.Helper()
+	name := strings.ToLower(strings.ReplaceAll(t.Name(), "/", "-")) + "-sh"
+	name = name[max(0, len(name)-60):]
+	e := &ctrEnv{t: t, d: d, reg: reg, logDir: filepath.Join(d.Dir, "podlogs", name)}
+	e.podCfg = podConfig(strings.Trim(name, "-"))
+	e.podCfg.LogDirectory = e.logDir
+	e.podCfg.Linux.CgroupParent = ""
+	e.pod = runPod(t, d, e.podCfg)
+	cfg := e.config("sh", "sh", "-c", script)
+	cfg.Image.Image = ref
+	lines, st := e.output(cfg)
+	if st.ExitCode != 0 {
+		t.Fatalf("%s in %s exited %d: %q", script, ref, st.ExitCode, lines)
+	}
+	stopRemove(t, d, e.pod)
+	return strings.Join(lines, "\n")
 }
 
 // TestLazyPullRegistryGoneMidFetch: the registry goes away after the
