@@ -553,7 +553,7 @@ func TestLazyPullCompleteLayerReadsLocalFiles(t *testing.T) {
 			}
 		}
 	}
-	fs, err := d.Image.ImageFsInfo(ctxT(t), &criapi.ImageFsInfoRequest{})
+	fs, err := d.Image.ImageFsInfo(berthdtest.Ctx(t), &criapi.ImageFsInfoRequest{})
 	if err != nil {
 		t.Fatal(err)
 	}
