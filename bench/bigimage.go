@@ -42,8 +42,9 @@ const (
 	bigWeightsB = 1280 << 20
 )
 
-// BigLayer is one compressed layer blob on disk.
-type BigLayer struct {
+// LayerBlob is one compressed layer blob on disk (the lazy image's
+// eStargz blobs leave DiffID, Unpacked and MediaType empty).
+type LayerBlob struct {
 	Path      string `json:"path"`
 	Digest    string `json:"digest"`
 	DiffID    string `json:"diff_id"`
@@ -55,7 +56,7 @@ type BigLayer struct {
 // BigImage is the big image in one compression.
 type BigImage struct {
 	Compression string     `json:"compression"`
-	Layers      []BigLayer `json:"layers"`
+	Layers      LayerBlobs `json:"layers"`
 	Image       v1.Image   `json:"-"`
 }
 
@@ -74,10 +75,13 @@ func (b *BigImage) Unpacked() (n int64) {
 	return n
 }
 
+// LayerBlobs are an image's layer blobs, bottom first.
+type LayerBlobs []LayerBlob
+
 // Files maps each layer digest to its blob file.
-func (b *BigImage) Files() map[string]string {
+func (ls LayerBlobs) Files() map[string]string {
 	m := map[string]string{}
-	for _, l := range b.Layers {
+	for _, l := range ls {
 		m[l.Digest] = l.Path
 	}
 	return m
@@ -111,8 +115,8 @@ func BuildBigImages(cacheDir, goroot string) (gz, zst *BigImage, err error) {
 	}
 	gz, zst = &BigImage{Compression: "gzip"}, &BigImage{Compression: "zstd"}
 	producers := []func(io.Writer) error{bigBase, bigFiles(goroot), bigWeights, bigConfig}
-	gz.Layers = make([]BigLayer, len(producers))
-	zst.Layers = make([]BigLayer, len(producers))
+	gz.Layers = make([]LayerBlob, len(producers))
+	zst.Layers = make([]LayerBlob, len(producers))
 	var g errgroup.Group
 	g.SetLimit(runtime.GOMAXPROCS(0))
 	for i, produce := range producers {
@@ -140,7 +144,7 @@ func BuildBigImages(cacheDir, goroot string) (gz, zst *BigImage, err error) {
 
 // bigLayer writes one layer's tar (from produce) as a gzip and a zstd
 // blob in one pass.
-func bigLayer(dir string, i int, produce func(io.Writer) error) (gz, zst BigLayer, err error) {
+func bigLayer(dir string, i int, produce func(io.Writer) error) (gz, zst LayerBlob, err error) {
 	type out struct {
 		f  *os.File
 		h  hash.Hash
@@ -168,12 +172,12 @@ func bigLayer(dir string, i int, produce func(io.Writer) error) (gz, zst BigLaye
 	if err := produce(io.MultiWriter(diff, &unpacked, outs[0].zw, outs[1].zw)); err != nil {
 		return gz, zst, err
 	}
-	var layers [2]BigLayer
+	var layers [2]LayerBlob
 	for k, mt := range []types.MediaType{types.OCILayer, types.OCILayerZStd} {
 		if err := outs[k].zw.Close(); err != nil {
 			return gz, zst, err
 		}
-		layers[k] = BigLayer{
+		layers[k] = LayerBlob{
 			Path: outs[k].f.Name(), Digest: fmt.Sprintf("sha256:%x", outs[k].h.Sum(nil)),
 			DiffID: fmt.Sprintf("sha256:%x", diff.Sum(nil)), Size: int64(outs[k].n), Unpacked: int64(unpacked),
 			MediaType: string(mt),

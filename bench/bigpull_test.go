@@ -46,7 +46,7 @@ func BenchmarkBigPull(b *testing.B) {
 	cmp := NewComparison(names...)
 	for _, bi := range []*BigImage{gz, zst} {
 		repo := "big-" + bi.Compression
-		if err := shaped.Add(repo+":latest", bi.Image, bi.Files()); err != nil {
+		if err := shaped.Add(repo+":latest", bi.Image, bi.Layers.Files()); err != nil {
 			b.Fatal(err)
 		}
 		w := BigPullWorkload(bi, shaped, shaped.Ref(repo+":latest"))

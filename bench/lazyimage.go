@@ -47,25 +47,9 @@ type LazyImage struct {
 	// WeightsBytes is the weights file's size.
 	WeightsBytes int64
 	// Layers are the blobs, bottom first: digest and file.
-	Layers []LazyLayer
+	Layers LayerBlobs
 	// Compressed is the sum of the blobs' sizes, Unpacked of their tars.
 	Compressed, Unpacked int64
-}
-
-// LazyLayer is one eStargz blob of the lazy image.
-type LazyLayer struct {
-	Digest string
-	Path   string
-	Size   int64
-}
-
-// Files maps each layer digest to its blob file.
-func (li *LazyImage) Files() map[string]string {
-	m := map[string]string{}
-	for _, l := range li.Layers {
-		m[l.Digest] = l.Path
-	}
-	return m
 }
 
 type lazyMeta struct {
@@ -171,7 +155,7 @@ func loadLazyImage(dir string, meta lazyMeta, weights int64) (*LazyImage, error)
 		if l.Annotations[estargzconv.TOCDigestAnnotation] == "" {
 			return nil, fmt.Errorf("lazy-pull image layer %s has no TOC digest", l.Digest)
 		}
-		li.Layers = append(li.Layers, LazyLayer{Digest: l.Digest.String(), Path: filepath.Join(dir, "blobs", l.Digest.Algorithm, l.Digest.Hex), Size: l.Size})
+		li.Layers = append(li.Layers, LayerBlob{Digest: l.Digest.String(), Path: filepath.Join(dir, "blobs", l.Digest.Algorithm, l.Digest.Hex), Size: l.Size})
 		li.Compressed += l.Size
 	}
 	return li, nil

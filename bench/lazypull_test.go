@@ -35,7 +35,7 @@ func BenchmarkLazyPull(b *testing.B) {
 	}
 	shaped := startBigShaped(b)
 	defer shaped.Close()
-	if err := shaped.Add("lazy:latest", li.Image, li.Files()); err != nil {
+	if err := shaped.Add("lazy:latest", li.Image, li.Layers.Files()); err != nil {
 		b.Fatal(err)
 	}
 	reg := pauseRegistry(b)

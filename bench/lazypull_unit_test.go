@@ -74,7 +74,7 @@ func TestLazySpans(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		li.Layers = append(li.Layers, LazyLayer{Digest: d.String(), Path: p, Size: n})
+		li.Layers = append(li.Layers, LayerBlob{Digest: d.String(), Path: p, Size: n})
 		t.Logf("layer %d: %d bytes", i, n)
 	}
 	spans, err := lazySpans(li, read)
