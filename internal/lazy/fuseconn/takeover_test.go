@@ -1,0 +1,487 @@
+package fuseconn_test
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"log"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/hanwen/go-fuse/v2/fs"
+	"github.com/hanwen/go-fuse/v2/fuse"
+	"golang.org/x/sys/unix"
+
+	"github.com/berthcri/berth/internal/lazy/fuseconn"
+	"github.com/berthcri/berth/internal/testutil/leakcheck"
+)
+
+// The test binary is also the helpers the takeover test runs as
+// processes of their own: a server and a reader.
+const (
+	roleEnv     = "FUSECONN_TEST_ROLE"
+	settingsEnv = "FUSECONN_TEST_SETTINGS"
+	stallEnv    = "FUSECONN_TEST_STALL"
+	mountEnv    = "FUSECONN_TEST_MOUNT"
+)
+
+func TestMain(m *testing.M) {
+	switch os.Getenv(roleEnv) {
+	case "server":
+		os.Exit(runServer())
+	case "reader":
+		os.Exit(runReader())
+	}
+	os.Exit(m.Run())
+}
+
+var (
+	helloData = []byte("hello, world: served before and after the takeover\n")
+	aData     = []byte("a\n")
+	bData     = []byte("b, looked up only after the takeover\n")
+	stallData = []byte("the answer to a read the killed server had taken\n")
+)
+
+// mountOptions are the test filesystem's, for the mount and every server.
+func mountOptions() fuse.MountOptions {
+	return fuse.MountOptions{
+		Name:             "berthtest",
+		FsName:           "fuseconn-test",
+		MaxWrite:         128 << 10,
+		DirectMountFlags: unix.MS_RDONLY | unix.MS_NOSUID | unix.MS_NODEV,
+		Options:          []string{"default_permissions"},
+		Logger:           log.New(os.Stderr, "go-fuse: ", 0),
+	}
+}
+
+func serveOptions() *fs.Options {
+	hour := time.Hour
+	return &fs.Options{
+		MountOptions: mountOptions(),
+		// The kernel keeps entries across the takeover, so the node IDs
+		// it holds from the first server reach the second.
+		EntryTimeout: &hour,
+		AttrTimeout:  &hour,
+	}
+}
+
+// testFile is a read-only file; if stall is set, a read of it says so on
+// stdout and never returns (the server is to be killed in it).
+type testFile struct {
+	fs.Inode
+	data  []byte
+	stall bool
+}
+
+func (f *testFile) Getattr(ctx context.Context, _ fs.FileHandle, out *fuse.AttrOut) syscall.Errno {
+	out.Mode = syscall.S_IFREG | 0o444
+	out.Size = uint64(len(f.data))
+	return 0
+}
+
+func (f *testFile) Open(ctx context.Context, flags uint32) (fs.FileHandle, uint32, syscall.Errno) {
+	// Every read reaches the server: none is answered from the page
+	// cache of the first one.
+	return nil, fuse.FOPEN_DIRECT_IO, 0
+}
+
+func (f *testFile) Read(ctx context.Context, _ fs.FileHandle, dest []byte, off int64) (fuse.ReadResult, syscall.Errno) {
+	if f.stall {
+		fmt.Println("stalled")
+		select {}
+	}
+	off = min(off, int64(len(f.data)))
+	return fuse.ReadResultData(f.data[off:min(off+int64(len(dest)), int64(len(f.data)))]), 0
+}
+
+// testRoot is /hello, /dir/{a,b,stall}, built when it is added, with
+// inode numbers in the order of building, as internal/lazy builds a
+// layer's tree.
+type testRoot struct {
+	fs.Inode
+	stall bool
+}
+
+func (r *testRoot) OnAdd(ctx context.Context) {
+	ino := uint64(2)
+	add := func(parent *fs.Inode, name string, n fs.InodeEmbedder, mode uint32) *fs.Inode {
+		ch := parent.NewPersistentInode(ctx, n, fs.StableAttr{Mode: mode, Ino: ino})
+		ino++
+		parent.AddChild(name, ch, false)
+		return ch
+	}
+	add(&r.Inode, "hello", &testFile{data: helloData}, syscall.S_IFREG)
+	dir := add(&r.Inode, "dir", &fs.Inode{}, syscall.S_IFDIR)
+	add(dir, "a", &testFile{data: aData}, syscall.S_IFREG)
+	add(dir, "b", &testFile{data: bData}, syscall.S_IFREG)
+	add(dir, "stall", &testFile{data: stallData, stall: r.stall}, syscall.S_IFREG)
+}
+
+// runServer serves the test tree on fd 3 with the settings file named in
+// the environment until the filesystem is unmounted.
+func runServer() int {
+	s, err := fuseconn.Load(os.Getenv(settingsEnv))
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	dev := os.NewFile(3, "/dev/fuse")
+	srv, err := fuseconn.Serve(dev, s, &testRoot{stall: os.Getenv(stallEnv) != ""}, serveOptions())
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	dev.Close()
+	fmt.Println("serving")
+	srv.Wait()
+	return 0
+}
+
+// runReader reads the mount named in the environment: a file it keeps
+// open, then, in the background, the stalling file; on "go" from stdin,
+// the open file again and a file it never looked up before.
+func runReader() int {
+	mnt := os.Getenv(mountEnv)
+	say := func(format string, args ...any) { fmt.Printf(format+"\n", args...) }
+	f, err := os.Open(filepath.Join(mnt, "hello"))
+	if err != nil {
+		say("err %v", err)
+		return 1
+	}
+	defer f.Close()
+	buf := make([]byte, 5)
+	if _, err := f.ReadAt(buf, 0); err != nil {
+		say("err %v", err)
+		return 1
+	}
+	say("hello %s", buf)
+	if _, err := os.ReadFile(filepath.Join(mnt, "dir", "a")); err != nil {
+		say("err %v", err)
+		return 1
+	}
+	say("a ok")
+	stalled := make(chan struct{})
+	go func() {
+		defer close(stalled)
+		data, err := os.ReadFile(filepath.Join(mnt, "dir", "stall"))
+		if err != nil {
+			say("err stall: %v", err)
+			return
+		}
+		say("stall %q", data)
+	}()
+	in := bufio.NewScanner(os.Stdin)
+	if !in.Scan() || in.Text() != "go" {
+		say("err no go")
+		return 1
+	}
+	if _, err := f.ReadAt(buf, 7); err != nil {
+		say("err hello again: %v", err)
+		return 1
+	}
+	say("hello again %s", buf)
+	data, err := os.ReadFile(filepath.Join(mnt, "dir", "b"))
+	if err != nil {
+		say("err b: %v", err)
+		return 1
+	}
+	say("b %q", data)
+	<-stalled
+	say("done")
+	return 0
+}
+
+// helper is a helper process whose stdout the test reads line by line.
+type helper struct {
+	name   string
+	cmd    *exec.Cmd
+	stdin  io.WriteCloser
+	lines  chan string
+	stderr bytes.Buffer
+	waited bool
+}
+
+// lineWait bounds how long a test waits for a helper's next line: it
+// turns a hang (a reader never answered) into a failure that says where;
+// it measures nothing.
+const lineWait = 2 * time.Minute
+
+func startHelper(t *testing.T, name string, env []string, dev *os.File) *helper {
+	t.Helper()
+	exe, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := &helper{name: name, cmd: exec.Command(exe), lines: make(chan string, 16)}
+	h.cmd.Env = append(os.Environ(), env...)
+	h.cmd.Stderr = &h.stderr
+	if dev != nil {
+		h.cmd.ExtraFiles = []*os.File{dev}
+	}
+	if h.stdin, err = h.cmd.StdinPipe(); err != nil {
+		t.Fatal(err)
+	}
+	stdout, err := h.cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := h.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() {
+		defer close(h.lines)
+		sc := bufio.NewScanner(stdout)
+		for sc.Scan() {
+			h.lines <- sc.Text()
+		}
+	}()
+	t.Cleanup(func() {
+		if !h.waited {
+			_ = h.cmd.Process.Kill()
+			_ = h.cmd.Wait()
+		}
+		if h.stderr.Len() > 0 {
+			t.Logf("%s stderr:\n%s", h.name, h.stderr.String())
+		}
+	})
+	return h
+}
+
+func (h *helper) expect(t *testing.T, want string) {
+	t.Helper()
+	select {
+	case got, ok := <-h.lines:
+		if !ok {
+			t.Fatalf("%s ended before %q (stderr: %s)", h.name, want, h.stderr.String())
+		}
+		if got != want {
+			t.Fatalf("%s said %q, want %q", h.name, got, want)
+		}
+	case <-time.After(lineWait):
+		t.Fatalf("%s did not say %q within %v", h.name, want, lineWait)
+	}
+}
+
+func (h *helper) wait(t *testing.T) {
+	t.Helper()
+	h.stdin.Close()
+	done := make(chan error, 1)
+	go func() { done <- h.cmd.Wait() }()
+	select {
+	case err := <-done:
+		h.waited = true
+		if err != nil {
+			t.Fatalf("%s: %v (stderr: %s)", h.name, err, h.stderr.String())
+		}
+	case <-time.After(lineWait):
+		t.Fatalf("%s did not exit within %v", h.name, lineWait)
+	}
+}
+
+func (h *helper) kill(t *testing.T) {
+	t.Helper()
+	if err := h.cmd.Process.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	_ = h.cmd.Wait()
+	h.waited = true
+}
+
+func requireFUSE(t *testing.T) {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("mounting FUSE needs root")
+	}
+	if _, err := os.Stat("/dev/fuse"); err != nil {
+		t.Skipf("no /dev/fuse: %v", err)
+	}
+}
+
+// The server is killed (-9) while a reader holds a file open and is
+// blocked in a read the server had taken; a new server process takes the
+// connection the test (the mount's parent) kept. The blocked read is
+// answered, the open file reads on, a name never looked up before
+// resolves, and nobody sees ENOTCONN. Then the mount goes and leaves no
+// mount, process or fd behind.
+func TestKilledServerIsReplacedOnTheSameConnection(t *testing.T) {
+	requireFUSE(t)
+	fdsBefore := openFDs(t)
+
+	mnt := t.TempDir()
+	opts := mountOptions()
+	dev, s, err := fuseconn.Mount(mnt, &opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	unmounted := false
+	t.Cleanup(func() {
+		if !unmounted {
+			_ = fuseconn.Unmount(mnt)
+			dev.Close()
+		}
+	})
+	if !s.CanResend() {
+		t.Skip("this kernel has no FUSE_NOTIFY_RESEND (Linux 6.9)")
+	}
+	settings := filepath.Join(t.TempDir(), "fuse.json")
+	if err := s.Save(settings); err != nil {
+		t.Fatal(err)
+	}
+	serverEnv := func(stall bool) []string {
+		env := []string{roleEnv + "=server", settingsEnv + "=" + settings}
+		if stall {
+			env = append(env, stallEnv+"=1")
+		}
+		return env
+	}
+
+	first := startHelper(t, "first server", serverEnv(true), dev)
+	first.expect(t, "serving")
+	reader := startHelper(t, "reader", []string{roleEnv + "=reader", mountEnv + "=" + mnt}, nil)
+	reader.expect(t, "hello "+string(helloData[:5]))
+	reader.expect(t, "a ok")
+	first.expect(t, "stalled")
+	first.kill(t)
+
+	second := startHelper(t, "second server", serverEnv(false), dev)
+	second.expect(t, "serving")
+	reader.expect(t, fmt.Sprintf("stall %q", stallData))
+	if _, err := io.WriteString(reader.stdin, "go\n"); err != nil {
+		t.Fatal(err)
+	}
+	reader.expect(t, "hello again "+string(helloData[7:12]))
+	reader.expect(t, fmt.Sprintf("b %q", bData))
+	reader.expect(t, "done")
+	reader.wait(t)
+
+	// Nothing uses the filesystem now: a plain unmount must succeed, and
+	// the server ends with the connection.
+	if err := unix.Unmount(mnt, 0); err != nil {
+		t.Fatalf("unmount: %v", err)
+	}
+	dev.Close()
+	unmounted = true
+	second.wait(t)
+
+	if m := mountsAt(t, mnt); len(m) > 0 {
+		t.Errorf("mounts left: %v", m)
+	}
+	if kids := children(t); len(kids) > 0 {
+		t.Errorf("processes left: %v", kids)
+	}
+	if leaked := diffFDs(fdsBefore, openFDs(t)); len(leaked) > 0 {
+		t.Errorf("fds left: %v", leaked)
+	}
+}
+
+// A server whose options would answer INIT otherwise than the mount did
+// is refused before it reads a request, and the connection stays whole:
+// a server with the mount's options serves it next.
+func TestServeRefusesOtherOptionsAndLeavesTheConnection(t *testing.T) {
+	requireFUSE(t)
+	mnt := t.TempDir()
+	opts := mountOptions()
+	dev, s, err := fuseconn.Mount(mnt, &opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = fuseconn.Unmount(mnt)
+		dev.Close()
+	})
+
+	other := serveOptions()
+	other.MaxWrite = 64 << 10
+	if _, err := fuseconn.Serve(dev, s, &testRoot{}, other); err == nil || !strings.Contains(err.Error(), "options differ") {
+		t.Fatalf("Serve with another MaxWrite = %v, want a refusal", err)
+	}
+
+	srv, err := fuseconn.Serve(dev, s, &testRoot{}, serveOptions())
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := os.ReadFile(filepath.Join(mnt, "dir", "a"))
+	if err != nil || !bytes.Equal(got, aData) {
+		t.Fatalf("read = %q, %v; want %q", got, err, aData)
+	}
+	if err := unix.Unmount(mnt, 0); err != nil {
+		t.Fatalf("unmount: %v", err)
+	}
+	srv.Wait()
+}
+
+// openFDs maps this process's open fds to what they are. The runtime's
+// poller is started first, so that it does not count as a leak.
+func openFDs(t *testing.T) map[string]string {
+	t.Helper()
+	r, w, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.Close()
+	w.Close()
+	ents, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]string{}
+	for _, e := range ents {
+		if target, err := os.Readlink(filepath.Join("/proc/self/fd", e.Name())); err == nil {
+			out[e.Name()] = target
+		}
+	}
+	return out
+}
+
+func diffFDs(before, after map[string]string) []string {
+	var out []string
+	for fd, target := range after {
+		if before[fd] != target && !strings.HasPrefix(target, "/proc/") {
+			out = append(out, fd+" → "+target)
+		}
+	}
+	return out
+}
+
+// mountsAt is the mount entries whose mount point is dir.
+func mountsAt(t *testing.T, dir string) []string {
+	t.Helper()
+	data, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	for _, line := range strings.Split(string(data), "\n") {
+		if f := strings.Fields(line); len(f) > 4 && f[4] == dir {
+			out = append(out, line)
+		}
+	}
+	return out
+}
+
+// children is the processes whose parent is this test.
+func children(t *testing.T) []int {
+	t.Helper()
+	ents, err := os.ReadDir("/proc")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []int
+	for _, e := range ents {
+		var pid int
+		if _, err := fmt.Sscan(e.Name(), &pid); err != nil {
+			continue
+		}
+		if leakcheck.ParentPid(pid) == os.Getpid() {
+			out = append(out, pid)
+		}
+	}
+	return out
+}
