@@ -22,6 +22,14 @@
 // so the node IDs the kernel got from a dead server mean the same nodes
 // to the new one. Files must be opened without a handle (Open returns a
 // nil fs.FileHandle): a handle is a number in the dead server's memory.
+// (Directory handles, which go-fuse always makes, are translated:
+// dirHandles.)
+//
+// A server must not open files of the filesystem it serves through the os
+// package: Go registers an opened file with its epoll, the kernel then asks
+// the server (FUSE_POLL) while that thread holds its P, and the process
+// can deadlock. go-fuse avoids it with a poll at mount time
+// (fuse/poll.go), which it skips for a connection it did not mount.
 package fuseconn
 
 import (

@@ -5,7 +5,10 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"io"
+	"log"
 	"os"
+	"sync/atomic"
 
 	"github.com/hanwen/go-fuse/v2/fs"
 	"github.com/hanwen/go-fuse/v2/fuse"
@@ -36,13 +39,18 @@ func Serve(dev *os.File, s *Settings, root fs.InodeEmbedder, opts *fs.Options) (
 	o := *opts
 	o.ExternalNodeID = true
 	o.MountOptions.RememberInodes = true
+	// A server refused below is retired by a failed read, which go-fuse
+	// logs: that line would only mislead.
+	logs := newMutableLogger(o.MountOptions.Logger)
+	o.MountOptions.Logger = logs.Logger
 	raw := fs.NewNodeFS(root, &o)
 
-	srv, fdNum, reply, err := handshake(raw, &o.MountOptions, s.Init)
+	srv, fdNum, reply, err := handshake(newDirHandles(raw), &o.MountOptions, s.Init)
 	if err != nil {
 		return nil, fmt.Errorf("serve FUSE: %w", err)
 	}
 	fail := func(err error) (*Server, error) {
+		logs.mute.Store(true)
 		return nil, errors.Join(fmt.Errorf("serve FUSE: %w", err), retire(srv, fdNum))
 	}
 	if !bytes.Equal(reply, s.Reply) {
@@ -151,4 +159,27 @@ func resend(fd int) error {
 		return fmt.Errorf("FUSE_NOTIFY_RESEND: %w", err)
 	}
 	return nil
+}
+
+// mutableLogger is a go-fuse logger that can be silenced.
+type mutableLogger struct {
+	*log.Logger
+	w    io.Writer
+	mute atomic.Bool
+}
+
+func newMutableLogger(l *log.Logger) *mutableLogger {
+	if l == nil {
+		l = log.Default() // go-fuse's default
+	}
+	m := &mutableLogger{w: l.Writer()}
+	m.Logger = log.New(m, l.Prefix(), l.Flags())
+	return m
+}
+
+func (m *mutableLogger) Write(p []byte) (int, error) {
+	if m.mute.Load() {
+		return len(p), nil
+	}
+	return m.w.Write(p)
 }

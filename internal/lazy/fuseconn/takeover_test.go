@@ -101,7 +101,7 @@ func (f *testFile) Read(ctx context.Context, _ fs.FileHandle, dest []byte, off i
 	return fuse.ReadResultData(f.data[off:min(off+int64(len(dest)), int64(len(f.data)))]), 0
 }
 
-// testRoot is /hello, /dir/{a,b,stall}, built when it is added, with
+// testRoot is /hello, /dir/{a,b,stall,file-NNN...}, built when it is added, with
 // inode numbers in the order of building, as internal/lazy builds a
 // layer's tree.
 type testRoot struct {
@@ -122,7 +122,16 @@ func (r *testRoot) OnAdd(ctx context.Context) {
 	add(dir, "a", &testFile{data: aData}, syscall.S_IFREG)
 	add(dir, "b", &testFile{data: bData}, syscall.S_IFREG)
 	add(dir, "stall", &testFile{data: stallData, stall: r.stall}, syscall.S_IFREG)
+	for i := range manyFiles {
+		add(dir, manyName(i), &testFile{data: aData}, syscall.S_IFREG)
+	}
 }
+
+// manyFiles are enough names in /dir that the kernel lists it in several
+// READDIR requests, so that a listing can cross the takeover.
+const manyFiles = 300
+
+func manyName(i int) string { return fmt.Sprintf("file-%03d-with-a-name-long-enough-to-fill-pages", i) }
 
 // runServer serves the test tree on fd 3 with the settings file named in
 // the environment until the filesystem is unmounted.
@@ -167,6 +176,20 @@ func runReader() int {
 		return 1
 	}
 	say("a ok")
+	// A listing of /dir begun here and finished after the takeover, on
+	// the handle the first server gave.
+	d, err := os.Open(filepath.Join(mnt, "dir"))
+	if err != nil {
+		say("err %v", err)
+		return 1
+	}
+	defer d.Close()
+	listed, err := d.Readdirnames(1)
+	if err != nil {
+		say("err list: %v", err)
+		return 1
+	}
+	say("listing")
 	stalled := make(chan struct{})
 	go func() {
 		defer close(stalled)
@@ -193,9 +216,71 @@ func runReader() int {
 		return 1
 	}
 	say("b %q", data)
+	// A listing the new server begins and ends (its first directory
+	// handle), then the rest of the one the first server began.
+	root, err := os.ReadDir(mnt)
+	if err != nil {
+		say("err root: %v", err)
+		return 1
+	}
+	say("root %d", len(root))
+	rest, err := d.Readdirnames(-1)
+	if err != nil {
+		say("err list again: %v", err)
+		return 1
+	}
+	seen := map[string]bool{}
+	for _, n := range append(listed, rest...) {
+		seen[n] = true
+	}
+	say("listed %d names, %d distinct", len(listed)+len(rest), len(seen))
 	<-stalled
 	say("done")
 	return 0
+}
+
+// rig is a mount made by the test (the parent that holds the connection)
+// and the helper processes that use it.
+type rig struct {
+	mnt       string
+	dev       *os.File
+	settings  *fuseconn.Settings
+	helpers   []*helper
+	unmounted bool
+}
+
+// mount mounts the test filesystem. The cleanup, on any outcome, kills
+// the helpers, then drops the connection (closing the last fd of a
+// connection aborts it: a reader stuck in a request that a dead server
+// had taken cannot be killed until then), and only then waits for them.
+func mount(t *testing.T) *rig {
+	t.Helper()
+	r := &rig{mnt: t.TempDir()}
+	opts := mountOptions()
+	var err error
+	if r.dev, r.settings, err = fuseconn.Mount(r.mnt, &opts); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		for _, h := range r.helpers {
+			if !h.waited {
+				_ = h.cmd.Process.Kill()
+			}
+		}
+		if !r.unmounted {
+			_ = fuseconn.Unmount(r.mnt)
+			r.dev.Close()
+		}
+		for _, h := range r.helpers {
+			if !h.waited {
+				_ = h.cmd.Wait()
+			}
+			if h.stderr.Len() > 0 {
+				t.Logf("%s stderr:\n%s", h.name, h.stderr.String())
+			}
+		}
+	})
+	return r
 }
 
 // helper is a helper process whose stdout the test reads line by line.
@@ -213,7 +298,9 @@ type helper struct {
 // it measures nothing.
 const lineWait = 2 * time.Minute
 
-func startHelper(t *testing.T, name string, env []string, dev *os.File) *helper {
+// start runs the test binary as a helper; a server gets the connection
+// as its fd 3.
+func (r *rig) start(t *testing.T, name string, env []string, withConn bool) *helper {
 	t.Helper()
 	exe, err := os.Executable()
 	if err != nil {
@@ -222,8 +309,8 @@ func startHelper(t *testing.T, name string, env []string, dev *os.File) *helper 
 	h := &helper{name: name, cmd: exec.Command(exe), lines: make(chan string, 16)}
 	h.cmd.Env = append(os.Environ(), env...)
 	h.cmd.Stderr = &h.stderr
-	if dev != nil {
-		h.cmd.ExtraFiles = []*os.File{dev}
+	if withConn {
+		h.cmd.ExtraFiles = []*os.File{r.dev}
 	}
 	if h.stdin, err = h.cmd.StdinPipe(); err != nil {
 		t.Fatal(err)
@@ -235,6 +322,7 @@ func startHelper(t *testing.T, name string, env []string, dev *os.File) *helper 
 	if err := h.cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
+	r.helpers = append(r.helpers, h)
 	go func() {
 		defer close(h.lines)
 		sc := bufio.NewScanner(stdout)
@@ -242,15 +330,6 @@ func startHelper(t *testing.T, name string, env []string, dev *os.File) *helper 
 			h.lines <- sc.Text()
 		}
 	}()
-	t.Cleanup(func() {
-		if !h.waited {
-			_ = h.cmd.Process.Kill()
-			_ = h.cmd.Wait()
-		}
-		if h.stderr.Len() > 0 {
-			t.Logf("%s stderr:\n%s", h.name, h.stderr.String())
-		}
-	})
 	return h
 }
 
@@ -269,6 +348,7 @@ func (h *helper) expect(t *testing.T, want string) {
 	}
 }
 
+// wait closes the helper's stdin and waits for it to exit, successfully.
 func (h *helper) wait(t *testing.T) {
 	t.Helper()
 	h.stdin.Close()
@@ -304,34 +384,23 @@ func requireFUSE(t *testing.T) {
 	}
 }
 
-// The server is killed (-9) while a reader holds a file open and is
-// blocked in a read the server had taken; a new server process takes the
-// connection the test (the mount's parent) kept. The blocked read is
-// answered, the open file reads on, a name never looked up before
-// resolves, and nobody sees ENOTCONN. Then the mount goes and leaves no
+// The server is killed (-9) while a reader holds a file open, is halfway
+// through listing a directory, and is blocked in a read the server had
+// taken; a new server process takes the connection the test (the
+// mount's parent) kept. The blocked read is answered, the open file reads
+// on, a name never looked up before resolves, the listing goes on where
+// it was (every name once), and nobody sees ENOTCONN. Then the mount goes and leaves no
 // mount, process or fd behind.
 func TestKilledServerIsReplacedOnTheSameConnection(t *testing.T) {
 	requireFUSE(t)
 	fdsBefore := openFDs(t)
 
-	mnt := t.TempDir()
-	opts := mountOptions()
-	dev, s, err := fuseconn.Mount(mnt, &opts)
-	if err != nil {
-		t.Fatal(err)
-	}
-	unmounted := false
-	t.Cleanup(func() {
-		if !unmounted {
-			_ = fuseconn.Unmount(mnt)
-			dev.Close()
-		}
-	})
-	if !s.CanResend() {
+	r := mount(t)
+	if !r.settings.CanResend() {
 		t.Skip("this kernel has no FUSE_NOTIFY_RESEND (Linux 6.9)")
 	}
 	settings := filepath.Join(t.TempDir(), "fuse.json")
-	if err := s.Save(settings); err != nil {
+	if err := r.settings.Save(settings); err != nil {
 		t.Fatal(err)
 	}
 	serverEnv := func(stall bool) []string {
@@ -342,15 +411,16 @@ func TestKilledServerIsReplacedOnTheSameConnection(t *testing.T) {
 		return env
 	}
 
-	first := startHelper(t, "first server", serverEnv(true), dev)
+	first := r.start(t, "first server", serverEnv(true), true)
 	first.expect(t, "serving")
-	reader := startHelper(t, "reader", []string{roleEnv + "=reader", mountEnv + "=" + mnt}, nil)
+	reader := r.start(t, "reader", []string{roleEnv + "=reader", mountEnv + "=" + r.mnt}, false)
 	reader.expect(t, "hello "+string(helloData[:5]))
 	reader.expect(t, "a ok")
+	reader.expect(t, "listing")
 	first.expect(t, "stalled")
 	first.kill(t)
 
-	second := startHelper(t, "second server", serverEnv(false), dev)
+	second := r.start(t, "second server", serverEnv(false), true)
 	second.expect(t, "serving")
 	reader.expect(t, fmt.Sprintf("stall %q", stallData))
 	if _, err := io.WriteString(reader.stdin, "go\n"); err != nil {
@@ -358,19 +428,21 @@ func TestKilledServerIsReplacedOnTheSameConnection(t *testing.T) {
 	}
 	reader.expect(t, "hello again "+string(helloData[7:12]))
 	reader.expect(t, fmt.Sprintf("b %q", bData))
+	reader.expect(t, "root 2")
+	reader.expect(t, fmt.Sprintf("listed %d names, %d distinct", 3+manyFiles, 3+manyFiles))
 	reader.expect(t, "done")
 	reader.wait(t)
 
 	// Nothing uses the filesystem now: a plain unmount must succeed, and
 	// the server ends with the connection.
-	if err := unix.Unmount(mnt, 0); err != nil {
+	if err := unix.Unmount(r.mnt, 0); err != nil {
 		t.Fatalf("unmount: %v", err)
 	}
-	dev.Close()
-	unmounted = true
+	r.dev.Close()
+	r.unmounted = true
 	second.wait(t)
 
-	if m := mountsAt(t, mnt); len(m) > 0 {
+	if m := mountsAt(t, r.mnt); len(m) > 0 {
 		t.Errorf("mounts left: %v", m)
 	}
 	if kids := children(t); len(kids) > 0 {
@@ -407,9 +479,18 @@ func TestServeRefusesOtherOptionsAndLeavesTheConnection(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	got, err := os.ReadFile(filepath.Join(mnt, "dir", "a"))
-	if err != nil || !bytes.Equal(got, aData) {
-		t.Fatalf("read = %q, %v; want %q", got, err, aData)
+	// Read with raw system calls: os.Open would register the file with
+	// the runtime's epoll, whose first FUSE_POLL this very process must
+	// answer, and that can deadlock (go-fuse's fuse/poll.go).
+	fd, err := unix.Open(filepath.Join(mnt, "dir", "a"), unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := make([]byte, 64)
+	n, err := unix.Read(fd, got)
+	unix.Close(fd)
+	if err != nil || !bytes.Equal(got[:n], aData) {
+		t.Fatalf("read = %q, %v; want %q", got[:n], err, aData)
 	}
 	if err := unix.Unmount(mnt, 0); err != nil {
 		t.Fatalf("unmount: %v", err)
