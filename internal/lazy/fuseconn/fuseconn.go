@@ -20,10 +20,10 @@
 // node ID (fs.Options.ExternalNodeID), registers every node before it
 // reads a request, and never forgets one (fuse.MountOptions.RememberInodes),
 // so the node IDs the kernel got from a dead server mean the same nodes
-// to the new one. Files must be opened without a handle (Open returns a
-// nil fs.FileHandle): a handle is a number in the dead server's memory.
-// (Directory handles, which go-fuse always makes, are translated:
-// dirHandles.)
+// to the new one. A handle is a number in the dead server's memory: a
+// directory's is opened again, a file's is taken as none (handles), so
+// the tree's nodes must serve reads by node (fs.NodeReader), whatever
+// their Open returned.
 //
 // A server must not open files of the filesystem it serves through the os
 // package: Go registers an opened file with its epoll, the kernel then asks

@@ -45,7 +45,7 @@ func Serve(dev *os.File, s *Settings, root fs.InodeEmbedder, opts *fs.Options) (
 	o.MountOptions.Logger = logs.Logger
 	raw := fs.NewNodeFS(root, &o)
 
-	srv, fdNum, reply, err := handshake(newDirHandles(raw), &o.MountOptions, s.Init)
+	srv, fdNum, reply, err := handshake(newHandles(raw), &o.MountOptions, s.Init)
 	if err != nil {
 		return nil, fmt.Errorf("serve FUSE: %w", err)
 	}

@@ -73,12 +73,17 @@ func serveOptions() *fs.Options {
 }
 
 // testFile is a read-only file; if stall is set, a read of it says so on
-// stdout and never returns (the server is to be killed in it).
+// stdout and never returns (the server is to be killed in it); if handle
+// is set, it is opened with a handle (a number the next server does not
+// know), and read by node all the same.
 type testFile struct {
 	fs.Inode
-	data  []byte
-	stall bool
+	data   []byte
+	stall  bool
+	handle bool
 }
+
+type openHandle struct{}
 
 func (f *testFile) Getattr(ctx context.Context, _ fs.FileHandle, out *fuse.AttrOut) syscall.Errno {
 	out.Mode = syscall.S_IFREG | 0o444
@@ -89,6 +94,9 @@ func (f *testFile) Getattr(ctx context.Context, _ fs.FileHandle, out *fuse.AttrO
 func (f *testFile) Open(ctx context.Context, flags uint32) (fs.FileHandle, uint32, syscall.Errno) {
 	// Every read reaches the server: none is answered from the page
 	// cache of the first one.
+	if f.handle {
+		return &openHandle{}, fuse.FOPEN_DIRECT_IO, 0
+	}
 	return nil, fuse.FOPEN_DIRECT_IO, 0
 }
 
@@ -117,7 +125,7 @@ func (r *testRoot) OnAdd(ctx context.Context) {
 		parent.AddChild(name, ch, false)
 		return ch
 	}
-	add(&r.Inode, "hello", &testFile{data: helloData}, syscall.S_IFREG)
+	add(&r.Inode, "hello", &testFile{data: helloData, handle: true}, syscall.S_IFREG)
 	dir := add(&r.Inode, "dir", &fs.Inode{}, syscall.S_IFDIR)
 	add(dir, "a", &testFile{data: aData}, syscall.S_IFREG)
 	add(dir, "b", &testFile{data: bData}, syscall.S_IFREG)
@@ -384,7 +392,8 @@ func requireFUSE(t *testing.T) {
 	}
 }
 
-// The server is killed (-9) while a reader holds a file open, is halfway
+// The server is killed (-9) while a reader holds a file open (with a
+// handle the first server gave), is halfway
 // through listing a directory, and is blocked in a read the server had
 // taken; a new server process takes the connection the test (the
 // mount's parent) kept. The blocked read is answered, the open file reads
