@@ -232,6 +232,12 @@ func runReader() int {
 		return 1
 	}
 	say("root %d", len(root))
+	// The rest of the listing after one more server (a handle two
+	// generations old).
+	if !in.Scan() || in.Text() != "more" {
+		say("err no more")
+		return 1
+	}
 	rest, err := d.Readdirnames(-1)
 	if err != nil {
 		say("err list again: %v", err)
@@ -393,13 +399,13 @@ func requireFUSE(t *testing.T) {
 }
 
 // The server is killed (-9) while a reader holds a file open (with a
-// handle the first server gave), is halfway
-// through listing a directory, and is blocked in a read the server had
-// taken; a new server process takes the connection the test (the
-// mount's parent) kept. The blocked read is answered, the open file reads
-// on, a name never looked up before resolves, the listing goes on where
-// it was (every name once), and nobody sees ENOTCONN. Then the mount goes and leaves no
-// mount, process or fd behind.
+// handle the first server gave), is halfway through listing a directory,
+// and is blocked in a read the server had taken; a new server process
+// takes the connection the test (the mount's parent) kept. The blocked
+// read is answered, the open file reads on, a name never looked up
+// before resolves; that server is killed in turn and a third one ends
+// the listing where it was (every name once). Nobody sees ENOTCONN. Then
+// the mount goes and leaves no mount, process or fd behind.
 func TestKilledServerIsReplacedOnTheSameConnection(t *testing.T) {
 	requireFUSE(t)
 	fdsBefore := openFDs(t)
@@ -438,6 +444,14 @@ func TestKilledServerIsReplacedOnTheSameConnection(t *testing.T) {
 	reader.expect(t, "hello again "+string(helloData[7:12]))
 	reader.expect(t, fmt.Sprintf("b %q", bData))
 	reader.expect(t, "root 2")
+
+	// And once more, with nothing in flight.
+	second.kill(t)
+	third := r.start(t, "third server", serverEnv(false), true)
+	third.expect(t, "serving")
+	if _, err := io.WriteString(reader.stdin, "more\n"); err != nil {
+		t.Fatal(err)
+	}
 	reader.expect(t, fmt.Sprintf("listed %d names, %d distinct", 3+manyFiles, 3+manyFiles))
 	reader.expect(t, "done")
 	reader.wait(t)
@@ -449,7 +463,7 @@ func TestKilledServerIsReplacedOnTheSameConnection(t *testing.T) {
 	}
 	r.dev.Close()
 	r.unmounted = true
-	second.wait(t)
+	third.wait(t)
 
 	if m := mountsAt(t, r.mnt); len(m) > 0 {
 		t.Errorf("mounts left: %v", m)
