@@ -59,7 +59,7 @@ func (r *rootNode) OnAdd(ctx context.Context) {
 	next := uint64(2) // 1 is the root's
 	var add func(parent *fs.Inode, pn *node, dir *estargz.TOCEntry)
 	add = func(parent *fs.Inode, pn *node, dir *estargz.TOCEntry) {
-		dir.ForeachChild(func(name string, ent *estargz.TOCEntry) bool {
+		forEachChildSorted(dir, func(name string, ent *estargz.TOCEntry) bool {
 			switch {
 			case parent == &r.Inode && isLandmark(name):
 				return true
