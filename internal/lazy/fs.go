@@ -233,6 +233,28 @@ func (n *node) Listxattr(ctx context.Context, dest []byte) (uint32, syscall.Errn
 	return uint32(copy(dest, list)), 0
 }
 
+// HeldOptions are the options of a layer's filesystem on a connection
+// that outlives its server (fuseconn, decision 3600 S4): the mount
+// (fuseconn.Mount, with its MountOptions) and every server of it
+// (fuseconn.Serve) must use the same, or the server is refused. They are
+// Mount's, but for the direct-mount fields, which fuseconn does itself.
+func HeldOptions() *fs.Options {
+	ttl := cacheTTL
+	return &fs.Options{
+		MountOptions: fuse.MountOptions{
+			AllowOther:       true,
+			DirectMountFlags: unix.MS_RDONLY | unix.MS_NOSUID | unix.MS_NODEV,
+			FsName:           "berth-lazy",
+			Name:             "berth",
+			Options:          []string{"default_permissions"},
+			MaxReadAhead:     1 << 20,
+		},
+		EntryTimeout:    &ttl,
+		AttrTimeout:     &ttl,
+		NegativeTimeout: &ttl,
+	}
+}
+
 // Mounted is a layer served at a directory.
 type Mounted struct {
 	Dir    string

@@ -49,6 +49,15 @@ const (
 	// monitor could take its own locks; and once unasked, when the
 	// monitor starts serving (after adoption).
 	KeeperPong = "pong"
+	// KeeperLazyHold (to the keeper, and keeper → lazy-layer server): a
+	// lazy layer's FUSE connection (one /dev/fuse fd), ID its chain ID,
+	// Dir its layer dir, which says all a server needs (decision 3600,
+	// S4). The keeper holds the fd until the layer is dropped and hands
+	// it to every server it starts.
+	KeeperLazyHold = "lazy-hold"
+	// KeeperLazyDrop (to the keeper, and keeper → server): the lazy
+	// layer ID is gone; the keeper closes its fd.
+	KeeperLazyDrop = "lazy-drop"
 )
 
 // MonitorHandedOver is the exit code of a monitor that handed its

@@ -1,0 +1,221 @@
+package lazysrv
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/berthcri/berth/internal/lazy"
+)
+
+// The range protocol between a server and berthd, on berthd's unix
+// socket (Meta.Socket): one request per connection, a JSON line
+// (RangeRequest), answered by a JSON line (rangeAnswer) and, if it is not
+// an error, exactly the bytes asked for. berthd reads them from the
+// registry with the pull's credentials; the server checks each chunk
+// against its TOC digest as it would the registry's (lazy.Layer).
+
+// MaxRange bounds one range request: a chunk is at most a few MiB
+// compressed (estargz's default chunk is 4 MiB of file).
+const MaxRange = 64 << 20
+
+// maxRangeLine bounds a request or answer line.
+const maxRangeLine = 4 << 10
+
+// RangeRequest asks berthd for the bytes [Start, End) of Layer's blob.
+type RangeRequest struct {
+	Layer string `json:"layer"` // chain ID
+	Start int64  `json:"start"`
+	End   int64  `json:"end"`
+}
+
+type rangeAnswer struct {
+	Size  int64  `json:"size,omitempty"`
+	Error string `json:"error,omitempty"`
+}
+
+// ErrNoBerthd: a chunk is not on disk and the layer names no berthd.
+var ErrNoBerthd = errors.New("lazy layer: chunk not on disk and no berthd to ask")
+
+// source is a layer's blob as a server reads it: its tail (the TOC) from
+// toc.gz, anything else from berthd.
+type source struct {
+	id      string
+	meta    *Meta
+	tail    *os.File // nil: none on disk
+	tailOff int64
+}
+
+func openSource(id, dir string, meta *Meta) (*source, error) {
+	s := &source{id: id, meta: meta}
+	f, err := os.Open(filepath.Join(dir, TOCFile))
+	if os.IsNotExist(err) {
+		return s, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("lazy layer %s: %w", dir, err)
+	}
+	st, err := f.Stat()
+	if err != nil || st.Size() > meta.Size {
+		f.Close()
+		return nil, fmt.Errorf("lazy layer %s: %s is not the tail of a blob of %d bytes (%v)", dir, TOCFile, meta.Size, err)
+	}
+	s.tail, s.tailOff = f, meta.Size-st.Size()
+	return s, nil
+}
+
+func (s *source) Size() int64 { return s.meta.Size }
+
+func (s *source) close() {
+	if s.tail != nil {
+		s.tail.Close()
+	}
+}
+
+func (s *source) OpenRange(ctx context.Context, start, end int64) (io.ReadCloser, error) {
+	if s.tail != nil && start >= s.tailOff && end <= s.meta.Size {
+		return io.NopCloser(io.NewSectionReader(s.tail, start-s.tailOff, end-start)), nil
+	}
+	if s.meta.Socket == "" {
+		return nil, ErrNoBerthd
+	}
+	return AskRange(ctx, s.meta.Socket, RangeRequest{Layer: s.id, Start: start, End: end})
+}
+
+// AskRange asks berthd at socket for a range; the body has exactly
+// End-Start bytes (a short one is an error of its read).
+func AskRange(ctx context.Context, socket string, req RangeRequest) (io.ReadCloser, error) {
+	if req.Start < 0 || req.End <= req.Start || req.End-req.Start > MaxRange {
+		return nil, fmt.Errorf("range %d-%d: out of bounds", req.Start, req.End)
+	}
+	var d net.Dialer
+	conn, err := d.DialContext(ctx, "unix", socket)
+	if err != nil {
+		return nil, fmt.Errorf("ask berthd for a chunk: %w", err)
+	}
+	stop := context.AfterFunc(ctx, func() { conn.Close() })
+	fail := func(err error) (io.ReadCloser, error) {
+		stop()
+		conn.Close()
+		return nil, fmt.Errorf("ask berthd for bytes %d-%d of layer %s: %w", req.Start, req.End-1, req.Layer, err)
+	}
+	line, err := json.Marshal(req)
+	if err != nil {
+		return fail(err)
+	}
+	if _, err := conn.Write(append(line, '\n')); err != nil {
+		return fail(err)
+	}
+	br := bufio.NewReaderSize(conn, 64<<10)
+	var ans rangeAnswer
+	if err := readLine(br, &ans); err != nil {
+		return fail(err)
+	}
+	if ans.Error != "" {
+		return fail(errors.New(ans.Error))
+	}
+	if ans.Size != req.End-req.Start {
+		return fail(fmt.Errorf("berthd answers %d bytes", ans.Size))
+	}
+	return &rangeBody{r: io.LimitReader(br, ans.Size), conn: conn, stop: stop}, nil
+}
+
+type rangeBody struct {
+	r    io.Reader
+	conn net.Conn
+	stop func() bool
+}
+
+func (b *rangeBody) Read(p []byte) (int, error) { return b.r.Read(p) }
+
+func (b *rangeBody) Close() error {
+	b.stop()
+	return b.conn.Close()
+}
+
+// readLine reads one JSON line of at most maxRangeLine bytes into v.
+func readLine(br *bufio.Reader, v any) error {
+	var line []byte
+	for {
+		part, isPrefix, err := br.ReadLine()
+		if err != nil {
+			return err
+		}
+		line = append(line, part...)
+		if len(line) > maxRangeLine {
+			return fmt.Errorf("line over %d bytes", maxRangeLine)
+		}
+		if !isPrefix {
+			break
+		}
+	}
+	return json.Unmarshal(line, v)
+}
+
+// rangeReadTimeout bounds how long berthd waits for a request line.
+const rangeReadTimeout = 10 * time.Second
+
+// ServeRanges answers range requests on ln (berthd's side) until ln is
+// closed: source names the blob of a layer it serves (false: not one),
+// whose OpenRange reads the registry.
+func ServeRanges(ctx context.Context, ln net.Listener, log *slog.Logger, source func(layer string) (lazy.Source, bool)) error {
+	for {
+		conn, err := ln.Accept()
+		if err != nil {
+			if errors.Is(err, net.ErrClosed) {
+				return nil
+			}
+			return fmt.Errorf("lazy range socket: %w", err)
+		}
+		go serveRange(ctx, conn, log, source)
+	}
+}
+
+func serveRange(ctx context.Context, conn net.Conn, log *slog.Logger, source func(string) (lazy.Source, bool)) {
+	defer conn.Close()
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	_ = conn.SetReadDeadline(time.Now().Add(rangeReadTimeout))
+	br := bufio.NewReaderSize(conn, maxRangeLine)
+	var req RangeRequest
+	if err := readLine(br, &req); err != nil {
+		log.Warn("lazy range socket: bad request", "error", err)
+		return
+	}
+	answer := func(a rangeAnswer) bool {
+		line, _ := json.Marshal(a)
+		_, err := conn.Write(append(line, '\n'))
+		return err == nil
+	}
+	src, ok := source(req.Layer)
+	switch {
+	case !ok:
+		answer(rangeAnswer{Error: "no such lazy layer"})
+		return
+	case req.Start < 0 || req.End <= req.Start || req.End > src.Size() || req.End-req.Start > MaxRange:
+		answer(rangeAnswer{Error: fmt.Sprintf("range %d-%d out of bounds", req.Start, req.End)})
+		return
+	}
+	body, err := src.OpenRange(ctx, req.Start, req.End)
+	if err != nil {
+		// The server retries, then fails the read with EIO.
+		answer(rangeAnswer{Error: err.Error()})
+		return
+	}
+	defer body.Close()
+	if !answer(rangeAnswer{Size: req.End - req.Start}) {
+		return
+	}
+	// A short body leaves the server short: it retries.
+	if _, err := io.CopyN(conn, body, req.End-req.Start); err != nil {
+		log.Warn("lazy range socket: send range", "layer", req.Layer, "error", err)
+	}
+}
