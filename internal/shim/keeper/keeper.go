@@ -69,6 +69,10 @@ type Keeper struct {
 	// is still found hung and killed.
 	wmu   sync.Mutex
 	watch watchState
+
+	// lazy is the lazy layers' connections and their server (lazy.go);
+	// guarded by mu.
+	lazy lazyState
 }
 
 // entry is one container the keeper holds.
@@ -82,7 +86,7 @@ type entry struct {
 // binary.
 func New(dir, binary string, logf func(string, ...any)) *Keeper {
 	return &Keeper{dir: dir, binary: binary, logf: logf, ctrs: map[string]*entry{}, byPid: map[int]*entry{}, link: -1,
-		watch: watchState{pidfd: -1, link: -1}}
+		watch: watchState{pidfd: -1, link: -1}, lazy: lazyState{link: -1}}
 }
 
 // HoldKeeperLock takes the node dir's keeper lock (proto.KeeperLockPath),
@@ -140,6 +144,11 @@ func (k *Keeper) Run(ready, launchLock *os.File) int {
 			continue
 		}
 		k.mu.Lock()
+		if pid == k.lazy.pid {
+			k.lazyReapedLocked(ws)
+			k.mu.Unlock()
+			continue
+		}
 		if pid != k.monitor {
 			k.reapedLocked(pid, ws)
 			k.mu.Unlock()
@@ -156,7 +165,8 @@ func (k *Keeper) Run(ready, launchLock *os.File) int {
 		// still looks held and the clean exit like a crash (decision 3300).
 		k.awaitDrained(drained)
 		k.mu.Lock()
-		held := len(k.ctrs)
+		// A lazy layer's connection is held like a container.
+		held := len(k.ctrs) + len(k.lazy.holds)
 		k.mu.Unlock()
 		if ws.Exited() && ws.ExitStatus() == 0 && held == 0 {
 			k.logf("monitor exited; nothing held, exiting")
@@ -359,6 +369,9 @@ func (k *Keeper) applyLocked(m *proto.KeeperMsg, fds []int) {
 		}
 	case proto.KeeperPong:
 		k.ponged()
+	case proto.KeeperLazyHold, proto.KeeperLazyDrop:
+		k.lazyMsgLocked(m, fds)
+		return
 	default:
 		k.logf("unknown message %q from the monitor", m.Op)
 	}
