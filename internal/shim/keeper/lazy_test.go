@@ -96,6 +96,7 @@ func TestLazyServerRestartedThenGivenUp(t *testing.T) {
 		second = k.lazy.pid
 		return second != 0 && second != first
 	})
+	waitFor(t, "the second server's start", func() bool { return strings.Contains(readFile(starts), fmt.Sprint(second)) })
 	if !stillOpen(t, r) {
 		t.Fatal("the connection was closed at the server's first death")
 	}
