@@ -11,6 +11,8 @@ import (
 	"sync"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/berthcri/berth/internal/lazy"
 	"github.com/berthcri/berth/internal/lazy/fuseconn"
 	"github.com/berthcri/berth/internal/shim/proto"
@@ -176,6 +178,20 @@ func (s *Server) useComplete(ctx context.Context, dir string, e *served, log *sl
 	log.Info("lazy layer files local")
 }
 
+// abort ends the connection of a layer no server can serve (its dir is
+// not what berthd wrote), so that its readers get an error (ECONNABORTED)
+// instead of
+// waiting for ever: a forced unmount aborts a FUSE connection before
+// anything else (the keeper's copy of the fd cannot keep it), and berthd
+// drops the layer at its next look. The unmount itself may fail (an
+// overlay still has the layer as a lower dir).
+func abort(dir string, log *slog.Logger) {
+	mnt := filepath.Join(dir, MountDir)
+	if err := unix.Unmount(mnt, unix.MNT_FORCE); err != nil && !errors.Is(err, unix.EBUSY) {
+		log.Error("abort lazy layer's connection", "dir", mnt, "error", err)
+	}
+}
+
 // markCorrupt leaves the mark berthd looks for: the layer's images are
 // not kept (decision 3600, S2).
 func markCorrupt(dir string, log *slog.Logger, cause error) {
@@ -234,7 +250,8 @@ func (s *Server) Run(ctx context.Context, link int) error {
 			}
 			dev := os.NewFile(uintptr(fds[0]), "/dev/fuse")
 			if err := s.Add(ctx, m.ID, m.Dir, dev); err != nil {
-				s.opts.Log.Error("serve lazy layer", "layer", m.ID, "error", err)
+				s.opts.Log.Error("serve lazy layer; aborting its connection", "layer", m.ID, "error", err)
+				abort(m.Dir, s.opts.Log.With("layer", m.ID))
 			}
 			dev.Close()
 			fds = nil

@@ -502,6 +502,30 @@ func children(t *testing.T) []int {
 	return out
 }
 
+// A layer whose dir no server can serve (here its FUSE settings are not
+// a handshake) has its connection aborted by the server, though the
+// keeper still holds the fd: a reader gets an answer, not a wait for
+// ever: ECONNABORTED from the aborted connection (ENOTCONN on some
+// kernels), or ENOENT when the forced unmount also took the mount away
+// (nothing held it busy, unlike a container's overlay).
+func TestServerAbortsALayerItCannotServe(t *testing.T) {
+	r := newRig(t)
+	writeJSON(t, filepath.Join(r.dir, lazysrv.SettingsFile), `{"init":"","reply":""}`)
+	s := r.startServer(t)
+	_, err := r.readAt("etc/conf", 0, 64)
+	answered := false
+	for _, e := range []syscall.Errno{syscall.ECONNABORTED, syscall.ENOTCONN, syscall.ENOENT} {
+		answered = answered || err != nil && strings.Contains(err.Error(), e.Error())
+	}
+	if !answered {
+		t.Fatalf("read of a layer no server can serve: %v, want ECONNABORTED, ENOTCONN or ENOENT", err)
+	}
+	s.stop(t)
+	for _, pid := range children(t) {
+		t.Errorf("process %d left", pid)
+	}
+}
+
 // openFDs is this process's fds and what they name.
 func openFDs(t *testing.T) map[string]string {
 	t.Helper()
