@@ -15,10 +15,13 @@ import (
 	"github.com/berthcri/berth/internal/lazy"
 )
 
-// openLayer opens src's layer with a cache of its own (no mount).
+// openLayer opens src's layer (no mount), closed when the test ends; with
+// a cache of its own unless opts names one.
 func openLayer(t *testing.T, src lazy.Source, toc string, opts lazy.Options) *lazy.Layer {
 	t.Helper()
-	opts.CacheDir = filepath.Join(t.TempDir(), "cache")
+	if opts.CacheDir == "" {
+		opts.CacheDir = filepath.Join(t.TempDir(), "cache")
+	}
 	l, err := lazy.Open(context.Background(), src, toc, opts)
 	if err != nil {
 		t.Fatalf("open: %v", err)
@@ -143,11 +146,7 @@ func TestLayerCachedChunkOfTheWrongSizeIsFetchedAgain(t *testing.T) {
 	blob, toc := testLayer(t)
 	src := &memSource{blob: blob}
 	dir := filepath.Join(t.TempDir(), "cache")
-	l, err := lazy.Open(context.Background(), src, toc, lazy.Options{CacheDir: dir})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
+	l := openLayer(t, src, toc, lazy.Options{CacheDir: dir})
 	ent := lookup(t, l, "data/weights")
 	p := make([]byte, 64<<10)
 	if _, err := l.ReadFile(context.Background(), ent, p, 0); err != nil {
@@ -176,11 +175,7 @@ func TestLayerCorruptChunkIsNotCached(t *testing.T) {
 	blob, toc := testLayer(t)
 	src := &memSource{blob: blob}
 	dir := filepath.Join(t.TempDir(), "cache")
-	l, err := lazy.Open(context.Background(), src, toc, lazy.Options{CacheDir: dir})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
+	l := openLayer(t, src, toc, lazy.Options{CacheDir: dir})
 	src.mu.Lock()
 	src.corrupt = [2]int64{int64(len(blob)) / 3, int64(len(blob)) / 2}
 	src.mu.Unlock()
