@@ -29,7 +29,8 @@ type ExecOptions struct {
 	Stderr io.Writer // nil: discarded; unused with TTY
 	TTY    bool
 	Resize <-chan TerminalSize
-	// Timeout, when positive, kills the process after it and makes Exec
+	// Timeout, when positive, kills the process once it has run that long
+	// (counted from its start, not the runtime's setup) and makes Exec
 	// return an error wrapping errdefs.ErrDeadlineExceeded.
 	Timeout time.Duration
 }
@@ -38,6 +39,10 @@ type ExecOptions struct {
 // exited: a background child that inherited the pipes must not hold the
 // call (or a goroutine) forever.
 const drainTimeout = 2 * time.Second
+
+// execStartPoll is how often Exec looks for the runtime's pid file, the
+// sign that the process runs and its timeout starts.
+const execStartPoll = 10 * time.Millisecond
 
 // Exec runs a process in the running container id with the container's
 // own identity, environment, working directory and capabilities, and
@@ -108,19 +113,41 @@ func (s *Store) Exec(ctx context.Context, id string, o ExecOptions) (int, error)
 		stdio.start(o)
 	}
 
-	var timeout <-chan time.Time
+	// The timeout counts from the process's start, as containerd's does
+	// (its timer starts once the exec's Start returns): the runtime's own
+	// setup, seconds on a loaded node, is not the command's time, and
+	// counting it failed probes the command would have passed. The
+	// runtime writes the pid file once the process runs; until then only
+	// the caller's context bounds the wait.
+	var (
+		timeout <-chan time.Time
+		started <-chan time.Time
+	)
 	if o.Timeout > 0 {
-		t := time.NewTimer(o.Timeout)
-		defer t.Stop()
-		timeout = t.C
+		poll := time.NewTicker(execStartPoll)
+		defer poll.Stop()
+		started = poll.C
 	}
 	var runErr, why error
-	select {
-	case runErr = <-done:
-	case <-timeout:
-		why = fmt.Errorf("exec in %s: timeout %s exceeded: %w", rec.ID, o.Timeout, errdefs.ErrDeadlineExceeded)
-	case <-ctx.Done():
-		why = fmt.Errorf("exec in %s: %w", rec.ID, ctx.Err())
+wait:
+	for {
+		select {
+		case runErr = <-done:
+			break wait
+		case <-started:
+			if _, err := os.Stat(pidFile); err == nil {
+				started = nil
+				t := time.NewTimer(o.Timeout)
+				defer t.Stop()
+				timeout = t.C
+			}
+		case <-timeout:
+			why = fmt.Errorf("exec in %s: timeout %s exceeded: %w", rec.ID, o.Timeout, errdefs.ErrDeadlineExceeded)
+			break wait
+		case <-ctx.Done():
+			why = fmt.Errorf("exec in %s: %w", rec.ID, ctx.Err())
+			break wait
+		}
 	}
 	if why != nil {
 		killExec(pidFile)
