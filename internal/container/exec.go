@@ -113,42 +113,7 @@ func (s *Store) Exec(ctx context.Context, id string, o ExecOptions) (int, error)
 		stdio.start(o)
 	}
 
-	// The timeout counts from the process's start, as containerd's does
-	// (its timer starts once the exec's Start returns): the runtime's own
-	// setup, seconds on a loaded node, is not the command's time, and
-	// counting it failed probes the command would have passed. The
-	// runtime writes the pid file once the process runs; until then only
-	// the caller's context bounds the wait.
-	var (
-		timeout <-chan time.Time
-		started <-chan time.Time
-	)
-	if o.Timeout > 0 {
-		poll := time.NewTicker(execStartPoll)
-		defer poll.Stop()
-		started = poll.C
-	}
-	var runErr, why error
-wait:
-	for {
-		select {
-		case runErr = <-done:
-			break wait
-		case <-started:
-			if _, err := os.Stat(pidFile); err == nil {
-				started = nil
-				t := time.NewTimer(o.Timeout)
-				defer t.Stop()
-				timeout = t.C
-			}
-		case <-timeout:
-			why = fmt.Errorf("exec in %s: timeout %s exceeded: %w", rec.ID, o.Timeout, errdefs.ErrDeadlineExceeded)
-			break wait
-		case <-ctx.Done():
-			why = fmt.Errorf("exec in %s: %w", rec.ID, ctx.Err())
-			break wait
-		}
-	}
+	runErr, why := awaitExec(ctx, rec.ID, done, pidFile, o.Timeout)
 	if why != nil {
 		killExec(pidFile)
 		select {
@@ -167,6 +132,39 @@ wait:
 		return -1, why
 	}
 	return exitCode(rec.ID, runErr)
+}
+
+// awaitExec waits for the exec's runtime call (done) and returns its
+// result, or why it stopped waiting: the timeout or the caller's context.
+// The timeout counts from the process's start, as containerd's does (its
+// timer starts once the exec's Start returns): the runtime's own setup,
+// seconds on a loaded node, is not the command's time, and counting it
+// failed probes the command would have passed. The runtime writes the pid
+// file once the process runs; until then only ctx bounds the wait.
+func awaitExec(ctx context.Context, id string, done <-chan error, pidFile string, timeout time.Duration) (runErr, why error) {
+	var expired, started <-chan time.Time
+	if timeout > 0 {
+		poll := time.NewTicker(execStartPoll)
+		defer poll.Stop()
+		started = poll.C
+	}
+	for {
+		select {
+		case runErr = <-done:
+			return runErr, nil
+		case <-started:
+			if _, err := os.Stat(pidFile); err == nil {
+				started = nil
+				t := time.NewTimer(timeout)
+				defer t.Stop()
+				expired = t.C
+			}
+		case <-expired:
+			return nil, fmt.Errorf("exec in %s: timeout %s exceeded: %w", id, timeout, errdefs.ErrDeadlineExceeded)
+		case <-ctx.Done():
+			return nil, fmt.Errorf("exec in %s: %w", id, ctx.Err())
+		}
+	}
 }
 
 // execProcess is the container's process spec with the exec's command.
