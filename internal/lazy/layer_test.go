@@ -43,13 +43,22 @@ func lookup(t *testing.T, l *lazy.Layer, name string) *estargz.TOCEntry {
 // no directories).
 func cachedChunks(t *testing.T, dir string) []string {
 	t.Helper()
+	return cacheEntriesWhere(t, dir, func(e os.DirEntry) bool {
+		return e.Type().IsRegular() && !strings.Contains(e.Name(), ".tmp")
+	})
+}
+
+// cacheEntriesWhere are the names in a layer's cache dir that keep says
+// to keep.
+func cacheEntriesWhere(t *testing.T, dir string, keep func(os.DirEntry) bool) []string {
+	t.Helper()
 	es, err := os.ReadDir(dir)
 	if err != nil {
 		t.Fatal(err)
 	}
 	var out []string
 	for _, e := range es {
-		if e.Type().IsRegular() && !strings.Contains(e.Name(), ".tmp") {
+		if keep(e) {
 			out = append(out, e.Name())
 		}
 	}

@@ -68,15 +68,7 @@ func openBelow(t *testing.T, dir string) []string {
 // cacheEntries are the names in a layer's cache dir.
 func cacheEntries(t *testing.T, dir string) []string {
 	t.Helper()
-	es, err := os.ReadDir(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var out []string
-	for _, e := range es {
-		out = append(out, e.Name())
-	}
-	return out
+	return cacheEntriesWhere(t, dir, func(os.DirEntry) bool { return true })
 }
 
 // A complete layer's files, written out: reads through the mount (and
