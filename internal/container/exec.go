@@ -29,7 +29,8 @@ type ExecOptions struct {
 	Stderr io.Writer // nil: discarded; unused with TTY
 	TTY    bool
 	Resize <-chan TerminalSize
-	// Timeout, when positive, kills the process after it and makes Exec
+	// Timeout, when positive, kills the process once it has run that long
+	// (counted from its start, not the runtime's setup) and makes Exec
 	// return an error wrapping errdefs.ErrDeadlineExceeded.
 	Timeout time.Duration
 }
@@ -38,6 +39,10 @@ type ExecOptions struct {
 // exited: a background child that inherited the pipes must not hold the
 // call (or a goroutine) forever.
 const drainTimeout = 2 * time.Second
+
+// execStartPoll is how often Exec looks for the runtime's pid file, the
+// sign that the process runs and its timeout starts.
+const execStartPoll = 10 * time.Millisecond
 
 // Exec runs a process in the running container id with the container's
 // own identity, environment, working directory and capabilities, and
@@ -108,20 +113,7 @@ func (s *Store) Exec(ctx context.Context, id string, o ExecOptions) (int, error)
 		stdio.start(o)
 	}
 
-	var timeout <-chan time.Time
-	if o.Timeout > 0 {
-		t := time.NewTimer(o.Timeout)
-		defer t.Stop()
-		timeout = t.C
-	}
-	var runErr, why error
-	select {
-	case runErr = <-done:
-	case <-timeout:
-		why = fmt.Errorf("exec in %s: timeout %s exceeded: %w", rec.ID, o.Timeout, errdefs.ErrDeadlineExceeded)
-	case <-ctx.Done():
-		why = fmt.Errorf("exec in %s: %w", rec.ID, ctx.Err())
-	}
+	runErr, why := awaitExec(ctx, rec.ID, done, pidFile, o.Timeout)
 	if why != nil {
 		killExec(pidFile)
 		select {
@@ -140,6 +132,39 @@ func (s *Store) Exec(ctx context.Context, id string, o ExecOptions) (int, error)
 		return -1, why
 	}
 	return exitCode(rec.ID, runErr)
+}
+
+// awaitExec waits for the exec's runtime call (done) and returns its
+// result, or why it stopped waiting: the timeout or the caller's context.
+// The timeout counts from the process's start, as containerd's does (its
+// timer starts once the exec's Start returns): the runtime's own setup,
+// seconds on a loaded node, is not the command's time, and counting it
+// failed probes the command would have passed. The runtime writes the pid
+// file once the process runs; until then only ctx bounds the wait.
+func awaitExec(ctx context.Context, id string, done <-chan error, pidFile string, timeout time.Duration) (runErr, why error) {
+	var expired, started <-chan time.Time
+	if timeout > 0 {
+		poll := time.NewTicker(execStartPoll)
+		defer poll.Stop()
+		started = poll.C
+	}
+	for {
+		select {
+		case runErr = <-done:
+			return runErr, nil
+		case <-started:
+			if _, err := os.Stat(pidFile); err == nil {
+				started = nil
+				t := time.NewTimer(timeout)
+				defer t.Stop()
+				expired = t.C
+			}
+		case <-expired:
+			return nil, fmt.Errorf("exec in %s: timeout %s exceeded: %w", id, timeout, errdefs.ErrDeadlineExceeded)
+		case <-ctx.Done():
+			return nil, fmt.Errorf("exec in %s: %w", id, ctx.Err())
+		}
+	}
 }
 
 // execProcess is the container's process spec with the exec's command.

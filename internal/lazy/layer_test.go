@@ -15,10 +15,13 @@ import (
 	"github.com/berthcri/berth/internal/lazy"
 )
 
-// openLayer opens src's layer with a cache of its own (no mount).
+// openLayer opens src's layer (no mount), closed when the test ends; with
+// a cache of its own unless opts names one.
 func openLayer(t *testing.T, src lazy.Source, toc string, opts lazy.Options) *lazy.Layer {
 	t.Helper()
-	opts.CacheDir = filepath.Join(t.TempDir(), "cache")
+	if opts.CacheDir == "" {
+		opts.CacheDir = filepath.Join(t.TempDir(), "cache")
+	}
 	l, err := lazy.Open(context.Background(), src, toc, opts)
 	if err != nil {
 		t.Fatalf("open: %v", err)
@@ -40,13 +43,22 @@ func lookup(t *testing.T, l *lazy.Layer, name string) *estargz.TOCEntry {
 // no directories).
 func cachedChunks(t *testing.T, dir string) []string {
 	t.Helper()
+	return cacheEntriesWhere(t, dir, func(e os.DirEntry) bool {
+		return e.Type().IsRegular() && !strings.Contains(e.Name(), ".tmp")
+	})
+}
+
+// cacheEntriesWhere are the names in a layer's cache dir that keep says
+// to keep.
+func cacheEntriesWhere(t *testing.T, dir string, keep func(os.DirEntry) bool) []string {
+	t.Helper()
 	es, err := os.ReadDir(dir)
 	if err != nil {
 		t.Fatal(err)
 	}
 	var out []string
 	for _, e := range es {
-		if e.Type().IsRegular() && !strings.Contains(e.Name(), ".tmp") {
+		if keep(e) {
 			out = append(out, e.Name())
 		}
 	}
@@ -143,11 +155,7 @@ func TestLayerCachedChunkOfTheWrongSizeIsFetchedAgain(t *testing.T) {
 	blob, toc := testLayer(t)
 	src := &memSource{blob: blob}
 	dir := filepath.Join(t.TempDir(), "cache")
-	l, err := lazy.Open(context.Background(), src, toc, lazy.Options{CacheDir: dir})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
+	l := openLayer(t, src, toc, lazy.Options{CacheDir: dir})
 	ent := lookup(t, l, "data/weights")
 	p := make([]byte, 64<<10)
 	if _, err := l.ReadFile(context.Background(), ent, p, 0); err != nil {
@@ -176,11 +184,7 @@ func TestLayerCorruptChunkIsNotCached(t *testing.T) {
 	blob, toc := testLayer(t)
 	src := &memSource{blob: blob}
 	dir := filepath.Join(t.TempDir(), "cache")
-	l, err := lazy.Open(context.Background(), src, toc, lazy.Options{CacheDir: dir})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
+	l := openLayer(t, src, toc, lazy.Options{CacheDir: dir})
 	src.mu.Lock()
 	src.corrupt = [2]int64{int64(len(blob)) / 3, int64(len(blob)) / 2}
 	src.mu.Unlock()

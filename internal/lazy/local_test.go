@@ -68,15 +68,7 @@ func openBelow(t *testing.T, dir string) []string {
 // cacheEntries are the names in a layer's cache dir.
 func cacheEntries(t *testing.T, dir string) []string {
 	t.Helper()
-	es, err := os.ReadDir(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var out []string
-	for _, e := range es {
-		out = append(out, e.Name())
-	}
-	return out
+	return cacheEntriesWhere(t, dir, func(os.DirEntry) bool { return true })
 }
 
 // A complete layer's files, written out: reads through the mount (and
@@ -229,11 +221,7 @@ func TestLazyLayerMaterializeIsAllOrNothing(t *testing.T) {
 	blob, toc := testLayer(t)
 	cache := filepath.Join(t.TempDir(), "cache")
 	open := func() *lazy.Layer {
-		l, err := lazy.Open(context.Background(), &memSource{blob: blob}, toc, lazy.Options{CacheDir: cache})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(l.Close)
+		l := openLayer(t, &memSource{blob: blob}, toc, lazy.Options{CacheDir: cache})
 		l.UseLocal(localBlob(t, blob))
 		return l
 	}
@@ -289,11 +277,7 @@ func TestLazyLayerMaterializeOfACorruptBlobLeavesNothing(t *testing.T) {
 	blob, toc := testLayer(t)
 	var corrupt int
 	cache := filepath.Join(t.TempDir(), "cache")
-	l, err := lazy.Open(context.Background(), &memSource{blob: blob}, toc, lazy.Options{CacheDir: cache, OnCorrupt: func(error) { corrupt++ }})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
+	l := openLayer(t, &memSource{blob: blob}, toc, lazy.Options{CacheDir: cache, OnCorrupt: func(error) { corrupt++ }})
 	bad := bytes.Clone(blob)
 	for i := len(bad) / 3; i < len(bad)/2; i++ {
 		bad[i] ^= 0xff
@@ -321,14 +305,10 @@ func TestLazyLayerMaterializeOfACorruptBlobLeavesNothing(t *testing.T) {
 func TestLazyLayerMaterializeRefusesFilesBeyondTheLayer(t *testing.T) {
 	blob, toc := testLayer(t)
 	cache := filepath.Join(t.TempDir(), "cache")
-	l, err := lazy.Open(context.Background(), &memSource{blob: blob}, toc, lazy.Options{CacheDir: cache})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
+	l := openLayer(t, &memSource{blob: blob}, toc, lazy.Options{CacheDir: cache})
 	l.UseLocal(localBlob(t, blob))
 	// The weights alone are 640 KiB.
-	err = l.Materialize(context.Background(), 100<<10)
+	err := l.Materialize(context.Background(), 100<<10)
 	if err == nil || !strings.Contains(err.Error(), "more than the layer's") {
 		t.Fatalf("materialize of files beyond the layer: %v, want it refused", err)
 	}
@@ -351,11 +331,7 @@ func TestLazyLayerMaterializeRefusesFilesBeyondTheLayer(t *testing.T) {
 func TestLazyLayerMaterializeDropsChunksStoredMeanwhile(t *testing.T) {
 	blob, toc := testLayer(t)
 	cache := filepath.Join(t.TempDir(), "cache")
-	l, err := lazy.Open(context.Background(), &memSource{blob: blob}, toc, lazy.Options{CacheDir: cache})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
+	l := openLayer(t, &memSource{blob: blob}, toc, lazy.Options{CacheDir: cache})
 	l.UseLocal(localBlob(t, blob))
 	ent := lookup(t, l, "data/weights")
 	done := make(chan struct{})
@@ -377,7 +353,7 @@ func TestLazyLayerMaterializeDropsChunksStoredMeanwhile(t *testing.T) {
 			}
 		})
 	}
-	err = l.Materialize(context.Background(), unpackedSize(t, blob))
+	err := l.Materialize(context.Background(), unpackedSize(t, blob))
 	close(done)
 	wg.Wait()
 	if err != nil {

@@ -2,7 +2,6 @@ package lazy_test
 
 import (
 	"bytes"
-	"context"
 	"path/filepath"
 	"testing"
 	"time"
@@ -19,11 +18,7 @@ import (
 // server built it.
 func inodes(t *testing.T, blob []byte, toc string) map[string]uint64 {
 	t.Helper()
-	l, err := lazy.Open(context.Background(), &memSource{blob: blob}, toc, lazy.Options{CacheDir: t.TempDir()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(l.Close)
+	l := openLayer(t, &memSource{blob: blob}, toc, lazy.Options{CacheDir: t.TempDir()})
 	root, err := lazy.Tree(l)
 	if err != nil {
 		t.Fatal(err)
@@ -75,11 +70,7 @@ func TestTreeNumbersEntriesAlikeInEveryServer(t *testing.T) {
 func TestTreeServedOnAHeldConnection(t *testing.T) {
 	requireFUSE(t)
 	blob, toc := testLayer(t)
-	l, err := lazy.Open(context.Background(), &memSource{blob: blob}, toc, lazy.Options{CacheDir: t.TempDir()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(l.Close)
+	l := openLayer(t, &memSource{blob: blob}, toc, lazy.Options{CacheDir: t.TempDir()})
 	root, err := lazy.Tree(l)
 	if err != nil {
 		t.Fatal(err)

@@ -16,6 +16,7 @@ import (
 	"net"
 	"net/url"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -80,6 +81,42 @@ func TestExecSyncTimeoutKillsTheProcess(t *testing.T) {
 	if strings.TrimSpace(string(r.Stdout)) != "" {
 		t.Fatalf("timed-out exec still running:\n%s", r.Stdout)
 	}
+}
+
+// TestExecSyncTimeoutCountsFromTheProcessStart: the runtime's own setup
+// of an exec (here a wrapper that takes 3 s before it runs runc exec, as
+// runc does on a loaded node) is not the command's time: a `true` with a
+// 1 s timeout succeeds, as under containerd, whose timer starts once the
+// exec has started. It failed DeadlineExceeded when berthd's timer
+// started with the runtime (CI: the cgroup v2 guest's probes under load).
+func TestExecSyncTimeoutCountsFromTheProcessStart(t *testing.T) {
+	t.Parallel()
+	runc, err := exec.LookPath("runc")
+	if err != nil {
+		t.Fatal(err)
+	}
+	wrapper := filepath.Join(t.TempDir(), "slow-exec-runc")
+	script := fmt.Sprintf(`#!/bin/sh
+for a in "$@"; do
+	[ "$a" = exec ] && sleep 3 && break
+done
+exec %q "$@"
+`, runc)
+	if err := os.WriteFile(wrapper, []byte(script), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	d := berthdtest.Start(t, berthdtest.Options{Configure: func(c *config.Config) {
+		c.RuntimeHandlers = map[string]config.RuntimeHandler{"runc": {Binary: wrapper}}
+	}})
+	e := newCtrEnvOn(t, d)
+	id := e.run(e.config("sleeper", "sleep", "3600"))
+	r, err := execSync(t, e.d, id, 1, "true")
+	if err != nil || r.ExitCode != 0 {
+		t.Fatalf("true with a 1 s timeout behind a 3 s runtime setup: %+v, %v", r, err)
+	}
+	// The timeout still ends a command that runs past it.
+	_, err = execSync(t, e.d, id, 1, "sleep", "4321")
+	berthdtest.WantCode(t, err, codes.DeadlineExceeded)
 }
 
 func TestExecSyncCapsOutputAt16MiB(t *testing.T) {

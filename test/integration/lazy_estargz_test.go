@@ -74,19 +74,26 @@ func lazyDaemon(t *testing.T, opts berthdtest.Options) (*berthdtest.Daemon, leak
 // what it printed; the pod is removed.
 func catInPod(t *testing.T, d *berthdtest.Daemon, reg *testimages.Registry, ref, path string) string {
 	t.Helper()
-	// A pod and log directory of its own per call: CRI logs outlive pods.
-	name := strings.ToLower(strings.ReplaceAll(t.Name(), "/", "-")) + "-" + strings.NewReplacer("/", "-", ".", "-", ":", "-").Replace(ref+path)
+	return runInPod(t, d, reg, ref, ref+path, "cat", path)
+}
+
+// runInPod runs argv from image ref in a new pod on d and returns what it
+// printed; the pod is removed. A pod and log directory of its own per
+// call (named for the test and tag): CRI logs outlive pods.
+func runInPod(t *testing.T, d *berthdtest.Daemon, reg *testimages.Registry, ref, tag string, argv ...string) string {
+	t.Helper()
+	name := strings.ToLower(strings.ReplaceAll(t.Name(), "/", "-")) + "-" + strings.NewReplacer("/", "-", ".", "-", ":", "-").Replace(tag)
 	name = name[max(0, len(name)-60):]
 	e := &ctrEnv{t: t, d: d, reg: reg, logDir: filepath.Join(d.Dir, "podlogs", name)}
 	e.podCfg = podConfig(strings.Trim(name, "-"))
 	e.podCfg.LogDirectory = e.logDir
 	e.podCfg.Linux.CgroupParent = ""
 	e.pod = runPod(t, d, e.podCfg)
-	cfg := e.config("cat", "cat", path)
+	cfg := e.config(argv[0], argv...)
 	cfg.Image.Image = ref
 	lines, st := e.output(cfg)
 	if st.ExitCode != 0 {
-		t.Fatalf("cat %s in %s exited %d: %q", path, ref, st.ExitCode, lines)
+		t.Fatalf("%q in %s exited %d: %q", argv, ref, st.ExitCode, lines)
 	}
 	stopRemove(t, d, e.pod)
 	return strings.Join(lines, "\n")

@@ -501,19 +501,20 @@ func TestLazyPullCompleteLayerReadsLocalFiles(t *testing.T) {
 	for i := range layerDirs {
 		layerDirs[i] = filepath.Dir(layerDirs[i])
 	}
+	// The files are renamed into place first and the chunks dropped after
+	// (a reader meanwhile may still fetch one): wait for both.
+	filesOnly := func(l string) bool {
+		e, err := os.ReadDir(filepath.Join(l, "cache"))
+		return err == nil && len(e) == 1 && e[0].Name() == "files"
+	}
 	lazyWait(t, func() bool {
 		for _, l := range layerDirs {
-			if _, err := os.Stat(filepath.Join(l, "cache", "files")); err != nil {
+			if !filesOnly(l) {
 				return false
 			}
 		}
 		return blobStored(d, dataDigest)
 	})
-	for _, l := range layerDirs {
-		if e := dirEntriesAt(t, filepath.Join(l, "cache")); len(e) != 1 || e[0] != "files" {
-			t.Fatalf("%s/cache: %v, want the files only (chunks dropped)", l, e)
-		}
-	}
 	log.setGone(true)
 
 	filler := fileInLayer(t, img, 1, "data/filler")
@@ -609,21 +610,7 @@ func fileInLayer(t *testing.T, img v1.Image, i int, name string) []byte {
 // returns what it printed; the pod is removed.
 func shInPod(t *testing.T, d *berthdtest.Daemon, reg *testimages.Registry, ref, script string) string {
 	t.Helper()
-	name := strings.ToLower(strings.ReplaceAll(t.Name(), "/", "-")) + "-sh"
-	name = name[max(0, len(name)-60):]
-	e := &ctrEnv{t: t, d: d, reg: reg, logDir: filepath.Join(d.Dir, "podlogs", name)}
-	e.podCfg = podConfig(strings.Trim(name, "-"))
-	e.podCfg.LogDirectory = e.logDir
-	e.podCfg.Linux.CgroupParent = ""
-	e.pod = runPod(t, d, e.podCfg)
-	cfg := e.config("sh", "sh", "-c", script)
-	cfg.Image.Image = ref
-	lines, st := e.output(cfg)
-	if st.ExitCode != 0 {
-		t.Fatalf("%s in %s exited %d: %q", script, ref, st.ExitCode, lines)
-	}
-	stopRemove(t, d, e.pod)
-	return strings.Join(lines, "\n")
+	return runInPod(t, d, reg, ref, "sh", "sh", "-c", script)
 }
 
 // TestLazyPullRegistryGoneMidFetch: the registry goes away after the

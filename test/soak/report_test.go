@@ -60,8 +60,8 @@ type rpcStats struct {
 	P99Ms  [2]float64 `json:"p99_ms"`
 	MaxMs  [2]float64 `json:"max_ms"`
 	Errors [2]int     `json:"errors"`
-	// LastError is the last failure's text.
-	LastError string `json:"last_error,omitempty"`
+	// LastError is the last failure's text, between faults and during one.
+	LastError [2]string `json:"last_error"`
 }
 
 // violation is a pod not Ready past its bound.
@@ -415,9 +415,17 @@ func (r *report) markdown() string {
 		fmt.Fprintf(&b, "| %s | %d / %d | %s / %s | %s / %s | %s / %s | %d / %d |\n", m, s.Count[0], s.Count[1],
 			ms(s.P50Ms[0]), ms(s.P50Ms[1]), ms(s.P99Ms[0]), ms(s.P99Ms[1]), ms(s.MaxMs[0]), ms(s.MaxMs[1]), s.Errors[0], s.Errors[1])
 	}
+	for _, m := range slices.Sorted(maps.Keys(r.RPC)) {
+		if e := r.RPC[m].LastError[0]; e != "" {
+			fmt.Fprintf(&b, "\n%s's last error between faults: %s\n", m, e)
+		}
+	}
 	for _, k := range slices.Sorted(maps.Keys(r.Kubelet)) {
 		c := r.Kubelet[k]
 		fmt.Fprintf(&b, "\nThe kubelet's %s (every 10 s): %d / %d ok, %d / %d failed (between / during faults).", k, c.OK[0], c.OK[1], c.Errors[0], c.Errors[1])
+		if c.LastError[0] != "" {
+			fmt.Fprintf(&b, " Last error between faults: %s.", c.LastError[0])
+		}
 	}
 	b.WriteString("\n\nThe node's processes (RSS MiB, open fds, threads; berthd's goroutines from its metrics):\n\n")
 	b.WriteString("| when | berthd RSS | fds | goroutines | keepers | RSS | fds | monitors | RSS | fds |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")

@@ -372,8 +372,9 @@ func (w *workload) restarted() (total int, which []string, recreated int, how []
 type counter struct {
 	OK     [2]int `json:"ok"`
 	Errors [2]int `json:"errors"`
-	// LastError is the last error seen (during or between faults).
-	LastError string `json:"last_error,omitempty"`
+	// LastError is the last error seen between faults and during one
+	// (an error between faults is the one to explain).
+	LastError [2]string `json:"last_error"`
 }
 
 // phase is 0 between faults, 1 during one (from its injection to its
@@ -413,7 +414,7 @@ func (o *observers) record(m map[string]*counter, what string, ph phase, err err
 	}
 	if err != nil {
 		c.Errors[ph]++
-		c.LastError = err.Error()
+		c.LastError[ph] = err.Error()
 		return
 	}
 	c.OK[ph]++

@@ -20,6 +20,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/berthcri/berth/internal/lazy/fuseconn"
+	"github.com/berthcri/berth/internal/testutil/berthdtest"
 	"github.com/berthcri/berth/internal/testutil/leakcheck"
 )
 
@@ -465,8 +466,8 @@ func TestKilledServerIsReplacedOnTheSameConnection(t *testing.T) {
 	r.unmounted = true
 	third.wait(t)
 
-	if m := mountsAt(t, r.mnt); len(m) > 0 {
-		t.Errorf("mounts left: %v", m)
+	if m, err := berthdtest.MountsBelow(r.mnt); err != nil || len(m) > 0 {
+		t.Errorf("mounts left: %v (%v)", m, err)
 	}
 	if kids := children(t); len(kids) > 0 {
 		t.Errorf("processes left: %v", kids)
@@ -549,22 +550,6 @@ func diffFDs(before, after map[string]string) []string {
 	for fd, target := range after {
 		if before[fd] != target && !strings.HasPrefix(target, "/proc/") {
 			out = append(out, fd+" → "+target)
-		}
-	}
-	return out
-}
-
-// mountsAt is the mount entries whose mount point is dir.
-func mountsAt(t *testing.T, dir string) []string {
-	t.Helper()
-	data, err := os.ReadFile("/proc/self/mountinfo")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var out []string
-	for _, line := range strings.Split(string(data), "\n") {
-		if f := strings.Fields(line); len(f) > 4 && f[4] == dir {
-			out = append(out, line)
 		}
 	}
 	return out

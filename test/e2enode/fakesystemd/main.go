@@ -121,10 +121,13 @@ func (m *manager) start() error {
 	go func() {
 		err := cmd.Wait()
 		slog.Info("exited", "unit", m.unit, "pid", cmd.Process.Pid, "status", fmt.Sprint(err))
-		close(done)
+		// Read stopped before closing done: once done is closed, stop()
+		// returns and a StartUnit may reset stopped for the next run.
+		// stop() releases mu while it waits, so taking it here is safe.
 		m.mu.Lock()
 		unexpected := !m.stopped
 		m.mu.Unlock()
+		close(done)
 		if unexpected {
 			close(exited)
 		}
