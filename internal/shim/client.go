@@ -443,33 +443,42 @@ const readyTimeout = 10 * time.Second
 // socket listens.
 func Launch(ctx context.Context, binary, dir, podID string) (*Client, error) {
 	nodeDir := proto.NodeDir(filepath.Dir(dir))
-	err := addPod(ctx, nodeDir, dir)
-	if err == nil {
-		return NewClient(dir), nil
-	}
-	if !errors.Is(err, errdefs.ErrUnavailable) { // ErrNoShim among them
+	add := func(ctx context.Context) error { return addPod(ctx, nodeDir, dir) }
+	if err := onNode(ctx, binary, nodeDir, "add pod "+podID, add); err != nil {
 		return nil, err
+	}
+	return NewClient(dir), nil
+}
+
+// onNode runs op, a request to the node's monitor (add-pod, lazy-hold),
+// starting the node's keeper and monitor first when none runs, so also
+// for a node with no pod (a lazy layer's hold). what names op in errors.
+// op may run more than once: it must be safe to repeat.
+func onNode(ctx context.Context, binary, nodeDir, what string, op func(context.Context) error) error {
+	err := op(ctx)
+	if err == nil || !errors.Is(err, errdefs.ErrUnavailable) { // ErrNoShim among them
+		return err
 	}
 	// One launch at a time on the node, across berthd's goroutines and
 	// processes: the lock is a file's, taken by whoever found no monitor.
 	lock, err := lockNode(nodeDir, true)
 	if err != nil {
-		return nil, err
+		return err
 	}
 	defer lock.Close()
-	if added, err := addPodUnlessNoKeeper(ctx, nodeDir, dir); added || err != nil {
+	if done, err := unlessNoKeeper(ctx, nodeDir, op); done || err != nil {
 		if err != nil {
-			return nil, fmt.Errorf("add pod %s to the node's monitor: %w", podID, err)
+			return fmt.Errorf("%s on the node's monitor: %w", what, err)
 		}
-		return NewClient(dir), nil
+		return nil
 	}
 	if err := launchNode(binary, nodeDir, lock); err != nil {
-		return nil, fmt.Errorf("start the shim for pod %s: %w", podID, err)
+		return fmt.Errorf("start the shim to %s: %w", what, err)
 	}
-	if err := addPod(ctx, nodeDir, dir); err != nil {
-		return nil, fmt.Errorf("add pod %s to the new monitor: %w", podID, err)
+	if err := op(ctx); err != nil {
+		return fmt.Errorf("%s on the new monitor: %w", what, err)
 	}
-	return NewClient(dir), nil
+	return nil
 }
 
 // StopIdleNode makes the node's monitor (and with it its keeper) exit if
@@ -524,17 +533,17 @@ func keeperLives(nodeDir string) bool {
 	return syscall.Flock(int(f.Fd()), syscall.LOCK_SH|syscall.LOCK_NB) == syscall.EWOULDBLOCK
 }
 
-// addPodUnlessNoKeeper adds the pod of dir to the node's monitor, with
-// the launch lock held: to one that listens (another launch won), or to
-// the one a living keeper restarts (it crashed or handed over), waited
-// for at most readyTimeout, since a second keeper here would fight it for
-// the node's socket. added false and no error: no monitor and no keeper,
-// a launch is due.
-func addPodUnlessNoKeeper(ctx context.Context, nodeDir, dir string) (added bool, err error) {
+// unlessNoKeeper runs op on the node's monitor, with the launch lock
+// held: on one that listens (another launch won), or on the one a living
+// keeper restarts (it crashed or handed over), waited for at most
+// readyTimeout, since a second keeper here would fight it for the node's
+// socket. done false and no error: no monitor and no keeper, a launch is
+// due.
+func unlessNoKeeper(ctx context.Context, nodeDir string, op func(context.Context) error) (done bool, err error) {
 	ctx, cancel := context.WithTimeout(ctx, readyTimeout)
 	defer cancel()
 	for {
-		err := addPod(ctx, nodeDir, dir)
+		err := op(ctx)
 		switch {
 		case err == nil:
 			return true, nil

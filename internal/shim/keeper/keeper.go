@@ -280,6 +280,13 @@ func (k *Keeper) startMonitor(ready, launchLock *os.File) error {
 			k.logf("hand container %s to the monitor: %v", e.msg.ID, err)
 		}
 	}
+	// The lazy layers held, named without their fds: the monitor counts
+	// them for its idle exit and lists them to berthd (decision 3600).
+	for id, h := range k.lazy.holds {
+		if err := proto.SendKeeperMsg(mine, &proto.KeeperMsg{Op: proto.KeeperLazyHold, ID: id, Dir: h.dir}, nil); err != nil {
+			k.logf("name lazy layer %s to the monitor: %v", id, err)
+		}
+	}
 	if err := proto.SendKeeperMsg(mine, &proto.KeeperMsg{Op: proto.KeeperAdopted}, nil); err != nil {
 		k.logf("end the adopt list: %v", err)
 	}

@@ -21,7 +21,7 @@ import (
 // the layers: a chain ID, a dir and an fd.
 
 // LazyBinary is the lazy-layer server's file name, beside berth-shim.
-const LazyBinary = "berth-lazy"
+const LazyBinary = proto.LazyServerBinary
 
 // The server's restart: back-off as for the monitor; lazyCrashLoop
 // deaths in a row, none after lazyStableLife of life, are a crash loop.
@@ -159,6 +159,13 @@ func (k *Keeper) lazyDiedLocked() {
 		for id, h := range z.holds {
 			unix.Close(h.fd)
 			delete(z.holds, id)
+			// The monitor forgets it too: it lists it no more, and no
+			// longer stays for it.
+			if k.link >= 0 {
+				if err := proto.SendKeeperMsg(k.link, &proto.KeeperMsg{Op: proto.KeeperLazyDrop, ID: id}, nil); err != nil {
+					k.logf("tell the monitor lazy layer %s was given up: %v", id, err)
+				}
+			}
 		}
 		z.deaths, z.delay = 0, 0
 		return

@@ -2,6 +2,7 @@ package monitor
 
 import (
 	"fmt"
+	"io"
 	"os"
 	"syscall"
 
@@ -20,7 +21,7 @@ func (p *Pod) serveConn(conn *os.File) {
 		}
 	}()
 	for {
-		req, ok := readRequest(conn)
+		req, ok := readRequest(conn, conn)
 		if !ok {
 			return
 		}
@@ -50,11 +51,11 @@ func (p *Pod) serveConn(conn *os.File) {
 	}
 }
 
-// readRequest reads the next request on conn; ok is false when the
-// connection is done (closed, or a request that does not decode, which is
-// answered with InvalidArgument first).
-func readRequest(conn *os.File) (req *proto.Request, ok bool) {
-	body, err := proto.ReadMessage(conn)
+// readRequest reads the next request from r, conn's reader; ok is false
+// when the connection is done (closed, or a request that does not decode,
+// which is answered on conn with InvalidArgument first).
+func readRequest(r io.Reader, conn *os.File) (req *proto.Request, ok bool) {
+	body, err := proto.ReadMessage(r)
 	if err != nil {
 		return nil, false
 	}

@@ -62,9 +62,10 @@ func (m *Monitor) housekeep() {
 	m.eachPod((*Pod).dropGoneWaiters)
 	m.keeper.checkAlive()
 	m.mu.Lock()
-	// Once it had pods, losing the last closed it already (podGone): only
-	// a node that never got one is left to time out.
-	if len(m.pods) == 0 && time.Since(m.started) > idleExitAfter {
+	// Once it had pods or lazy layers, losing the last closed it already
+	// (podGone, forgetLazy): only a node that never got one is left to
+	// time out.
+	if m.idleLocked() && time.Since(m.started) > idleExitAfter {
 		m.closeLocked("idle")
 	}
 	m.mu.Unlock()

@@ -174,6 +174,10 @@ func (k *keeperLink) serve() {
 		case proto.KeeperExit:
 			k.mon.reaper.deliver(m.Pid, unix.WaitStatus(m.Status))
 			continue
+		case proto.KeeperLazyDrop:
+			// The keeper gave the layer up (its server's crash loop).
+			k.mon.forgetLazy(m.ID, "given up by the keeper")
+			continue
 		case proto.KeeperPing:
 			k.pinged.Store(true)
 			k.silent.Store(0)
@@ -222,6 +226,9 @@ func (m *Monitor) Adopt() error {
 		case proto.KeeperExit:
 			proto.CloseFds(fds)
 			m.reaper.deliver(msg.Pid, unix.WaitStatus(msg.Status))
+		case proto.KeeperLazyHold:
+			proto.CloseFds(fds) // named, not handed: the keeper keeps the fd
+			m.adoptLazy(msg)
 		case proto.KeeperAdopt:
 			if err := m.adopt(msg, fds); err != nil {
 				m.logf("adopt container %s: %v", msg.ID, err)

@@ -37,6 +37,7 @@ type Monitor struct {
 	// after releasing its own.
 	mu      sync.Mutex
 	pods    map[string]*Pod // by pod dir
+	lazy    map[string]string // the lazy layers the keeper holds: dir by chain ID (lazy.go)
 	closing bool            // no more pods: the monitor exits once they are gone
 	started time.Time       // a node given no pod by idleExitAfter exits
 	ln      *os.File
@@ -57,7 +58,7 @@ type Monitor struct {
 // New prepares the monitor of the node dir dir; keeperFd is its link
 // to the keeper (-1: none, in tests).
 func New(dir string, logf func(string, ...any), keeperFd int) *Monitor {
-	m := &Monitor{dir: dir, logf: logf, reaper: newReaper(), pods: map[string]*Pod{}, done: make(chan struct{}), started: time.Now()}
+	m := &Monitor{dir: dir, logf: logf, reaper: newReaper(), pods: map[string]*Pod{}, lazy: map[string]string{}, done: make(chan struct{}), started: time.Now()}
 	textpages.Find() // so that the trim's Release allocates nothing
 	if keeperFd >= 0 {
 		m.keeper = newKeeperLink(keeperFd, m)
@@ -109,37 +110,61 @@ func (m *Monitor) Serve() {
 // (berthd launched it, then died before adding its pod).
 const idleExitAfter = 30 * time.Second
 
-// serveNodeConn answers requests on the node's socket.
+// serveNodeConn answers requests on the node's socket. Its reads keep
+// the descriptors that ride along, for lazy-hold; any other op that
+// carries one is refused, and nothing received is left open.
 func (m *Monitor) serveNodeConn(conn *os.File) {
 	defer conn.Close()
+	r := newFdReader(conn)
+	defer r.close()
 	for {
-		req, ok := readRequest(conn)
+		req, ok := readRequest(r, conn)
 		if !ok {
 			return
 		}
-		var resp *proto.Response
-		switch req.Op {
-		case proto.OpAddPod:
-			resp = &proto.Response{}
-			if err := m.addPod(req.Dir); err != nil {
-				resp = proto.ErrorResponse(err)
-			}
-		case proto.OpPing:
-			// The pods served; answered only after Adopt (the socket
-			// listens only then), so a pod not named was not adopted.
-			resp = &proto.Response{IDs: m.podDirs()}
-		case proto.OpShutdown:
-			resp = &proto.Response{}
-			if err := m.shutdownIfIdle(); err != nil {
-				resp = proto.ErrorResponse(err)
-			}
-		default:
-			resp = proto.ErrorResponse(fmt.Errorf("unknown node op %q: %w", req.Op, errdefs.ErrInvalidArgument))
-		}
-		if proto.WriteResponse(conn, resp) != nil {
+		fds, extra := r.take()
+		m.answering.Add(1)
+		resp := m.handleNode(req, fds, extra)
+		err := proto.WriteResponse(conn, resp)
+		m.answering.Add(-1)
+		if err != nil {
 			return
 		}
 	}
+}
+
+// handleNode runs one node op; it owns fds.
+func (m *Monitor) handleNode(req *proto.Request, fds []int, extra bool) *proto.Response {
+	if req.Op == proto.OpLazyHold {
+		return errResponse(m.lazyHold(req.ID, req.Dir, fds, extra))
+	}
+	if len(fds) > 0 || extra {
+		proto.CloseFds(fds)
+		return proto.ErrorResponse(fmt.Errorf("node op %q carries an fd, which only %s may: %w", req.Op, proto.OpLazyHold, errdefs.ErrInvalidArgument))
+	}
+	switch req.Op {
+	case proto.OpAddPod:
+		return errResponse(m.addPod(req.Dir))
+	case proto.OpPing:
+		// The pods served; answered only after Adopt (the socket
+		// listens only then), so a pod not named was not adopted.
+		return &proto.Response{IDs: m.podDirs()}
+	case proto.OpShutdown:
+		return errResponse(m.shutdownIfIdle())
+	case proto.OpLazyDrop:
+		return errResponse(m.lazyDrop(req.ID))
+	case proto.OpLazyList:
+		return &proto.Response{IDs: m.lazyIDs()}
+	}
+	return proto.ErrorResponse(fmt.Errorf("unknown node op %q: %w", req.Op, errdefs.ErrInvalidArgument))
+}
+
+// errResponse answers an op that returns only an error.
+func errResponse(err error) *proto.Response {
+	if err != nil {
+		return proto.ErrorResponse(err)
+	}
+	return &proto.Response{}
 }
 
 // addPod serves the pod whose state dir is dir (a no-op when it is
@@ -175,25 +200,30 @@ func (m *Monitor) newPodLocked(dir string) (*Pod, error) {
 	return p, nil
 }
 
-// shutdownIfIdle stops the node if it serves no pod.
+// shutdownIfIdle stops the node if it serves no pod and holds no lazy
+// layer.
 func (m *Monitor) shutdownIfIdle() error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if len(m.pods) > 0 {
 		return fmt.Errorf("the monitor serves %d pods: %w", len(m.pods), errdefs.ErrFailedPrecondition)
 	}
+	if len(m.lazy) > 0 {
+		return fmt.Errorf("the node holds %d lazy layers: %w", len(m.lazy), errdefs.ErrFailedPrecondition)
+	}
 	m.closeLocked("asked to, with no pod")
 	return nil
 }
 
-// podGone drops the pod s, which closed; the node stops once it has none.
+// podGone drops the pod s, which closed; the node stops once it has none
+// and holds no lazy layer.
 func (m *Monitor) podGone(p *Pod) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if m.pods[p.dir] == p {
 		delete(m.pods, p.dir)
 	}
-	if len(m.pods) == 0 {
+	if m.idleLocked() {
 		m.closeLocked("no pods left")
 	}
 }

@@ -49,14 +49,16 @@ const (
 	// monitor could take its own locks; and once unasked, when the
 	// monitor starts serving (after adoption).
 	KeeperPong = "pong"
-	// KeeperLazyHold (to the keeper, and keeper → lazy-layer server): a
-	// lazy layer's FUSE connection (one /dev/fuse fd), ID its chain ID,
+	// KeeperLazyHold (monitor → keeper, and keeper → lazy-layer server):
+	// a lazy layer's FUSE connection (one /dev/fuse fd), ID its chain ID,
 	// Dir its layer dir, which says all a server needs (decision 3600,
 	// S4). The keeper holds the fd until the layer is dropped and hands
-	// it to every server it starts.
+	// it to every server it starts. Keeper → a new monitor, in the adopt
+	// list: a layer held, with no fd.
 	KeeperLazyHold = "lazy-hold"
-	// KeeperLazyDrop (to the keeper, and keeper → server): the lazy
-	// layer ID is gone; the keeper closes its fd.
+	// KeeperLazyDrop (monitor → keeper, and keeper → server): the lazy
+	// layer ID is gone; the keeper closes its fd. Keeper → monitor: the
+	// keeper gave the layer up (its server's crash loop).
 	KeeperLazyDrop = "lazy-drop"
 )
 

@@ -35,6 +35,17 @@ const (
 	// whose state dir is the request's dir on that dir's own socket
 	// (decision 1701).
 	OpAddPod = "add-pod"
+	// OpLazyHold, on the node's socket: the keeper is to hold a lazy
+	// layer's FUSE connection (decision 3600, S4): ID the chain ID, Dir
+	// the layer dir, the connection's /dev/fuse fd riding along as
+	// SCM_RIGHTS (the only request that carries one). A second hold of
+	// one ID replaces the first.
+	OpLazyHold = "lazy-hold"
+	// OpLazyDrop, on the node's socket: the layer ID is gone (unmounted);
+	// the keeper closes its fd. Dropping a layer not held is no error.
+	OpLazyDrop = "lazy-drop"
+	// OpLazyList, on the node's socket: the chain IDs held, in IDs.
+	OpLazyList = "lazy-list"
 )
 
 // Error kinds in a response's "kind"; ErrorResponse and Response.Err map
