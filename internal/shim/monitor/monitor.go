@@ -36,10 +36,10 @@ type Monitor struct {
 	// order: Monitor.mu before a Pod.mu; a pod calls the monitor only
 	// after releasing its own.
 	mu      sync.Mutex
-	pods    map[string]*Pod // by pod dir
+	pods    map[string]*Pod   // by pod dir
 	lazy    map[string]string // the lazy layers the keeper holds: dir by chain ID (lazy.go)
-	closing bool            // no more pods: the monitor exits once they are gone
-	started time.Time       // a node given no pod by idleExitAfter exits
+	closing bool              // no more pods: the monitor exits once they are gone
+	started time.Time         // a node given no pod by idleExitAfter exits
 	ln      *os.File
 	done    chan struct{} // closed once closing and no pod is left
 
