@@ -1,0 +1,272 @@
+package shim_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"syscall"
+	"testing"
+
+	"github.com/berthcri/berth/internal/errdefs"
+	"github.com/berthcri/berth/internal/shim"
+	"github.com/berthcri/berth/internal/shim/proto"
+	"github.com/berthcri/berth/internal/testutil/berthdtest"
+	"github.com/berthcri/berth/internal/testutil/bundletest"
+)
+
+// lazyNode is a node dir with no pod, and a bin dir holding berth-shim
+// and, in berth-lazy's place, a script that records its pid and reads
+// its link (fd 3) to its end, as the real server does: what the keeper
+// does with the server is TestLazyServerRestartedThenGivenUp's, and
+// serving a layer is lazysrv's; here the layers' way from berthd to the
+// keeper is tested, which needs no FUSE mount (an unmounted /dev/fuse fd
+// is a connection the keeper holds all the same).
+type lazyNode struct {
+	t      *testing.T
+	dir    string
+	shims  string
+	binary string
+	starts string // the server's pids, one a line
+}
+
+func newLazyNode(t *testing.T) *lazyNode {
+	t.Helper()
+	berthdtest.RequireRoot(t)
+	if _, err := os.Stat("/dev/fuse"); err != nil {
+		t.Skipf("no /dev/fuse: %v", err)
+	}
+	dir, err := os.MkdirTemp("", "berth-lazyshim-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// No cgroup here: only what names the dir is killed.
+	t.Cleanup(func() {
+		for _, pid := range berthdtest.PidsMentioning(dir) {
+			_ = syscall.Kill(pid, syscall.SIGKILL)
+		}
+		if err := os.RemoveAll(dir); err != nil {
+			t.Errorf("cleanup: %v", err)
+		}
+	})
+	n := &lazyNode{t: t, dir: dir, shims: filepath.Join(dir, "shims"), binary: filepath.Join(dir, "bin", "berth-shim"), starts: filepath.Join(dir, "starts")}
+	if err := os.MkdirAll(filepath.Dir(n.binary), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	// A copy, not a link: the keeper finds berth-lazy beside the binary
+	// it runs from (its /proc/self/exe, links resolved).
+	data, err := os.ReadFile(bundletest.ShimBinary(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(n.binary, data, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	script := fmt.Sprintf("#!/bin/sh\necho $$ >> %s\ncat <&3 >/dev/null\n", n.starts)
+	if err := os.WriteFile(filepath.Join(dir, "bin", proto.LazyServerBinary), []byte(script), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+func (n *lazyNode) nodeDir() string { return proto.NodeDir(n.shims) }
+
+// pids lists the node's processes: keeper, monitor and server (its
+// --log names the node dir).
+func (n *lazyNode) pids() []int { return berthdtest.PidsMentioning(n.nodeDir() + "/") }
+
+func (n *lazyNode) shim(mode string) int {
+	for _, pid := range berthdtest.PidsMentioning(n.nodeDir() + "\x00") {
+		cmd, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+		if strings.Contains(string(cmd), "\x00"+mode+"\x00") {
+			return pid
+		}
+	}
+	return 0
+}
+
+// servers lists the pids the server script recorded.
+func (n *lazyNode) servers() []string {
+	data, _ := os.ReadFile(n.starts)
+	return strings.Fields(string(data))
+}
+
+// layer makes a chain ID and its dir (the dir need not exist: the keeper
+// reads nothing of it, the script neither).
+func (n *lazyNode) layer(c byte) (string, string) {
+	hex := strings.Repeat(string(c), 64)
+	return "sha256:" + hex, filepath.Join(n.dir, "layers", hex)
+}
+
+// openFuse opens a /dev/fuse connection (unmounted).
+func openFuse(t *testing.T) *os.File {
+	t.Helper()
+	f, err := os.OpenFile("/dev/fuse", os.O_RDWR|syscall.O_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { f.Close() })
+	return f
+}
+
+// fuseFds counts pid's /dev/fuse descriptors.
+func fuseFds(t *testing.T, pid int) int {
+	t.Helper()
+	es, err := os.ReadDir(fmt.Sprintf("/proc/%d/fd", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	count := 0
+	for _, e := range es {
+		if target, _ := os.Readlink(fmt.Sprintf("/proc/%d/fd/%s", pid, e.Name())); target == "/dev/fuse" {
+			count++
+		}
+	}
+	return count
+}
+
+// fdCount counts pid's descriptors.
+func fdCount(t *testing.T, pid int) int {
+	t.Helper()
+	es, err := os.ReadDir(fmt.Sprintf("/proc/%d/fd", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return len(es)
+}
+
+func (n *lazyNode) held(ctx context.Context) []string {
+	n.t.Helper()
+	ids, err := shim.HeldLazyLayers(ctx, n.shims)
+	if err != nil {
+		n.t.Fatalf("HeldLazyLayers: %v", err)
+	}
+	return ids
+}
+
+// A lazy layer's hold with no node running launches the node's keeper
+// and monitor, the keeper holds the connection and starts the server;
+// the node stays while the layer is held (StopIdleNode leaves it), a
+// monitor killed is restarted and lists the layer again (the keeper's
+// adopt list names it), and once the layer is dropped the node ends:
+// keeper, monitor and server gone, no connection held, the node dir
+// removed.
+func TestLazyLayerHeldByTheNode(t *testing.T) {
+	t.Parallel()
+	n := newLazyNode(t)
+	ctx := context.Background()
+	id, dir := n.layer('a')
+	if ids := n.held(ctx); len(ids) != 0 {
+		t.Fatalf("held with no node: %v", ids)
+	}
+	if err := shim.DropLazyLayer(ctx, n.shims, id); err != nil {
+		t.Fatalf("drop with no node: %v", err)
+	}
+	if pids := n.pids(); len(pids) != 0 {
+		t.Fatalf("processes after a list and a drop with no node: %v", pids)
+	}
+
+	conn := openFuse(t)
+	if err := shim.HoldLazyLayer(ctx, n.binary, n.shims, id, dir, conn); err != nil {
+		t.Fatal(err)
+	}
+	conn.Close() // the caller's copy: the keeper has its own
+	keeper, monitor := n.shim("keeper"), n.shim("monitor")
+	if keeper == 0 || monitor == 0 {
+		t.Fatalf("after the hold: keeper %d, monitor %d", keeper, monitor)
+	}
+	if c := fuseFds(t, keeper); c != 1 {
+		t.Fatalf("the keeper holds %d /dev/fuse fds, want 1", c)
+	}
+	if c := fuseFds(t, monitor); c != 0 {
+		t.Fatalf("the monitor kept %d /dev/fuse fds", c)
+	}
+	waitFor(t, "the server's start", func() bool { return len(n.servers()) == 1 })
+	server := n.servers()[0]
+	if stat, _ := os.ReadFile("/proc/" + server + "/stat"); !strings.Contains(string(stat), fmt.Sprintf(") S %d ", keeper)) && !strings.Contains(string(stat), fmt.Sprintf(") R %d ", keeper)) {
+		t.Fatalf("the server %s is not the keeper's child: %s", server, stat)
+	}
+	if ids := n.held(ctx); !slices.Equal(ids, []string{id}) {
+		t.Fatalf("held: %v, want [%s]", ids, id)
+	}
+
+	// The node holds a layer: not idle.
+	if err := shim.StopIdleNode(ctx, n.shims); err != nil {
+		t.Fatalf("StopIdleNode with a layer held: %v", err)
+	}
+	if k, m := n.shim("keeper"), n.shim("monitor"); k != keeper || m != monitor {
+		t.Fatalf("StopIdleNode stopped a node holding a layer: keeper %d, monitor %d", k, m)
+	}
+
+	// A monitor killed: the keeper's next one knows the layer.
+	if err := syscall.Kill(monitor, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "a new monitor", func() bool { m := n.shim("monitor"); return m != 0 && m != monitor })
+	if ids := n.held(ctx); !slices.Equal(ids, []string{id}) {
+		t.Fatalf("held after the monitor's restart: %v, want [%s]", ids, id)
+	}
+	if k := n.shim("keeper"); k != keeper || fuseFds(t, keeper) != 1 || !slices.Equal(n.servers(), []string{server}) {
+		t.Fatalf("after the monitor's restart: keeper %d (was %d), %d fds held, servers %v (was %s)", k, keeper, fuseFds(t, keeper), n.servers(), server)
+	}
+
+	if err := shim.DropLazyLayer(ctx, n.shims, id); err != nil {
+		t.Fatal(err)
+	}
+	if err := shim.StopIdleNode(ctx, n.shims); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "keeper, monitor and server to exit", func() bool { return len(n.pids()) == 0 })
+	if _, err := os.Stat("/proc/" + server); err == nil {
+		t.Fatalf("the server %s still runs", server)
+	}
+	if _, err := os.Stat(n.nodeDir()); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("node dir after the end: %v", err)
+	}
+	if ids := n.held(ctx); len(ids) != 0 {
+		t.Fatalf("held after the end: %v", ids)
+	}
+}
+
+// Bad input to the lazy API is refused before anything is sent.
+func TestLazyHoldRefusesBadArguments(t *testing.T) {
+	t.Parallel()
+	n := newLazyNode(t)
+	ctx := context.Background()
+	id, dir := n.layer('b')
+	conn := openFuse(t)
+	for _, tc := range []struct {
+		name    string
+		id, dir string
+		conn    *os.File
+	}{
+		{"uppercase chain ID", "sha256:" + strings.Repeat("B", 64), dir, conn},
+		{"short chain ID", "sha256:bbbb", dir, conn},
+		{"chain ID without its algorithm", strings.Repeat("b", 64), dir, conn},
+		{"relative dir", id, "layers/b", conn},
+		{"unclean dir", id, dir + "/../b", conn},
+		{"root dir", id, "/", conn},
+		{"no connection", id, dir, nil},
+	} {
+		err := shim.HoldLazyLayer(ctx, n.binary, n.shims, tc.id, tc.dir, tc.conn)
+		if !errors.Is(err, errdefs.ErrInvalidArgument) {
+			t.Errorf("%s: %v, want InvalidArgument", tc.name, err)
+		}
+	}
+	if err := shim.DropLazyLayer(ctx, n.shims, "sha256:../x"); !errors.Is(err, errdefs.ErrInvalidArgument) {
+		t.Errorf("drop of a bad chain ID: %v, want InvalidArgument", err)
+	}
+	if pids := n.pids(); len(pids) != 0 {
+		t.Fatalf("bad holds started processes: %v", pids)
+	}
+	// No berth-lazy beside berth-shim: the layer would never be served.
+	if err := os.Remove(filepath.Join(filepath.Dir(n.binary), proto.LazyServerBinary)); err != nil {
+		t.Fatal(err)
+	}
+	if err := shim.HoldLazyLayer(ctx, n.binary, n.shims, id, dir, conn); !errors.Is(err, errdefs.ErrFailedPrecondition) {
+		t.Fatalf("hold with no server binary: %v, want FailedPrecondition", err)
+	}
+}
