@@ -1,9 +1,11 @@
 package shim_test
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"os"
 	"path/filepath"
 	"slices"
@@ -220,8 +222,10 @@ func TestLazyLayerHeldByTheNode(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitFor(t, "keeper, monitor and server to exit", func() bool { return len(n.pids()) == 0 })
-	if _, err := os.Stat("/proc/" + server); err == nil {
-		t.Fatalf("the server %s still runs", server)
+	// Gone, or a zombie its new parent has yet to reap (its cmdline is
+	// empty then, so pids does not list it).
+	if stat, err := os.ReadFile("/proc/" + server + "/stat"); err == nil && !strings.Contains(string(stat), ") Z ") {
+		t.Fatalf("the server %s still runs: %s", server, stat)
 	}
 	if _, err := os.Stat(n.nodeDir()); !errors.Is(err, os.ErrNotExist) {
 		t.Fatalf("node dir after the end: %v", err)
@@ -269,4 +273,92 @@ func TestLazyHoldRefusesBadArguments(t *testing.T) {
 	if err := shim.HoldLazyLayer(ctx, n.binary, n.shims, id, dir, conn); !errors.Is(err, errdefs.ErrFailedPrecondition) {
 		t.Fatalf("hold with no server binary: %v, want FailedPrecondition", err)
 	}
+}
+
+// Hostile requests on node.sock: a lazy-hold with no fd, with two (in
+// one control message or two), with more than the monitor makes room
+// for, with an fd that is not /dev/fuse, with a bad chain ID or dir, and
+// another op carrying an fd. Each is refused with InvalidArgument,
+// nothing is held, and the monitor is left with no descriptor it was
+// sent.
+func TestLazyHoldHostileRequests(t *testing.T) {
+	t.Parallel()
+	n := newLazyNode(t)
+	ctx := context.Background()
+	id, dir := n.layer('c')
+	if err := shim.HoldLazyLayer(ctx, n.binary, n.shims, id, dir, openFuse(t)); err != nil {
+		t.Fatal(err)
+	}
+	keeper, monitor := n.shim("keeper"), n.shim("monitor")
+	conn, err := net.DialUnix("unix", nil, &net.UnixAddr{Name: filepath.Join(n.nodeDir(), "node.sock"), Net: "unix"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	call := func(req *proto.Request, oob []byte) *proto.Response {
+		t.Helper()
+		var b bytes.Buffer
+		if err := proto.WriteRequest(&b, req); err != nil {
+			t.Fatal(err)
+		}
+		if _, _, err := conn.WriteMsgUnix(b.Bytes(), oob, nil); err != nil {
+			t.Fatal(err)
+		}
+		resp, err := proto.ReadResponse(conn)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return resp
+	}
+	if resp := call(&proto.Request{Op: proto.OpLazyList}, nil); resp.Err() != nil || !slices.Equal(resp.IDs, []string{id}) {
+		t.Fatalf("list: %+v", resp)
+	}
+	baseline := fdCount(t, monitor)
+	fd := func(f *os.File) int { return int(f.Fd()) }
+	fuse1, fuse2 := fd(openFuse(t)), fd(openFuse(t))
+	null, err := os.Open(os.DevNull)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer null.Close()
+	many := make([]int, 12)
+	for i := range many {
+		many[i] = int(null.Fd())
+	}
+	otherID, otherDir := n.layer('d')
+	hold := func(id, dir string) *proto.Request { return &proto.Request{Op: proto.OpLazyHold, ID: id, Dir: dir} }
+	for _, tc := range []struct {
+		name string
+		req  *proto.Request
+		oob  []byte
+		want string
+	}{
+		{"no fd", hold(otherID, otherDir), nil, "carries no fd"},
+		{"two fds", hold(otherID, otherDir), syscall.UnixRights(fuse1, fuse2), "fds or more"},
+		{"two control messages", hold(otherID, otherDir), append(syscall.UnixRights(fuse1), syscall.UnixRights(fuse2)...), "fds or more"},
+		{"twelve fds", hold(otherID, otherDir), syscall.UnixRights(many...), "fds or more"},
+		{"not /dev/fuse", hold(otherID, otherDir), syscall.UnixRights(int(null.Fd())), "not a /dev/fuse connection"},
+		{"bad chain ID", hold("sha256:"+strings.Repeat("z", 64), otherDir), syscall.UnixRights(fuse1), "chain ID"},
+		{"relative dir", hold(otherID, "layers/d"), syscall.UnixRights(fuse1), "layer dir"},
+		{"unclean dir", hold(otherID, otherDir+"/.."), syscall.UnixRights(fuse1), "layer dir"},
+		{"an fd on another op", &proto.Request{Op: proto.OpLazyList}, syscall.UnixRights(fuse1), "carries an fd"},
+	} {
+		resp := call(tc.req, tc.oob)
+		if resp.Kind != proto.KindInvalidArgument || !strings.Contains(resp.Error, tc.want) {
+			t.Errorf("%s: %+v, want InvalidArgument saying %q", tc.name, resp, tc.want)
+		}
+		if c := fdCount(t, monitor); c != baseline {
+			t.Errorf("%s: the monitor has %d fds, %d before", tc.name, c, baseline)
+		}
+	}
+	if ids := n.held(ctx); !slices.Equal(ids, []string{id}) {
+		t.Fatalf("held after the hostile requests: %v, want [%s]", ids, id)
+	}
+	if c := fuseFds(t, keeper); c != 1 {
+		t.Fatalf("the keeper holds %d connections, want 1", c)
+	}
+	if err := shim.DropLazyLayer(ctx, n.shims, id); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the node to end", func() bool { return len(n.pids()) == 0 })
 }
