@@ -150,7 +150,6 @@ func fdsOn(t *testing.T, pid int, target string) int {
 	return count
 }
 
-
 func (n *lazyNode) held(ctx context.Context) []string {
 	n.t.Helper()
 	ids, err := shim.HeldLazyLayers(ctx, n.shims)

@@ -32,7 +32,7 @@ type Monitor struct {
 	// adoptedPods: pods Adopt made, served once it is done.
 	adoptedPods []*Pod
 
-	// mu guards pods, closing and the listener's life. Lock
+	// mu guards pods, lazy, closing and the listener's life. Lock
 	// order: Monitor.mu before a Pod.mu; a pod calls the monitor only
 	// after releasing its own.
 	mu      sync.Mutex
