@@ -93,6 +93,10 @@ type Layer struct {
 	opts   Options
 	log    *slog.Logger
 
+	// tocTail is the blob from the TOC's offset to its end (TOC and
+	// footer), as fetched and verified: TOCTail.
+	tocTail []byte
+
 	corrupt atomic.Bool
 	// FetchedBytes counts the bytes fetched from the source.
 	fetched atomic.Int64
@@ -201,7 +205,7 @@ func Open(ctx context.Context, src Source, tocDigest string, opts Options) (*Lay
 	if l.verify, err = r.VerifyTOC(want); err != nil {
 		return nil, fmt.Errorf("verify eStargz TOC: %w", err)
 	}
-	l.r = r
+	l.r, l.tocTail = r, tail
 	if err := os.MkdirAll(opts.CacheDir, 0o700); err != nil {
 		return nil, err
 	}
@@ -211,6 +215,12 @@ func Open(ctx context.Context, src Source, tocDigest string, opts Options) (*Lay
 	}
 	return l, nil
 }
+
+// TOCTail is the blob's tail from its TOC's offset (the TOC and the
+// footer) that Open fetched and verified: what a server that serves the
+// layer from disk reads instead of asking for it again (decision 3600,
+// S4). The caller must not change it.
+func (l *Layer) TOCTail() []byte { return l.tocTail }
 
 // checkTOCSize refuses a TOC whose JSON is over MaxTOCJSON, from its tar
 // header, before the format's parser reads it whole.
