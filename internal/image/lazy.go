@@ -239,6 +239,12 @@ func (r *registrySource) OpenRange(ctx context.Context, start, end int64) (io.Re
 	return body, nil
 }
 
+// rangeSource is src as berthd answers the server's range requests from
+// it: with the pull's retries and request timeout.
+func rangeSource(src lazy.Source, rb registryBlobs) lazy.Source {
+	return &retrySource{src: src, retries: rb.set.Retries, timeout: rb.lazyTimeout}
+}
+
 // errNotLazy: the layer cannot be served lazily; it is pulled whole.
 var errNotLazy = errors.New("layer not served lazily")
 
@@ -311,7 +317,7 @@ func (s *Store) lazyLayer(ctx context.Context, lr layerMeta, rb registryBlobs) (
 		}
 		return fmt.Errorf("layer %s: %w: the node's keeper did not take it: %w", lr.Digest, errNotLazy, err)
 	}
-	s.startLazy(lr.ChainID, &lazyEntry{dir: dir, mount: s.layers.diffDir(lr.ChainID), src: src}, func(ctx context.Context, e *lazyEntry) {
+	s.startLazy(lr.ChainID, &lazyEntry{dir: dir, mount: s.layers.diffDir(lr.ChainID), src: rangeSource(src, rb)}, func(ctx context.Context, e *lazyEntry) {
 		s.backgroundFetch(ctx, lr, rb, e)
 	})
 	s.log.Info("layer mounted lazily", "layer", lr.ChainID, "blob", lr.Digest, "prefetched_bytes", l.FetchedBytes())

@@ -2,10 +2,14 @@ package image
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"io"
 	"net"
 	"os"
+	"time"
 
+	"github.com/berthcri/berth/internal/lazy"
 	"github.com/berthcri/berth/internal/lazy/lazysrv"
 )
 
@@ -76,4 +80,59 @@ func (s *Store) closeRanges() {
 	s.ranges.ln.Close()
 	s.ranges.cancel()
 	<-s.ranges.done
+}
+
+// rangeRetryFirst is the first back-off of a range request asked again.
+const rangeRetryFirst = 100 * time.Millisecond
+
+// retrySource asks the registry for a range as a lazy layer in berthd
+// did before S4: each request bounded by timeout, a failed one asked
+// again retries times with back-off from rangeRetryFirst
+// (image_range_fetch.retries). Its failure is final for the server
+// (lazy.ErrGivenUp), so a registry gone fails a read in about the same
+// time as before.
+type retrySource struct {
+	src     lazy.Source
+	retries int
+	timeout time.Duration
+}
+
+func (r *retrySource) Size() int64 { return r.src.Size() }
+
+func (r *retrySource) OpenRange(ctx context.Context, start, end int64) (io.ReadCloser, error) {
+	delay := rangeRetryFirst
+	var last error
+	for attempt := 0; attempt <= r.retries; attempt++ {
+		if attempt > 0 {
+			select {
+			case <-time.After(delay):
+			case <-ctx.Done():
+				return nil, ctx.Err()
+			}
+			delay *= 2
+		}
+		actx, cancel := context.WithTimeout(ctx, r.timeout)
+		body, err := r.src.OpenRange(actx, start, end)
+		if err == nil {
+			return &cancelBody{ReadCloser: body, cancel: cancel}, nil
+		}
+		cancel()
+		if ctx.Err() != nil || errors.Is(err, lazy.ErrNoRanges) {
+			return nil, err
+		}
+		last = err
+	}
+	return nil, last
+}
+
+// cancelBody ends its request's context when closed.
+type cancelBody struct {
+	io.ReadCloser
+	cancel context.CancelFunc
+}
+
+func (b *cancelBody) Close() error {
+	err := b.ReadCloser.Close()
+	b.cancel()
+	return err
 }

@@ -178,7 +178,7 @@ func (s *Store) reattach(chainID, dir string) {
 		if !ok {
 			return
 		}
-		s.lazy.setSource(chainID, &registrySource{c: rb.c, digest: lr.Digest, size: lr.Size})
+		s.lazy.setSource(chainID, rangeSource(&registrySource{c: rb.c, digest: lr.Digest, size: lr.Size}, rb))
 		s.backgroundFetch(ctx, lr, rb, e)
 	})
 	s.log.Info("lazy layer of a previous berthd taken up", "layer", chainID)

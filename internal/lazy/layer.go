@@ -51,6 +51,11 @@ var ErrCorrupt = errors.New("chunk does not match its TOC digest")
 // blob: it cannot serve a layer lazily (and is not asked again).
 var ErrNoRanges = errors.New("the registry does not serve byte ranges")
 
+// ErrGivenUp is a source's failure that it retried itself (berthd, which
+// asks the registry with the pull's retries, on behalf of a lazy-layer
+// server): the layer does not ask again, the read fails at once.
+var ErrGivenUp = errors.New("the source gave up on the range")
+
 // TOCDigestAnnotation is the layer descriptor annotation naming the
 // digest of the layer's TOC JSON.
 const TOCDigestAnnotation = estargz.TOCJSONDigestAnnotation
@@ -501,7 +506,7 @@ func (l *Layer) readRange(ctx context.Context, start, end int64) ([]byte, error)
 		if ctx.Err() != nil {
 			return nil, ctx.Err()
 		}
-		if errors.Is(err, ErrNoRanges) {
+		if errors.Is(err, ErrNoRanges) || errors.Is(err, ErrGivenUp) {
 			return nil, err
 		}
 		last = err
