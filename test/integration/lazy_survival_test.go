@@ -145,29 +145,37 @@ func TestLazyPullServerKilledReadersRecover(t *testing.T) {
 	t.Parallel()
 	reg := testimages.StartRegistry(t)
 	img := lazyImage(t)
+	_, baseDigest, _ := layerOf(t, img, 0)
 	_, dataDigest, _ := layerOf(t, img, 1)
 	var ranges stallRanges
 	t.Cleanup(ranges.release)
-	reg.ServeBlobWith(t, dataDigest, func(w http.ResponseWriter, req *http.Request, body []byte) {
-		if req.Header.Get("Range") == "" {
-			// No background fetch: the layer stays lazy.
-			http.Error(w, "not now", http.StatusNotFound)
-			return
-		}
-		ranges.mu.Lock()
-		ranges.arrived++
-		stalled := ranges.stalled
-		ranges.mu.Unlock()
-		if stalled != nil {
-			select {
-			case <-stalled:
-			case <-req.Context().Done():
+	for _, dg := range []string{baseDigest, dataDigest} {
+		reg.ServeBlobWith(t, dg, func(w http.ResponseWriter, req *http.Request, body []byte) {
+			if req.Header.Get("Range") == "" {
+				// No background fetch: the layers stay lazy (a complete
+				// layer's files are read through FUSE passthrough, which
+				// does not survive the server yet: decision 3600).
+				http.Error(w, "not now", http.StatusNotFound)
 				return
 			}
-		}
-		start, end, _ := testimages.RangeOf(w, req, len(body))
-		_, _ = w.Write(body[start:end])
-	})
+			var stalled chan struct{}
+			if dg == dataDigest {
+				ranges.mu.Lock()
+				ranges.arrived++
+				stalled = ranges.stalled
+				ranges.mu.Unlock()
+			}
+			if stalled != nil {
+				select {
+				case <-stalled:
+				case <-req.Context().Done():
+					return
+				}
+			}
+			start, end, _ := testimages.RangeOf(w, req, len(body))
+			_, _ = w.Write(body[start:end])
+		})
+	}
 	reg.Push(t, "lazy/srvkill:1", img)
 	d, scope, before := lazyDaemon(t, berthdtest.Options{})
 	ref := reg.Ref("lazy/srvkill:1")
