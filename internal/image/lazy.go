@@ -188,14 +188,19 @@ func (z *lazyLayers) unmount(chainID string) error {
 // layer's dir goes all the same; the keeper's copy of a detached
 // connection is only an fd).
 func (z *lazyLayers) drop(chainID string) {
+	if err := z.tryDrop(chainID); err != nil {
+		z.log.Warn("lazy layer: the node's keeper did not let it go", "layer", chainID, "error", err)
+	}
+}
+
+// tryDrop tells the holder to let go of chainID, bounded.
+func (z *lazyLayers) tryDrop(chainID string) error {
 	if z.holder == nil {
-		return
+		return nil
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), lazyDropTimeout)
 	defer cancel()
-	if err := z.holder.Drop(ctx, chainID); err != nil {
-		z.log.Warn("lazy layer: the node's keeper did not let it go", "layer", chainID, "error", err)
-	}
+	return z.holder.Drop(ctx, chainID)
 }
 
 // stopAll stops every background fetch and waits for them; the layers
@@ -358,7 +363,11 @@ func (s *Store) undoLazyLayer(chainID string, mounted, held bool) {
 		}
 	}
 	if held {
-		s.lazy.drop(chainID)
+		// The hold may have reached the keeper before it failed; most
+		// often it did not, and the drop's failure says nothing new.
+		if err := s.lazy.tryDrop(chainID); err != nil {
+			s.log.Debug("lazy layer: drop after a failed hold", "layer", chainID, "error", err)
+		}
 	}
 	if err := s.layers.trash(strings.TrimPrefix(chainID, "sha256:")); err != nil {
 		s.log.Warn("lazy layer: remove after a failed pull", "layer", chainID, "error", err)
