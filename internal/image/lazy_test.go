@@ -18,6 +18,8 @@ import (
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"golang.org/x/sys/unix"
 
+	"github.com/berthcri/berth/internal/lazy"
+	"github.com/berthcri/berth/internal/lazy/fuseconn"
 	"github.com/berthcri/berth/internal/lazy/lazysrv"
 	"github.com/berthcri/berth/internal/testutil/testimages"
 )
@@ -425,4 +427,29 @@ func mustConfig(t *testing.T, s *Store, id string) []byte {
 		t.Fatal(err)
 	}
 	return b
+}
+
+// TestMountAnswersDoesNotHangOnAServerThatDoesNot: berthd's look at a
+// lazy layer's mount at start, on a mount whose connection nobody serves
+// (a hung server), returns that it does not answer instead of holding
+// berthd's start; a mount that is not FUSE is not mounted.
+func TestMountAnswersDoesNotHangOnAServerThatDoesNot(t *testing.T) {
+	requireRoot(t)
+	dir := t.TempDir()
+	if why := mountAnswers(dir, time.Minute); why != "not mounted" {
+		t.Fatalf("a plain dir: %q", why)
+	}
+	dev, _, err := fuseconn.Mount(dir, &lazy.HeldOptions().MountOptions)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		// Closing the last fd aborts the connection: the look's goroutine
+		// gets its error.
+		dev.Close()
+		_ = fuseconn.Unmount(dir)
+	})
+	if why := mountAnswers(dir, 200*time.Millisecond); !strings.Contains(why, "did not answer") {
+		t.Fatalf("a mount nobody serves: %q", why)
+	}
 }

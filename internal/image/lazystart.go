@@ -107,26 +107,47 @@ func (s *Store) reattachable(chainID, dir string, held map[string]bool) string {
 	if _, err := s.lazyLayerMeta(chainID); err != nil {
 		return err.Error()
 	}
-	return mountAnswers(filepath.Join(dir, lazysrv.MountDir))
+	return mountAnswers(filepath.Join(dir, lazysrv.MountDir), mountAnswerTimeout)
 }
 
+// mountAnswerTimeout bounds the look at a lazy layer's mount at start: a
+// server that hangs must not hold berthd's start.
+const mountAnswerTimeout = 10 * time.Second
+
 // mountAnswers says why the FUSE mount at dir is not served, or "" when
-// it is: statfs names FUSE and a stat of its root is answered. (A server
-// restarting makes the stat wait for it; one given up on has had its
-// connection aborted: ENOTCONN or ECONNABORTED.)
-func mountAnswers(dir string) string {
-	var fs unix.Statfs_t
-	if err := unix.Statfs(dir, &fs); err != nil {
-		return fmt.Sprintf("statfs of its mount: %v", err)
+// it is: statfs names FUSE and a stat of its root is answered within
+// timeout. (A server restarting makes the stat wait for it; one given up
+// on has had its connection aborted: ENOTCONN or ECONNABORTED.) A look
+// that times out leaves its goroutine waiting for the server, which the
+// drop that follows (detaching the mount) does not end: one per layer at
+// most, until the keeper's server answers or dies.
+func mountAnswers(dir string, timeout time.Duration) string {
+	answer := make(chan string, 1)
+	go func() {
+		var fs unix.Statfs_t
+		if err := unix.Statfs(dir, &fs); err != nil {
+			answer <- fmt.Sprintf("statfs of its mount: %v", err)
+			return
+		}
+		if fs.Type != fuseSuperMagic {
+			answer <- "not mounted"
+			return
+		}
+		var st unix.Stat_t
+		if err := unix.Stat(dir, &st); err != nil {
+			answer <- fmt.Sprintf("its mount does not answer: %v", err)
+			return
+		}
+		answer <- ""
+	}()
+	t := time.NewTimer(timeout)
+	defer t.Stop()
+	select {
+	case why := <-answer:
+		return why
+	case <-t.C:
+		return fmt.Sprintf("its mount did not answer in %v", timeout)
 	}
-	if fs.Type != fuseSuperMagic {
-		return "not mounted"
-	}
-	var st unix.Stat_t
-	if err := unix.Stat(dir, &st); err != nil {
-		return fmt.Sprintf("its mount does not answer: %v", err)
-	}
-	return ""
 }
 
 // lazyLayerMeta is the layer chainID as an image record names it.
