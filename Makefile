@@ -12,7 +12,7 @@
 #   make test-guest   the cgroup v2 lane alone (part of make test): the cgroup
 #                     tests in a qemu guest, cgroupfs and systemd drivers, crun;
 #                     BERTH_GUEST_KUBELET=1 adds the kubelet test (systemd)
-#   make install      install berthd, berth-shim, berth-pause, berthctl, the
+#   make install      install berthd, berth-shim, berth-lazy, berth-pause, berthctl, the
 #                     systemd unit and (where none exists) /etc/berth/berth.toml
 #                     and /etc/crictl.yaml; PREFIX (/usr/local), DESTDIR;
 #                     make uninstall removes them (docs/operations.md)
@@ -47,7 +47,7 @@ all: build
 
 build:
 	$(GO) build -ldflags "$(LDFLAGS)" -o $(BIN)/ ./cmd/...
-	CGO_ENABLED=0 $(GO) build -ldflags "$(LDFLAGS)" -o $(BIN)/ ./cmd/berth-shim
+	CGO_ENABLED=0 $(GO) build -ldflags "$(LDFLAGS)" -o $(BIN)/ ./cmd/berth-shim ./cmd/berth-lazy
 
 deps:
 	hack/install-deps.sh run

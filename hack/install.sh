@@ -33,7 +33,7 @@ bindir=$destdir$prefix/bin
 unitdir=$destdir$prefix/lib/systemd/system
 confdir=$destdir$sysconfdir/berth
 crictl_conf=$destdir$sysconfdir/crictl.yaml
-binaries=(berthd berth-shim berth-pause berthctl)
+binaries=(berthd berth-shim berth-lazy berth-pause berthctl)
 
 # default_config prints the berth.toml install writes: berthd's embedded
 # defaults as `berthd config` prints them with no file, every line

@@ -5,7 +5,7 @@
 # and the systemd driver and with crun, and the kubelet test (systemd
 # driver). Prints the guest's test output as it comes and ends with one pass/fail line; exits non-zero on any failure or
 # timeout.
-#   BIN                   where make build put berthd, berth-shim, berth-pause, berthctl
+#   BIN                   where make build put berthd, berth-shim, berth-lazy, berth-pause, berthctl
 #   BERTH_GUEST_ACCEL     kvm or tcg (default: kvm where the CPU has VMX/SVM and
 #                         /dev/kvm is the kernel's own, else tcg)
 #   BERTH_GUEST_TIMEOUT   seconds before the guest is killed (default 2700)
@@ -108,7 +108,7 @@ case $accel in
   *) echo "guest lane: BERTH_GUEST_ACCEL=$accel: want kvm or tcg" >&2; exit 2 ;;
 esac
 
-for f in berthd berth-shim berth-pause berthctl; do
+for f in berthd berth-shim berth-lazy berth-pause berthctl; do
   [ -x "$bin/$f" ] || { echo "guest lane: $bin/$f is missing (make build)" >&2; exit 2; }
 done
 
@@ -141,7 +141,7 @@ trap 'exit 130' INT TERM
 # runner and the passes.
 p=$work/payload
 mkdir -p "$p/bin" "$p/integration"
-cp "$bin"/berthd "$bin"/berth-shim "$bin"/berth-pause "$bin"/berthctl "$p/bin/"
+cp "$bin"/berthd "$bin"/berth-shim "$bin"/berth-lazy "$bin"/berth-pause "$bin"/berthctl "$p/bin/"
 if [ -n "$passes" ]; then
   go test -c -o "$p/integration/integration.test" ./test/integration
   cp -r test/integration/testdata "$p/integration/"

@@ -95,6 +95,9 @@ func (d *Daemon) openImages(context.Context) (err error) {
 		Logger:       d.log.With("component", "image"),
 		Observer:     d.m,
 		Faults:       d.faults,
+		// Lazy layers outlive berthd in the node's keeper (decision 3600).
+		LazyHolder: keeperLazyHolder{binary: shim.Binary(), shimsDir: filepath.Join(d.cfg.State, "shims")},
+		LazySocket: filepath.Join(d.cfg.Root, "lazy.sock"),
 		// Read by each pull as it starts (decision 2300).
 		Settings: func() image.PullSettings {
 			live := d.live.Load()

@@ -109,14 +109,15 @@ func (s *Store) requestGC() <-chan struct{} { return s.gc.request() }
 // it; container removal does not wait.
 func (s *Store) WaitGC() { <-s.requestGC() }
 
-// Close stops background collection, waiting for a running pass, and
-// unmounts the lazy layers this berthd serves (they end with it, decision
-// 3600). The store must not be used afterwards.
+// Close stops background collection, waiting for a running pass, stops
+// the lazy layers' background fetches and the range socket. The lazy
+// layers stay mounted and served by the node's keeper (decision 3600,
+// S4): the next berthd takes them up. The store must not be used
+// afterwards.
 func (s *Store) Close() {
 	s.gc.close()
-	if err := s.lazy.unmountAll(); err != nil {
-		s.log.Warn("unmount lazy layers", "error", err)
-	}
+	s.lazy.stopAll()
+	s.closeRanges()
 }
 
 // collect is one pass: it removes blobs and layers that no image, lease or

@@ -2,12 +2,12 @@ package image
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
@@ -15,53 +15,69 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/klauspost/compress/gzip"
-	"golang.org/x/sys/unix"
-
-	"github.com/berthcri/berth/internal/errdefs"
+	"github.com/berthcri/berth/internal/atomicfile"
 	"github.com/berthcri/berth/internal/lazy"
+	"github.com/berthcri/berth/internal/lazy/fuseconn"
+	"github.com/berthcri/berth/internal/lazy/lazysrv"
 )
 
-// Lazy layers (decision 3600, stage S2): an eStargz layer of a pulled
-// image whose manifest names its TOC digest is not downloaded: its TOC is
-// fetched and verified, the files the image prioritized are prefetched,
-// and the layer is served by a FUSE filesystem (internal/lazy) mounted on
-// its diff dir, so that overlayfs and everything above it see a layer
-// directory as for any other. Its other chunks come by range requests
-// when a container reads them, each verified against the TOC.
+// Lazy layers (decision 3600): an eStargz layer of a pulled image whose
+// manifest names its TOC digest is not downloaded: its TOC is fetched and
+// verified, the files the image prioritized are prefetched, and the layer
+// is a FUSE filesystem mounted on its diff dir, so that overlayfs and
+// everything above it see a layer directory as for any other. Its other
+// chunks come by range requests when a container reads them, each
+// verified against the TOC.
 //
-// The rest of the layer comes in the background (S3, below); once it is
-// verified, its files are written out under its cache and the filesystem
-// serves them at local speed (FUSE passthrough; internal/lazy/local.go).
-// What is not done yet (S4): survive the end of berthd. The filesystem is
-// served by berthd itself, so a berthd that ends takes its lazy layers
-// with it: at start, a layer left from a previous berthd is removed with
-// the images that use it (the kubelet pulls them again), and containers
-// still reading it get ENOTCONN.
+// berthd mounts (fuseconn.Mount: it has CAP_SYS_ADMIN), writes everything
+// a server needs into the layer dir (lazy.json, fuse.json, toc.gz, the
+// prefetched chunks in cache/), and hands the connection to the node's
+// keeper (LazyHolder), whose child berth-lazy (internal/lazy/lazysrv)
+// serves it, so that the layer outlives berthd (S4). berthd keeps what
+// needs the registry's credentials (decision 3410): the answers to the
+// server's range requests on lazy.sock (lazyserve.go) and the background
+// fetch of the whole blob (lazyfetch.go), which says complete.json when
+// it has it verified; the server then writes the files out and reads
+// them locally. Without a holder, or when it refuses the layer, the layer
+// is pulled whole.
 
-// lazyMeta is layers/<chain>/lazy.json: what the layer is served from.
-type lazyMeta struct {
-	Blob      string `json:"blob"`
-	Size      int64  `json:"size"`
-	TOCDigest string `json:"tocDigest"`
+// LazyHolder keeps lazy layers' FUSE connections alive outside berthd
+// (the node's keeper, which runs berth-lazy to serve them).
+type LazyHolder interface {
+	// Hold hands the layer chainID, whose dir is layerDir, on conn (the
+	// caller closes its own copy afterwards).
+	Hold(ctx context.Context, chainID, layerDir string, conn *os.File) error
+	// Drop lets go of the layer (after its mount was detached).
+	Drop(ctx context.Context, chainID string) error
+	// Held lists the chain IDs held.
+	Held(ctx context.Context) ([]string, error)
 }
 
-const lazyMetaFile = "lazy.json"
+// lazyDropTimeout bounds one Drop (the collector waits for it).
+const lazyDropTimeout = 10 * time.Second
 
-// lazyLayers are the layers this berthd serves lazily, by chain ID.
+// lazyLayers are the lazy layers of this store, by chain ID.
 type lazyLayers struct {
+	holder  LazyHolder // nil: layers are pulled whole
+	log     *slog.Logger
 	mu      sync.Mutex
 	entries map[string]*lazyEntry
 	corrupt atomic.Int64
 }
 
-// lazyEntry is one lazy layer: its chunks, its mount, and its background
-// fetch (stopped and waited for when the layer goes).
+// lazyEntry is one lazy layer: its dir, its mount, where its bytes come
+// from, and its background fetch (stopped and waited for when it goes).
 type lazyEntry struct {
-	layer   *lazy.Layer
-	mount   *lazy.Mounted
+	dir   string // layers/<chain>
+	mount string // its diff dir
+	// src is the blob on its registry (the range socket's answers); nil
+	// when berthd has no way to the registry for it (reattached without
+	// one): the server then reads what is on disk only.
+	src lazy.Source
+	// marked is set once the layer was found corrupt (counted once).
+	marked  atomic.Bool
 	stop    context.CancelFunc
-	fetched chan struct{} // closed when the background fetch ended
+	fetched chan struct{} // closed when the fetch and the watch ended
 }
 
 // count is how many layers are served lazily.
@@ -78,16 +94,52 @@ func (z *lazyLayers) get(chainID string) bool {
 	return ok
 }
 
-// onDisk is the bytes of verified chunks the lazy layer chainID keeps,
-// while its background fetch has not completed it.
-func (z *lazyLayers) onDisk(chainID string) (int64, bool) {
+// source is the registry source of the lazy layer chainID, for the range
+// socket.
+func (z *lazyLayers) source(chainID string) (lazy.Source, bool) {
 	z.mu.Lock()
 	defer z.mu.Unlock()
 	e := z.entries[chainID]
-	if e == nil || e.layer.Local() {
+	if e == nil || e.src == nil {
+		return nil, false
+	}
+	return e.src, true
+}
+
+// onDisk is the bytes of the verified chunks the lazy layer chainID
+// keeps in its cache, while its background fetch has not completed it.
+func (z *lazyLayers) onDisk(chainID string) (int64, bool) {
+	z.mu.Lock()
+	e := z.entries[chainID]
+	z.mu.Unlock()
+	if e == nil {
 		return 0, false
 	}
-	return e.layer.CachedBytes(), true
+	if _, err := os.Stat(filepath.Join(e.dir, lazysrv.CompleteFile)); err == nil {
+		return 0, false
+	}
+	var n int64
+	// The server writes and drops chunk files as it goes: a file gone
+	// mid-walk is not an error.
+	_ = filepath.WalkDir(filepath.Join(e.dir, lazysrv.CacheDir), func(_ string, d fs.DirEntry, err error) error {
+		if err != nil || !d.Type().IsRegular() {
+			return nil
+		}
+		if fi, err := d.Info(); err == nil {
+			n += fi.Size()
+		}
+		return nil
+	})
+	return n, true
+}
+
+// setSource gives the lazy layer chainID its registry source.
+func (z *lazyLayers) setSource(chainID string, src lazy.Source) {
+	z.mu.Lock()
+	defer z.mu.Unlock()
+	if e := z.entries[chainID]; e != nil {
+		e.src = src
+	}
 }
 
 func (z *lazyLayers) add(chainID string, e *lazyEntry) {
@@ -105,7 +157,7 @@ func (z *lazyLayers) isMount(dir string) bool {
 	z.mu.Lock()
 	defer z.mu.Unlock()
 	for _, e := range z.entries {
-		if e.mount.Dir == dir {
+		if e.mount == dir {
 			return true
 		}
 	}
@@ -113,7 +165,8 @@ func (z *lazyLayers) isMount(dir string) bool {
 }
 
 // unmount stops the background fetch of the lazy layer chainID, waits
-// for it, and detaches the layer, if there is one.
+// for it, detaches the layer and tells the holder to let it go, if there
+// is one. The connection ends once nothing uses the mount any more.
 func (z *lazyLayers) unmount(chainID string) error {
 	z.mu.Lock()
 	e := z.entries[chainID]
@@ -124,27 +177,49 @@ func (z *lazyLayers) unmount(chainID string) error {
 	}
 	e.stop()
 	<-e.fetched
-	err := e.mount.Unmount()
-	e.layer.Close()
-	return err
+	if err := fuseconn.Unmount(e.mount); err != nil {
+		return fmt.Errorf("lazy layer %s: %w", chainID, err)
+	}
+	z.drop(chainID)
+	return nil
 }
 
-func (z *lazyLayers) unmountAll() error {
+// drop tells the holder to let go of chainID; a failure is logged (the
+// layer's dir goes all the same; the keeper's copy of a detached
+// connection is only an fd).
+func (z *lazyLayers) drop(chainID string) {
+	if err := z.tryDrop(chainID); err != nil {
+		z.log.Warn("lazy layer: the node's keeper did not let it go", "layer", chainID, "error", err)
+	}
+}
+
+// tryDrop tells the holder to let go of chainID, bounded.
+func (z *lazyLayers) tryDrop(chainID string) error {
+	if z.holder == nil {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), lazyDropTimeout)
+	defer cancel()
+	return z.holder.Drop(ctx, chainID)
+}
+
+// stopAll stops every background fetch and waits for them; the layers
+// stay mounted and held (they outlive berthd, decision 3600 S4).
+func (z *lazyLayers) stopAll() {
 	z.mu.Lock()
-	var ids []string
-	for id := range z.entries {
-		ids = append(ids, id)
+	var es []*lazyEntry
+	for _, e := range z.entries {
+		es = append(es, e)
 	}
 	z.mu.Unlock()
-	var errs []error
-	for _, id := range ids {
-		errs = append(errs, z.unmount(id))
+	for _, e := range es {
+		e.stop()
+		<-e.fetched
 	}
-	return errors.Join(errs...)
 }
 
-// LazyCorruptChunks counts the chunks of lazy layers that failed their
-// digest since start (berthd's metric).
+// LazyCorruptChunks counts the lazy layers found with a chunk (or a
+// blob) that failed its digest since start (berthd's metric).
 func (s *Store) LazyCorruptChunks() int64 { return s.lazy.corrupt.Load() }
 
 // registrySource is a layer blob on the registry of the pull that found
@@ -169,50 +244,36 @@ func (r *registrySource) OpenRange(ctx context.Context, start, end int64) (io.Re
 	return body, nil
 }
 
+// rangeSource is src as berthd answers the server's range requests from
+// it: with the pull's retries and request timeout.
+func rangeSource(src lazy.Source, rb registryBlobs) lazy.Source {
+	return &retrySource{src: src, retries: rb.set.Retries, timeout: rb.lazyTimeout}
+}
+
 // errNotLazy: the layer cannot be served lazily; it is pulled whole.
 var errNotLazy = errors.New("layer not served lazily")
 
 // lazyLayer mounts lr, an eStargz layer, lazily: layer dir committed
-// into layers/ with its lazy.json and chunk cache, TOC fetched and
-// verified, prioritized files prefetched, filesystem mounted on its diff
-// dir. errNotLazy (wrapped) means the registry cannot serve it so and
-// nothing was left; the caller pulls it whole.
+// into layers/ with its lazy.json and chunk cache, TOC fetched, verified
+// and written to toc.gz, prioritized files prefetched, the filesystem
+// mounted on its diff dir and handed to the holder. errNotLazy (wrapped)
+// means it cannot be served so (the registry serves no ranges, no holder
+// takes it) and nothing was left; the caller pulls it whole.
 func (s *Store) lazyLayer(ctx context.Context, lr layerMeta, rb registryBlobs) (err error) {
-	tx, err := s.layers.prepare(lr.ChainID)
+	if s.lazy.holder == nil || s.lazySock == "" {
+		return fmt.Errorf("layer %s: %w: no lazy-layer server on this node", lr.Digest, errNotLazy)
+	}
+	dir, err := s.commitLazyDir(lr)
 	if err != nil {
-		return err
-	}
-	defer tx.abort()
-	meta, err := json.Marshal(lazyMeta{Blob: lr.Digest, Size: lr.Size, TOCDigest: lr.TOCDigest})
-	if err != nil {
-		return err
-	}
-	if err := os.WriteFile(filepath.Join(tx.path, lazyMetaFile), meta, 0o600); err != nil {
-		return fmt.Errorf("lazy layer %s: %w", lr.ChainID, err)
-	}
-	if err := os.Mkdir(filepath.Join(tx.path, "cache"), 0o700); err != nil {
-		return fmt.Errorf("lazy layer %s: %w", lr.ChainID, err)
-	}
-	if err := tx.commit(); err != nil {
 		return err
 	}
 	// In layers/ now: a failure below trashes it (the pull's marks keep
 	// the collector off it meanwhile).
-	hexName := strings.TrimPrefix(lr.ChainID, "sha256:")
-	var mounted *lazy.Mounted
+	var mounted, held bool
 	defer func() {
-		if err == nil {
-			return
+		if err != nil {
+			s.undoLazyLayer(lr.ChainID, mounted, held)
 		}
-		if mounted != nil {
-			if uerr := mounted.Unmount(); uerr != nil {
-				s.log.Warn("lazy layer: unmount after a failed pull", "layer", lr.ChainID, "error", uerr)
-			}
-		}
-		if terr := s.layers.trash(hexName); terr != nil {
-			s.log.Warn("lazy layer: remove after a failed pull", "layer", lr.ChainID, "error", terr)
-		}
-		s.layers.emptyTrash(s.log)
 	}()
 	// Every byte of the TOC and the prefetch counts as the pull's
 	// progress (decision 1511).
@@ -220,7 +281,7 @@ func (s *Store) lazyLayer(ctx context.Context, lr layerMeta, rb registryBlobs) (
 	defer stopCount()
 	src := &registrySource{c: rb.c, digest: lr.Digest, size: lr.Size}
 	l, err := lazy.Open(ctx, src, lr.TOCDigest, lazy.Options{
-		CacheDir:       filepath.Join(s.layers.layerDir(lr.ChainID), "cache"),
+		CacheDir:       filepath.Join(dir, lazysrv.CacheDir),
 		Log:            s.log.With("layer", lr.ChainID),
 		OnCorrupt:      func(err error) { s.lazyCorrupt(lr.ChainID, err) },
 		Retries:        rb.set.Retries,
@@ -233,253 +294,108 @@ func (s *Store) lazyLayer(ctx context.Context, lr layerMeta, rb registryBlobs) (
 	if err != nil {
 		return fmt.Errorf("lazy layer %s: %w", lr.Digest, classify(err))
 	}
+	defer l.Close()
+	// The server reads the prefetched chunks from cache/ and asks for the
+	// rest.
 	if err := l.Prefetch(ctx); err != nil {
 		return fmt.Errorf("lazy layer %s: %w", lr.Digest, classify(err))
 	}
-	if mounted, err = lazy.Mount(s.layers.diffDir(lr.ChainID), l); err != nil {
-		return err
+	if err := atomicfile.Write(filepath.Join(dir, lazysrv.TOCFile), l.TOCTail(), 0o600); err != nil {
+		return fmt.Errorf("lazy layer %s: %w", lr.Digest, err)
 	}
-	bg, stop := context.WithCancel(context.Background())
-	e := &lazyEntry{layer: l, mount: mounted, stop: stop, fetched: make(chan struct{})}
-	s.lazy.add(lr.ChainID, e)
-	s.usage.changed()
+	dev, settings, err := fuseconn.Mount(s.layers.diffDir(lr.ChainID), &lazy.HeldOptions().MountOptions)
+	if err != nil {
+		return fmt.Errorf("lazy layer %s: %w", lr.Digest, err)
+	}
+	mounted = true
+	// Closed once the holder has its copy: berthd keeps none (closing
+	// the last copy would abort the connection, which is what a failed
+	// pull wants).
+	defer dev.Close()
+	if err := settings.Save(filepath.Join(dir, lazysrv.SettingsFile)); err != nil {
+		return fmt.Errorf("lazy layer %s: %w", lr.Digest, err)
+	}
+	held = true
+	if err := s.lazy.holder.Hold(ctx, lr.ChainID, dir, dev); err != nil {
+		if ctx.Err() != nil {
+			return fmt.Errorf("lazy layer %s: hand it to the node's keeper: %w", lr.Digest, err)
+		}
+		return fmt.Errorf("layer %s: %w: the node's keeper did not take it: %w", lr.Digest, errNotLazy, err)
+	}
+	s.startLazy(lr.ChainID, &lazyEntry{dir: dir, mount: s.layers.diffDir(lr.ChainID), src: rangeSource(src, rb)}, func(ctx context.Context, e *lazyEntry) {
+		s.backgroundFetch(ctx, lr, rb, e)
+	})
 	s.log.Info("layer mounted lazily", "layer", lr.ChainID, "blob", lr.Digest, "prefetched_bytes", l.FetchedBytes())
+	return nil
+}
+
+// commitLazyDir makes lr's layer dir in layers/: lazy.json (naming the
+// range socket) and an empty chunk cache.
+func (s *Store) commitLazyDir(lr layerMeta) (string, error) {
+	tx, err := s.layers.prepare(lr.ChainID)
+	if err != nil {
+		return "", err
+	}
+	defer tx.abort()
+	meta, err := json.Marshal(lazysrv.Meta{Blob: lr.Digest, Size: lr.Size, TOCDigest: lr.TOCDigest, Socket: s.lazySock})
+	if err != nil {
+		return "", err
+	}
+	if err := os.WriteFile(filepath.Join(tx.path, lazysrv.MetaFile), meta, 0o600); err != nil {
+		return "", fmt.Errorf("lazy layer %s: %w", lr.ChainID, err)
+	}
+	if err := os.Mkdir(filepath.Join(tx.path, lazysrv.CacheDir), 0o700); err != nil {
+		return "", fmt.Errorf("lazy layer %s: %w", lr.ChainID, err)
+	}
+	if err := tx.commit(); err != nil {
+		return "", err
+	}
+	return s.layers.layerDir(lr.ChainID), nil
+}
+
+// undoLazyLayer removes what a failed lazyLayer left: the mount (its
+// connection aborts with berthd's copy of the fd), the holder's copy if
+// it may have taken one, the layer dir.
+func (s *Store) undoLazyLayer(chainID string, mounted, held bool) {
+	if mounted {
+		if err := fuseconn.Unmount(s.layers.diffDir(chainID)); err != nil {
+			s.log.Warn("lazy layer: unmount after a failed pull", "layer", chainID, "error", err)
+		}
+	}
+	if held {
+		// The hold may have reached the keeper before it failed; most
+		// often it did not, and the drop's failure says nothing new.
+		if err := s.lazy.tryDrop(chainID); err != nil {
+			s.log.Debug("lazy layer: drop after a failed hold", "layer", chainID, "error", err)
+		}
+	}
+	if err := s.layers.trash(strings.TrimPrefix(chainID, "sha256:")); err != nil {
+		s.log.Warn("lazy layer: remove after a failed pull", "layer", chainID, "error", err)
+	}
+	s.layers.emptyTrash(s.log)
+}
+
+// startLazy registers e as the lazy layer chainID and starts, for as
+// long as it exists, fetch (its background fetch) and the watch for the
+// server's corrupt mark.
+func (s *Store) startLazy(chainID string, e *lazyEntry, fetch func(context.Context, *lazyEntry)) {
+	bg, stop := context.WithCancel(context.Background())
+	e.stop, e.fetched = stop, make(chan struct{})
+	s.lazy.add(chainID, e)
+	s.usage.changed()
 	go func() {
 		defer close(e.fetched)
-		s.backgroundFetch(bg, lr, rb, l)
+		var wg sync.WaitGroup
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			s.watchCorrupt(bg, chainID, e)
+		}()
+		if fetch != nil {
+			fetch(bg, e)
+		}
+		wg.Wait()
 	}()
-	return nil
-}
-
-// Background fetch (stage S3): the whole blob of a lazy layer comes in
-// behind the containers' reads, through the same fetch as a full pull
-// (blobFetch: ranged for large blobs, its digest and size checked), its
-// decompressed stream checked against the config's diff ID; then the
-// layer reads every chunk from it, and the node ends with the whole
-// image as after a full pull; then its files are written out (materialize)
-// and its chunk cache dropped. A registry that fails or stalls
-// (image_pull_progress_timeout without a byte) is tried again with
-// back-off, from 1 s doubling to a minute, until the fetch completes or
-// the layer goes.
-
-const (
-	backgroundRetryFirst = time.Second
-	backgroundRetryMax   = time.Minute
-)
-
-func (s *Store) backgroundFetch(ctx context.Context, lr layerMeta, rb registryBlobs, l *lazy.Layer) {
-	delay := backgroundRetryFirst
-	for {
-		unpacked, err := s.fetchWholeBlob(ctx, lr, rb, l)
-		if err == nil {
-			s.materialize(ctx, lr, l, unpacked)
-			return
-		}
-		if ctx.Err() != nil {
-			return
-		}
-		if errors.Is(err, errCorruptBlob) {
-			// The registry's bytes are not the image's: not kept.
-			l.MarkCorrupt(err)
-			return
-		}
-		s.log.Warn("lazy layer: background fetch failed, retrying", "layer", lr.ChainID, "in", delay, "error", err)
-		select {
-		case <-time.After(delay):
-		case <-ctx.Done():
-			return
-		}
-		delay = min(2*delay, backgroundRetryMax)
-	}
-}
-
-// materialize writes the complete layer's files out (lazy.Layer.Materialize),
-// so that the filesystem serves them at local speed (FUSE passthrough),
-// and drops its chunk cache; the files may not add up to more than the
-// layer's unpacked bytes, as a full pull's could not. A failure (the disk
-// full) is logged: reads go on from the verified blob, only slower.
-func (s *Store) materialize(ctx context.Context, lr layerMeta, l *lazy.Layer, unpacked int64) {
-	defer s.usage.changed()
-	if err := l.Materialize(ctx, unpacked); err != nil {
-		if ctx.Err() == nil {
-			s.log.Warn("lazy layer: write its files out; reads go on from its blob", "layer", lr.ChainID, "error", err)
-		}
-		return
-	}
-	s.log.Info("lazy layer files local", "layer", lr.ChainID)
-}
-
-// errDiffID is a blob whose decompressed stream is not the config's
-// diff ID; errCorruptBlob a blob received whole that is not the image's
-// (its digest or diff ID): not retried.
-var (
-	errDiffID      = errors.New("layer does not match its diff ID")
-	errCorruptBlob = errors.New("layer blob is not the image's")
-)
-
-// fetchWholeBlob fetches lr's blob into the content store (verified)
-// and checks its diff ID, then has l read from it. It returns the
-// layer's unpacked size (its decompressed stream).
-func (s *Store) fetchWholeBlob(ctx context.Context, lr layerMeta, rb registryBlobs, l *lazy.Layer) (unpacked int64, err error) {
-	ctx, cancel := context.WithCancelCause(ctx)
-	defer cancel(nil)
-	count := &atomic.Int64{}
-	stopWatch := watchProgress(ctx, cancel, count, rb.lazyTimeout)
-	defer stopWatch()
-	bf, err := s.startBlobFetch(ctx, lr, rb, count)
-	if err != nil {
-		return 0, err
-	}
-	defer bf.close()
-	src := &readErr{r: bf}
-	unpacked, diffErr := checkDiffID(src, lr.DiffID)
-	if src.err != nil {
-		// The transfer broke: not the content's fault, retried.
-		diffErr = src.err
-	}
-	if err := bf.finish(diffErr); err != nil {
-		if cause := context.Cause(ctx); cause != nil && !errors.Is(cause, context.Canceled) {
-			return 0, fmt.Errorf("%w: %w", cause, err)
-		}
-		// Every byte the manifest announced arrived, and it is not the
-		// image's layer.
-		if count.Load() >= lr.Size && (errors.Is(err, errDiffID) || errors.Is(err, errdefs.ErrInvalidArgument)) {
-			return 0, fmt.Errorf("%w: %w", errCorruptBlob, err)
-		}
-		return 0, err
-	}
-	f, err := s.content.open(lr.Digest)
-	if err != nil {
-		return 0, err
-	}
-	l.UseLocal(f)
-	s.usage.changed()
-	s.log.Info("lazy layer complete on disk", "layer", lr.ChainID, "blob", lr.Digest)
-	return unpacked, nil
-}
-
-// checkDiffID reads the gzip stream r to its end and compares the
-// decompressed bytes' digest with diffID; it returns how many there were.
-func checkDiffID(r io.Reader, diffID string) (int64, error) {
-	zr, err := gzip.NewReader(r)
-	if err != nil {
-		return 0, fmt.Errorf("%w: %w", errDiffID, err)
-	}
-	zr.Multistream(true)
-	h := sha256.New()
-	n, err := io.Copy(h, zr)
-	if err != nil {
-		return n, fmt.Errorf("%w: %w", errDiffID, err)
-	}
-	if got := "sha256:" + hex.EncodeToString(h.Sum(nil)); got != diffID {
-		return n, fmt.Errorf("%w: %s, the config says %s", errDiffID, got, diffID)
-	}
-	return n, nil
-}
-
-// errBackgroundStalled ends a background fetch that received nothing for
-// the progress timeout.
-var errBackgroundStalled = errors.New("background fetch made no progress for image_pull_progress_timeout")
-
-// watchProgress cancels ctx (with errBackgroundStalled) when count does
-// not move for timeout; the returned func stops watching.
-func watchProgress(ctx context.Context, cancel context.CancelCauseFunc, count *atomic.Int64, timeout time.Duration) func() {
-	done := make(chan struct{})
-	go func() {
-		tick := time.NewTicker(max(timeout/8, 10*time.Millisecond))
-		defer tick.Stop()
-		last, since := count.Load(), time.Now()
-		for {
-			select {
-			case <-done:
-				return
-			case <-ctx.Done():
-				return
-			case now := <-tick.C:
-				if n := count.Load(); n != last {
-					last, since = n, now
-				} else if now.Sub(since) >= timeout {
-					cancel(errBackgroundStalled)
-					return
-				}
-			}
-		}
-	}()
-	return func() { close(done) }
-}
-
-// lazyCorrupt is a lazy layer whose chunk failed its digest: counted,
-// logged (by the layer), and every image that uses it is removed, so that
-// it is not kept (containers reading it keep their leases and get EIO;
-// the next pull fetches the image again).
-func (s *Store) lazyCorrupt(chainID string, cause error) {
-	s.lazy.corrupt.Add(1)
-	// Not on the reader's goroutine: it is a FUSE request.
-	go func() {
-		var ids []string
-		s.index.view(func(images map[string]*imageMeta) {
-			for id, meta := range images {
-				for _, l := range meta.Layers {
-					if l.ChainID == chainID {
-						ids = append(ids, id)
-						break
-					}
-				}
-			}
-		})
-		for _, id := range ids {
-			s.log.Error("image marked bad: a lazy layer failed verification", "image", id, "layer", chainID, "error", cause)
-			if _, err := s.removeMeta(id); err != nil {
-				s.log.Warn("remove bad image", "image", id, "error", err)
-			}
-		}
-		s.requestGC()
-	}()
-}
-
-// dropLazyAtStart removes the lazy layers a previous berthd served (their
-// filesystem ended with it) and the images that use them: stale mounts
-// detached, layers moved to trash whatever holds them.
-func (s *Store) dropLazyAtStart() error {
-	es, err := s.layers.list()
-	if err != nil {
-		return err
-	}
-	dropped := map[string]bool{}
-	for _, e := range es {
-		if _, err := os.Stat(s.layers.path("layers", e.Name(), lazyMetaFile)); err != nil {
-			continue
-		}
-		diff := s.layers.path("layers", e.Name(), "diff")
-		if err := unix.Unmount(diff, unix.MNT_DETACH); err != nil && !errors.Is(err, unix.EINVAL) && !errors.Is(err, unix.ENOENT) {
-			s.log.Warn("lazy layer left by a previous berthd: unmount", "layer", e.Name(), "error", err)
-		}
-		if err := s.layers.trash(e.Name()); err != nil {
-			return fmt.Errorf("remove lazy layer %s left by a previous berthd: %w", e.Name(), err)
-		}
-		dropped["sha256:"+e.Name()] = true
-	}
-	if len(dropped) == 0 {
-		return nil
-	}
-	var ids []string
-	s.index.view(func(images map[string]*imageMeta) {
-		for id, meta := range images {
-			for _, l := range meta.Layers {
-				if dropped[l.ChainID] {
-					ids = append(ids, id)
-					break
-				}
-			}
-		}
-	})
-	for _, id := range ids {
-		s.log.Warn("image with a lazy layer from a previous berthd removed; it is pulled again when needed", "image", id)
-		if _, err := s.removeMeta(id); err != nil {
-			return err
-		}
-	}
-	return nil
 }
 
 // lazyTimeoutOf is how long one range request of a lazy layer may take:

@@ -58,6 +58,12 @@ type Options struct {
 	RangeFetch RangeFetch
 	// LazyPull serves eStargz layers lazily (when Settings is nil).
 	LazyPull bool
+	// LazyHolder keeps lazy layers' connections outside berthd (the
+	// node's keeper); nil: eStargz layers are pulled whole.
+	LazyHolder LazyHolder
+	// LazySocket is where berthd answers the lazy-layer server's range
+	// requests (default: lazy.sock in Root).
+	LazySocket string
 	// Settings, if set, gives the live settings each pull starts with
 	// (berthd's reloadable configuration) and overrides RegistryConfigDir
 	// and PullProgressTimeout.
@@ -148,6 +154,10 @@ type Store struct {
 	streams layerBytes
 	// lazy are the layers served lazily (lazy.go).
 	lazy lazyLayers
+	// lazySock is the range socket's path ("" when there is none: no
+	// layer is served lazily); ranges its listener (lazyserve.go).
+	lazySock string
+	ranges   *rangeSocket
 }
 
 // Open loads the store, throwing away what interrupted pulls left behind:
@@ -177,7 +187,9 @@ func Open(opts Options) (*Store, error) {
 	if err := s.refs.load(); err != nil {
 		return nil, err
 	}
-	if err := s.dropLazyAtStart(); err != nil {
+	s.listenRanges()
+	if err := s.lazyAtStart(); err != nil {
+		s.Close()
 		return nil, err
 	}
 	if err := s.collectAtStart(); err != nil {
@@ -205,6 +217,11 @@ func newStore(opts Options) *Store {
 		usage:    &usageCache{dir: opts.Root, trash: filepath.Join(opts.Root, "trash")},
 	}
 	s.usage.skip = s.lazy.isMount
+	s.lazy.holder, s.lazy.log = opts.LazyHolder, log
+	s.lazySock = opts.LazySocket
+	if s.lazySock == "" {
+		s.lazySock = filepath.Join(opts.Root, "lazy.sock")
+	}
 	if s.settings == nil {
 		static := PullSettings{RegistryConfigDir: opts.RegistryConfigDir, ProgressTimeout: opts.PullProgressTimeout, RangeFetch: opts.RangeFetch, Limits: opts.Limits, LazyPull: opts.LazyPull}
 		s.settings = func() PullSettings { return static }

@@ -51,6 +51,11 @@ var ErrCorrupt = errors.New("chunk does not match its TOC digest")
 // blob: it cannot serve a layer lazily (and is not asked again).
 var ErrNoRanges = errors.New("the registry does not serve byte ranges")
 
+// ErrGivenUp is a source's failure that it retried itself (berthd, which
+// asks the registry with the pull's retries, on behalf of a lazy-layer
+// server): the layer does not ask again, the read fails at once.
+var ErrGivenUp = errors.New("the source gave up on the range")
+
 // TOCDigestAnnotation is the layer descriptor annotation naming the
 // digest of the layer's TOC JSON.
 const TOCDigestAnnotation = estargz.TOCJSONDigestAnnotation
@@ -92,6 +97,10 @@ type Layer struct {
 	src    Source
 	opts   Options
 	log    *slog.Logger
+
+	// tocTail is the blob from the TOC's offset to its end (TOC and
+	// footer), as fetched and verified: TOCTail.
+	tocTail []byte
 
 	corrupt atomic.Bool
 	// FetchedBytes counts the bytes fetched from the source.
@@ -201,7 +210,7 @@ func Open(ctx context.Context, src Source, tocDigest string, opts Options) (*Lay
 	if l.verify, err = r.VerifyTOC(want); err != nil {
 		return nil, fmt.Errorf("verify eStargz TOC: %w", err)
 	}
-	l.r = r
+	l.r, l.tocTail = r, tail
 	if err := os.MkdirAll(opts.CacheDir, 0o700); err != nil {
 		return nil, err
 	}
@@ -211,6 +220,12 @@ func Open(ctx context.Context, src Source, tocDigest string, opts Options) (*Lay
 	}
 	return l, nil
 }
+
+// TOCTail is the blob's tail from its TOC's offset (the TOC and the
+// footer) that Open fetched and verified: what a server that serves the
+// layer from disk reads instead of asking for it again (decision 3600,
+// S4). The caller must not change it.
+func (l *Layer) TOCTail() []byte { return l.tocTail }
 
 // checkTOCSize refuses a TOC whose JSON is over MaxTOCJSON, from its tar
 // header, before the format's parser reads it whole.
@@ -491,7 +506,7 @@ func (l *Layer) readRange(ctx context.Context, start, end int64) ([]byte, error)
 		if ctx.Err() != nil {
 			return nil, ctx.Err()
 		}
-		if errors.Is(err, ErrNoRanges) {
+		if errors.Is(err, ErrNoRanges) || errors.Is(err, ErrGivenUp) {
 			return nil, err
 		}
 		last = err

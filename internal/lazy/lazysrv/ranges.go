@@ -40,6 +40,11 @@ type RangeRequest struct {
 type rangeAnswer struct {
 	Size  int64  `json:"size,omitempty"`
 	Error string `json:"error,omitempty"`
+	// Final: berthd retried the registry itself (its configured
+	// retries); the server fails the read instead of asking again. An
+	// error that is not final (a layer berthd does not serve yet, as
+	// while it takes its layers up after a restart) is asked again.
+	Final bool `json:"final,omitempty"`
 }
 
 // ErrNoBerthd: a chunk is not on disk and the layer names no berthd.
@@ -119,6 +124,9 @@ func AskRange(ctx context.Context, socket string, req RangeRequest) (io.ReadClos
 	if err := readLine(br, &ans); err != nil {
 		return fail(err)
 	}
+	if ans.Error != "" && ans.Final {
+		return fail(fmt.Errorf("%w: %s", lazy.ErrGivenUp, ans.Error))
+	}
 	if ans.Error != "" {
 		return fail(errors.New(ans.Error))
 	}
@@ -164,8 +172,9 @@ func readLine(br *bufio.Reader, v any) error {
 const rangeReadTimeout = 10 * time.Second
 
 // ServeRanges answers range requests on ln (berthd's side) until ln is
-// closed: source names the blob of a layer it serves (false: not one),
-// whose OpenRange reads the registry.
+// closed: source names the blob of a layer it serves (false: not one, or
+// not yet), whose OpenRange reads the registry, retrying as configured:
+// its failure is final for the server.
 func ServeRanges(ctx context.Context, ln net.Listener, log *slog.Logger, source func(layer string) (lazy.Source, bool)) error {
 	for {
 		conn, err := ln.Accept()
@@ -206,8 +215,9 @@ func serveRange(ctx context.Context, conn net.Conn, log *slog.Logger, source fun
 	}
 	body, err := src.OpenRange(ctx, req.Start, req.End)
 	if err != nil {
-		// The server retries, then fails the read with EIO.
-		answer(rangeAnswer{Error: err.Error()})
+		// source retried the registry as configured: the server fails
+		// the read with EIO.
+		answer(rangeAnswer{Error: err.Error(), Final: true})
 		return
 	}
 	defer body.Close()

@@ -366,16 +366,19 @@ func BuildCommand(dir, name string) (string, error) {
 }
 
 // BuildShim builds ./cmd/berth-shim into dir without cgo: a static binary
-// maps no libc and starts no pthreads, which keeps the node's keeper and monitor small.
+// maps no libc and starts no pthreads, which keeps the node's keeper and
+// monitor small. berth-lazy, which the keeper starts from beside its own
+// binary (decision 3600), is built with it.
 func BuildShim(dir string) (string, error) {
-	out := filepath.Join(dir, "berth-shim")
-	cmd := exec.Command("go", "build", "-o", out, "./cmd/berth-shim")
-	cmd.Dir = moduleRoot()
-	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
-	if b, err := cmd.CombinedOutput(); err != nil {
-		return "", fmt.Errorf("go build ./cmd/berth-shim: %v\n%s", err, b)
+	for _, name := range []string{"berth-shim", "berth-lazy"} {
+		cmd := exec.Command("go", "build", "-o", filepath.Join(dir, name), "./cmd/"+name)
+		cmd.Dir = moduleRoot()
+		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+		if b, err := cmd.CombinedOutput(); err != nil {
+			return "", fmt.Errorf("go build ./cmd/%s: %v\n%s", name, err, b)
+		}
 	}
-	return out, nil
+	return filepath.Join(dir, "berth-shim"), nil
 }
 
 // CRIUDir is the directory of the criu the tests use: the one provided
