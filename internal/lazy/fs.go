@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"strings"
 	"syscall"
 	"time"
@@ -12,6 +13,8 @@ import (
 	"github.com/hanwen/go-fuse/v2/fs"
 	"github.com/hanwen/go-fuse/v2/fuse"
 	"golang.org/x/sys/unix"
+
+	"github.com/berthcri/berth/internal/lazy/fuseconn"
 )
 
 // The filesystem: the TOC's tree, read-only, in the form overlayfs takes
@@ -47,6 +50,8 @@ var (
 	_ fs.NodeGetxattrer  = (*node)(nil)
 	_ fs.NodeListxattrer = (*node)(nil)
 	_ fs.NodeOnAdder     = (*rootNode)(nil)
+
+	_ fuseconn.BackingFiler = (*node)(nil)
 )
 
 // rootNode builds the tree when it is mounted.
@@ -148,9 +153,28 @@ func (n *node) Open(ctx context.Context, flags uint32) (fs.FileHandle, uint32, s
 	}
 	// The content never changes: the kernel may keep it across opens.
 	if n.ent != nil && n.ent.Type == "reg" {
-		return n.l.openHandle(n.ent), fuse.FOPEN_KEEP_CACHE, 0
+		h, local := n.l.openHandle(n.ent)
+		if local && n.l.held.Load() {
+			// fuseconn registers the backing file (BackingFile) or answers
+			// in cached mode, which the handle serves too.
+			return h, fuse.FOPEN_KEEP_CACHE | fuse.FOPEN_PASSTHROUGH, 0
+		}
+		return h, fuse.FOPEN_KEEP_CACHE, 0
 	}
 	return nil, fuse.FOPEN_KEEP_CACHE, 0
+}
+
+// BackingFile is the node's local file, for fuseconn to register as the
+// backing file of its passthrough opens (fuseconn.BackingFiler).
+func (n *node) BackingFile() (*os.File, error) {
+	if n.ent == nil || n.ent.Type != "reg" {
+		return nil, fmt.Errorf("lazy layer: backing file of a node that is not a regular file")
+	}
+	f, err := n.l.openLocal(n.ent)
+	if err == nil && f == nil {
+		err = fmt.Errorf("lazy layer: %s has no local file", n.ent.Name)
+	}
+	return f, err
 }
 
 func (n *node) Read(ctx context.Context, fh fs.FileHandle, dest []byte, off int64) (fuse.ReadResult, syscall.Errno) {
@@ -158,7 +182,10 @@ func (n *node) Read(ctx context.Context, fh fs.FileHandle, dest []byte, off int6
 		return nil, syscall.EINVAL
 	}
 	n.l.servedReads.Add(1)
-	if h, ok := fh.(*localHandle); ok {
+	switch h := fh.(type) {
+	case *localHandle:
+		return h.read(dest, off)
+	case passthroughHandle:
 		return h.read(dest, off)
 	}
 	got, err := n.l.ReadFile(ctx, n.ent, dest, off)

@@ -28,19 +28,28 @@ import (
 // no chunkHandle of its inode is open; until those close, opens get
 // chunkHandles, whose reads also come from the local file by then.
 
-// localHandle is a file open on its local copy.
+// localHandle is a file open on its local copy. On a layer served
+// through fuseconn (Tree), the node's Open asks for passthrough with
+// FOPEN_PASSTHROUGH and fuseconn registers the node's local file
+// (node.BackingFile) once for the connection's life, so that a server
+// that takes the connection over answers with the same backing ID
+// (decision 3600, "Passthrough across servers"); on a layer mounted by
+// Mount, go-fuse registers the handle's fd (passthroughHandle).
 type localHandle struct {
 	l *Layer
 	f *os.File
 }
 
+// passthroughHandle is a localHandle that go-fuse registers (Mount).
+type passthroughHandle struct{ *localHandle }
+
 var (
-	_ fs.FilePassthroughFder = (*localHandle)(nil)
+	_ fs.FilePassthroughFder = passthroughHandle{}
 	_ fs.FileReleaser        = (*localHandle)(nil)
 	_ fs.FileReleaser        = (*chunkHandle)(nil)
 )
 
-func (h *localHandle) PassthroughFd() (int, bool) { return int(h.f.Fd()), true }
+func (h passthroughHandle) PassthroughFd() (int, bool) { return int(h.f.Fd()), true }
 
 func (h *localHandle) Release(context.Context) syscall.Errno {
 	h.f.Close()
@@ -76,8 +85,9 @@ func (h *chunkHandle) Release(context.Context) syscall.Errno {
 	return 0
 }
 
-// openHandle is a new open of the regular file ent.
-func (l *Layer) openHandle(ent *estargz.TOCEntry) fs.FileHandle {
+// openHandle is a new open of the regular file ent; local says it is on
+// its local file (a passthrough open, where the kernel takes it).
+func (l *Layer) openHandle(ent *estargz.TOCEntry) (h fs.FileHandle, local bool) {
 	l.opensMu.Lock()
 	defer l.opensMu.Unlock()
 	if l.cachedOpens[ent] == 0 {
@@ -86,14 +96,18 @@ func (l *Layer) openHandle(ent *estargz.TOCEntry) fs.FileHandle {
 			l.log.Warn("lazy layer: open a local file", "file", ent.Name, "error", err)
 		}
 		if f != nil {
-			return &localHandle{l: l, f: f}
+			lh := &localHandle{l: l, f: f}
+			if l.held.Load() {
+				return lh, true
+			}
+			return passthroughHandle{lh}, true
 		}
 	}
 	if l.cachedOpens == nil {
 		l.cachedOpens = map[*estargz.TOCEntry]int{}
 	}
 	l.cachedOpens[ent]++
-	return &chunkHandle{l: l, ent: ent}
+	return &chunkHandle{l: l, ent: ent}, false
 }
 
 // ServedReads is how many reads of file contents the server answered

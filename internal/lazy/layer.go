@@ -127,6 +127,9 @@ type Layer struct {
 	cachedOpens   map[*estargz.TOCEntry]int
 	noPassthrough atomic.Bool
 	servedReads   atomic.Int64
+	// held: the layer is served through fuseconn (Tree), which registers
+	// its backing files (handle.go).
+	held atomic.Bool
 }
 
 // UseLocal serves every chunk not yet cached from f, the layer's whole

@@ -20,6 +20,7 @@ func Tree(l *Layer) (fs.InodeEmbedder, error) {
 	if !ok {
 		return nil, fmt.Errorf("lazy layer tree: the TOC has no root")
 	}
+	l.held.Store(true)
 	return &rootNode{node: node{l: l, ent: rootEnt}}, nil
 }
 

@@ -93,7 +93,7 @@ func TestTreeServedOnAHeldConnection(t *testing.T) {
 		dev.Close()
 	})
 	ttl := time.Hour
-	srv, err := fuseconn.Serve(dev, s, root, &fs.Options{MountOptions: mo, EntryTimeout: &ttl, AttrTimeout: &ttl, NegativeTimeout: &ttl})
+	srv, err := fuseconn.Serve(dev, s, root, &fs.Options{MountOptions: mo, EntryTimeout: &ttl, AttrTimeout: &ttl, NegativeTimeout: &ttl}, "")
 	if err != nil {
 		t.Fatal(err)
 	}

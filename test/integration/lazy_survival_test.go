@@ -1,6 +1,8 @@
 package integration
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -213,4 +215,73 @@ func TestLazyPullServerKilledReadersRecover(t *testing.T) {
 	}
 	stopRemove(t, d, e.pod)
 	removeSettled(t, d, ref, scope, before)
+}
+
+// TestLazyPullServerKilledWithACompleteLayer: berth-lazy killed with -9
+// once both lazy layers are complete (their files written out and opened
+// through FUSE passthrough) while a container's shell (busybox, mapped)
+// runs from them and holds a large file open. The kernel keeps the dead
+// server's backing file on each inode open in passthrough, so the new
+// server must answer opens of those inodes with the same backing ID
+// (decision 3600, "Passthrough across servers"): every new exec of
+// busybox in the container succeeds, the file opened before the kill
+// reads whole through its old open, a new open of it reads the same, and
+// removing everything leaves nothing.
+func TestLazyPullServerKilledWithACompleteLayer(t *testing.T) {
+	t.Parallel()
+	p := pullLazy(t, "lazy/ptkill", false, berthdtest.Options{})
+	reg, img, d, ref := p.reg, p.img, p.d, p.ref
+	lazyWait(t, func() bool { return strings.Count(lazyServerLog(t, d), "lazy layer files local") == 2 })
+	first := lazyServerPids(t, d)
+	if len(first) != 1 {
+		t.Fatalf("lazy-layer servers of the node: %v, want one", first)
+	}
+	filler := fileInLayer(t, img, 1, "data/filler")
+	sum := sha256.Sum256(filler)
+	want := hex.EncodeToString(sum[:])
+
+	e := lazyCtrEnv(t, d, reg, "lazy-ptkill")
+	holder := e.config("holder", "sh", "-c",
+		"exec 3</data/filler; echo ready; while [ ! -e /tmp/go ]; do sleep 0.1; done; sha256sum <&3; exec sleep 100000")
+	holder.Image.Image = ref
+	id := e.run(holder)
+	lazyWait(t, func() bool { return strings.Contains(logText(t, e.status(id).LogPath), "stdout: ready") })
+
+	if err := syscall.Kill(first[0], syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	lazyWait(t, func() bool {
+		pids := lazyServerPids(t, d)
+		return len(pids) == 1 && !slices.Contains(pids, first[0])
+	})
+	// Each exec opens busybox anew: the inode the shell holds open in
+	// passthrough since before the kill.
+	for range 5 {
+		if got := e.exec(id, "cat", "/data/hello"); got != lazyHello {
+			t.Fatalf("cat /data/hello after the server's death: %q", got)
+		}
+		if got := e.exec(id, "sha256sum", "/data/filler"); got != want+"  /data/filler" {
+			t.Fatalf("a new open of data/filler after the server's death: %q, want %s", got, want)
+		}
+	}
+	e.exec(id, "touch", "/tmp/go")
+	lazyWait(t, func() bool { return strings.Contains(logText(t, e.status(id).LogPath), "stdout: "+want+"  -") })
+	// A second server death with the inodes still held: the records of
+	// the first server serve the third as well.
+	second := lazyServerPids(t, d)
+	if err := syscall.Kill(second[0], syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	lazyWait(t, func() bool {
+		pids := lazyServerPids(t, d)
+		return len(pids) == 1 && !slices.Contains(pids, second[0])
+	})
+	if got := e.exec(id, "sha256sum", "/data/filler"); got != want+"  /data/filler" {
+		t.Fatalf("a new open of data/filler after the second death: %q", got)
+	}
+	if got := catInPod(t, d, reg, ref, "/data/later"); got != lazyLater {
+		t.Fatalf("a new container after the server's deaths: %q", got)
+	}
+	stopRemove(t, d, e.pod)
+	removeSettled(t, d, ref, p.scope, p.before)
 }

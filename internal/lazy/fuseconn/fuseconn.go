@@ -72,6 +72,11 @@ type Settings struct {
 	// fuse_init_out). Every server must give the same: the kernel
 	// decided the connection's parameters (request sizes, flags) on it.
 	Reply []byte `json:"reply"`
+	// Conn identifies the connection (16 random bytes in hex, made by
+	// Mount): the records of its backing files (Serve's backing) are
+	// this connection's only if they carry it. Empty in settings saved
+	// before it existed: then no open is passed through.
+	Conn string `json:"conn,omitempty"`
 }
 
 // check reports what makes s unusable: a request that is not an INIT or

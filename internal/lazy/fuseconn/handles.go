@@ -22,6 +22,9 @@ import (
 type handles struct {
 	fuse.RawFileSystem
 	gen uint64
+	// backing settles each open's I/O mode (backing.go); set before the
+	// server reads its first request. nil: no passthrough.
+	backing *backing
 
 	mu      sync.Mutex
 	revived map[uint64]uint64 // a previous server's directory handle → ours
@@ -65,7 +68,20 @@ func (h *handles) dir(cancel <-chan struct{}, node, fh uint64) (uint64, fuse.Sta
 
 func (h *handles) Open(cancel <-chan struct{}, in *fuse.OpenIn, out *fuse.OpenOut) fuse.Status {
 	st := h.RawFileSystem.Open(cancel, in, out)
-	if st.Ok() && out.Fh != 0 {
+	if !st.Ok() {
+		return st
+	}
+	if h.backing == nil {
+		out.OpenFlags &^= fuse.FOPEN_PASSTHROUGH
+	} else if err := h.backing.open(in.NodeId, out); err != nil {
+		h.backing.log.Printf("open node %d: %v", in.NodeId, err)
+		// The kernel sends no RELEASE for an open it is refused.
+		if out.Fh != 0 {
+			h.RawFileSystem.Release(cancel, &fuse.ReleaseIn{InHeader: fuse.InHeader{NodeId: in.NodeId}, Fh: out.Fh})
+		}
+		return fuse.EIO
+	}
+	if out.Fh != 0 {
 		out.Fh |= h.gen
 	}
 	return st

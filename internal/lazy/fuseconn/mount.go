@@ -73,6 +73,9 @@ func Mount(dir string, opts *fuse.MountOptions) (dev *os.File, s *Settings, err 
 		return nil, nil, fmt.Errorf("mount FUSE at %s: read INIT: %w", dir, err)
 	}
 	s = &Settings{Init: buf[:n:n]}
+	if s.Conn, err = newConnID(); err != nil {
+		return nil, nil, fmt.Errorf("mount FUSE at %s: %w", dir, err)
+	}
 	if n < inHeaderSize || binary.LittleEndian.Uint32(s.Init[4:]) != opInit {
 		return nil, nil, fmt.Errorf("mount FUSE at %s: the kernel's first request is not INIT", dir)
 	}

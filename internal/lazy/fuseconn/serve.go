@@ -32,7 +32,15 @@ type Server struct {
 // If the kernel takes it, Serve asks for the requests a previous server
 // read and did not answer (FUSE_NOTIFY_RESEND); they come again with the
 // high bit of their unique ID set, which go-fuse echoes in its replies.
-func Serve(dev *os.File, s *Settings, root fs.InodeEmbedder, opts *fs.Options) (*Server, error) {
+//
+// backing is the path of the connection's records of backing files
+// (backing.go), the same for every server of it: an open that the tree
+// answers with FOPEN_PASSTHROUGH, of a node that is a BackingFiler, is
+// passed through to the node's file, registered once for the connection's
+// life. "" answers every open in cached mode. The tree's files must not
+// implement fs.FilePassthroughFder: go-fuse would register backing files
+// of its own, and close them.
+func Serve(dev *os.File, s *Settings, root fs.InodeEmbedder, opts *fs.Options, backing string) (*Server, error) {
 	if err := s.check(); err != nil {
 		return nil, fmt.Errorf("serve FUSE: %w", err)
 	}
@@ -45,19 +53,29 @@ func Serve(dev *os.File, s *Settings, root fs.InodeEmbedder, opts *fs.Options) (
 	o.MountOptions.Logger = logs.Logger
 	raw := fs.NewNodeFS(root, &o)
 
-	srv, fdNum, reply, err := handshake(newHandles(raw), &o.MountOptions, s.Init)
+	h := newHandles(raw)
+	srv, fdNum, reply, err := handshake(h, &o.MountOptions, s.Init)
 	if err != nil {
 		return nil, fmt.Errorf("serve FUSE: %w", err)
 	}
 	fail := func(err error) (*Server, error) {
 		logs.mute.Store(true)
+		if h.backing != nil {
+			h.backing.close()
+		}
 		return nil, errors.Join(fmt.Errorf("serve FUSE: %w", err), retire(srv, fdNum))
 	}
 	if !bytes.Equal(reply, s.Reply) {
 		return fail(errors.New("this server answers INIT otherwise than the mount did (its options differ)"))
 	}
-	if err := register(raw, root.EmbeddedInode(), fuse.FUSE_ROOT_ID); err != nil {
+	files := map[uint64]*fs.Inode{}
+	if err := register(raw, root.EmbeddedInode(), fuse.FUSE_ROOT_ID, files); err != nil {
 		return fail(err)
+	}
+	if backing != "" {
+		if h.backing, err = openBacking(backing, s.Conn, files, srv, logs.Logger); err != nil {
+			return fail(err)
+		}
 	}
 	// From here on go-fuse's fd is the connection.
 	if err := unix.Dup3(int(dev.Fd()), fdNum, unix.O_CLOEXEC); err != nil {
@@ -72,6 +90,9 @@ func Serve(dev *os.File, s *Settings, root fs.InodeEmbedder, opts *fs.Options) (
 	go func() {
 		defer close(out.done)
 		srv.Serve()
+		if h.backing != nil {
+			h.backing.close()
+		}
 	}()
 	return out, nil
 }
@@ -130,8 +151,8 @@ func retire(srv *fuse.Server, fdNum int) error {
 
 // register looks up every node below dir (node ID id) through raw, so
 // that raw knows each by the node ID the kernel may hold for it from a
-// previous server.
-func register(raw fuse.RawFileSystem, dir *fs.Inode, id uint64) error {
+// previous server, and puts the regular files in files.
+func register(raw fuse.RawFileSystem, dir *fs.Inode, id uint64, files map[uint64]*fs.Inode) error {
 	for name, child := range dir.Children() {
 		var out fuse.EntryOut
 		if st := raw.Lookup(nil, &fuse.InHeader{NodeId: id}, name, &out); !st.Ok() {
@@ -140,10 +161,13 @@ func register(raw fuse.RawFileSystem, dir *fs.Inode, id uint64) error {
 		if out.NodeId != child.StableAttr().Ino {
 			return fmt.Errorf("register node %q: node ID %d is not its inode number %d", name, out.NodeId, child.StableAttr().Ino)
 		}
-		if child.IsDir() {
-			if err := register(raw, child, out.NodeId); err != nil {
+		switch child.StableAttr().Mode & unix.S_IFMT {
+		case unix.S_IFDIR:
+			if err := register(raw, child, out.NodeId, files); err != nil {
 				return err
 			}
+		case unix.S_IFREG:
+			files[out.NodeId] = child
 		}
 	}
 	return nil

@@ -151,7 +151,7 @@ func runServer() int {
 		return 1
 	}
 	dev := os.NewFile(3, "/dev/fuse")
-	srv, err := fuseconn.Serve(dev, s, &testRoot{stall: os.Getenv(stallEnv) != ""}, serveOptions())
+	srv, err := fuseconn.Serve(dev, s, &testRoot{stall: os.Getenv(stallEnv) != ""}, serveOptions(), "")
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
@@ -495,11 +495,11 @@ func TestServeRefusesOtherOptionsAndLeavesTheConnection(t *testing.T) {
 
 	other := serveOptions()
 	other.MaxWrite = 64 << 10
-	if _, err := fuseconn.Serve(dev, s, &testRoot{}, other); err == nil || !strings.Contains(err.Error(), "options differ") {
+	if _, err := fuseconn.Serve(dev, s, &testRoot{}, other, ""); err == nil || !strings.Contains(err.Error(), "options differ") {
 		t.Fatalf("Serve with another MaxWrite = %v, want a refusal", err)
 	}
 
-	srv, err := fuseconn.Serve(dev, s, &testRoot{}, serveOptions())
+	srv, err := fuseconn.Serve(dev, s, &testRoot{}, serveOptions(), "")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -27,6 +27,10 @@ const (
 	MetaFile = "lazy.json"
 	// SettingsFile is the mount's FUSE handshake (fuseconn.Settings).
 	SettingsFile = "fuse.json"
+	// BackingFile records, for the mount's connection, the I/O mode of
+	// each file its servers opened and the backing ID of those passed
+	// through (fuseconn.Serve's backing): the server writes it.
+	BackingFile = "backing"
 	// TOCFile is the blob's tail from its TOC's offset: the eStargz TOC
 	// and footer, as berthd fetched and verified them. The server checks
 	// them again against Meta.TOCDigest.

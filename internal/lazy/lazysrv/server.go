@@ -114,7 +114,7 @@ func (s *Server) Add(ctx context.Context, id, dir string, dev *os.File) error {
 		src.close()
 		return err
 	}
-	if e.srv, err = fuseconn.Serve(dev, settings, root, lazy.HeldOptions()); err != nil {
+	if e.srv, err = fuseconn.Serve(dev, settings, root, lazy.HeldOptions(), filepath.Join(dir, BackingFile)); err != nil {
 		l.Close()
 		src.close()
 		return fmt.Errorf("lazy layer %s: %w", id, err)
