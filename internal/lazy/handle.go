@@ -59,7 +59,7 @@ func (h *localHandle) Release(context.Context) syscall.Errno {
 // read is a read the kernel did not pass through.
 func (h *localHandle) read(dest []byte, off int64) (fuse.ReadResult, syscall.Errno) {
 	if h.l.noPassthrough.CompareAndSwap(false, true) {
-		h.l.log.Info("lazy layer: local files read through the FUSE server (the kernel did not take them for passthrough)")
+		h.l.log.Info("lazy layer: local files read through the FUSE server (not passed through: refused by the kernel, or open in cached mode)")
 	}
 	n, err := h.f.ReadAt(dest, off)
 	if err != nil && !errors.Is(err, io.EOF) {

@@ -539,7 +539,7 @@ func TestLazyPullCompleteLayerReadsLocalFiles(t *testing.T) {
 	lazyWait(t, func() bool { return strings.Count(lazyServerLog(t, d), "lazy layer files local") == 2 })
 	// Where the kernel takes the files for passthrough, the server answers
 	// no read of them (internal/lazy's tests assert it with a probe).
-	t.Logf("the server read local files for the kernel (no passthrough): %v", strings.Contains(lazyServerLog(t, d), "did not take them for passthrough"))
+	t.Logf("the server read local files for the kernel (no passthrough): %v", strings.Contains(lazyServerLog(t, d), "read through the FUSE server (not passed through"))
 
 	blob, _, _ := layerOf(t, img, 1)
 	if st := imageStatus(t, d, ref); st == nil || st.Size < uint64(len(blob)) {

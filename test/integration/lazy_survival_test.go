@@ -2,6 +2,7 @@ package integration
 
 import (
 	"crypto/sha256"
+	"encoding/binary"
 	"encoding/hex"
 	"net/http"
 	"os"
@@ -218,70 +219,142 @@ func TestLazyPullServerKilledReadersRecover(t *testing.T) {
 }
 
 // TestLazyPullServerKilledWithACompleteLayer: berth-lazy killed with -9
-// once both lazy layers are complete (their files written out and opened
-// through FUSE passthrough) while a container's shell (busybox, mapped)
-// runs from them and holds a large file open. The kernel keeps the dead
-// server's backing file on each inode open in passthrough, so the new
-// server must answer opens of those inodes with the same backing ID
-// (decision 3600, "Passthrough across servers"): every new exec of
-// busybox in the container succeeds, the file opened before the kill
-// reads whole through its old open, a new open of it reads the same, and
-// removing everything leaves nothing.
+// once both lazy layers are complete (their files written out) while a
+// container's shell (busybox, mapped) runs from them and holds a large
+// file open. The kernel keeps each inode's I/O mode and backing file
+// across the server's death (decision 3600, "Passthrough across
+// servers"):
+//   - opened after completion: the inodes are open in passthrough with
+//     the dead server's backing files, and the new server must answer
+//     their opens with the same backing IDs (another is refused, EIO);
+//   - opened before completion: the inodes are open in cached mode, and
+//     the new server must answer their opens in cached mode (a
+//     passthrough open is refused, EIO).
+//
+// Either way every new exec of busybox in the container succeeds, the
+// file opened before the kill reads whole through its old open, a new
+// open of it reads the same, also after a second death, and removing
+// everything leaves nothing.
 func TestLazyPullServerKilledWithACompleteLayer(t *testing.T) {
 	t.Parallel()
-	p := pullLazy(t, "lazy/ptkill", false, berthdtest.Options{})
-	reg, img, d, ref := p.reg, p.img, p.d, p.ref
-	lazyWait(t, func() bool { return strings.Count(lazyServerLog(t, d), "lazy layer files local") == 2 })
-	first := lazyServerPids(t, d)
-	if len(first) != 1 {
-		t.Fatalf("lazy-layer servers of the node: %v, want one", first)
+	for _, tc := range []struct {
+		name string
+		// openedBeforeComplete: the container starts while the layers'
+		// background fetches are held.
+		openedBeforeComplete bool
+	}{
+		{name: "OpenAfter"},
+		{name: "OpenBefore", openedBeforeComplete: true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			reg := testimages.StartRegistry(t)
+			img := lazyImage(t)
+			log := &rangeLog{}
+			log.holdWhole(t)
+			for i := range 2 {
+				_, dg, _ := layerOf(t, img, i)
+				log.watch(t, reg, dg, nil)
+			}
+			reg.Push(t, "lazy/ptkill:1", img)
+			d, scope, before := lazyDaemon(t, berthdtest.Options{})
+			ref := reg.Ref("lazy/ptkill:1")
+			pull(t, d, ref, nil)
+			complete := func() {
+				log.release()
+				lazyWait(t, func() bool { return strings.Count(lazyServerLog(t, d), "lazy layer files local") == 2 })
+			}
+			if !tc.openedBeforeComplete {
+				complete()
+			}
+			filler := fileInLayer(t, img, 1, "data/filler")
+			sum := sha256.Sum256(filler)
+			want := hex.EncodeToString(sum[:])
+
+			e := lazyCtrEnv(t, d, reg, "lazy-ptkill")
+			holder := e.config("holder", "sh", "-c",
+				"exec 3</data/filler; echo ready; while [ ! -e /tmp/go ]; do sleep 0.1; done; sha256sum <&3; exec sleep 100000")
+			holder.Image.Image = ref
+			id := e.run(holder)
+			lazyWait(t, func() bool { return strings.Contains(logText(t, e.status(id).LogPath), "stdout: ready") })
+			if tc.openedBeforeComplete {
+				complete()
+			}
+
+			killLazyServer(t, d)
+			// Each exec opens busybox anew: the inode the shell holds open
+			// since before the kill.
+			for range 5 {
+				if got := e.exec(id, "cat", "/data/hello"); got != lazyHello {
+					t.Fatalf("cat /data/hello after the server's death: %q", got)
+				}
+				if got := e.exec(id, "sha256sum", "/data/filler"); got != want+"  /data/filler" {
+					t.Fatalf("a new open of data/filler after the server's death: %q, want %s", got, want)
+				}
+			}
+			e.exec(id, "touch", "/tmp/go")
+			lazyWait(t, func() bool { return strings.Contains(logText(t, e.status(id).LogPath), "stdout: "+want+"  -") })
+			// A second death with the inodes still held: the records of the
+			// first server serve the third as well.
+			killLazyServer(t, d)
+			if got := e.exec(id, "sha256sum", "/data/filler"); got != want+"  /data/filler" {
+				t.Fatalf("a new open of data/filler after the second death: %q", got)
+			}
+			if got := catInPod(t, d, reg, ref, "/data/later"); got != lazyLater {
+				t.Fatalf("a new container after the server's deaths: %q", got)
+			}
+			// Where the kernel passes files through, the opens after
+			// completion were passthrough opens (the layers' records name
+			// backing IDs): the case this test is about.
+			passthrough := !strings.Contains(lazyServerLog(t, d), "read through the FUSE server (not passed through")
+			ids := backingIDsRecorded(t, d)
+			t.Logf("FUSE passthrough: %v, backing IDs recorded: %d", passthrough, ids)
+			if !tc.openedBeforeComplete && passthrough && ids == 0 {
+				t.Fatal("passthrough, but no backing ID recorded")
+			}
+			stopRemove(t, d, e.pod)
+			removeSettled(t, d, ref, scope, before)
+		})
 	}
-	filler := fileInLayer(t, img, 1, "data/filler")
-	sum := sha256.Sum256(filler)
-	want := hex.EncodeToString(sum[:])
+}
 
-	e := lazyCtrEnv(t, d, reg, "lazy-ptkill")
-	holder := e.config("holder", "sh", "-c",
-		"exec 3</data/filler; echo ready; while [ ! -e /tmp/go ]; do sleep 0.1; done; sha256sum <&3; exec sleep 100000")
-	holder.Image.Image = ref
-	id := e.run(holder)
-	lazyWait(t, func() bool { return strings.Contains(logText(t, e.status(id).LogPath), "stdout: ready") })
-
-	if err := syscall.Kill(first[0], syscall.SIGKILL); err != nil {
+// killLazyServer kills d's node's lazy-layer server (-9) and waits for
+// the keeper to start the next.
+func killLazyServer(t *testing.T, d *berthdtest.Daemon) {
+	t.Helper()
+	pids := lazyServerPids(t, d)
+	if len(pids) != 1 {
+		t.Fatalf("lazy-layer servers of the node: %v, want one", pids)
+	}
+	if err := syscall.Kill(pids[0], syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
 	lazyWait(t, func() bool {
-		pids := lazyServerPids(t, d)
-		return len(pids) == 1 && !slices.Contains(pids, first[0])
+		now := lazyServerPids(t, d)
+		return len(now) == 1 && now[0] != pids[0]
 	})
-	// Each exec opens busybox anew: the inode the shell holds open in
-	// passthrough since before the kill.
-	for range 5 {
-		if got := e.exec(id, "cat", "/data/hello"); got != lazyHello {
-			t.Fatalf("cat /data/hello after the server's death: %q", got)
-		}
-		if got := e.exec(id, "sha256sum", "/data/filler"); got != want+"  /data/filler" {
-			t.Fatalf("a new open of data/filler after the server's death: %q, want %s", got, want)
-		}
-	}
-	e.exec(id, "touch", "/tmp/go")
-	lazyWait(t, func() bool { return strings.Contains(logText(t, e.status(id).LogPath), "stdout: "+want+"  -") })
-	// A second server death with the inodes still held: the records of
-	// the first server serve the third as well.
-	second := lazyServerPids(t, d)
-	if err := syscall.Kill(second[0], syscall.SIGKILL); err != nil {
+}
+
+// backingIDsRecorded counts the backing IDs in the records of d's lazy
+// layers (the layer dir's "backing": a 32-byte header, then 16-byte
+// records whose bytes 8-11 are the backing ID, 0 for a cached open).
+func backingIDsRecorded(t *testing.T, d *berthdtest.Daemon) int {
+	t.Helper()
+	paths, err := filepath.Glob(filepath.Join(d.Root, "images", "layers", "*", "backing"))
+	if err != nil {
 		t.Fatal(err)
 	}
-	lazyWait(t, func() bool {
-		pids := lazyServerPids(t, d)
-		return len(pids) == 1 && !slices.Contains(pids, second[0])
-	})
-	if got := e.exec(id, "sha256sum", "/data/filler"); got != want+"  /data/filler" {
-		t.Fatalf("a new open of data/filler after the second death: %q", got)
+	n := 0
+	for _, p := range paths {
+		data, err := os.ReadFile(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i := 32; i+16 <= len(data); i += 16 {
+			if binary.LittleEndian.Uint32(data[i+8:]) != 0 {
+				n++
+			}
+		}
 	}
-	if got := catInPod(t, d, reg, ref, "/data/later"); got != lazyLater {
-		t.Fatalf("a new container after the server's deaths: %q", got)
-	}
-	stopRemove(t, d, e.pod)
-	removeSettled(t, d, ref, p.scope, p.before)
+	return n
 }
