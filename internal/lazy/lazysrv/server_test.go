@@ -1,8 +1,11 @@
 package lazysrv_test
 
 import (
+	"bufio"
 	"bytes"
 	"context"
+	"crypto/sha256"
+	"encoding/binary"
 	"fmt"
 	"io"
 	"log/slog"
@@ -40,6 +43,9 @@ const roleEnv = "LAZYSRV_TEST_ROLE"
 func TestMain(m *testing.M) {
 	if os.Getenv(roleEnv) == "reader" {
 		os.Exit(runReader())
+	}
+	if os.Getenv(roleEnv) == "holder" {
+		os.Exit(runHolder())
 	}
 	if os.Getenv(roleEnv) == "server" {
 		opts := lazysrv.DefaultOptions(slog.New(slog.NewTextHandler(os.Stderr, nil)))
@@ -88,6 +94,38 @@ func runReader() int {
 		return 1
 	}
 	os.Stdout.Write(buf[:got])
+	return 0
+}
+
+// runHolder opens argv[1], says "open" on stdout, and at each line on
+// stdin reads the whole file through that one open to stdout, ending with
+// a line "end"; at stdin's end it exits. A container's process that holds
+// a file open across its server's death.
+func runHolder() int {
+	fd, err := unix.Open(os.Args[1], unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	fmt.Println("open")
+	in := bufio.NewScanner(os.Stdin)
+	for in.Scan() {
+		var st unix.Stat_t
+		if err := unix.Fstat(fd, &st); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			return 1
+		}
+		buf := make([]byte, st.Size)
+		for off := 0; off < len(buf); {
+			n, err := unix.Pread(fd, buf[off:], int64(off))
+			if err != nil || n == 0 {
+				fmt.Fprintln(os.Stderr, "read:", n, err)
+				return 1
+			}
+			off += n
+		}
+		fmt.Printf("%x\nend\n", sha256.Sum256(buf))
+	}
 	return 0
 }
 
@@ -479,6 +517,160 @@ func TestServerOutlivesItsDeathOnAHeldConnection(t *testing.T) {
 	r.dev.Close()
 	if d := diffFDs(fdsBefore, openFDs(t)); len(d) > 0 {
 		t.Errorf("fds left: %v", d)
+	}
+}
+
+// holder is a runHolder process.
+type holder struct {
+	cmd *exec.Cmd
+	in  io.WriteCloser
+	out *bufio.Scanner
+}
+
+// hold opens name in the mount in a holder process.
+func (r *rig) hold(t *testing.T, name string) *holder {
+	t.Helper()
+	exe, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := &holder{cmd: exec.Command(exe, filepath.Join(r.mnt, name))}
+	h.cmd.Env = append(os.Environ(), roleEnv+"=holder")
+	h.cmd.Stderr = os.Stderr
+	if h.in, err = h.cmd.StdinPipe(); err != nil {
+		t.Fatal(err)
+	}
+	stdout, err := h.cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.out = bufio.NewScanner(stdout)
+	if err := h.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(h.end)
+	if !h.out.Scan() || h.out.Text() != "open" {
+		t.Fatalf("holder of %s: %q, %v", name, h.out.Text(), h.out.Err())
+	}
+	return h
+}
+
+// sum is the SHA-256 of the whole file read through the held open.
+func (h *holder) sum(t *testing.T) string {
+	t.Helper()
+	if _, err := io.WriteString(h.in, "read\n"); err != nil {
+		t.Fatal(err)
+	}
+	var lines []string
+	for h.out.Scan() && h.out.Text() != "end" {
+		lines = append(lines, h.out.Text())
+	}
+	if len(lines) != 1 {
+		t.Fatalf("holder's read: %q, %v", lines, h.out.Err())
+	}
+	return lines[0]
+}
+
+// end closes the held file (the holder exits).
+func (h *holder) end() {
+	if h.in != nil {
+		h.in.Close()
+		_ = h.cmd.Wait()
+		h.in = nil
+	}
+}
+
+// complete makes the layer complete as berthd does (the blob on disk,
+// complete.json) and waits for the server to write its files out.
+func (r *rig) complete(t *testing.T) {
+	t.Helper()
+	blobPath := filepath.Join(t.TempDir(), "blob")
+	if err := os.WriteFile(blobPath, r.blob, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	writeJSON(t, filepath.Join(r.dir, lazysrv.CompleteFile), fmt.Sprintf(`{"blobPath":%q,"unpacked":%d}`, blobPath, 2<<20))
+	for {
+		if st, err := os.Stat(filepath.Join(r.dir, lazysrv.CacheDir, "files")); err == nil && st.IsDir() {
+			return
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// A file open across its server's death, in passthrough (opened once the
+// layer's files were local: the kernel keeps the dead server's backing
+// file on the inode) or in cached mode (opened before), reads on through
+// its open, and new opens of it by the servers that follow succeed and
+// read it whole (decision 3600, "Passthrough across servers"): before,
+// the next server's own backing file (EBUSY) or passthrough open of a
+// cached inode (ETXTBSY) made them fail with EIO.
+func TestServerOpenFileOutlivesItsServer(t *testing.T) {
+	want := fmt.Sprintf("%x", sha256.Sum256(weights))
+	for _, tc := range []struct {
+		name       string
+		openBefore bool // opened before the layer was complete
+	}{
+		{name: "passthrough"},
+		{name: "cached", openBefore: true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			fdsBefore := openFDs(t)
+			r := newRig(t)
+			s := r.startServer(t)
+			if !tc.openBefore {
+				r.complete(t)
+			}
+			h := r.hold(t, "data/weights")
+			if got := h.sum(t); got != want {
+				t.Fatalf("held open: %s, want %s", got, want)
+			}
+			if tc.openBefore {
+				r.complete(t)
+				r.wantWeights(t, 0, len(weights)) // a new open meanwhile
+			}
+			for range 2 {
+				s.kill()
+				s = r.startServer(t)
+				r.wantWeights(t, 0, len(weights))
+				r.wantWeights(t, 3*chunk, chunk)
+				if got := h.sum(t); got != want {
+					t.Fatalf("held open after the server's death: %s, want %s", got, want)
+				}
+			}
+			h.end()
+			r.wantWeights(t, 0, len(weights)) // nothing holds it now
+			// The records of the connection: the held file's mode, and
+			// its backing ID where the kernel passes files through (the
+			// case of "passthrough"; not on a stacked /tmp: ELOOP).
+			recs, err := os.ReadFile(filepath.Join(r.dir, lazysrv.BackingFile))
+			if err != nil {
+				t.Fatal(err)
+			}
+			// A 32-byte header, then one 16-byte record: node ID, backing
+			// ID (0: cached mode), checksum.
+			if len(recs) != 48 {
+				t.Fatalf("backing records: %d bytes, want one record", len(recs))
+			}
+			switch id := binary.LittleEndian.Uint32(recs[40:]); {
+			case tc.openBefore && id != 0:
+				t.Fatalf("a file opened before completion recorded with backing ID %d", id)
+			case !tc.openBefore && id == 0:
+				t.Log("the kernel took no backing file here (no passthrough): only cached mode was tested")
+			}
+			r.berthd.down()
+
+			if err := unix.Unmount(r.mnt, 0); err != nil {
+				t.Fatalf("unmount: %v", err)
+			}
+			s.stop(t)
+			for _, pid := range children(t) {
+				t.Errorf("process %d left", pid)
+			}
+			r.dev.Close()
+			if d := diffFDs(fdsBefore, openFDs(t)); len(d) > 0 {
+				t.Errorf("fds left: %v", d)
+			}
+		})
 	}
 }
 
