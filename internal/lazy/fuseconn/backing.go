@@ -57,8 +57,6 @@ const (
 	backingMagic  = "berth-backing-1\n"
 	backingHeader = len(backingMagic) + 16 // the magic, the connection's ID
 	backingRecord = 16                     // node ID, backing ID (0: cached), CRC-32C
-	// connIDLen is the length of Settings.Conn: 16 random bytes in hex.
-	connIDLen = 32
 )
 
 var crcTable = crc32.MakeTable(crc32.Castagnoli)
@@ -220,7 +218,10 @@ func (b *backing) open(node uint64, out *fuse.OpenOut) error {
 	}
 	f, err := bf.BackingFile()
 	if err != nil {
-		return fmt.Errorf("open the backing file of node %d: %w", node, err)
+		// The tree's handle serves the reads.
+		b.log.Printf("open the backing file of node %d: %v: opened in cached mode", node, err)
+		out.OpenFlags &^= fuse.FOPEN_PASSTHROUGH
+		return b.record(node, 0)
 	}
 	id, errno := b.srv.RegisterBackingFd(&fuse.BackingMap{Fd: int32(f.Fd())})
 	f.Close()
