@@ -57,6 +57,12 @@ const (
 	backingMagic  = "berth-backing-1\n"
 	backingHeader = len(backingMagic) + 16 // the magic, the connection's ID
 	backingRecord = 16                     // node ID, backing ID (0: cached), CRC-32C
+	// MaxBackingFiles bounds the backing files a connection holds in the
+	// kernel (a file and its path each): past it, opens of files not yet
+	// passed through are answered in cached mode. A layer's files are
+	// bounded only by its TOC's size (64 MiB of JSON), and one container
+	// that opens each of them once would otherwise pin them all.
+	MaxBackingFiles = 1 << 16
 )
 
 var crcTable = crc32.MakeTable(crc32.Castagnoli)
@@ -83,6 +89,7 @@ type backing struct {
 	// inherited are the nodes a previous server recorded in cached mode.
 	inherited map[uint64]bool
 	refused   bool // the kernel refused a backing file: passthrough off
+	held      int  // backing IDs recorded (MaxBackingFiles)
 }
 
 // openBacking reads the records at path for the connection conn, whose
@@ -151,8 +158,9 @@ func openBacking(path, conn string, files map[uint64]*fs.Inode, srv *fuse.Server
 			}
 		case seen && old != 0 && old != bid:
 			return nil, fmt.Errorf("backing records %s: node %d has backing IDs %d and %d", path, node, old, bid)
-		default:
+		case !seen || old == 0:
 			b.ids[node] = bid
+			b.held++
 		}
 	}
 	b.out, ok = f, true
@@ -202,7 +210,7 @@ func (b *backing) open(node uint64, out *fuse.OpenOut) error {
 		passthrough(out, id)
 		return nil
 	}
-	if b.out == nil || b.refused || b.inherited[node] {
+	if b.out == nil || b.refused || b.inherited[node] || b.held >= MaxBackingFiles {
 		out.OpenFlags &^= fuse.FOPEN_PASSTHROUGH
 	}
 	if out.OpenFlags&fuse.FOPEN_PASSTHROUGH == 0 {
@@ -239,6 +247,7 @@ func (b *backing) open(node uint64, out *fuse.OpenOut) error {
 		}
 		return err
 	}
+	b.held++
 	passthrough(out, id)
 	return nil
 }

@@ -95,6 +95,14 @@ func TestBackingRecordsRead(t *testing.T) {
 	if b2.inherited[4] {
 		t.Fatal("a server's own cached open taken as a predecessor's")
 	}
+
+	// Past MaxBackingFiles, a file not yet passed through opens in cached
+	// mode, recorded so.
+	b2.held = MaxBackingFiles
+	out = fuse.OpenOut{OpenFlags: fuse.FOPEN_KEEP_CACHE | fuse.FOPEN_PASSTHROUGH}
+	if err := b2.open(3, &out); err != nil || out.OpenFlags != fuse.FOPEN_KEEP_CACHE || b2.ids[3] != 0 {
+		t.Fatalf("open past the bound: %+v, %v, recorded %v", out, err, b2.ids)
+	}
 }
 
 // Records that this code did not write are refused, bounded: the server
