@@ -86,10 +86,13 @@ type backing struct {
 	out *os.File // the records, appended to; nil: passthrough off
 	// ids is each recorded node's backing ID, 0 for a cached-mode open.
 	ids map[uint64]int32
-	// inherited are the nodes a previous server recorded in cached mode.
-	inherited map[uint64]bool
-	refused   bool // the kernel refused a backing file: passthrough off
-	held      int  // backing IDs recorded (MaxBackingFiles)
+	// stayCached are the nodes this server answers in cached mode only
+	// (unless a backing ID is recorded): those a previous server recorded
+	// in cached mode, whose opens may live, and those whose file could
+	// not be opened for registration, which this server opened so.
+	stayCached map[uint64]bool
+	refused    bool // the kernel refused a backing file: passthrough off
+	held       int  // backing IDs recorded (MaxBackingFiles)
 }
 
 // openBacking reads the records at path for the connection conn, whose
@@ -97,7 +100,7 @@ type backing struct {
 // connection is begun again). conn "" (a mount made before connections
 // had IDs) turns passthrough off.
 func openBacking(path, conn string, files map[uint64]*fs.Inode, srv *fuse.Server, logger *log.Logger) (*backing, error) {
-	b := &backing{srv: srv, files: files, log: logger, ids: map[uint64]int32{}, inherited: map[uint64]bool{}}
+	b := &backing{srv: srv, files: files, log: logger, ids: map[uint64]int32{}, stayCached: map[uint64]bool{}}
 	if conn == "" {
 		return b, nil
 	}
@@ -152,7 +155,7 @@ func openBacking(path, conn string, files map[uint64]*fs.Inode, srv *fuse.Server
 		old, seen := b.ids[node]
 		switch {
 		case bid == 0:
-			b.inherited[node] = true
+			b.stayCached[node] = true
 			if !seen {
 				b.ids[node] = 0
 			}
@@ -199,7 +202,8 @@ func (b *backing) record(node uint64, id int32) error {
 // with out, before the kernel gets it (see the comment at the top).
 func (b *backing) open(node uint64, out *fuse.OpenOut) error {
 	inode, ok := b.files[node]
-	if !ok {
+	if !ok || b.out == nil {
+		// Not a regular file of the tree, or no records: no passthrough.
 		out.OpenFlags &^= fuse.FOPEN_PASSTHROUGH
 		return nil
 	}
@@ -210,26 +214,35 @@ func (b *backing) open(node uint64, out *fuse.OpenOut) error {
 		passthrough(out, id)
 		return nil
 	}
-	if b.out == nil || b.refused || b.inherited[node] || b.held >= MaxBackingFiles {
+	// cached answers the open in cached mode, recorded so.
+	cached := func() error {
 		out.OpenFlags &^= fuse.FOPEN_PASSTHROUGH
-	}
-	if out.OpenFlags&fuse.FOPEN_PASSTHROUGH == 0 {
-		if out.OpenFlags&fuse.FOPEN_DIRECT_IO != 0 || b.out == nil || known {
-			return nil // no cached mode, no records, or recorded
+		if known {
+			return nil
 		}
 		return b.record(node, 0)
 	}
+	switch {
+	case out.OpenFlags&fuse.FOPEN_PASSTHROUGH == 0:
+		if out.OpenFlags&fuse.FOPEN_DIRECT_IO != 0 {
+			return nil // no I/O mode taken
+		}
+		return cached()
+	case b.refused || b.stayCached[node] || b.held >= MaxBackingFiles:
+		return cached()
+	}
 	bf, ok := inode.Operations().(BackingFiler)
 	if !ok {
-		out.OpenFlags &^= fuse.FOPEN_PASSTHROUGH
-		return b.record(node, 0)
+		b.stayCached[node] = true
+		return cached()
 	}
 	f, err := bf.BackingFile()
 	if err != nil {
-		// The tree's handle serves the reads.
+		// The tree's handle serves the reads; this server keeps the node
+		// in cached mode (that open may live on).
 		b.log.Printf("open the backing file of node %d: %v: opened in cached mode", node, err)
-		out.OpenFlags &^= fuse.FOPEN_PASSTHROUGH
-		return b.record(node, 0)
+		b.stayCached[node] = true
+		return cached()
 	}
 	id, errno := b.srv.RegisterBackingFd(&fuse.BackingMap{Fd: int32(f.Fd())})
 	f.Close()
@@ -238,8 +251,7 @@ func (b *backing) open(node uint64, out *fuse.OpenOut) error {
 		// the tree serves the reads, for this server's life.
 		b.refused = true
 		b.log.Printf("FUSE passthrough refused by the kernel (%v): reads go through the server", errno)
-		out.OpenFlags &^= fuse.FOPEN_PASSTHROUGH
-		return b.record(node, 0)
+		return cached()
 	}
 	if err := b.record(node, id); err != nil {
 		if errno := b.srv.UnregisterBackingFd(id); errno != 0 {

@@ -44,8 +44,8 @@ func TestBackingRecordsRead(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer b.close()
-	if b.ids[3] != 7 || b.ids[4] != 0 || !b.inherited[4] || len(b.ids) != 2 {
-		t.Fatalf("ids %v, inherited %v", b.ids, b.inherited)
+	if b.ids[3] != 7 || b.ids[4] != 0 || !b.stayCached[4] || len(b.ids) != 2 {
+		t.Fatalf("ids %v, inherited %v", b.ids, b.stayCached)
 	}
 
 	// An open of node 3, whatever the tree answered, is passed through
@@ -92,7 +92,7 @@ func TestBackingRecordsRead(t *testing.T) {
 	// later (the tree asks for it once they are closed): that needs a
 	// registration, which b2 cannot make without a server, so only the
 	// branch is checked: no inherited mark.
-	if b2.inherited[4] {
+	if b2.stayCached[4] {
 		t.Fatal("a server's own cached open taken as a predecessor's")
 	}
 
