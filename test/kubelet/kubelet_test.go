@@ -129,8 +129,14 @@ func (e *env) leakScope() leakcheck.Scope {
 // for the QoS cgroups the kubelet keeps while it runs (it makes some of
 // them only with the first pod) and the kubelet process.
 func (e *env) leaks(before leakcheck.Snapshot) []string {
+	return e.leaksIn(e.leakScope(), before)
+}
+
+// leaksIn is leaks for a scope of the test's own (one with berthd's
+// root, say), before taken of it.
+func (e *env) leaksIn(scope leakcheck.Scope, before leakcheck.Snapshot) []string {
 	var out []string
-	for _, l := range leakcheck.Diff(before, leakcheck.Take(e.t, e.leakScope())) {
+	for _, l := range leakcheck.Diff(before, leakcheck.Take(e.t, scope)) {
 		qos := false
 		for _, c := range e.k.QoSCgroups() {
 			qos = qos || strings.HasSuffix(l, e.k.CgroupRoot+c)
