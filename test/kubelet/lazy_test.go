@@ -193,6 +193,13 @@ func TestKubeletLazyPull(t *testing.T) {
 	})
 	d.Start()
 	d.WaitReady()
+	// Taken up, not dropped: the image stays listed and its layers
+	// mounted (a berthd that dropped them removed the image, and the
+	// pod's reads failed until its liveness probe restarted it).
+	imageSize(t, d)
+	if m := fuseMountsBelow(t, d.Root); len(m) != len(mf.Layers) {
+		t.Fatalf("FUSE mounts below berthd's root after its restart: %q, want one per layer", m)
+	}
 	waitFor(t, "exec through the kubelet to work again", time.Minute, func() bool {
 		out, err := k.Run("lazy", "reader", "cat", "/data/hello")
 		return err == nil && strings.TrimSpace(out) == lazyHello
