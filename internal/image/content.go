@@ -132,6 +132,11 @@ type ingest struct {
 	h      hash.Hash
 	n      int64
 	done   bool // committed or aborted
+	// committed: the file is the blob in blobs/ now.
+	committed bool
+	// keep: a lazy layer's partial blob (resumeIngest), which abort
+	// leaves for the next try; discard removes it.
+	keep bool
 }
 
 // newIngest starts writing the blob digest.
@@ -142,6 +147,44 @@ func (c *contentStore) newIngest(digest string) (*ingest, error) {
 		return nil, fmt.Errorf("start blob %s: %w", digest, err)
 	}
 	return &ingest{c: c, digest: digest, path: p, f: f, h: sha256.New()}, nil
+}
+
+// resumeIngest continues writing the blob digest (of size bytes) into
+// path, a lazy layer's partial blob: have is how many bytes it already
+// holds (written in order, so its size is what arrived). A file larger
+// than the blob is not the blob's start: emptied. The bytes already
+// there are not hashed yet: the fetch reads them back through hashing.
+func (c *contentStore) resumeIngest(digest, path string, size int64) (w *ingest, have int64, err error) {
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_RDWR, 0o600)
+	if err != nil {
+		return nil, 0, fmt.Errorf("start blob %s: %w", digest, err)
+	}
+	w = &ingest{c: c, digest: digest, path: path, f: f, h: sha256.New(), keep: true}
+	st, err := f.Stat()
+	if err != nil {
+		f.Close()
+		return nil, 0, fmt.Errorf("start blob %s: %w", digest, err)
+	}
+	have = st.Size()
+	if have > size {
+		have = 0
+	}
+	if err := w.restartAt(have); err != nil {
+		f.Close()
+		return nil, 0, err
+	}
+	return w, have, nil
+}
+
+// restartAt cuts the file to its first off bytes and writes on from there.
+func (w *ingest) restartAt(off int64) error {
+	if err := w.f.Truncate(off); err != nil {
+		return fmt.Errorf("blob %s: cut partial blob: %w", w.digest, err)
+	}
+	if _, err := w.f.Seek(off, io.SeekStart); err != nil {
+		return fmt.Errorf("blob %s: cut partial blob: %w", w.digest, err)
+	}
+	return nil
 }
 
 func (w *ingest) Write(p []byte) (int, error) {
@@ -188,17 +231,33 @@ func (w *ingest) commit(what string, size int64, tamper func(got string) string)
 	if err := os.Rename(w.path, w.c.blobPath(w.digest)); err != nil {
 		return fmt.Errorf("store blob %s: %w", w.digest, err)
 	}
-	w.done = true
+	w.done, w.committed = true, true
 	return nil
 }
 
-// abort removes what was written, unless the blob was committed.
+// abort removes what was written, unless the blob was committed or is
+// a partial blob kept for the next try (which it only closes).
 func (w *ingest) abort() {
 	if w.done {
 		return
 	}
 	w.done = true
 	w.f.Close()
+	if !w.keep {
+		os.Remove(w.path)
+	}
+}
+
+// discard removes what was written, even a partial blob kept for the
+// next try, unless the blob was committed.
+func (w *ingest) discard() {
+	if w.committed {
+		return
+	}
+	if !w.done {
+		w.done = true
+		w.f.Close()
+	}
 	os.Remove(w.path)
 }
 

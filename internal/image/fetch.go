@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"os"
 	"strings"
 	"sync/atomic"
 
@@ -32,6 +33,7 @@ type blobFetch struct {
 	src      io.ReadCloser // nil when ranged
 	ranged   *rangeFetch   // the blob in parallel ranges, or nil
 	in       *ingest       // nil when the blob was already stored
+	have     int64         // bytes of a partial blob resumed, read from disk
 	r        io.Reader
 	count    *atomic.Int64 // bytes read from src (the pull's progress)
 	observer PullObserver
@@ -76,6 +78,67 @@ func (s *Store) startBlobFetch(ctx context.Context, lr layerMeta, open blobOpene
 	return f, nil
 }
 
+// startResumableFetch is startBlobFetch for a lazy layer's background
+// fetch (decision 3600): the blob is written to partial, a file in the
+// layer's dir (which outlives berthd, where ingest/ is emptied at
+// start), and a fetch that finds bytes there asks the registry only for
+// the rest. The bytes on disk are read back first, so that the digest
+// and the diff ID cover the whole blob; a partial blob that is not the
+// blob's start fails them, and the caller discards it (fetchWholeBlob).
+// A large blob fetched in ranges from zero goes to ingest/ as a pull's:
+// its file is sized at once and written at offsets, so its size would
+// not say what arrived.
+func (s *Store) startResumableFetch(ctx context.Context, lr layerMeta, open blobOpener, count *atomic.Int64, partial string) (*blobFetch, error) {
+	if s.content.has(lr.Digest) {
+		os.Remove(partial)
+		return s.startBlobFetch(ctx, lr, open, count)
+	}
+	in, have, err := s.content.resumeIngest(lr.Digest, partial, lr.Size)
+	if err != nil {
+		return nil, err
+	}
+	ro, ranged := open.(rangeOpener)
+	if have == 0 && ranged && ro.ranges().applies(lr.Size) {
+		in.discard()
+		return s.startBlobFetch(ctx, lr, open, count)
+	}
+	var src io.ReadCloser
+	switch {
+	case have == lr.Size:
+		src = io.NopCloser(strings.NewReader(""))
+	case have > 0 && ranged:
+		var partial bool
+		src, partial, err = ro.openRange(ctx, lr, have, lr.Size)
+		if err == nil && !partial {
+			// The registry ignores ranges: the whole blob again.
+			s.log.Debug("registry ignores range requests, fetching the layer again from its start", "layer", lr.Digest)
+			have, err = 0, in.restartAt(0)
+		}
+	default:
+		if have > 0 {
+			have, err = 0, in.restartAt(0)
+		}
+		if err == nil {
+			src, err = open.open(ctx, lr)
+		}
+	}
+	if err != nil {
+		if src != nil {
+			src.Close()
+		}
+		in.abort()
+		return nil, fmt.Errorf("fetch layer %s: %w", lr.Digest, classify(err))
+	}
+	if have > 0 {
+		s.log.Info("lazy layer: background fetch resumes after the bytes already on disk", "layer", lr.ChainID, "blob", lr.Digest, "bytes", have)
+	}
+	f := &blobFetch{lr: lr, src: src, in: in, have: have, count: count, observer: s.observer, faults: s.faults}
+	onDisk := io.TeeReader(io.NewSectionReader(in.f, 0, have), in.hashing())
+	rest := io.TeeReader(io.LimitReader(&progressReader{ctx: ctx, r: src, n: count}, lr.Size-have+1), in)
+	f.r = io.MultiReader(onDisk, rest)
+	return f, nil
+}
+
 // startRanges asks for the blob's first chunk: a 206 starts the ranged
 // fetch, a 200 (the registry ignores Range) is the one stream, f.src.
 func (f *blobFetch) startRanges(ctx context.Context, ro rangeOpener, log *slog.Logger) error {
@@ -115,7 +178,7 @@ func (f *blobFetch) finish(err error) error {
 	}
 	// A blob longer than announced is the clearer error when the stream
 	// broke for it.
-	if n > f.lr.Size {
+	if f.have+n > f.lr.Size {
 		return fmt.Errorf("layer %s: received more than the %d bytes the manifest says: %w", f.lr.Digest, f.lr.Size, errdefs.ErrInvalidArgument)
 	}
 	if err != nil {
