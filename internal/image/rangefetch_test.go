@@ -38,7 +38,7 @@ type fakeRanges struct {
 	// breakAt, if set, breaks the next whole-blob answer after that many
 	// bytes (then clears itself).
 	breakAt int
-	cut   func(start, end int64, body []byte) []byte
+	cut     func(start, end int64, body []byte) []byte
 
 	mu     sync.Mutex
 	asked  []int64 // the start of every range asked for
