@@ -9,10 +9,12 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 
 	"golang.org/x/sys/unix"
 
+	"github.com/berthcri/berth/internal/atomicfile"
 	"github.com/berthcri/berth/internal/errdefs"
 )
 
@@ -135,8 +137,10 @@ type ingest struct {
 	// committed: the file is the blob in blobs/ now.
 	committed bool
 	// keep: a lazy layer's partial blob (resumeIngest), which abort
-	// leaves for the next try; discard removes it.
-	keep bool
+	// leaves for the next try; discard removes it. prefixPath records
+	// how much of it a ranged fetch wrote.
+	keep       bool
+	prefixPath string
 }
 
 // newIngest starts writing the blob digest.
@@ -150,16 +154,24 @@ func (c *contentStore) newIngest(digest string) (*ingest, error) {
 }
 
 // resumeIngest continues writing the blob digest (of size bytes) into
-// path, a lazy layer's partial blob: have is how many bytes it already
-// holds (written in order, so its size is what arrived). A file larger
-// than the blob is not the blob's start: emptied. The bytes already
-// there are not hashed yet: the fetch reads them back through hashing.
-func (c *contentStore) resumeIngest(digest, path string, size int64) (w *ingest, have int64, err error) {
+// path, a lazy layer's partial blob: have is how many bytes at its start
+// are the blob's as far as the file says. A ranged fetch (rangefetch.go)
+// sizes its file at once and writes it at offsets, so it records the
+// prefix it wrote in prefixPath, which then says; else the file was
+// written in order and its size says. A file larger than the blob is
+// not the blob's start: emptied. The bytes already there are not
+// hashed yet: the fetch reads them back through hashing.
+func (c *contentStore) resumeIngest(digest, path, prefixPath string, size int64) (w *ingest, have int64, err error) {
 	f, err := os.OpenFile(path, os.O_CREATE|os.O_RDWR, 0o600)
 	if err != nil {
 		return nil, 0, fmt.Errorf("start blob %s: %w", digest, err)
 	}
-	w = &ingest{c: c, digest: digest, path: path, f: f, h: sha256.New(), keep: true}
+	w = &ingest{c: c, digest: digest, path: path, prefixPath: prefixPath, f: f, h: sha256.New(), keep: true}
+	if data, err := os.ReadFile(prefixPath); err == nil {
+		if n, err := strconv.ParseInt(strings.TrimSpace(string(data)), 10, 64); err == nil && n >= 0 && n <= size {
+			return w, n, nil
+		}
+	}
 	st, err := f.Stat()
 	if err != nil {
 		f.Close()
@@ -176,8 +188,20 @@ func (c *contentStore) resumeIngest(digest, path string, size int64) (w *ingest,
 	return w, have, nil
 }
 
-// restartAt cuts the file to its first off bytes and writes on from there.
+// recordPrefix says that the first n bytes of the partial blob are
+// written (a ranged fetch's file).
+func (w *ingest) recordPrefix(n int64) error {
+	return atomicfile.Write(w.prefixPath, []byte(strconv.FormatInt(n, 10)+"\n"), 0o600)
+}
+
+// restartAt cuts the file to its first off bytes and writes on from
+// there, in order (no prefix record: its size says).
 func (w *ingest) restartAt(off int64) error {
+	if w.prefixPath != "" {
+		if err := os.Remove(w.prefixPath); err != nil && !os.IsNotExist(err) {
+			return fmt.Errorf("blob %s: %w", w.digest, err)
+		}
+	}
 	if err := w.f.Truncate(off); err != nil {
 		return fmt.Errorf("blob %s: cut partial blob: %w", w.digest, err)
 	}
@@ -232,6 +256,9 @@ func (w *ingest) commit(what string, size int64, tamper func(got string) string)
 		return fmt.Errorf("store blob %s: %w", w.digest, err)
 	}
 	w.done, w.committed = true, true
+	if w.prefixPath != "" {
+		os.Remove(w.prefixPath)
+	}
 	return nil
 }
 
@@ -259,6 +286,9 @@ func (w *ingest) discard() {
 		w.f.Close()
 	}
 	os.Remove(w.path)
+	if w.prefixPath != "" {
+		os.Remove(w.prefixPath)
+	}
 }
 
 func randomHex() string {

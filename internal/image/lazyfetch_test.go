@@ -135,3 +135,98 @@ func TestBackgroundFetchCorruptFromItsStart(t *testing.T) {
 		t.Fatalf("store holds %v", left)
 	}
 }
+
+// TestBackgroundFetchResumesItsRangedBlob: a large blob fetched in
+// ranges records the prefix it wrote beside the partial blob (its file
+// is sized at once, so its size says nothing); a fetch broken part-way
+// resumes at the last chunk recorded, asking for none before it, and
+// verifies the whole blob. A partial blob of the blob's size without a
+// record is taken as written in order, fails verification, and is
+// fetched again from the start.
+func TestBackgroundFetchResumesItsRangedBlob(t *testing.T) {
+	blob, lr := gzipLayer(t, 100_000)
+	set := RangeFetch{MinSize: 1000, ChunkSize: 10_000, Parallel: 1}
+	chunksFrom := func(off int64) []int64 {
+		var starts []int64
+		for ; off < lr.Size; off = (off/set.ChunkSize + 1) * set.ChunkSize {
+			starts = append(starts, off)
+		}
+		return starts
+	}
+	fetch := func(s *Store, src blobOpener, partial string) (int64, error) {
+		return s.fetchWholeBlob(context.Background(), lr, src, time.Minute, partial)
+	}
+
+	t.Run("broken, then resumed", func(t *testing.T) {
+		s, dir := newTestStore(t, Options{})
+		partial := filepath.Join(t.TempDir(), PartialBlobFile)
+		broke := false
+		src := &fakeRanges{blob: blob, set: set, cut: func(start, _ int64, body []byte) []byte {
+			if start == 50_000 && !broke {
+				broke = true
+				return body[:1234]
+			}
+			return body
+		}}
+		if _, err := fetch(s, src, partial); err == nil || errors.Is(err, errCorruptBlob) {
+			t.Fatalf("first try: %v, want a failure that is retried", err)
+		}
+		if data, err := os.ReadFile(partial + ".prefix"); err != nil || string(data) != "50000\n" {
+			t.Fatalf("prefix recorded: %q %v, want 50000", data, err)
+		}
+		first := len(src.asked)
+		if _, err := fetch(s, src, partial); err != nil {
+			t.Fatal(err)
+		}
+		if got, want := src.asked[first:], chunksFrom(50_000); !slices.Equal(got, want) {
+			t.Fatalf("second try asked for %v, want %v", got, want)
+		}
+		for _, p := range []string{partial, partial + ".prefix"} {
+			if _, err := os.Stat(p); !os.IsNotExist(err) {
+				t.Fatalf("%s left after the commit: %v", p, err)
+			}
+		}
+		if !s.content.has(lr.Digest) || len(storeLeftovers(t, dir)) != 1 || src.wholes != 0 {
+			t.Fatalf("stored %v, store holds %v, whole requests %d", s.content.has(lr.Digest), storeLeftovers(t, dir), src.wholes)
+		}
+	})
+	t.Run("recorded mid-chunk", func(t *testing.T) {
+		s, _ := newTestStore(t, Options{})
+		partial := filepath.Join(t.TempDir(), PartialBlobFile)
+		file := append(slices.Clone(blob[:35_000]), make([]byte, len(blob)-35_000)...)
+		if err := os.WriteFile(partial, file, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(partial+".prefix", []byte("35000\n"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		src := &fakeRanges{blob: blob, set: set}
+		if _, err := fetch(s, src, partial); err != nil {
+			t.Fatal(err)
+		}
+		if want := chunksFrom(35_000); !slices.Equal(src.asked, want) {
+			t.Fatalf("asked for %v, want %v", src.asked, want)
+		}
+	})
+	t.Run("no record", func(t *testing.T) {
+		s, _ := newTestStore(t, Options{})
+		partial := filepath.Join(t.TempDir(), PartialBlobFile)
+		file := append(slices.Clone(blob[:35_000]), make([]byte, len(blob)-35_000)...)
+		if err := os.WriteFile(partial, file, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		src := &fakeRanges{blob: blob, set: set}
+		if _, err := fetch(s, src, partial); err == nil || errors.Is(err, errCorruptBlob) {
+			t.Fatalf("first try: %v, want a failure that is retried", err)
+		}
+		if _, err := os.Stat(partial); !os.IsNotExist(err) {
+			t.Fatalf("a partial blob that failed verification kept: %v", err)
+		}
+		if _, err := fetch(s, src, partial); err != nil {
+			t.Fatal(err)
+		}
+		if want := chunksFrom(0); !slices.Equal(src.asked, want) || !s.content.has(lr.Digest) {
+			t.Fatalf("asked for %v, want %v", src.asked, want)
+		}
+	})
+}
