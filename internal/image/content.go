@@ -141,6 +141,7 @@ type ingest struct {
 	// how much of it a ranged fetch wrote.
 	keep       bool
 	prefixPath string
+	gone       bool // committed or discarded: no partial blob left
 }
 
 // newIngest starts writing the blob digest.
@@ -255,7 +256,7 @@ func (w *ingest) commit(what string, size int64, tamper func(got string) string)
 	if err := os.Rename(w.path, w.c.blobPath(w.digest)); err != nil {
 		return fmt.Errorf("store blob %s: %w", w.digest, err)
 	}
-	w.done, w.committed = true, true
+	w.done, w.committed, w.gone = true, true, true
 	if w.prefixPath != "" {
 		os.Remove(w.prefixPath)
 	}
@@ -281,6 +282,7 @@ func (w *ingest) discard() {
 	if w.committed {
 		return
 	}
+	w.gone = true
 	if !w.done {
 		w.done = true
 		w.f.Close()

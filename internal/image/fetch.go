@@ -216,5 +216,10 @@ func (f *blobFetch) close() {
 	}
 	if f.in != nil {
 		f.in.abort()
+		if f.in.gone && f.in.prefixPath != "" {
+			// A range worker may have recorded a prefix after the
+			// commit or the discard; stopped now.
+			os.Remove(f.in.prefixPath)
+		}
 	}
 }
