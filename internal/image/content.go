@@ -163,15 +163,20 @@ func (c *contentStore) newIngest(digest string) (*ingest, error) {
 // not the blob's start: emptied. The bytes already there are not
 // hashed yet: the fetch reads them back through hashing.
 func (c *contentStore) resumeIngest(digest, path, prefixPath string, size int64) (w *ingest, have int64, err error) {
-	f, err := os.OpenFile(path, os.O_CREATE|os.O_RDWR, 0o600)
+	// Anything but a regular file there (a link, a dir) is not a
+	// partial blob: removed, not followed.
+	if st, err := os.Lstat(path); err == nil && !st.Mode().IsRegular() {
+		if err := os.RemoveAll(path); err != nil {
+			return nil, 0, fmt.Errorf("start blob %s: %w", digest, err)
+		}
+	}
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_RDWR|unix.O_NOFOLLOW, 0o600)
 	if err != nil {
 		return nil, 0, fmt.Errorf("start blob %s: %w", digest, err)
 	}
 	w = &ingest{c: c, digest: digest, path: path, prefixPath: prefixPath, f: f, h: sha256.New(), keep: true}
-	if data, err := os.ReadFile(prefixPath); err == nil {
-		if n, err := strconv.ParseInt(strings.TrimSpace(string(data)), 10, 64); err == nil && n >= 0 && n <= size {
-			return w, n, nil
-		}
+	if n, ok := readPrefix(prefixPath); ok && n <= size {
+		return w, n, nil
 	}
 	st, err := f.Stat()
 	if err != nil {
@@ -187,6 +192,22 @@ func (c *contentStore) resumeIngest(digest, path, prefixPath string, size int64)
 		return nil, 0, err
 	}
 	return w, have, nil
+}
+
+// readPrefix reads a prefix record: a decimal number of at most 19
+// digits (anything longer or else is no record).
+func readPrefix(path string) (int64, bool) {
+	f, err := os.OpenFile(path, os.O_RDONLY|unix.O_NOFOLLOW|unix.O_NONBLOCK, 0)
+	if err != nil {
+		return 0, false
+	}
+	defer f.Close()
+	data, err := io.ReadAll(io.LimitReader(f, 32))
+	if err != nil {
+		return 0, false
+	}
+	n, err := strconv.ParseInt(strings.TrimSpace(string(data)), 10, 64)
+	return n, err == nil && n >= 0
 }
 
 // recordPrefix says that the first n bytes of the partial blob are

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/klauspost/compress/gzip"
+	"golang.org/x/sys/unix"
 )
 
 // gzipLayer is a gzip layer blob of n random bytes and its layerMeta
@@ -229,4 +230,70 @@ func TestBackgroundFetchResumesItsRangedBlob(t *testing.T) {
 			t.Fatalf("asked for %v, want %v", src.asked, want)
 		}
 	})
+}
+
+// TestBackgroundFetchHostilePartialBlob: what stands at the partial
+// blob's or its prefix record's name and is not theirs (a link to a
+// file elsewhere, a dir, a FIFO, a record of a MiB) is removed or
+// ignored, never followed or read whole, and the blob is fetched.
+func TestBackgroundFetchHostilePartialBlob(t *testing.T) {
+	blob, lr := gzipLayer(t, 60_000)
+	for _, tc := range []struct {
+		name  string
+		plant func(t *testing.T, partial, outside string)
+	}{
+		{"link", func(t *testing.T, partial, outside string) {
+			if err := os.Symlink(outside, partial); err != nil {
+				t.Fatal(err)
+			}
+		}},
+		{"dir", func(t *testing.T, partial, _ string) {
+			if err := os.MkdirAll(filepath.Join(partial, "sub"), 0o700); err != nil {
+				t.Fatal(err)
+			}
+		}},
+		{"fifo", func(t *testing.T, partial, _ string) {
+			if err := unix.Mkfifo(partial, 0o600); err != nil {
+				t.Fatal(err)
+			}
+		}},
+		{"fifo record", func(t *testing.T, partial, _ string) {
+			if err := unix.Mkfifo(partial+".prefix", 0o600); err != nil {
+				t.Fatal(err)
+			}
+		}},
+		{"long record", func(t *testing.T, partial, _ string) {
+			if err := os.WriteFile(partial+".prefix", bytes.Repeat([]byte("1"), 1<<20), 0o600); err != nil {
+				t.Fatal(err)
+			}
+		}},
+		{"record past the blob", func(t *testing.T, partial, _ string) {
+			if err := os.WriteFile(partial+".prefix", []byte("9999999\n"), 0o600); err != nil {
+				t.Fatal(err)
+			}
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s, _ := newTestStore(t, Options{})
+			dir := t.TempDir()
+			partial, outside := filepath.Join(dir, PartialBlobFile), filepath.Join(dir, "outside")
+			if err := os.WriteFile(outside, []byte("not the blob's"), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			tc.plant(t, partial, outside)
+			src := &fakeRanges{blob: blob}
+			var err error
+			for range 2 { // a bad partial blob costs one try
+				if _, err = s.fetchWholeBlob(context.Background(), lr, src, time.Minute, partial); err == nil {
+					break
+				}
+			}
+			if err != nil || !s.content.has(lr.Digest) {
+				t.Fatalf("fetch: %v, stored %v", err, s.content.has(lr.Digest))
+			}
+			if got, _ := os.ReadFile(outside); string(got) != "not the blob's" {
+				t.Fatalf("the file a link pointed to was written: %q", got)
+			}
+		})
+	}
 }
