@@ -15,6 +15,7 @@ import (
 	"syscall"
 	"testing"
 
+	"github.com/berthcri/berth/internal/config"
 	"github.com/berthcri/berth/internal/image"
 	"github.com/berthcri/berth/internal/testutil/berthdtest"
 	"github.com/berthcri/berth/internal/testutil/testimages"
@@ -156,15 +157,27 @@ func (l *servedLog) since() []servedGet {
 // ingest file), -1 when there is none.
 func partialBlobSize(t *testing.T, d *berthdtest.Daemon, digest string) int64 {
 	t.Helper()
-	images := filepath.Join(d.Root, "images")
-	a, _ := filepath.Glob(filepath.Join(images, "layers", "*", image.PartialBlobFile))
-	b, _ := filepath.Glob(filepath.Join(images, "ingest", "blob-"+strings.TrimPrefix(digest, "sha256:")+"-*"))
-	for _, p := range append(a, b...) {
+	b, _ := filepath.Glob(filepath.Join(d.Root, "images", "ingest", "blob-"+strings.TrimPrefix(digest, "sha256:")+"-*"))
+	for _, p := range append([]string{partialBlobOf(t, d, digest)}, b...) {
 		if st, err := os.Stat(p); err == nil {
 			return st.Size()
 		}
 	}
 	return -1
+}
+
+// partialBlobOf is the path of the partial blob of the lazy layer whose
+// blob is digest in d's store (which may not exist).
+func partialBlobOf(t *testing.T, d *berthdtest.Daemon, digest string) string {
+	t.Helper()
+	metas, _ := filepath.Glob(filepath.Join(d.Root, "images", "layers", "*", "lazy.json"))
+	for _, m := range metas {
+		if data, err := os.ReadFile(m); err == nil && strings.Contains(string(data), digest) {
+			return filepath.Join(filepath.Dir(m), image.PartialBlobFile)
+		}
+	}
+	t.Fatalf("no lazy layer of blob %s", digest)
+	return ""
 }
 
 // TestLazyPullFetchResumesAfterBerthdKill: berthd killed with -9 while
@@ -180,28 +193,49 @@ func partialBlobSize(t *testing.T, d *berthdtest.Daemon, digest string) int64 {
 // it).
 func TestLazyPullFetchResumesAfterBerthdKill(t *testing.T) {
 	t.Parallel()
+	// The ranged case: chunks of 64 KiB, one at a time; the registry
+	// holds the fifth (from 256 KiB), and the recorded prefix says 256 KiB.
+	const chunk, heldChunk = 64 << 10, 4
 	for _, tc := range []struct {
 		name   string
 		tamper bool
+		ranged bool
 	}{
 		{name: "resumes"},
 		{name: "tampered", tamper: true},
+		{name: "ranged", ranged: true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			reg := testimages.StartRegistry(t)
 			img := lazyImage(t)
 			blob, dataDigest, _ := layerOf(t, img, 1)
-			half := len(blob) / 2
+			// resumeAt: what the first berthd has on disk when it dies.
+			resumeAt := len(blob) / 2
+			held := ""
+			opts := berthdtest.Options{}
+			if tc.ranged {
+				resumeAt = heldChunk * chunk
+				held = fmt.Sprintf("bytes=%d-%d", resumeAt, resumeAt+chunk-1)
+				opts.Configure = func(c *config.Config) {
+					c.ImageRangeFetch = config.ImageRangeFetch{Enable: true, MinLayerSize: chunk, ChunkSize: chunk, Parallel: 1, Retries: 1}
+				}
+			}
 			var served servedLog
 			reg.ServeBlobWith(t, dataDigest, func(w http.ResponseWriter, req *http.Request, body []byte) {
 				rng := req.Header.Get("Range")
-				if rng == "" && !served.isAfter() {
+				switch {
+				case served.isAfter():
+				case !tc.ranged && rng == "":
 					// The background fetch of the first berthd: half
 					// the blob, then nothing until that berthd is gone.
-					n, _ := w.Write(body[:half])
+					n, _ := w.Write(body[:resumeAt])
 					served.add(rng, n)
 					w.(http.Flusher).Flush()
+					<-req.Context().Done()
+					return
+				case tc.ranged && rng == held:
+					served.add(rng, 0)
 					<-req.Context().Done()
 					return
 				}
@@ -210,28 +244,37 @@ func TestLazyPullFetchResumesAfterBerthdKill(t *testing.T) {
 				served.add(rng, n)
 			})
 			reg.Push(t, "lazy/resume:1", img)
-			d, scope, before := lazyDaemon(t, berthdtest.Options{})
+			d, scope, before := lazyDaemon(t, opts)
 			ref := reg.Ref("lazy/resume:1")
 			pull(t, d, ref, nil)
-			lazyWait(t, func() bool { return partialBlobSize(t, d, dataDigest) == int64(half) })
+			if tc.ranged {
+				lazyWait(t, func() bool { return partialBlobPrefix(t, d, dataDigest) == int64(resumeAt) })
+			} else {
+				lazyWait(t, func() bool { return partialBlobSize(t, d, dataDigest) == int64(resumeAt) })
+			}
 
 			served.restarting()
 			d.Kill()
 			if tc.tamper {
-				tamperPartialBlob(t, d)
+				tamperPartialBlob(t, partialBlobOf(t, d, dataDigest))
 			}
 			d.Start()
 			d.WaitReady()
 			lazyWait(t, func() bool { return blobStored(d, dataDigest) })
 			gets := served.since()
-			want := fmt.Sprintf("bytes=%d-%d", half, len(blob)-1)
+			want := fmt.Sprintf("bytes=%d-%d", resumeAt, len(blob)-1)
+			if tc.ranged {
+				want = held
+			}
 			total := 0
 			for _, g := range gets {
 				total += g.bytes
 			}
 			switch {
-			case !tc.tamper && (len(gets) != 1 || gets[0].rng != want || total != len(blob)-half):
-				t.Fatalf("after the restart the registry served %+v (%d bytes), want one GET %q of the %d bytes left", gets, total, want, len(blob)-half)
+			case tc.ranged && (len(gets) == 0 || gets[0].rng != want || total != len(blob)-resumeAt):
+				t.Fatalf("after the restart the registry served %+v (%d bytes), want ranges from %q, %d bytes in all", gets, total, want, len(blob)-resumeAt)
+			case !tc.ranged && !tc.tamper && (len(gets) != 1 || gets[0].rng != want || total != len(blob)-resumeAt):
+				t.Fatalf("after the restart the registry served %+v (%d bytes), want one GET %q of the %d bytes left", gets, total, want, len(blob)-resumeAt)
 			case tc.tamper && (len(gets) != 2 || gets[0].rng != want || gets[1] != servedGet{"", len(blob)}):
 				t.Fatalf("after the restart the registry served %+v, want the GET %q, then the whole blob again", gets, want)
 			}
@@ -249,20 +292,32 @@ func TestLazyPullFetchResumesAfterBerthdKill(t *testing.T) {
 	}
 }
 
-// tamperPartialBlob changes a byte in the middle of the one partial blob
-// in d's store.
-func tamperPartialBlob(t *testing.T, d *berthdtest.Daemon) {
+// partialBlobPrefix is the prefix recorded beside the partial blob of
+// the lazy layer of blob digest (a ranged fetch's), -1 when there is
+// none.
+func partialBlobPrefix(t *testing.T, d *berthdtest.Daemon, digest string) int64 {
 	t.Helper()
-	ps, err := filepath.Glob(filepath.Join(d.Root, "images", "layers", "*", image.PartialBlobFile))
-	if err != nil || len(ps) != 1 {
-		t.Fatalf("partial blobs: %v %v", ps, err)
+	data, err := os.ReadFile(partialBlobOf(t, d, digest) + ".prefix")
+	if err != nil {
+		return -1
 	}
-	data, err := os.ReadFile(ps[0])
+	n, err := strconv.ParseInt(strings.TrimSpace(string(data)), 10, 64)
+	if err != nil {
+		return -1
+	}
+	return n
+}
+
+// tamperPartialBlob changes a byte in the middle of the partial blob at
+// path.
+func tamperPartialBlob(t *testing.T, path string) {
+	t.Helper()
+	data, err := os.ReadFile(path)
 	if err != nil {
 		t.Fatal(err)
 	}
 	data[len(data)/2] ^= 0xff
-	if err := os.WriteFile(ps[0], data, 0o600); err != nil {
+	if err := os.WriteFile(path, data, 0o600); err != nil {
 		t.Fatal(err)
 	}
 }
