@@ -9,10 +9,12 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 
 	"golang.org/x/sys/unix"
 
+	"github.com/berthcri/berth/internal/atomicfile"
 	"github.com/berthcri/berth/internal/errdefs"
 )
 
@@ -132,6 +134,14 @@ type ingest struct {
 	h      hash.Hash
 	n      int64
 	done   bool // committed or aborted
+	// committed: the file is the blob in blobs/ now.
+	committed bool
+	// keep: a lazy layer's partial blob (resumeIngest), which abort
+	// leaves for the next try; discard removes it. prefixPath records
+	// how much of it a ranged fetch wrote.
+	keep       bool
+	prefixPath string
+	gone       bool // committed or discarded: no partial blob left
 }
 
 // newIngest starts writing the blob digest.
@@ -142,6 +152,85 @@ func (c *contentStore) newIngest(digest string) (*ingest, error) {
 		return nil, fmt.Errorf("start blob %s: %w", digest, err)
 	}
 	return &ingest{c: c, digest: digest, path: p, f: f, h: sha256.New()}, nil
+}
+
+// resumeIngest continues writing the blob digest (of size bytes) into
+// path, a lazy layer's partial blob: have is how many bytes at its start
+// are the blob's as far as the file says. A ranged fetch (rangefetch.go)
+// sizes its file at once and writes it at offsets, so it records the
+// prefix it wrote in prefixPath, which then says; else the file was
+// written in order and its size says. A file larger than the blob is
+// not the blob's start: emptied. The bytes already there are not
+// hashed yet: the fetch reads them back through hashing.
+func (c *contentStore) resumeIngest(digest, path, prefixPath string, size int64) (w *ingest, have int64, err error) {
+	// Anything but a regular file there (a link, a dir) is not a
+	// partial blob: removed, not followed.
+	if st, err := os.Lstat(path); err == nil && !st.Mode().IsRegular() {
+		if err := os.RemoveAll(path); err != nil {
+			return nil, 0, fmt.Errorf("start blob %s: %w", digest, err)
+		}
+	}
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_RDWR|unix.O_NOFOLLOW, 0o600)
+	if err != nil {
+		return nil, 0, fmt.Errorf("start blob %s: %w", digest, err)
+	}
+	w = &ingest{c: c, digest: digest, path: path, prefixPath: prefixPath, f: f, h: sha256.New(), keep: true}
+	if n, ok := readPrefix(prefixPath); ok && n <= size {
+		return w, n, nil
+	}
+	st, err := f.Stat()
+	if err != nil {
+		f.Close()
+		return nil, 0, fmt.Errorf("start blob %s: %w", digest, err)
+	}
+	have = st.Size()
+	if have > size {
+		have = 0
+	}
+	if err := w.restartAt(have); err != nil {
+		f.Close()
+		return nil, 0, err
+	}
+	return w, have, nil
+}
+
+// readPrefix reads a prefix record: a decimal number of at most 19
+// digits (anything longer or else is no record).
+func readPrefix(path string) (int64, bool) {
+	f, err := os.OpenFile(path, os.O_RDONLY|unix.O_NOFOLLOW|unix.O_NONBLOCK, 0)
+	if err != nil {
+		return 0, false
+	}
+	defer f.Close()
+	data, err := io.ReadAll(io.LimitReader(f, 32))
+	if err != nil {
+		return 0, false
+	}
+	n, err := strconv.ParseInt(strings.TrimSpace(string(data)), 10, 64)
+	return n, err == nil && n >= 0
+}
+
+// recordPrefix says that the first n bytes of the partial blob are
+// written (a ranged fetch's file).
+func (w *ingest) recordPrefix(n int64) error {
+	return atomicfile.Write(w.prefixPath, []byte(strconv.FormatInt(n, 10)+"\n"), 0o600)
+}
+
+// restartAt cuts the file to its first off bytes and writes on from
+// there, in order (no prefix record: its size says).
+func (w *ingest) restartAt(off int64) error {
+	if w.prefixPath != "" {
+		if err := os.Remove(w.prefixPath); err != nil && !os.IsNotExist(err) {
+			return fmt.Errorf("blob %s: %w", w.digest, err)
+		}
+	}
+	if err := w.f.Truncate(off); err != nil {
+		return fmt.Errorf("blob %s: cut partial blob: %w", w.digest, err)
+	}
+	if _, err := w.f.Seek(off, io.SeekStart); err != nil {
+		return fmt.Errorf("blob %s: cut partial blob: %w", w.digest, err)
+	}
+	return nil
 }
 
 func (w *ingest) Write(p []byte) (int, error) {
@@ -188,18 +277,41 @@ func (w *ingest) commit(what string, size int64, tamper func(got string) string)
 	if err := os.Rename(w.path, w.c.blobPath(w.digest)); err != nil {
 		return fmt.Errorf("store blob %s: %w", w.digest, err)
 	}
-	w.done = true
+	w.done, w.committed, w.gone = true, true, true
+	if w.prefixPath != "" {
+		os.Remove(w.prefixPath)
+	}
 	return nil
 }
 
-// abort removes what was written, unless the blob was committed.
+// abort removes what was written, unless the blob was committed or is
+// a partial blob kept for the next try (which it only closes).
 func (w *ingest) abort() {
 	if w.done {
 		return
 	}
 	w.done = true
 	w.f.Close()
+	if !w.keep {
+		os.Remove(w.path)
+	}
+}
+
+// discard removes what was written, even a partial blob kept for the
+// next try, unless the blob was committed.
+func (w *ingest) discard() {
+	if w.committed {
+		return
+	}
+	w.gone = true
+	if !w.done {
+		w.done = true
+		w.f.Close()
+	}
 	os.Remove(w.path)
+	if w.prefixPath != "" {
+		os.Remove(w.prefixPath)
+	}
 }
 
 func randomHex() string {

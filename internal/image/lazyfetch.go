@@ -47,7 +47,7 @@ func (s *Store) backgroundFetch(ctx context.Context, lr layerMeta, rb registryBl
 	}
 	delay := backgroundRetryFirst
 	for {
-		unpacked, err := s.fetchWholeBlob(ctx, lr, rb)
+		unpacked, err := s.fetchWholeBlob(ctx, lr, rb, rb.lazyTimeout, filepath.Join(e.dir, PartialBlobFile))
 		if err == nil {
 			err = s.writeComplete(lr, e, unpacked)
 			if err == nil {
@@ -96,16 +96,24 @@ var (
 	errCorruptBlob = errors.New("layer blob is not the image's")
 )
 
+// PartialBlobFile, in a lazy layer's dir, is its blob as far as the
+// background fetch wrote it, which the next try (after a failure or a
+// restart of berthd) continues from the registry. Not in ingest/, which
+// Open empties: the layer's dir outlives berthd, and goes with the
+// layer.
+const PartialBlobFile = "blob.partial"
+
 // fetchWholeBlob fetches lr's blob into the content store (verified)
-// and checks its diff ID. It returns the layer's unpacked size (its
-// decompressed stream).
-func (s *Store) fetchWholeBlob(ctx context.Context, lr layerMeta, rb registryBlobs) (unpacked int64, err error) {
+// through open and checks its diff ID, continuing the partial blob at
+// partial; timeout without a byte stalls it. It returns the layer's
+// unpacked size (its decompressed stream).
+func (s *Store) fetchWholeBlob(ctx context.Context, lr layerMeta, open blobOpener, timeout time.Duration, partial string) (unpacked int64, err error) {
 	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
 	count := &atomic.Int64{}
-	stopWatch := watchProgress(ctx, cancel, count, rb.lazyTimeout)
+	stopWatch := watchProgress(ctx, cancel, count, timeout)
 	defer stopWatch()
-	bf, err := s.startBlobFetch(ctx, lr, rb, count)
+	bf, err := s.startResumableFetch(ctx, lr, open, count, partial)
 	if err != nil {
 		return 0, err
 	}
@@ -120,9 +128,23 @@ func (s *Store) fetchWholeBlob(ctx context.Context, lr layerMeta, rb registryBlo
 		if cause := context.Cause(ctx); cause != nil && !errors.Is(cause, context.Canceled) {
 			return 0, fmt.Errorf("%w: %w", cause, err)
 		}
+		if !errors.Is(err, errDiffID) && !errors.Is(err, errdefs.ErrInvalidArgument) {
+			// The transfer broke: what arrived is kept for the next try.
+			return 0, err
+		}
+		// The bytes are not the image's layer: none is kept.
+		if bf.in != nil {
+			bf.in.discard()
+		}
+		if bf.have > 0 {
+			// Maybe the partial blob's fault (a file cut or changed
+			// while berthd was away): fetched again from the start
+			// before the layer is called corrupt.
+			return 0, fmt.Errorf("layer resumed after %d bytes on disk, discarded: %w", bf.have, err)
+		}
 		// Every byte the manifest announced arrived, and it is not the
 		// image's layer.
-		if count.Load() >= lr.Size && (errors.Is(err, errDiffID) || errors.Is(err, errdefs.ErrInvalidArgument)) {
+		if count.Load() >= lr.Size {
 			return 0, fmt.Errorf("%w: %w", errCorruptBlob, err)
 		}
 		return 0, err

@@ -74,11 +74,21 @@ type rangeFetch struct {
 	notify  chan struct{}
 
 	pos int64 // the reader's position
+
+	// record, if set, is told the prefix written at each chunk's end
+	// (a lazy layer's partial blob, resumed from there); recorded is
+	// the last prefix told, under recMu.
+	record   func(int64) error
+	recMu    sync.Mutex
+	recorded int64
 }
 
 // startRangeFetch fetches lr's blob into out in ranges; first is the
-// response to the first chunk's request (the probe), already a 206.
-func startRangeFetch(ctx context.Context, open rangeOpener, lr layerMeta, set RangeFetch, out *os.File, first io.ReadCloser, count *atomic.Int64, log *slog.Logger) (*rangeFetch, error) {
+// response to the request of the blob from byte have to its chunk's end
+// (the probe), already a 206. The bytes before have are in out already
+// (a partial blob resumed): read back, not fetched. record, if set, is
+// told the prefix written as it passes each chunk's end.
+func startRangeFetch(ctx context.Context, open rangeOpener, lr layerMeta, set RangeFetch, out *os.File, first io.ReadCloser, have int64, record func(int64) error, count *atomic.Int64, log *slog.Logger) (*rangeFetch, error) {
 	// Reserve the blob's space at once (fewer extents for a multi-GB
 	// file); a filesystem without fallocate gets a sparse file.
 	if err := unix.Fallocate(int(out.Fd()), 0, 0, lr.Size); err != nil {
@@ -92,13 +102,20 @@ func startRangeFetch(ctx context.Context, open rangeOpener, lr layerMeta, set Ra
 	f := &rangeFetch{
 		ctx: ctx, cancel: cancel, open: open, lr: lr, set: set, out: out,
 		count: count, log: log, written: make([]int64, chunks), notify: make(chan struct{}, 1),
+		record: record, recorded: have, prefix: have,
 	}
-	f.next.Store(1)
-	workers := min(int64(set.Parallel), chunks)
+	firstChunk := have / set.ChunkSize
+	for c := range firstChunk {
+		start, end := f.bounds(c)
+		f.written[c] = end - start
+	}
+	f.written[firstChunk] = have - firstChunk*set.ChunkSize
+	f.next.Store(firstChunk + 1)
+	workers := min(int64(set.Parallel), chunks-firstChunk)
 	f.wg.Add(int(workers))
 	go func() {
 		defer f.wg.Done()
-		f.fail(f.fetchChunk(0, first))
+		f.fail(f.fetchChunk(firstChunk, first))
 		f.work()
 	}()
 	for i := int64(1); i < workers; i++ {
@@ -239,8 +256,28 @@ func (f *rangeFetch) wrote(i, n int64) {
 			break
 		}
 	}
+	prefix := f.prefix
 	f.mu.Unlock()
 	f.wake()
+	if f.record != nil && (prefix == f.lr.Size || prefix%f.set.ChunkSize == 0) {
+		f.recordPrefix(prefix)
+	}
+}
+
+// recordPrefix tells record the prefix written, once for each and only
+// forward (workers may come in any order). A failure costs the bytes
+// after the last prefix recorded at the next try, nothing else.
+func (f *rangeFetch) recordPrefix(prefix int64) {
+	f.recMu.Lock()
+	defer f.recMu.Unlock()
+	if prefix <= f.recorded {
+		return
+	}
+	if err := f.record(prefix); err != nil {
+		f.log.Warn("layer range fetch: record what is written", "layer", f.lr.Digest, "error", err)
+		return
+	}
+	f.recorded = prefix
 }
 
 // fail records a worker's failure (the first one wins) and stops the

@@ -17,6 +17,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"testing/iotest"
 	"time"
 
 	"github.com/berthcri/berth/internal/errdefs"
@@ -34,13 +35,24 @@ type fakeRanges struct {
 	set   RangeFetch
 	whole bool  // answer every range with the whole blob (200)
 	err   error // answer every range after the first with this error
-	cut   func(start, end int64, body []byte) []byte
+	// breakAt, if set, breaks the next whole-blob answer after that many
+	// bytes (then clears itself).
+	breakAt int
+	cut     func(start, end int64, body []byte) []byte
 
-	mu    sync.Mutex
-	asked []int64 // the start of every range asked for
+	mu     sync.Mutex
+	asked  []int64 // the start of every range asked for
+	wholes int     // whole-blob requests
 }
 
 func (f *fakeRanges) open(context.Context, layerMeta) (io.ReadCloser, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.wholes++
+	if n := f.breakAt; n > 0 {
+		f.breakAt = 0
+		return io.NopCloser(io.MultiReader(bytes.NewReader(f.blob[:n]), iotest.ErrReader(io.ErrUnexpectedEOF))), nil
+	}
 	return io.NopCloser(bytes.NewReader(f.blob)), nil
 }
 

@@ -4,6 +4,7 @@ import (
 	"crypto/sha256"
 	"encoding/binary"
 	"encoding/hex"
+	"fmt"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -14,6 +15,8 @@ import (
 	"syscall"
 	"testing"
 
+	"github.com/berthcri/berth/internal/config"
+	"github.com/berthcri/berth/internal/image"
 	"github.com/berthcri/berth/internal/testutil/berthdtest"
 	"github.com/berthcri/berth/internal/testutil/testimages"
 )
@@ -106,6 +109,217 @@ func TestLazyPullBerthdKilledKeepsItsLazyLayers(t *testing.T) {
 	}
 	stopRemove(t, d, e.pod)
 	removeSettled(t, d, ref, scope, before)
+}
+
+// servedLog counts the bytes the registry served of one blob, by GET,
+// before and after a point (berthd's restart).
+type servedLog struct {
+	mu    sync.Mutex
+	after bool
+	gets  [2][]servedGet // [0] before, [1] after
+}
+
+type servedGet struct {
+	rng   string // the Range header ("" for a whole GET)
+	bytes int
+}
+
+func (l *servedLog) add(rng string, n int) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	i := 0
+	if l.after {
+		i = 1
+	}
+	l.gets[i] = append(l.gets[i], servedGet{rng, n})
+}
+
+func (l *servedLog) restarting() {
+	l.mu.Lock()
+	l.after = true
+	l.mu.Unlock()
+}
+
+func (l *servedLog) isAfter() bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.after
+}
+
+func (l *servedLog) since() []servedGet {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return slices.Clone(l.gets[1])
+}
+
+// partialBlobSize is the size of the file that holds the blob digest's
+// bytes fetched so far in d's store (a lazy layer's partial blob, or an
+// ingest file), -1 when there is none.
+func partialBlobSize(t *testing.T, d *berthdtest.Daemon, digest string) int64 {
+	t.Helper()
+	b, _ := filepath.Glob(filepath.Join(d.Root, "images", "ingest", "blob-"+strings.TrimPrefix(digest, "sha256:")+"-*"))
+	for _, p := range append([]string{partialBlobOf(t, d, digest)}, b...) {
+		if st, err := os.Stat(p); err == nil {
+			return st.Size()
+		}
+	}
+	return -1
+}
+
+// partialBlobOf is the path of the partial blob of the lazy layer whose
+// blob is digest in d's store (which may not exist).
+func partialBlobOf(t *testing.T, d *berthdtest.Daemon, digest string) string {
+	t.Helper()
+	metas, _ := filepath.Glob(filepath.Join(d.Root, "images", "layers", "*", "lazy.json"))
+	for _, m := range metas {
+		if data, err := os.ReadFile(m); err == nil && strings.Contains(string(data), digest) {
+			return filepath.Join(filepath.Dir(m), image.PartialBlobFile)
+		}
+	}
+	t.Fatalf("no lazy layer of blob %s", digest)
+	return ""
+}
+
+// TestLazyPullFetchResumesAfterBerthdKill: berthd killed with -9 while
+// the background fetch of a lazy layer has half its blob (the registry
+// sent half and holds the rest). The berthd that starts takes the layer
+// up and its background fetch continues from the bytes on disk: the
+// registry serves only the rest (one range from where the file ends, no
+// whole GET), and the layer completes and verifies (digest of the whole
+// blob, its diff ID), its files read from disk; removing everything
+// leaves nothing. A partial blob changed while berthd was away fails
+// the verification of the resumed fetch: it is discarded and the blob
+// fetched again from its start (the layer is not called corrupt for
+// it).
+func TestLazyPullFetchResumesAfterBerthdKill(t *testing.T) {
+	t.Parallel()
+	// The ranged case: chunks of 64 KiB, one at a time; the registry
+	// holds the fifth (from 256 KiB), and the recorded prefix says 256 KiB.
+	const chunk, heldChunk = 64 << 10, 4
+	for _, tc := range []struct {
+		name   string
+		tamper bool
+		ranged bool
+	}{
+		{name: "resumes"},
+		{name: "tampered", tamper: true},
+		{name: "ranged", ranged: true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			reg := testimages.StartRegistry(t)
+			img := lazyImage(t)
+			blob, dataDigest, _ := layerOf(t, img, 1)
+			// resumeAt: what the first berthd has on disk when it dies.
+			resumeAt := len(blob) / 2
+			held := ""
+			opts := berthdtest.Options{}
+			if tc.ranged {
+				resumeAt = heldChunk * chunk
+				held = fmt.Sprintf("bytes=%d-%d", resumeAt, resumeAt+chunk-1)
+				opts.Configure = func(c *config.Config) {
+					c.ImageRangeFetch = config.ImageRangeFetch{Enable: true, MinLayerSize: chunk, ChunkSize: chunk, Parallel: 1, Retries: 1}
+				}
+			}
+			var served servedLog
+			reg.ServeBlobWith(t, dataDigest, func(w http.ResponseWriter, req *http.Request, body []byte) {
+				rng := req.Header.Get("Range")
+				switch {
+				case served.isAfter():
+				case !tc.ranged && rng == "":
+					// The background fetch of the first berthd: half
+					// the blob, then nothing until that berthd is gone.
+					n, _ := w.Write(body[:resumeAt])
+					served.add(rng, n)
+					w.(http.Flusher).Flush()
+					<-req.Context().Done()
+					return
+				case tc.ranged && rng == held:
+					served.add(rng, 0)
+					<-req.Context().Done()
+					return
+				}
+				start, end, _ := testimages.RangeOf(w, req, len(body))
+				n, _ := w.Write(body[start:end])
+				served.add(rng, n)
+			})
+			reg.Push(t, "lazy/resume:1", img)
+			d, scope, before := lazyDaemon(t, opts)
+			ref := reg.Ref("lazy/resume:1")
+			pull(t, d, ref, nil)
+			if tc.ranged {
+				lazyWait(t, func() bool { return partialBlobPrefix(t, d, dataDigest) == int64(resumeAt) })
+			} else {
+				lazyWait(t, func() bool { return partialBlobSize(t, d, dataDigest) == int64(resumeAt) })
+			}
+
+			served.restarting()
+			d.Kill()
+			if tc.tamper {
+				tamperPartialBlob(t, partialBlobOf(t, d, dataDigest))
+			}
+			d.Start()
+			d.WaitReady()
+			lazyWait(t, func() bool { return blobStored(d, dataDigest) })
+			gets := served.since()
+			want := fmt.Sprintf("bytes=%d-%d", resumeAt, len(blob)-1)
+			if tc.ranged {
+				want = held
+			}
+			total := 0
+			for _, g := range gets {
+				total += g.bytes
+			}
+			switch {
+			case tc.ranged && (len(gets) == 0 || gets[0].rng != want || total != len(blob)-resumeAt):
+				t.Fatalf("after the restart the registry served %+v (%d bytes), want ranges from %q, %d bytes in all", gets, total, want, len(blob)-resumeAt)
+			case !tc.ranged && !tc.tamper && (len(gets) != 1 || gets[0].rng != want || total != len(blob)-resumeAt):
+				t.Fatalf("after the restart the registry served %+v (%d bytes), want one GET %q of the %d bytes left", gets, total, want, len(blob)-resumeAt)
+			case tc.tamper && (len(gets) != 2 || gets[0].rng != want || gets[1] != servedGet{"", len(blob)}):
+				t.Fatalf("after the restart the registry served %+v, want the GET %q, then the whole blob again", gets, want)
+			}
+			if n := partialBlobSize(t, d, dataDigest); n != -1 {
+				t.Fatalf("partial blob of %d bytes left after the commit", n)
+			}
+			if st := imageStatus(t, d, ref); st == nil || st.Size < uint64(len(blob)) {
+				t.Fatalf("ImageStatus size %v after the fetch completed, want at least the %d bytes of the data layer", st.GetSize(), len(blob))
+			}
+			if got := catInPod(t, d, reg, ref, "/data/later"); got != lazyLater {
+				t.Fatalf("read from the completed layer: %q", got)
+			}
+			removeSettled(t, d, ref, scope, before)
+		})
+	}
+}
+
+// partialBlobPrefix is the prefix recorded beside the partial blob of
+// the lazy layer of blob digest (a ranged fetch's), -1 when there is
+// none.
+func partialBlobPrefix(t *testing.T, d *berthdtest.Daemon, digest string) int64 {
+	t.Helper()
+	data, err := os.ReadFile(partialBlobOf(t, d, digest) + ".prefix")
+	if err != nil {
+		return -1
+	}
+	n, err := strconv.ParseInt(strings.TrimSpace(string(data)), 10, 64)
+	if err != nil {
+		return -1
+	}
+	return n
+}
+
+// tamperPartialBlob changes a byte in the middle of the partial blob at
+// path.
+func tamperPartialBlob(t *testing.T, path string) {
+	t.Helper()
+	data, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	data[len(data)/2] ^= 0xff
+	if err := os.WriteFile(path, data, 0o600); err != nil {
+		t.Fatal(err)
+	}
 }
 
 // stallRanges makes the range GETs of digest wait while stalled is open;
