@@ -38,8 +38,14 @@ func CleanupNode(dir, cgroupParent string) error {
 }
 
 // cgroupDirs lists every directory named parent directly under a cgroup
-// hierarchy root, for v1 controllers and the v2 unified tree.
+// hierarchy root, for v1 controllers and the v2 unified tree. A parent
+// that names no cgroup below a root ("", "/", "..") lists nothing: it
+// would name the roots themselves, and killProcesses would kill every
+// process on the machine (it did, once, from a test that had no cgroup).
 func cgroupDirs(parent string) []string {
+	if c := filepath.Clean("/" + parent); c == "/" || c != "/"+strings.Trim(parent, "/") {
+		return nil
+	}
 	var dirs []string
 	roots, _ := filepath.Glob("/sys/fs/cgroup/*")
 	roots = append(roots, "/sys/fs/cgroup")
