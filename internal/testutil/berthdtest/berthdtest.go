@@ -195,9 +195,8 @@ func (d *Daemon) Start() {
 // readyBound is how long WaitReady lets berthd start: a bound that finds
 // a berthd that never serves, not a measure of its speed (make bench has
 // that). Its start forks the runtime's features probe, the user-namespace
-// probe and iptables, each ~19× slower in the cgroup v2 guest's TCG; there,
-// with a CPU-bound job on the host beside the lane, a start took over 30 s
-// (a fresh clone's .ci/run, TestSandboxCrashMidRunRecovers).
+// probe and iptables, each ~19× slower in the cgroup v2 guest's TCG, where
+// beside other work a start takes over 30 s (docs/reliability.md).
 const readyBound = 3 * time.Minute
 
 // WaitReady waits until the daemon answers Version, failing the test if it

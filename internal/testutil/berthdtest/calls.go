@@ -12,9 +12,9 @@ import (
 // Ctx is the context for a test's CRI calls: ten minutes, a bound far
 // above any call's (so that a hang fails the test instead of CI's
 // timeout), cancelled when the test ends. Tests share one Ctx across many
-// calls and waits; in the cgroup v2 guest's TCG beside a CPU-bound job a
-// whole test took 210 s (TestStatsContainersAndPod, whose calls then ran
-// past the two minutes this bound used to be).
+// calls and waits, and a whole test in the cgroup v2 guest's TCG beside
+// other work takes minutes (docs/reliability.md, "CI beside a CPU-bound
+// job").
 func Ctx(tb testing.TB) context.Context {
 	tb.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
