@@ -74,6 +74,7 @@ run: deps build
 # daemon's go.mod); lint and test cover it too. The shape limits: no
 # function unreachable from a main or a test (deadcode -test), and
 # hack/shapecheck (no non-test file over 800 lines nor function over 120,
+# anywhere in the repository: cmd/, internal/, hack/, test/ and bench/;
 # every directory of Go code named in docs/architecture.md).
 lint: DEADCODE_VERSION := v0.52.0
 lint:

@@ -86,9 +86,12 @@ func startOtherBerthd(tb testing.TB, bin string) *Endpoint {
 	tb.Helper()
 	d := berthdtest.Start(tb, berthdtest.Options{StartProcess: func(cmd *exec.Cmd) error {
 		cmd.Path, cmd.Args[0] = bin, bin
-		// A build older than a config table refuses it as unknown keys.
-		if err := dropTable(cmd.Args[2], "tracing"); err != nil {
-			return err
+		// A build older than a config table refuses it as unknown keys;
+		// their defaults are what such a build does anyway.
+		for _, table := range []string{"tracing", "image_lazy_pull"} {
+			if err := dropTable(cmd.Args[2], table); err != nil {
+				return err
+			}
 		}
 		return cmd.Start()
 	}})

@@ -133,278 +133,320 @@ func Workloads(image, multiLayerImage string, floors *Floors) []Workload {
 		floors = &Floors{}
 	}
 	return []Workload{
-		{
-			Name: "pod run / stop+remove", Samples: 30, Floor: floors.NetnsCNI,
-			Sample: func(ctx context.Context, ep *Endpoint, _ any, i int) (map[string]time.Duration, error) {
-				var id string
-				run, err := timed(func() error {
-					r, err := ep.Runtime.RunPodSandbox(ctx, &criapi.RunPodSandboxRequest{Config: podConfig(ep, "p")})
-					if err == nil {
-						id = r.PodSandboxId
-					}
-					return err
-				})
-				if err != nil {
-					return nil, unsupported(err)
-				}
-				down, err := timed(func() error { return removePod(ctx, ep, id) })
-				if err != nil {
-					return nil, unsupported(err)
-				}
-				return map[string]time.Duration{"RunPodSandbox": run, "StopPodSandbox+RemovePodSandbox": down}, nil
-			},
-		},
-		{
-			Name: "container create / start / stop+remove", Samples: 30, Floor: floors.RuncStart,
-			Setup: func(ctx context.Context, ep *Endpoint) (any, error) {
-				pc := podConfig(ep, "cl")
-				r, err := ep.Runtime.RunPodSandbox(ctx, &criapi.RunPodSandboxRequest{Config: pc})
-				if err != nil {
-					return nil, unsupported(err)
-				}
-				return &podState{id: r.PodSandboxId, cfg: pc}, nil
-			},
-			Sample: func(ctx context.Context, ep *Endpoint, st any, i int) (map[string]time.Duration, error) {
-				pod := st.(*podState)
-				var id string
-				create, err := timed(func() error {
-					r, err := ep.Runtime.CreateContainer(ctx, &criapi.CreateContainerRequest{
-						PodSandboxId: pod.id, Config: containerConfig(image, "sleep", "3600"), SandboxConfig: pod.cfg})
-					if err == nil {
-						id = r.ContainerId
-					}
-					return err
-				})
-				if err != nil {
-					return nil, unsupported(err)
-				}
-				start, err := timed(func() error {
-					_, err := ep.Runtime.StartContainer(ctx, &criapi.StartContainerRequest{ContainerId: id})
-					return err
-				})
-				if err != nil {
-					return nil, unsupported(err)
-				}
-				down, err := timed(func() error {
-					if _, err := ep.Runtime.StopContainer(ctx, &criapi.StopContainerRequest{ContainerId: id, Timeout: 0}); err != nil {
-						return err
-					}
-					_, err := ep.Runtime.RemoveContainer(ctx, &criapi.RemoveContainerRequest{ContainerId: id})
-					return err
-				})
-				if err != nil {
-					return nil, unsupported(err)
-				}
-				return map[string]time.Duration{"CreateContainer": create, "StartContainer": start,
-					"CreateContainer+StartContainer": create + start, "StopContainer+RemoveContainer": down}, nil
-			},
-			Teardown: func(ctx context.Context, ep *Endpoint, st any) { removePod(ctx, ep, st.(*podState).id) },
-		},
-		{
-			// The kubelet creates containers while others are being
-			// removed (rollouts, jobs). Before decision 1500 every removal
-			// collected image garbage under the image store's lock, which
-			// every create also takes. removalBacklog containers stay
-			// created for the whole series, as on a busy node: each
-			// collection read all their leases.
-			Name: "container create under parallel removal", Samples: 30,
-			Setup: func(ctx context.Context, ep *Endpoint) (any, error) {
-				pc := podConfig(ep, "pr")
-				r, err := ep.Runtime.RunPodSandbox(ctx, &criapi.RunPodSandboxRequest{Config: pc})
-				if err != nil {
-					return nil, unsupported(err)
-				}
-				st := &podState{id: r.PodSandboxId, cfg: pc}
-				for c := 0; c < removalBacklog; c++ {
-					if _, err := ep.Runtime.CreateContainer(ctx, &criapi.CreateContainerRequest{
-						PodSandboxId: st.id, Config: containerConfig(image, "sleep", "3600"), SandboxConfig: pc}); err != nil {
-						return st, unsupported(err)
-					}
-				}
-				return st, nil
-			},
-			Sample: func(ctx context.Context, ep *Endpoint, st any, i int) (map[string]time.Duration, error) {
-				pod := st.(*podState)
-				create := func() (string, error) {
-					r, err := ep.Runtime.CreateContainer(ctx, &criapi.CreateContainerRequest{
-						PodSandboxId: pod.id, Config: containerConfig(image, "sleep", "3600"), SandboxConfig: pod.cfg})
-					if err != nil {
-						return "", unsupported(err)
-					}
-					return r.ContainerId, nil
-				}
-				remove := func(id string) error {
-					_, err := ep.Runtime.RemoveContainer(ctx, &criapi.RemoveContainerRequest{ContainerId: id})
-					return err
-				}
-				victims := make([]string, parallelRemovals)
-				for v := range victims {
-					id, err := create()
-					if err != nil {
-						return nil, err
-					}
-					victims[v] = id
-				}
-				// Creates follow each other for as long as the removals
-				// run; the sample is their mean latency.
-				var wg sync.WaitGroup
-				errs := make([]error, len(victims))
-				removing := make(chan struct{})
-				for v, id := range victims {
-					wg.Add(1)
-					go func() {
-						defer wg.Done()
-						errs[v] = remove(id)
-					}()
-				}
-				go func() { wg.Wait(); close(removing) }()
-				var created []string
-				var total time.Duration
-				var err error
-				for done := false; !done && err == nil; {
-					var id string
-					var d time.Duration
-					d, err = timed(func() error {
-						var err error
-						id, err = create()
-						return err
-					})
-					if err == nil {
-						created = append(created, id)
-						total += d
-					}
-					select {
-					case <-removing:
-						done = true
-					default:
-					}
-				}
-				<-removing
-				for _, id := range created {
-					if rerr := remove(id); rerr != nil && err == nil {
-						err = rerr
-					}
-				}
-				if err != nil {
-					return nil, err
-				}
-				if err := errors.Join(errs...); err != nil {
-					return nil, err
-				}
-				d := total / time.Duration(len(created))
-				return map[string]time.Duration{fmt.Sprintf("CreateContainer (mean while %d are removed in parallel)", parallelRemovals): d}, nil
-			},
-			Teardown: func(ctx context.Context, ep *Endpoint, st any) {
-				if st != nil {
-					removePod(ctx, ep, st.(*podState).id)
-				}
-			},
-		},
+		podRunWorkload(floors.NetnsCNI),
+		containerLifecycleWorkload(image, floors.RuncStart),
+		parallelRemovalWorkload(image),
 		{
 			Name: "pod start end to end", Samples: 30, Floor: floors.PodStart,
 			Sample: podStartSample(image, "RunPodSandbox+CreateContainer+StartContainer"),
 		},
-		{
-			// The same on a node that already runs a pod, as a kubelet's
-			// node does (its DaemonSets): berth's keeper and monitor,
-			// one pair per node (decision 1701), are then running, and
-			// the new pod is added to them rather than starting them.
-			Name: "pod start beside a running pod", Samples: 30, Floor: floors.PodStart,
-			Setup: func(ctx context.Context, ep *Endpoint) (any, error) {
-				podID, _, err := podWithContainer(ctx, ep, image)
-				if err != nil {
-					return nil, err
+		podStartBesideWorkload(image, floors.PodStart),
+		execWorkload(image, floors.RuncExec),
+		listWorkload(image),
+		pullWorkload(multiLayerImage, floors.TarExtract),
+	}
+}
+
+// podRunWorkload times a pod's run, and its stop and removal.
+func podRunWorkload(floor *Floor) Workload {
+	return Workload{
+		Name: "pod run / stop+remove", Samples: 30, Floor: floor,
+		Sample: func(ctx context.Context, ep *Endpoint, _ any, i int) (map[string]time.Duration, error) {
+			var id string
+			run, err := timed(func() error {
+				r, err := ep.Runtime.RunPodSandbox(ctx, &criapi.RunPodSandboxRequest{Config: podConfig(ep, "p")})
+				if err == nil {
+					id = r.PodSandboxId
 				}
-				return &podState{id: podID}, nil
-			},
-			Sample: podStartSample(image, "RunPodSandbox+CreateContainer+StartContainer (another pod running)"),
-			Teardown: func(ctx context.Context, ep *Endpoint, st any) {
-				if st != nil {
-					removePod(ctx, ep, st.(*podState).id)
-				}
-			},
+				return err
+			})
+			if err != nil {
+				return nil, unsupported(err)
+			}
+			down, err := timed(func() error { return removePod(ctx, ep, id) })
+			if err != nil {
+				return nil, unsupported(err)
+			}
+			return map[string]time.Duration{"RunPodSandbox": run, "StopPodSandbox+RemovePodSandbox": down}, nil
 		},
-		{
-			Name: "exec", Samples: 50, Floor: floors.RuncExec,
-			Setup: func(ctx context.Context, ep *Endpoint) (any, error) {
-				podID, ctrID, err := podWithContainer(ctx, ep, image)
-				if err != nil {
-					return nil, err
+	}
+}
+
+// containerLifecycleWorkload times a container's create, start, and stop
+// and removal, in one pod kept for the series.
+func containerLifecycleWorkload(image string, floor *Floor) Workload {
+	return Workload{
+		Name: "container create / start / stop+remove", Samples: 30, Floor: floor,
+		Setup: func(ctx context.Context, ep *Endpoint) (any, error) {
+			pc := podConfig(ep, "cl")
+			r, err := ep.Runtime.RunPodSandbox(ctx, &criapi.RunPodSandboxRequest{Config: pc})
+			if err != nil {
+				return nil, unsupported(err)
+			}
+			return &podState{id: r.PodSandboxId, cfg: pc}, nil
+		},
+		Sample: func(ctx context.Context, ep *Endpoint, st any, i int) (map[string]time.Duration, error) {
+			pod := st.(*podState)
+			var id string
+			create, err := timed(func() error {
+				r, err := ep.Runtime.CreateContainer(ctx, &criapi.CreateContainerRequest{
+					PodSandboxId: pod.id, Config: containerConfig(image, "sleep", "3600"), SandboxConfig: pod.cfg})
+				if err == nil {
+					id = r.ContainerId
 				}
-				return &podState{id: podID, ctr: ctrID}, nil
-			},
-			Sample: func(ctx context.Context, ep *Endpoint, st any, i int) (map[string]time.Duration, error) {
-				d, err := timed(func() error {
-					r, err := ep.Runtime.ExecSync(ctx, &criapi.ExecSyncRequest{ContainerId: st.(*podState).ctr, Cmd: []string{"true"}, Timeout: 10})
-					if err == nil && r.ExitCode != 0 {
-						err = fmt.Errorf("exec true exited %d", r.ExitCode)
-					}
+				return err
+			})
+			if err != nil {
+				return nil, unsupported(err)
+			}
+			start, err := timed(func() error {
+				_, err := ep.Runtime.StartContainer(ctx, &criapi.StartContainerRequest{ContainerId: id})
+				return err
+			})
+			if err != nil {
+				return nil, unsupported(err)
+			}
+			down, err := timed(func() error {
+				if _, err := ep.Runtime.StopContainer(ctx, &criapi.StopContainerRequest{ContainerId: id, Timeout: 0}); err != nil {
 					return err
-				})
-				if err != nil {
-					return nil, unsupported(err)
 				}
-				return map[string]time.Duration{"ExecSync true": d}, nil
-			},
-			Teardown: func(ctx context.Context, ep *Endpoint, st any) { removePod(ctx, ep, st.(*podState).id) },
+				_, err := ep.Runtime.RemoveContainer(ctx, &criapi.RemoveContainerRequest{ContainerId: id})
+				return err
+			})
+			if err != nil {
+				return nil, unsupported(err)
+			}
+			return map[string]time.Duration{"CreateContainer": create, "StartContainer": start,
+				"CreateContainer+StartContainer": create + start, "StopContainer+RemoveContainer": down}, nil
 		},
-		{
-			Name: "list 500 containers", Samples: 30,
-			Setup: func(ctx context.Context, ep *Endpoint) (any, error) {
-				var pods []string
-				for p := 0; p < 10; p++ {
-					pc := podConfig(ep, "lc")
-					r, err := ep.Runtime.RunPodSandbox(ctx, &criapi.RunPodSandboxRequest{Config: pc})
-					if err != nil {
+		Teardown: func(ctx context.Context, ep *Endpoint, st any) { removePod(ctx, ep, st.(*podState).id) },
+	}
+}
+
+// parallelRemovalWorkload times creates while others are removed.
+//
+// The kubelet creates containers while others are being removed
+// (rollouts, jobs). Before decision 1500 every removal collected image
+// garbage under the image store's lock, which every create also takes.
+// removalBacklog containers stay created for the whole series, as on a
+// busy node: each collection read all their leases.
+func parallelRemovalWorkload(image string) Workload {
+	return Workload{
+		Name: "container create under parallel removal", Samples: 30,
+		Setup: func(ctx context.Context, ep *Endpoint) (any, error) {
+			pc := podConfig(ep, "pr")
+			r, err := ep.Runtime.RunPodSandbox(ctx, &criapi.RunPodSandboxRequest{Config: pc})
+			if err != nil {
+				return nil, unsupported(err)
+			}
+			st := &podState{id: r.PodSandboxId, cfg: pc}
+			for c := 0; c < removalBacklog; c++ {
+				if _, err := ep.Runtime.CreateContainer(ctx, &criapi.CreateContainerRequest{
+					PodSandboxId: st.id, Config: containerConfig(image, "sleep", "3600"), SandboxConfig: pc}); err != nil {
+					return st, unsupported(err)
+				}
+			}
+			return st, nil
+		},
+		Sample: func(ctx context.Context, ep *Endpoint, st any, i int) (map[string]time.Duration, error) {
+			return createUnderRemovalSample(ctx, ep, st.(*podState), image)
+		},
+		Teardown: func(ctx context.Context, ep *Endpoint, st any) {
+			if st != nil {
+				removePod(ctx, ep, st.(*podState).id)
+			}
+		},
+	}
+}
+
+// createUnderRemovalSample creates parallelRemovals containers in pod,
+// removes them all at once, and times the creates that follow each other
+// while they are removed; the sample is their mean latency.
+func createUnderRemovalSample(ctx context.Context, ep *Endpoint, pod *podState, image string) (map[string]time.Duration, error) {
+	create := func() (string, error) {
+		r, err := ep.Runtime.CreateContainer(ctx, &criapi.CreateContainerRequest{
+			PodSandboxId: pod.id, Config: containerConfig(image, "sleep", "3600"), SandboxConfig: pod.cfg})
+		if err != nil {
+			return "", unsupported(err)
+		}
+		return r.ContainerId, nil
+	}
+	remove := func(id string) error {
+		_, err := ep.Runtime.RemoveContainer(ctx, &criapi.RemoveContainerRequest{ContainerId: id})
+		return err
+	}
+	victims := make([]string, parallelRemovals)
+	for v := range victims {
+		id, err := create()
+		if err != nil {
+			return nil, err
+		}
+		victims[v] = id
+	}
+	// Creates follow each other for as long as the removals run.
+	var wg sync.WaitGroup
+	errs := make([]error, len(victims))
+	removing := make(chan struct{})
+	for v, id := range victims {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			errs[v] = remove(id)
+		}()
+	}
+	go func() { wg.Wait(); close(removing) }()
+	var created []string
+	var total time.Duration
+	var err error
+	for done := false; !done && err == nil; {
+		var id string
+		var d time.Duration
+		d, err = timed(func() error {
+			var err error
+			id, err = create()
+			return err
+		})
+		if err == nil {
+			created = append(created, id)
+			total += d
+		}
+		select {
+		case <-removing:
+			done = true
+		default:
+		}
+	}
+	<-removing
+	for _, id := range created {
+		if rerr := remove(id); rerr != nil && err == nil {
+			err = rerr
+		}
+	}
+	if err != nil {
+		return nil, err
+	}
+	if err := errors.Join(errs...); err != nil {
+		return nil, err
+	}
+	d := total / time.Duration(len(created))
+	return map[string]time.Duration{fmt.Sprintf("CreateContainer (mean while %d are removed in parallel)", parallelRemovals): d}, nil
+}
+
+// podStartBesideWorkload is "pod start end to end" on a node that already
+// runs a pod, as a kubelet's node does (its DaemonSets): berth's keeper
+// and monitor, one pair per node (decision 1701), are then running, and
+// the new pod is added to them rather than starting them.
+func podStartBesideWorkload(image string, floor *Floor) Workload {
+	return Workload{
+		Name: "pod start beside a running pod", Samples: 30, Floor: floor,
+		Setup: func(ctx context.Context, ep *Endpoint) (any, error) {
+			podID, _, err := podWithContainer(ctx, ep, image)
+			if err != nil {
+				return nil, err
+			}
+			return &podState{id: podID}, nil
+		},
+		Sample: podStartSample(image, "RunPodSandbox+CreateContainer+StartContainer (another pod running)"),
+		Teardown: func(ctx context.Context, ep *Endpoint, st any) {
+			if st != nil {
+				removePod(ctx, ep, st.(*podState).id)
+			}
+		},
+	}
+}
+
+// execWorkload times ExecSync of true in a running container.
+func execWorkload(image string, floor *Floor) Workload {
+	return Workload{
+		Name: "exec", Samples: 50, Floor: floor,
+		Setup: func(ctx context.Context, ep *Endpoint) (any, error) {
+			podID, ctrID, err := podWithContainer(ctx, ep, image)
+			if err != nil {
+				return nil, err
+			}
+			return &podState{id: podID, ctr: ctrID}, nil
+		},
+		Sample: func(ctx context.Context, ep *Endpoint, st any, i int) (map[string]time.Duration, error) {
+			d, err := timed(func() error {
+				r, err := ep.Runtime.ExecSync(ctx, &criapi.ExecSyncRequest{ContainerId: st.(*podState).ctr, Cmd: []string{"true"}, Timeout: 10})
+				if err == nil && r.ExitCode != 0 {
+					err = fmt.Errorf("exec true exited %d", r.ExitCode)
+				}
+				return err
+			})
+			if err != nil {
+				return nil, unsupported(err)
+			}
+			return map[string]time.Duration{"ExecSync true": d}, nil
+		},
+		Teardown: func(ctx context.Context, ep *Endpoint, st any) { removePod(ctx, ep, st.(*podState).id) },
+	}
+}
+
+// listWorkload times ListContainers with 500 containers created, 50 in
+// each of 10 pods.
+func listWorkload(image string) Workload {
+	return Workload{
+		Name: "list 500 containers", Samples: 30,
+		Setup: func(ctx context.Context, ep *Endpoint) (any, error) {
+			var pods []string
+			for p := 0; p < 10; p++ {
+				pc := podConfig(ep, "lc")
+				r, err := ep.Runtime.RunPodSandbox(ctx, &criapi.RunPodSandboxRequest{Config: pc})
+				if err != nil {
+					return &podList{ids: pods}, unsupported(err)
+				}
+				pods = append(pods, r.PodSandboxId)
+				for c := 0; c < 50; c++ {
+					if _, err := ep.Runtime.CreateContainer(ctx, &criapi.CreateContainerRequest{
+						PodSandboxId: r.PodSandboxId, Config: containerConfig(image, "sleep", "3600"), SandboxConfig: pc}); err != nil {
 						return &podList{ids: pods}, unsupported(err)
 					}
-					pods = append(pods, r.PodSandboxId)
-					for c := 0; c < 50; c++ {
-						if _, err := ep.Runtime.CreateContainer(ctx, &criapi.CreateContainerRequest{
-							PodSandboxId: r.PodSandboxId, Config: containerConfig(image, "sleep", "3600"), SandboxConfig: pc}); err != nil {
-							return &podList{ids: pods}, unsupported(err)
-						}
-					}
 				}
-				return &podList{ids: pods}, nil
-			},
-			Sample: func(ctx context.Context, ep *Endpoint, _ any, i int) (map[string]time.Duration, error) {
-				d, err := timed(func() error {
-					r, err := ep.Runtime.ListContainers(ctx, &criapi.ListContainersRequest{})
-					if err == nil && len(r.Containers) < 500 {
-						err = fmt.Errorf("listed %d containers, want ≥500", len(r.Containers))
-					}
-					return err
-				})
-				if err != nil {
-					return nil, unsupported(err)
-				}
-				return map[string]time.Duration{"ListContainers (500)": d}, nil
-			},
-			Teardown: func(ctx context.Context, ep *Endpoint, st any) {
-				if st == nil {
-					return
-				}
-				for _, id := range st.(*podList).ids {
-					removePod(ctx, ep, id)
-				}
-			},
+			}
+			return &podList{ids: pods}, nil
 		},
-		{
-			Name: "image pull", Samples: 10, Floor: floors.TarExtract,
-			Sample: func(ctx context.Context, ep *Endpoint, _ any, i int) (map[string]time.Duration, error) {
-				d, err := timed(func() error {
-					_, err := ep.Image.PullImage(ctx, &criapi.PullImageRequest{Image: &criapi.ImageSpec{Image: multiLayerImage}})
-					return err
-				})
-				if err != nil {
-					return nil, unsupported(err)
+		Sample: func(ctx context.Context, ep *Endpoint, _ any, i int) (map[string]time.Duration, error) {
+			d, err := timed(func() error {
+				r, err := ep.Runtime.ListContainers(ctx, &criapi.ListContainersRequest{})
+				if err == nil && len(r.Containers) < 500 {
+					err = fmt.Errorf("listed %d containers, want ≥500", len(r.Containers))
 				}
-				if _, err := ep.Image.RemoveImage(ctx, &criapi.RemoveImageRequest{Image: &criapi.ImageSpec{Image: multiLayerImage}}); err != nil {
-					return nil, unsupported(err)
-				}
-				return map[string]time.Duration{"PullImage (4 layers, local registry)": d}, nil
-			},
+				return err
+			})
+			if err != nil {
+				return nil, unsupported(err)
+			}
+			return map[string]time.Duration{"ListContainers (500)": d}, nil
+		},
+		Teardown: func(ctx context.Context, ep *Endpoint, st any) {
+			if st == nil {
+				return
+			}
+			for _, id := range st.(*podList).ids {
+				removePod(ctx, ep, id)
+			}
+		},
+	}
+}
+
+// pullWorkload times a pull of the multi-layer image from the local
+// registry, removing it after each (untimed).
+func pullWorkload(multiLayerImage string, floor *Floor) Workload {
+	return Workload{
+		Name: "image pull", Samples: 10, Floor: floor,
+		Sample: func(ctx context.Context, ep *Endpoint, _ any, i int) (map[string]time.Duration, error) {
+			d, err := timed(func() error {
+				_, err := ep.Image.PullImage(ctx, &criapi.PullImageRequest{Image: &criapi.ImageSpec{Image: multiLayerImage}})
+				return err
+			})
+			if err != nil {
+				return nil, unsupported(err)
+			}
+			if _, err := ep.Image.RemoveImage(ctx, &criapi.RemoveImageRequest{Image: &criapi.ImageSpec{Image: multiLayerImage}}); err != nil {
+				return nil, unsupported(err)
+			}
+			return map[string]time.Duration{"PullImage (4 layers, local registry)": d}, nil
 		},
 	}
 }

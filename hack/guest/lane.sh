@@ -8,7 +8,7 @@
 #   BIN                   where make build put berthd, berth-shim, berth-lazy, berth-pause, berthctl
 #   BERTH_GUEST_ACCEL     kvm or tcg (default: kvm where the CPU has VMX/SVM and
 #                         /dev/kvm is the kernel's own, else tcg)
-#   BERTH_GUEST_TIMEOUT   seconds before the guest is killed (default 2700)
+#   BERTH_GUEST_TIMEOUT   seconds before the guest is killed (default 3600)
 #   BERTH_GUEST_KUBELET   0 leaves the kubelet pass (systemd driver) out of the
 #                         default passes
 #   BERTH_GUEST_PASSES    override the passes (lines "name driver runtime regex
@@ -34,7 +34,7 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 root=$PWD
 bin=${BIN:-$root/bin}
-timeout_s=${BERTH_GUEST_TIMEOUT:-2700}
+timeout_s=${BERTH_GUEST_TIMEOUT:-3600}
 
 # The passes, chosen by what they cover per minute of a TCG guest (about
 # 30 s a test there; the lane's budget is 20 minutes with the image build):

@@ -7,7 +7,9 @@ import (
 	"os/exec"
 	"path/filepath"
 	"reflect"
+	"runtime"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -168,22 +170,35 @@ func TestReadV1SeesAProcessBurningCPU(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
-	time.Sleep(100 * time.Millisecond)
 	r := NewCPURate()
 	u1, err := ReadV1(group)
 	if err != nil {
 		t.Fatal(err)
 	}
 	r.NanoCores("x", u1.Timestamp, u1.CPUUsageNanos)
-	time.Sleep(500 * time.Millisecond)
+	// Wait until the loop has run 300 ms of CPU by its own account
+	// (/proc), however long the machine makes that take: how much CPU a
+	// loaded machine lends it is not what this test is about; that the
+	// cgroup's counters see what the process ran is.
+	ran := procCPU(t, cmd.Process.Pid)
+	deadline := time.Now().Add(time.Minute)
+	for procCPU(t, cmd.Process.Pid)-ran < 300*time.Millisecond {
+		if time.Now().After(deadline) {
+			t.Fatal("the busy loop did not run 300 ms of CPU in a minute")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
 	u2, err := ReadV1(group)
 	if err != nil {
 		t.Fatal(err)
 	}
 	nc := r.NanoCores("x", u2.Timestamp, u2.CPUUsageNanos)
-	// A busy loop uses about one core; allow for a loaded 2-core machine.
-	if nc < 2e8 || nc > 1.2e9 {
-		t.Fatalf("nano-cores %d for a busy loop", nc)
+	if grew := time.Duration(u2.CPUUsageNanos - u1.CPUUsageNanos); grew < 250*time.Millisecond { // /proc counts in 10 ms ticks
+		t.Fatalf("cpuacct.usage grew %s while the loop ran at least 300 ms of CPU", grew)
+	}
+	want := float64(u2.CPUUsageNanos-u1.CPUUsageNanos) / float64(u2.Timestamp.Sub(u1.Timestamp).Nanoseconds()) * 1e9
+	if nc == 0 || float64(nc) < want*0.99 || float64(nc) > want*1.01 || nc > uint64(runtime.NumCPU())*11e8 {
+		t.Fatalf("nano-cores %d for a busy loop, want %.0f from the counters (at most %d cores)", nc, want, runtime.NumCPU())
 	}
 	if u2.Processes != 1 || u2.MemoryUsage == 0 {
 		t.Fatalf("usage %+v", u2)
@@ -266,4 +281,25 @@ func TestProcsErrorOfARemovedCgroupIsNotFound(t *testing.T) {
 	if errors.Is(procsError("/x", errors.New("boom")), errdefs.ErrNotFound) {
 		t.Fatal("any other error became NotFound")
 	}
+}
+
+// procCPU is the user and system time pid has run, from /proc/<pid>/stat.
+func procCPU(t *testing.T, pid int) time.Duration {
+	t.Helper()
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The fields after the command's closing parenthesis: utime and stime
+	// are the 12th and 13th of them (14 and 15 of the line), in ticks.
+	f := strings.Fields(string(b[strings.LastIndexByte(string(b), ')')+1:]))
+	var ticks int64
+	for _, v := range f[11:13] {
+		n, err := strconv.ParseInt(v, 10, 64)
+		if err != nil {
+			t.Fatalf("/proc/%d/stat: %v", pid, err)
+		}
+		ticks += n
+	}
+	return time.Duration(ticks) * 10 * time.Millisecond // USER_HZ is 100 on Linux
 }

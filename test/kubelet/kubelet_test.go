@@ -357,7 +357,10 @@ func TestKubeletStaticPodsOnBerth(t *testing.T) {
 		k.Apply(t, name, render(m, vars))
 	}
 
-	const podTimeout = 3 * time.Minute
+	// A bound for a pod that never becomes Ready, not a speed: in the
+	// cgroup v2 guest's TCG beside a CPU-bound job the probes pod was still
+	// pulling and unpacking its images (agnhost among them) after 3 minutes.
+	const podTimeout = 10 * time.Minute
 	probes := k.WaitPod(t, "probes", "Ready", podTimeout, podReady)
 	lifecycle := k.WaitPod(t, "lifecycle", "Ready", podTimeout, podReady)
 

@@ -9,12 +9,15 @@ import (
 	"google.golang.org/grpc/status"
 )
 
-// Ctx is the context for one CRI call of a test: two minutes (a bound far
-// above any call's, so that a hang fails the test instead of CI's
-// timeout), cancelled when the test ends.
+// Ctx is the context for a test's CRI calls: ten minutes, a bound far
+// above any call's (so that a hang fails the test instead of CI's
+// timeout), cancelled when the test ends. Tests share one Ctx across many
+// calls and waits, and a whole test in the cgroup v2 guest's TCG beside
+// other work takes minutes (docs/reliability.md, "CI beside a CPU-bound
+// job").
 func Ctx(tb testing.TB) context.Context {
 	tb.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	tb.Cleanup(cancel)
 	return ctx
 }

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"crypto/tls"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -27,12 +28,47 @@ import (
 // failures the checks tell apart: 6 no host, 7 no connection, 28 timeout,
 // 22 an HTTP error with -f.
 func curl(args []string, stdout, stderr io.Writer) int {
-	var (
-		url, method, data, output, writeOut, iface string
-		include, insecure, fail, follow            bool
-		maxTime, connectTimeout                    time.Duration
-		headers                                    []string
-	)
+	o, err := parseCurl(args)
+	if err != nil {
+		fmt.Fprintf(stderr, "curl: %v\n", err)
+		return 2
+	}
+	ctx := context.Background()
+	if o.maxTime > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, o.maxTime)
+		defer cancel()
+	}
+	req, err := o.request(ctx)
+	if err != nil {
+		fmt.Fprintf(stderr, "curl: (3) %v\n", err)
+		return 3
+	}
+	resp, err := o.client().Do(req)
+	if err != nil {
+		code := transferCode(ctx, err)
+		fmt.Fprintf(stderr, "curl: (%d) %v\n", code, err)
+		if o.writeOut != "" {
+			fmt.Fprint(stdout, strings.ReplaceAll(o.writeOut, "%{http_code}", "000"))
+		}
+		return code
+	}
+	defer resp.Body.Close()
+	return o.write(resp, stdout, stderr)
+}
+
+// curlOptions is a curl command line, parsed.
+type curlOptions struct {
+	url, method, data, output, writeOut, iface string
+	include, insecure, fail, follow            bool
+	maxTime, connectTimeout                    time.Duration
+	headers                                    []string
+}
+
+// parseCurl reads curl's options and its URL (http:// unless it names a
+// scheme), the method defaulting to GET, or POST with -d.
+func parseCurl(args []string) (curlOptions, error) {
+	var o curlOptions
 	secs := func(v string) (time.Duration, error) {
 		f, err := strconv.ParseFloat(v, 64)
 		return time.Duration(f * float64(time.Second)), err
@@ -50,75 +86,73 @@ func curl(args []string, stdout, stderr io.Writer) int {
 		switch a {
 		case "-g", "--globoff", "-q", "--disable", "-s", "--silent", "-S", "--show-error", "-v":
 		case "-i", "--include":
-			include = true
+			o.include = true
 		case "-k", "--insecure":
-			insecure = true
+			o.insecure = true
 		case "-f", "--fail":
-			fail = true
+			o.fail = true
 		case "-L", "--location":
-			follow = true
+			o.follow = true
 		case "-m", "--max-time":
 			var v string
 			if v, err = next(); err == nil {
-				maxTime, err = secs(v)
+				o.maxTime, err = secs(v)
 			}
 		case "--connect-timeout":
 			var v string
 			if v, err = next(); err == nil {
-				connectTimeout, err = secs(v)
+				o.connectTimeout, err = secs(v)
 			}
 		case "--interface":
-			iface, err = next()
+			o.iface, err = next()
 		case "-X", "--request":
-			method, err = next()
+			o.method, err = next()
 		case "-H", "--header":
 			var v string
 			v, err = next()
-			headers = append(headers, v)
+			o.headers = append(o.headers, v)
 		case "-d", "--data":
-			data, err = next()
+			o.data, err = next()
 		case "-o", "--output":
-			output, err = next()
+			o.output, err = next()
 		case "-w", "--write-out":
-			writeOut, err = next()
+			o.writeOut, err = next()
 		default:
 			if strings.HasPrefix(a, "-") {
 				err = fmt.Errorf("option %s: not supported by this stand-in", a)
 			} else {
-				url = a
+				o.url = a
 			}
 		}
 		if err != nil {
-			fmt.Fprintf(stderr, "curl: %v\n", err)
-			return 2
+			return o, err
 		}
 	}
-	if url == "" {
-		fmt.Fprintln(stderr, "curl: no URL specified")
-		return 2
+	if o.url == "" {
+		return o, errors.New("no URL specified")
 	}
-	if !strings.Contains(url, "://") {
-		url = "http://" + url
+	if !strings.Contains(o.url, "://") {
+		o.url = "http://" + o.url
 	}
-	if method == "" {
-		method = http.MethodGet
-		if data != "" {
-			method = http.MethodPost
+	if o.method == "" {
+		o.method = http.MethodGet
+		if o.data != "" {
+			o.method = http.MethodPost
 		}
 	}
-	ctx := context.Background()
-	if maxTime > 0 {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, maxTime)
-		defer cancel()
-	}
-	dialer := &net.Dialer{Timeout: connectTimeout}
-	if ip := net.ParseIP(iface); ip != nil {
+	return o, nil
+}
+
+// client dials within the connect timeout, from --interface's address or
+// on its device, and follows redirects only with -L.
+func (o curlOptions) client() *http.Client {
+	dialer := &net.Dialer{Timeout: o.connectTimeout}
+	if ip := net.ParseIP(o.iface); ip != nil {
 		dialer.LocalAddr = &net.TCPAddr{IP: ip}
-	} else if iface != "" {
+	} else if o.iface != "" {
 		dialer.Control = func(_, _ string, c syscall.RawConn) error {
 			var serr error
-			if err := c.Control(func(fd uintptr) { serr = syscall.BindToDevice(int(fd), iface) }); err != nil {
+			if err := c.Control(func(fd uintptr) { serr = syscall.BindToDevice(int(fd), o.iface) }); err != nil {
 				return err
 			}
 			return serr
@@ -126,48 +160,56 @@ func curl(args []string, stdout, stderr io.Writer) int {
 	}
 	client := &http.Client{Transport: &http.Transport{
 		DialContext:     dialer.DialContext,
-		TLSClientConfig: &tls.Config{InsecureSkipVerify: insecure}, //nolint:gosec // curl -k, in test pods
+		TLSClientConfig: &tls.Config{InsecureSkipVerify: o.insecure}, //nolint:gosec // curl -k, in test pods
 	}}
-	if !follow {
+	if !o.follow {
 		client.CheckRedirect = func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }
 	}
+	return client
+}
+
+// request is the request the options describe: -H's headers, -d's body
+// form-encoded unless a header says otherwise.
+func (o curlOptions) request(ctx context.Context) (*http.Request, error) {
 	var body io.Reader
-	if data != "" {
-		body = strings.NewReader(data)
+	if o.data != "" {
+		body = strings.NewReader(o.data)
 	}
-	req, err := http.NewRequestWithContext(ctx, method, url, body)
+	req, err := http.NewRequestWithContext(ctx, o.method, o.url, body)
 	if err != nil {
-		fmt.Fprintf(stderr, "curl: (3) %v\n", err)
-		return 3
+		return nil, err
 	}
-	for _, h := range headers {
+	for _, h := range o.headers {
 		k, v, _ := strings.Cut(h, ":")
 		req.Header.Add(strings.TrimSpace(k), strings.TrimSpace(v))
 	}
-	if data != "" && req.Header.Get("Content-Type") == "" {
+	if o.data != "" && req.Header.Get("Content-Type") == "" {
 		req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
 	}
-	resp, err := client.Do(req)
-	if err != nil {
-		code := 7
-		var dnsErr *net.DNSError
-		var netErr net.Error
-		switch {
-		case ctx.Err() != nil || (asError(err, &netErr) && netErr.Timeout()):
-			code = 28
-		case asError(err, &dnsErr):
-			code = 6
-		}
-		fmt.Fprintf(stderr, "curl: (%d) %v\n", code, err)
-		if writeOut != "" {
-			fmt.Fprint(stdout, strings.ReplaceAll(writeOut, "%{http_code}", "000"))
-		}
-		return code
+	return req, nil
+}
+
+// transferCode is curl's exit code for a request that got no response:
+// 28 timed out, 6 no such host, else 7 no connection.
+func transferCode(ctx context.Context, err error) int {
+	var dnsErr *net.DNSError
+	var netErr net.Error
+	switch {
+	case ctx.Err() != nil || (asError(err, &netErr) && netErr.Timeout()):
+		return 28
+	case asError(err, &dnsErr):
+		return 6
 	}
-	defer resp.Body.Close()
+	return 7
+}
+
+// write writes resp to -o's file or stdout (with its status line and
+// headers for -i), and -w's http_code to stdout; with -f an HTTP error
+// writes nothing and is 22.
+func (o curlOptions) write(resp *http.Response, stdout, stderr io.Writer) int {
 	out := stdout
-	if output != "" && output != "-" {
-		f, err := os.Create(output)
+	if o.output != "" && o.output != "-" {
+		f, err := os.Create(o.output)
 		if err != nil {
 			fmt.Fprintf(stderr, "curl: (23) %v\n", err)
 			return 23
@@ -175,11 +217,11 @@ func curl(args []string, stdout, stderr io.Writer) int {
 		defer f.Close()
 		out = f
 	}
-	if fail && resp.StatusCode >= 400 {
+	if o.fail && resp.StatusCode >= 400 {
 		fmt.Fprintf(stderr, "curl: (22) The requested URL returned error: %d\n", resp.StatusCode)
 		return 22
 	}
-	if include {
+	if o.include {
 		fmt.Fprintf(out, "%s %s\r\n", resp.Proto, resp.Status)
 		_ = resp.Header.Write(out)
 		fmt.Fprint(out, "\r\n")
@@ -188,8 +230,8 @@ func curl(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "curl: (56) %v\n", err)
 		return 56
 	}
-	if writeOut != "" {
-		fmt.Fprint(stdout, strings.ReplaceAll(writeOut, "%{http_code}", strconv.Itoa(resp.StatusCode)))
+	if o.writeOut != "" {
+		fmt.Fprint(stdout, strings.ReplaceAll(o.writeOut, "%{http_code}", strconv.Itoa(resp.StatusCode)))
 	}
 	return 0
 }

@@ -127,8 +127,6 @@ users:x:100:
 nogroup:x:65534:
 `
 
-// images maps repository:tag (as under registry.k8s.io, gcr.io or
-// docker.io) to its stand-in.
 // agnhostOSRelease is the stand-in agnhost's /etc/os-release: a busybox
 // base standing in for upstream's Alpine one, and saying so.
 const agnhostOSRelease = `NAME="berth stand-in for agnhost (upstream base: Alpine Linux)"
@@ -136,6 +134,8 @@ ID=berth-stand-in
 PRETTY_NAME="berth stand-in for agnhost: busybox base (upstream base: Alpine Linux)"
 `
 
+// images maps repository:tag (as under registry.k8s.io, gcr.io or
+// docker.io) to its stand-in.
 func images(src sources) (map[string]v1.Image, error) {
 	tools, err := os.ReadFile(src.tools)
 	if err != nil {
@@ -145,68 +145,127 @@ func images(src sources) (map[string]v1.Image, error) {
 	if err != nil {
 		return nil, err
 	}
-	imgs := map[string]v1.Image{}
-	// add(refs...)(image(...)) stores one image under several names.
-	add := func(refs ...string) func(v1.Image, error) error {
-		return func(img v1.Image, err error) error {
-			if err != nil {
-				return fmt.Errorf("build %s: %w", refs[0], err)
-			}
-			for _, r := range refs {
-				imgs[r] = img
-			}
-			return nil
+	b := &builder{src: src, tools: tools, base: base, imgs: map[string]v1.Image{}}
+	// pause comes before agnhost, which serves it from its fake registry.
+	for _, build := range []func() error{b.busybox, b.pause, b.agnhost, b.webServers, b.nonewprivsAndNonroot,
+		b.glibcDNSTesting, b.sampleDevicePlugin, b.coreDNS, b.aggregator} {
+		if err := build(); err != nil {
+			return nil, err
 		}
 	}
+	return b.imgs, nil
+}
 
-	// busybox: the base as it is.
+// builder builds the stand-ins, one family of images per method, into
+// imgs.
+type builder struct {
+	src   sources
+	tools []byte   // the imagetools binary
+	base  v1.Layer // the busybox base, sh being imagetools
+	imgs  map[string]v1.Image
+}
+
+// add(refs...)(image(...)) stores one image under several names.
+func (b *builder) add(refs ...string) func(v1.Image, error) error {
+	return func(img v1.Image, err error) error {
+		if err != nil {
+			return fmt.Errorf("build %s: %w", refs[0], err)
+		}
+		for _, r := range refs {
+			b.imgs[r] = img
+		}
+		return nil
+	}
+}
+
+// busybox: the base as it is.
+func (b *builder) busybox() error {
 	sh := v1.Config{Cmd: []string{"sh"}}
-	if err := add("e2e-test-images/busybox:1.37.0-2", "e2e-test-images/busybox:1.37.0-1", "e2e-test-images/busybox:1.36.1-1",
+	return b.add("e2e-test-images/busybox:1.37.0-2", "e2e-test-images/busybox:1.37.0-1", "e2e-test-images/busybox:1.36.1-1",
 		"e2e-test-images/busybox:1.36.1-2", "e2e-test-images/busybox:1.29-4", "e2e-test-images/busybox:1.29-2",
 		"e2e-test-images/busybox:1.29", "library/busybox:latest", "library/busybox:1.28", "library/busybox:1.29",
-		"library/busybox:1.36", "library/busybox:1.37")(image(sh, base)); err != nil {
-		return nil, err
-	}
+		"library/busybox:1.36", "library/busybox:1.37")(image(sh, b.base))
+}
 
-	// pause: sleeps until told to stop.
-	pause, err := testimages.Layer([]testimages.File{{Name: "pause", Mode: 0o755, Data: tools}})
+// pause: sleeps until told to stop.
+func (b *builder) pause() error {
+	pause, err := testimages.Layer([]testimages.File{{Name: "pause", Mode: 0o755, Data: b.tools}})
 	if err != nil {
-		return nil, err
+		return err
 	}
-	if err := add("pause:3.10.2", "pause:3.10.1", "pause:3.10", "pause:3.9", "pause:3.8")(image(v1.Config{Entrypoint: []string{"/pause"}}, pause)); err != nil {
-		return nil, err
-	}
+	return b.add("pause:3.10.2", "pause:3.10.1", "pause:3.10", "pause:3.9", "pause:3.8")(image(v1.Config{Entrypoint: []string{"/pause"}}, pause))
+}
 
-	// agnhost as upstream's Dockerfile builds it: /agnhost and the
-	// agnhost-2 link (entrypoint-tester), porter's certificate and key in
-	// / (HTTPS lifecycle hooks), /uploads (netexec), the user and group
-	// defined in the image (supplemental groups specs), curl and nc, bash
-	// (as /bin/sh: see baseLayer).
-	ag, err := os.ReadFile(src.agnhost)
+// agnhost, and kitten and nautilus, which are agnhost with pictures.
+func (b *builder) agnhost() error {
+	agBase, agLayer, err := b.agnhostLayers()
 	if err != nil {
-		return nil, err
+		return err
 	}
-	crt, err := os.ReadFile(filepath.Join(src.porter, "localhost.crt"))
-	if err != nil {
-		return nil, err
+	ports := map[string]struct{}{}
+	for _, p := range []string{"80", "8080", "8081", "9376", "5000"} {
+		ports[p+"/tcp"] = struct{}{}
 	}
-	key, err := os.ReadFile(filepath.Join(src.porter, "localhost.key"))
-	if err != nil {
-		return nil, err
+	if err := b.add("e2e-test-images/agnhost:2.66.1", "e2e-test-images/agnhost:2.56", "e2e-test-images/agnhost:2.55", "e2e-test-images/agnhost:2.53")(image(v1.Config{Entrypoint: []string{"/agnhost"}, Cmd: []string{"pause"}, ExposedPorts: ports}, agBase, agLayer)); err != nil {
+		return err
 	}
-	agBase, err := baseLayer(passwd+"user-defined-in-image:x:1000:1000::/home/user-defined-in-image:/bin/sh\n",
-		group+"user-defined-in-image:x:1000:\ngroup-defined-in-image:x:50000:user-defined-in-image\n", tools, true)
+	// kitten and nautilus (the cluster suite's update-demo and rollout
+	// specs): upstream's Dockerfiles put the picture and data.json of
+	// test/images/<name>/html in agnhost's / and run its test-webserver,
+	// which serves /. The porter dir is test/images/agnhost/porter of the
+	// same module.
+	for _, pic := range []string{"kitten", "nautilus"} {
+		html := filepath.Join(b.src.porter, "..", "..", pic, "html")
+		jpg, err := os.ReadFile(filepath.Join(html, pic+".jpg"))
+		if err != nil {
+			return err
+		}
+		data, err := os.ReadFile(filepath.Join(html, "data.json"))
+		if err != nil {
+			return err
+		}
+		l, err := testimages.Layer([]testimages.File{{Name: pic + ".jpg", Mode: 0o644, Data: jpg}, {Name: "data.json", Mode: 0o644, Data: data}})
+		if err != nil {
+			return err
+		}
+		if err := b.add("e2e-test-images/" + pic + ":1.8")(image(v1.Config{Entrypoint: []string{"/agnhost"}, Cmd: []string{"test-webserver"}, ExposedPorts: ports}, agBase, agLayer, l)); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// agnhostLayers are agnhost's as upstream's Dockerfile builds it: /agnhost
+// and the agnhost-2 link (entrypoint-tester), porter's certificate and key
+// in / (HTTPS lifecycle hooks), /uploads (netexec), the user and group
+// defined in the image (supplemental groups specs), curl and nc, bash (as
+// /bin/sh: see baseLayer).
+func (b *builder) agnhostLayers() (agBase, agLayer v1.Layer, err error) {
+	ag, err := os.ReadFile(b.src.agnhost)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
+	}
+	crt, err := os.ReadFile(filepath.Join(b.src.porter, "localhost.crt"))
+	if err != nil {
+		return nil, nil, err
+	}
+	key, err := os.ReadFile(filepath.Join(b.src.porter, "localhost.key"))
+	if err != nil {
+		return nil, nil, err
+	}
+	agBase, err = baseLayer(passwd+"user-defined-in-image:x:1000:1000::/home/user-defined-in-image:/bin/sh\n",
+		group+"user-defined-in-image:x:1000:\ngroup-defined-in-image:x:50000:user-defined-in-image\n", b.tools, true)
+	if err != nil {
+		return nil, nil, err
 	}
 	// /var/registry: what `agnhost fake-registry-server` serves (the
 	// credential provider spec pulls pause:testing from it), in the
 	// layout of upstream's prepare_registry.sh: pause:3.10.2 as "testing".
-	regFiles, err := registryDir(imgs["pause:3.10.2"], "pause", "testing")
+	regFiles, err := registryDir(b.imgs["pause:3.10.2"], "pause", "testing")
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	agLayer, err := testimages.Layer(append([]testimages.File{
+	agLayer, err = testimages.Layer(append([]testimages.File{
 		{Name: "agnhost", Mode: 0o755, Data: ag},
 		{Name: "agnhost-2", Symlink: "agnhost"},
 		{Name: "localhost.crt", Mode: 0o644, Data: crt},
@@ -229,42 +288,14 @@ func images(src sources) (map[string]v1.Image, error) {
 		{Name: "etc/os-release", Mode: 0o644, Data: []byte(agnhostOSRelease)},
 	}, regFiles...))
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	ports := map[string]struct{}{}
-	for _, p := range []string{"80", "8080", "8081", "9376", "5000"} {
-		ports[p+"/tcp"] = struct{}{}
-	}
-	if err := add("e2e-test-images/agnhost:2.66.1", "e2e-test-images/agnhost:2.56", "e2e-test-images/agnhost:2.55", "e2e-test-images/agnhost:2.53")(image(v1.Config{Entrypoint: []string{"/agnhost"}, Cmd: []string{"pause"}, ExposedPorts: ports}, agBase, agLayer)); err != nil {
-		return nil, err
-	}
+	return agBase, agLayer, nil
+}
 
-	// kitten and nautilus (the cluster suite's update-demo and rollout
-	// specs): upstream's Dockerfiles put the picture and data.json of
-	// test/images/<name>/html in agnhost's / and run its test-webserver,
-	// which serves /. The porter dir is test/images/agnhost/porter of the
-	// same module.
-	for _, pic := range []string{"kitten", "nautilus"} {
-		html := filepath.Join(src.porter, "..", "..", pic, "html")
-		jpg, err := os.ReadFile(filepath.Join(html, pic+".jpg"))
-		if err != nil {
-			return nil, err
-		}
-		data, err := os.ReadFile(filepath.Join(html, "data.json"))
-		if err != nil {
-			return nil, err
-		}
-		l, err := testimages.Layer([]testimages.File{{Name: pic + ".jpg", Mode: 0o644, Data: jpg}, {Name: "data.json", Mode: 0o644, Data: data}})
-		if err != nil {
-			return nil, err
-		}
-		if err := add("e2e-test-images/" + pic + ":1.8")(image(v1.Config{Entrypoint: []string{"/agnhost"}, Cmd: []string{"test-webserver"}, ExposedPorts: ports}, agBase, agLayer, l)); err != nil {
-			return nil, err
-		}
-	}
-
-	// nginx and httpd: a web server on port 80 (busybox httpd), pid file
-	// where nginx keeps it.
+// nginx and httpd: a web server on port 80 (busybox httpd), pid file
+// where nginx keeps it.
+func (b *builder) webServers() error {
 	www, err := testimages.Layer([]testimages.File{
 		{Name: "usr/share/nginx/html", Dir: true},
 		{Name: "usr/share/nginx/html/index.html", Data: []byte("<html><body><h1>Welcome to nginx!</h1></body></html>\n")},
@@ -272,114 +303,120 @@ func images(src sources) (map[string]v1.Image, error) {
 		{Name: "usr/local/apache2/htdocs/index.html", Data: []byte("<html><body><h1>It works!</h1></body></html>\n")},
 	})
 	if err != nil {
-		return nil, err
+		return err
 	}
 	web := func(root string) v1.Config {
 		return v1.Config{Cmd: []string{"httpd", "-f", "-p", "80", "-h", root}, ExposedPorts: map[string]struct{}{"80/tcp": {}}}
 	}
-	if err := add("e2e-test-images/nginx:1.28.0-2", "e2e-test-images/nginx:1.27.0-2", "e2e-test-images/nginx:1.14-4", "e2e-test-images/nginx:1.15-4", "e2e-test-images/nginx:1.14-2", "library/nginx:latest")(image(web("/usr/share/nginx/html"), base, www)); err != nil {
-		return nil, err
+	if err := b.add("e2e-test-images/nginx:1.28.0-2", "e2e-test-images/nginx:1.27.0-2", "e2e-test-images/nginx:1.14-4", "e2e-test-images/nginx:1.15-4", "e2e-test-images/nginx:1.14-2", "library/nginx:latest")(image(web("/usr/share/nginx/html"), b.base, www)); err != nil {
+		return err
 	}
-	if err := add("e2e-test-images/httpd:2.4.38-4", "e2e-test-images/httpd:2.4.39-4", "library/httpd:latest")(image(web("/usr/local/apache2/htdocs"), base, www)); err != nil {
-		return nil, err
-	}
+	return b.add("e2e-test-images/httpd:2.4.38-4", "e2e-test-images/httpd:2.4.39-4", "library/httpd:latest")(image(web("/usr/local/apache2/htdocs"), b.base, www))
+}
 
-	// nonewprivs: a setuid-root program printing its effective uid.
+// nonewprivs, a setuid-root program printing its effective uid, and
+// nonroot, USER 1234.
+func (b *builder) nonewprivsAndNonroot() error {
 	nnp, err := testimages.Layer([]testimages.File{
-		{Name: "usr/local/bin/nnp", Mode: 0o4755, Data: tools},
+		{Name: "usr/local/bin/nnp", Mode: 0o4755, Data: b.tools},
 	})
 	if err != nil {
-		return nil, err
+		return err
 	}
-	if err := add("e2e-test-images/nonewprivs:1.4", "e2e-test-images/nonewprivs:1.3")(image(v1.Config{Cmd: []string{"nnp"}}, base, nnp)); err != nil {
-		return nil, err
+	if err := b.add("e2e-test-images/nonewprivs:1.4", "e2e-test-images/nonewprivs:1.3")(image(v1.Config{Cmd: []string{"nnp"}}, b.base, nnp)); err != nil {
+		return err
 	}
-	// nonroot: USER 1234.
-	if err := add("e2e-test-images/nonroot:1.5", "e2e-test-images/nonroot:1.4")(image(v1.Config{Cmd: []string{"sh"}, User: "1234"}, base)); err != nil {
-		return nil, err
-	}
-	// glibc-dns-testing (Debian bookworm-slim with dnsutils upstream): the
-	// Hostname specs run `sh -c 'echo $(hostname)";"$(hostname -f)";"'`
-	// in it, so glibc's hostname, Debian's, run by bash, resolving with
-	// /etc/hosts first as Debian's nsswitch.conf has it. The cluster
-	// suite's DNS specs run dig and `getent hosts` in it (the "glibc
-	// querier"): glibc's getent, Debian's (glibc 2.34+ has its files and
-	// dns NSS modules built in), and imagetools' dig for dnsutils'. The
-	// upstream image's coredns is left out: no spec runs it.
-	glBase, err := baseLayer(passwd, group, tools, true)
+	return b.add("e2e-test-images/nonroot:1.5", "e2e-test-images/nonroot:1.4")(image(v1.Config{Cmd: []string{"sh"}, User: "1234"}, b.base))
+}
+
+// glibcDNSTesting is glibc-dns-testing (Debian bookworm-slim with
+// dnsutils upstream): the Hostname specs run `sh -c 'echo
+// $(hostname)";"$(hostname -f)";"'` in it, so glibc's hostname, Debian's,
+// run by bash, resolving with /etc/hosts first as Debian's nsswitch.conf
+// has it. The cluster suite's DNS specs run dig and `getent hosts` in it
+// (the "glibc querier"): glibc's getent, Debian's (glibc 2.34+ has its
+// files and dns NSS modules built in), and imagetools' dig for dnsutils'.
+// The upstream image's coredns is left out: no spec runs it.
+func (b *builder) glibcDNSTesting() error {
+	glBase, err := baseLayer(passwd, group, b.tools, true)
 	if err != nil {
-		return nil, err
+		return err
 	}
 	hn, err := hostProgram("/bin/hostname", "bin/hostname")
 	if err != nil {
-		return nil, fmt.Errorf("glibc-dns-testing (install hostname): %w", err)
+		return fmt.Errorf("glibc-dns-testing (install hostname): %w", err)
 	}
 	ge, err := hostProgram("/usr/bin/getent", "usr/bin/getent")
 	if err != nil {
-		return nil, fmt.Errorf("glibc-dns-testing (getent, libc-bin): %w", err)
+		return fmt.Errorf("glibc-dns-testing (getent, libc-bin): %w", err)
 	}
 	glLayer, err := testimages.Layer(append(append(hn, ge...),
 		testimages.File{Name: "usr/bin/dig", Symlink: "/bin/imagetools"},
 		testimages.File{Name: "etc/nsswitch.conf", Data: []byte("passwd: files\ngroup: files\nhosts: files dns\n")}))
 	if err != nil {
-		return nil, err
+		return err
 	}
-	if err := add("e2e-test-images/glibc-dns-testing:2.1.1")(image(v1.Config{Cmd: []string{"bash"}}, glBase, glLayer)); err != nil {
-		return nil, err
-	}
-	// sample-device-plugin: upstream's Dockerfile adds the plugin, built
-	// from the same module, as /sampledeviceplugin to Alpine; the busybox
-	// base stands in for Alpine (the Device Plugin specs run only the
-	// plugin in it).
-	dp, err := os.ReadFile(src.devicePlugin)
+	return b.add("e2e-test-images/glibc-dns-testing:2.1.1")(image(v1.Config{Cmd: []string{"bash"}}, glBase, glLayer))
+}
+
+// sampleDevicePlugin: upstream's Dockerfile adds the plugin, built from
+// the same module, as /sampledeviceplugin to Alpine; the busybox base
+// stands in for Alpine (the Device Plugin specs run only the plugin in
+// it).
+func (b *builder) sampleDevicePlugin() error {
+	dp, err := os.ReadFile(b.src.devicePlugin)
 	if err != nil {
-		return nil, err
+		return err
 	}
 	dpLayer, err := testimages.Layer([]testimages.File{{Name: "sampledeviceplugin", Mode: 0o755, Data: dp}})
 	if err != nil {
-		return nil, err
+		return err
 	}
-	if err := add("e2e-test-images/sample-device-plugin:1.8.0", "e2e-test-images/sample-device-plugin:1.7")(image(v1.Config{Entrypoint: []string{"/sampledeviceplugin", "-alsologtostderr"}}, base, dpLayer)); err != nil {
-		return nil, err
+	return b.add("e2e-test-images/sample-device-plugin:1.8.0", "e2e-test-images/sample-device-plugin:1.7")(image(v1.Config{Entrypoint: []string{"/sampledeviceplugin", "-alsologtostderr"}}, b.base, dpLayer))
+}
+
+// coreDNS, with -coredns: the binary alone, as upstream's image
+// (distroless) has little else; it runs as root to bind port 53.
+func (b *builder) coreDNS() error {
+	if b.src.coredns == "" {
+		return nil
 	}
-	// CoreDNS: the binary alone, as upstream's image (distroless) has
-	// little else; it runs as root to bind port 53.
-	if src.coredns != "" {
-		cd, err := os.ReadFile(src.coredns)
-		if err != nil {
-			return nil, err
-		}
-		cdLayer, err := testimages.Layer([]testimages.File{{Name: "coredns", Mode: 0o755, Data: cd}})
-		if err != nil {
-			return nil, err
-		}
-		if err := add(corednsRef)(image(v1.Config{Entrypoint: []string{"/coredns"}, ExposedPorts: map[string]struct{}{"53/tcp": {}, "53/udp": {}}}, cdLayer)); err != nil {
-			return nil, err
-		}
+	cd, err := os.ReadFile(b.src.coredns)
+	if err != nil {
+		return err
 	}
-	// sample-apiserver: the binary as /sample-apiserver (upstream's
-	// Dockerfile) on the busybox base; etcd as /usr/local/bin/etcd, where
-	// the spec's command runs it.
-	for _, b := range []struct{ ref, src, dest string }{
-		{sampleAPIServerRef, src.sampleAPIServer, "sample-apiserver"},
-		{etcdRef, src.etcd, "usr/local/bin/etcd"},
+	cdLayer, err := testimages.Layer([]testimages.File{{Name: "coredns", Mode: 0o755, Data: cd}})
+	if err != nil {
+		return err
+	}
+	return b.add(corednsRef)(image(v1.Config{Entrypoint: []string{"/coredns"}, ExposedPorts: map[string]struct{}{"53/tcp": {}, "53/udp": {}}}, cdLayer))
+}
+
+// aggregator is the Aggregator spec's, each with its flag: the
+// sample-apiserver binary as /sample-apiserver (upstream's Dockerfile) on
+// the busybox base; etcd as /usr/local/bin/etcd, where the spec's command
+// runs it.
+func (b *builder) aggregator() error {
+	for _, bin := range []struct{ ref, src, dest string }{
+		{sampleAPIServerRef, b.src.sampleAPIServer, "sample-apiserver"},
+		{etcdRef, b.src.etcd, "usr/local/bin/etcd"},
 	} {
-		if b.src == "" {
+		if bin.src == "" {
 			continue
 		}
-		data, err := os.ReadFile(b.src)
+		data, err := os.ReadFile(bin.src)
 		if err != nil {
-			return nil, err
+			return err
 		}
-		l, err := testimages.Layer([]testimages.File{{Name: b.dest, Mode: 0o755, Data: data}})
+		l, err := testimages.Layer([]testimages.File{{Name: bin.dest, Mode: 0o755, Data: data}})
 		if err != nil {
-			return nil, err
+			return err
 		}
-		if err := add(b.ref)(image(v1.Config{Entrypoint: []string{"/" + b.dest}}, base, l)); err != nil {
-			return nil, err
+		if err := b.add(bin.ref)(image(v1.Config{Entrypoint: []string{"/" + bin.dest}}, b.base, l)); err != nil {
+			return err
 		}
 	}
-	return imgs, nil
+	return nil
 }
 
 // registryDir is var/registry/<repo> as agnhost's fake-registry-server
