@@ -387,9 +387,10 @@ func Default() *Config {
 		},
 
 		ImagePullProgressTimeout: Duration(DefaultImagePullProgressTimeout),
-		// Off until lazy layers outlive berthd (decision 3600): a
-		// berthd crash would leave their containers reading ENOTCONN.
-		ImageLazyPull: ImageLazyPull{Enable: false},
+		// On: lazy layers are held by the node's keeper and outlive
+		// berthd and their server (decision 3600); only layers whose
+		// manifest names an eStargz TOC are served lazily.
+		ImageLazyPull: ImageLazyPull{Enable: true},
 		ImageRangeFetch: ImageRangeFetch{
 			Enable: true, MinLayerSize: DefaultImageRangeMinLayerSize, ChunkSize: DefaultImageRangeChunkSize,
 			Parallel: DefaultImageRangeParallel, Retries: DefaultImageRangeRetries,
