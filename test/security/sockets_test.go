@@ -144,6 +144,63 @@ func TestCRISocketClosedToHostUsers(t *testing.T) {
 	}
 }
 
+// lazy.sock, where berthd answers berth-lazy's range requests with
+// registry content fetched with the pulls' credentials, is root's alone
+// (0600) in berthd's root, which others may traverse (0711): like the CRI
+// socket, it never exists with another mode, even for a moment and under
+// umask 0, or a host user connecting then would keep the connection.
+func TestLazySocketNeverOpenToHostUsers(t *testing.T) {
+	var root string
+	inFD := -1
+	d := berthdtest.Start(t, berthdtest.Options{
+		Configure: func(c *config.Config) {
+			lazyConfigure(t)(c)
+			root = c.Root
+			// Made here, to be watched from the start; berthd keeps it.
+			if err := os.Mkdir(root, 0o711); err != nil {
+				t.Fatal(err)
+			}
+		},
+		StartProcess: func(cmd *exec.Cmd) error {
+			in, err := unix.InotifyInit1(unix.IN_CLOEXEC | unix.IN_NONBLOCK)
+			if err != nil {
+				return err
+			}
+			if _, err := unix.InotifyAddWatch(in, root, unix.IN_CREATE|unix.IN_MOVED_TO|unix.IN_ATTRIB); err != nil {
+				unix.Close(in)
+				return err
+			}
+			inFD = in
+			t.Cleanup(func() { unix.Close(in) })
+			args := append([]string{"sh", "-c", `umask 000 && exec "$0" "$@"`, cmd.Path}, cmd.Args[1:]...)
+			cmd.Path, cmd.Args = "/bin/sh", args
+			return cmd.Start()
+		},
+	})
+	sock := filepath.Join(d.Root, "lazy.sock")
+	fi, err := os.Lstat(sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	st := fi.Sys().(*syscall.Stat_t)
+	if fi.Mode().Type() != fs.ModeSocket || fi.Mode().Perm() != 0o600 || st.Uid != 0 || st.Gid != 0 {
+		t.Errorf("%s: %v owned by %d:%d, want a socket 0600 root:root", sock, fi.Mode(), st.Uid, st.Gid)
+	}
+	if err := dialUnixAs(0, 0, sock); err != nil {
+		t.Fatalf("root cannot connect to %s: %v", sock, err)
+	}
+	if err := dialUnixAs(socketNobody, socketNobody, sock); !errors.Is(err, unix.EACCES) {
+		t.Errorf("nobody connecting to %s: %v, want EACCES", sock, err)
+	}
+	events := readSocketEvents(t, inFD, filepath.Base(sock))
+	if slices.Contains(events, "IN_CREATE") {
+		t.Errorf("%s was created in place (%v): it existed with the umask's mode (0777 here) before its chmod to 0600", sock, events)
+	}
+	if len(events) == 0 {
+		t.Errorf("no event for %s in its directory", sock)
+	}
+}
+
 // readSocketEvents drains the inotify descriptor in and returns the event
 // kinds (IN_CREATE, IN_MOVED_TO, IN_ATTRIB) seen for name.
 func readSocketEvents(t *testing.T, in int, name string) []string {
