@@ -7,6 +7,7 @@ import (
 	"io"
 	"net"
 	"os"
+	"path/filepath"
 	"time"
 
 	"github.com/berthcri/berth/internal/lazy"
@@ -23,6 +24,7 @@ import (
 // rangeSocket is berthd's listener for range requests.
 type rangeSocket struct {
 	ln     net.Listener
+	path   string
 	cancel context.CancelFunc
 	done   chan struct{}
 }
@@ -53,31 +55,50 @@ func (s *Store) listenRanges() {
 }
 
 // openRangeSocket listens at path (0600), replacing what a previous
-// berthd left there.
+// berthd left there. Only root's: the answers are registry content
+// fetched with the pulls' credentials, and path's directory (berthd's
+// root) is one others may traverse. So the socket is bound in a private
+// (0700) directory beside path, made 0600 there and only then renamed
+// into place: bound at path it would exist, for a moment, with the mode
+// the umask gives (0777 under umask 0), and a host user connecting then
+// would keep the connection (as the CRI socket, daemon.listenUnix).
 func openRangeSocket(path string) (*rangeSocket, error) {
 	if err := os.Remove(path); err != nil && !os.IsNotExist(err) {
 		return nil, fmt.Errorf("lazy range socket %s: %w", path, err)
 	}
-	ln, err := net.Listen("unix", path)
+	private, err := os.MkdirTemp(filepath.Dir(path), ".bind-")
+	if err != nil {
+		return nil, fmt.Errorf("lazy range socket %s: a private dir to bind it in: %w", path, err)
+	}
+	defer os.RemoveAll(private)
+	bound := filepath.Join(private, "s")
+	ln, err := net.Listen("unix", bound)
 	if err != nil {
 		return nil, fmt.Errorf("lazy range socket: %w", err)
 	}
-	// Only root's: the answers are registry content fetched with the
-	// pulls' credentials.
-	if err := os.Chmod(path, 0o600); err != nil {
+	// Close must not unlink by the bound name; closeRanges removes path.
+	ln.(*net.UnixListener).SetUnlinkOnClose(false)
+	if err := os.Chmod(bound, 0o600); err != nil {
 		ln.Close()
 		return nil, fmt.Errorf("lazy range socket %s: %w", path, err)
 	}
-	return &rangeSocket{ln: ln, done: make(chan struct{})}, nil
+	if err := os.Rename(bound, path); err != nil {
+		ln.Close()
+		return nil, fmt.Errorf("lazy range socket: move it into place at %s: %w", path, err)
+	}
+	return &rangeSocket{ln: ln, path: path, done: make(chan struct{})}, nil
 }
 
-// closeRanges stops serving the range socket (the listener removes its
-// file); answers under way are cancelled.
+// closeRanges stops serving the range socket and removes its file;
+// answers under way are cancelled.
 func (s *Store) closeRanges() {
 	if s.ranges == nil {
 		return
 	}
 	s.ranges.ln.Close()
+	if err := os.Remove(s.ranges.path); err != nil && !os.IsNotExist(err) {
+		s.log.Warn("lazy range socket: remove it", "path", s.ranges.path, "error", err)
+	}
 	s.ranges.cancel()
 	<-s.ranges.done
 }

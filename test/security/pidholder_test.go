@@ -127,6 +127,7 @@ func hasCapBit(t *testing.T, line string, bit uint) bool {
 // of sockets_test.go and fdleak_test.go.
 type phEnv struct {
 	d   *berthdtest.Daemon
+	reg *testimages.Registry
 	img string
 }
 
@@ -139,7 +140,7 @@ func startPhEnv(t *testing.T, opts berthdtest.Options) *phEnv {
 	if _, err := d.Image.PullImage(berthdtest.Ctx(t), &criapi.PullImageRequest{Image: &criapi.ImageSpec{Image: img}}); err != nil {
 		t.Fatalf("pull: %v", err)
 	}
-	return &phEnv{d: d, img: img}
+	return &phEnv{d: d, reg: reg, img: img}
 }
 
 // runPod runs a pod with namespace options ns; it is removed at the end.

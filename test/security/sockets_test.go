@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -24,21 +25,11 @@ import (
 // socketNobody is the unprivileged host user the socket tests play.
 const socketNobody = 65534
 
-// dialUnixAs connects to the unix socket at path with uid and gid as
-// credentials, from a thread of its own that never runs other code: the
+// asUser runs fn with uid and gid as credentials (no supplementary
+// groups), on a thread of its own that never runs other code: the
 // thread's credentials change (setresuid on one thread, not the process)
-// and it exits with its goroutine. A path longer than sun_path is reached
-// through a descriptor of its directory opened as root.
-func dialUnixAs(uid, gid int, path string) error {
-	dirFD := -1
-	if len(path) >= 100 {
-		fd, err := unix.Open(filepath.Dir(path), unix.O_PATH|unix.O_CLOEXEC, 0)
-		if err != nil {
-			return fmt.Errorf("open %s: %w", filepath.Dir(path), err)
-		}
-		defer unix.Close(fd)
-		dirFD = fd
-	}
+// and it exits with its goroutine.
+func asUser(uid, gid int, fn func() error) error {
 	errc := make(chan error, 1)
 	go func() {
 		// Never unlocked: the thread exits with this goroutine.
@@ -55,19 +46,50 @@ func dialUnixAs(uid, gid int, path string) error {
 			errc <- fmt.Errorf("setresuid: %w", e)
 			return
 		}
+		errc <- fn()
+	}()
+	return <-errc
+}
+
+// dialUnixAs connects to the unix socket at path with uid and gid as
+// credentials (asUser). A path longer than sun_path is reached through a
+// descriptor of its directory opened as root.
+func dialUnixAs(uid, gid int, path string) error {
+	dirFD := -1
+	if len(path) >= 100 {
+		fd, err := unix.Open(filepath.Dir(path), unix.O_PATH|unix.O_CLOEXEC, 0)
+		if err != nil {
+			return fmt.Errorf("open %s: %w", filepath.Dir(path), err)
+		}
+		defer unix.Close(fd)
+		dirFD = fd
+	}
+	return asUser(uid, gid, func() error {
 		fd, err := unix.Socket(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
 		if err != nil {
-			errc <- err
-			return
+			return err
 		}
 		defer unix.Close(fd)
 		name := path
 		if dirFD >= 0 {
 			name = fmt.Sprintf("/proc/thread-self/fd/%d/%s", dirFD, filepath.Base(path))
 		}
-		errc <- unix.Connect(fd, &unix.SockaddrUnix{Name: name})
-	}()
-	return <-errc
+		return unix.Connect(fd, &unix.SockaddrUnix{Name: name})
+	})
+}
+
+// openAs opens path read-only with uid and gid as credentials (asUser)
+// and reads a byte of it.
+func openAs(uid, gid int, path string) error {
+	return asUser(uid, gid, func() error {
+		fd, err := unix.Open(path, unix.O_RDONLY|unix.O_CLOEXEC, 0)
+		if err != nil {
+			return err
+		}
+		defer unix.Close(fd)
+		_, err = unix.Read(fd, make([]byte, 1))
+		return err
+	})
 }
 
 // The CRI socket is root-equivalent: it is 0660 root:root, a host user
@@ -122,6 +144,63 @@ func TestCRISocketClosedToHostUsers(t *testing.T) {
 	}
 }
 
+// lazy.sock, where berthd answers berth-lazy's range requests with
+// registry content fetched with the pulls' credentials, is root's alone
+// (0600) in berthd's root, which others may traverse (0711): like the CRI
+// socket, it never exists with another mode, even for a moment and under
+// umask 0, or a host user connecting then would keep the connection.
+func TestLazySocketNeverOpenToHostUsers(t *testing.T) {
+	var root string
+	inFD := -1
+	d := berthdtest.Start(t, berthdtest.Options{
+		Configure: func(c *config.Config) {
+			lazyConfigure(t)(c)
+			root = c.Root
+			// Made here, to be watched from the start; berthd keeps it.
+			if err := os.Mkdir(root, 0o711); err != nil {
+				t.Fatal(err)
+			}
+		},
+		StartProcess: func(cmd *exec.Cmd) error {
+			in, err := unix.InotifyInit1(unix.IN_CLOEXEC | unix.IN_NONBLOCK)
+			if err != nil {
+				return err
+			}
+			if _, err := unix.InotifyAddWatch(in, root, unix.IN_CREATE|unix.IN_MOVED_TO|unix.IN_ATTRIB); err != nil {
+				unix.Close(in)
+				return err
+			}
+			inFD = in
+			t.Cleanup(func() { unix.Close(in) })
+			args := append([]string{"sh", "-c", `umask 000 && exec "$0" "$@"`, cmd.Path}, cmd.Args[1:]...)
+			cmd.Path, cmd.Args = "/bin/sh", args
+			return cmd.Start()
+		},
+	})
+	sock := filepath.Join(d.Root, "lazy.sock")
+	fi, err := os.Lstat(sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	st := fi.Sys().(*syscall.Stat_t)
+	if fi.Mode().Type() != fs.ModeSocket || fi.Mode().Perm() != 0o600 || st.Uid != 0 || st.Gid != 0 {
+		t.Errorf("%s: %v owned by %d:%d, want a socket 0600 root:root", sock, fi.Mode(), st.Uid, st.Gid)
+	}
+	if err := dialUnixAs(0, 0, sock); err != nil {
+		t.Fatalf("root cannot connect to %s: %v", sock, err)
+	}
+	if err := dialUnixAs(socketNobody, socketNobody, sock); !errors.Is(err, unix.EACCES) {
+		t.Errorf("nobody connecting to %s: %v, want EACCES", sock, err)
+	}
+	events := readSocketEvents(t, inFD, filepath.Base(sock))
+	if slices.Contains(events, "IN_CREATE") {
+		t.Errorf("%s was created in place (%v): it existed with the umask's mode (0777 here) before its chmod to 0600", sock, events)
+	}
+	if len(events) == 0 {
+		t.Errorf("no event for %s in its directory", sock)
+	}
+}
+
 // readSocketEvents drains the inotify descriptor in and returns the event
 // kinds (IN_CREATE, IN_MOVED_TO, IN_ATTRIB) seen for name.
 func readSocketEvents(t *testing.T, in int, name string) []string {
@@ -154,29 +233,49 @@ func readSocketEvents(t *testing.T, in int, name string) []string {
 
 // CVE-2020-15257: containerd's shim listened on an abstract unix socket,
 // which lives in the network namespace: a hostNetwork container reached
-// it. berthd, the keeper and the monitor hold no abstract socket; their
-// sockets (node.sock, each pod's shim.sock) are paths a hostNetwork
-// container cannot reach (it has its own mount namespace), and a host user
-// gets EACCES on them.
+// it. berthd, the keeper, the monitor and the lazy-layer server
+// (berth-lazy, serving a lazily pulled image's layers) hold no abstract
+// socket; their sockets (node.sock, each pod's shim.sock, lazy.sock) are
+// paths a hostNetwork container cannot reach (it has its own mount
+// namespace), and a host user gets EACCES on them. The scratch dir above
+// berthd's root and state is traversable, as /var/lib is on a node
+// (lazyConfigure), so that the EACCES is berth's doing: lazy.sock, in
+// the traversable root, is closed by its own mode (0600) alone.
 func TestBerthSocketsUnreachableFromHostNetworkAndHostUsers(t *testing.T) {
-	e := startPhEnv(t, berthdtest.Options{})
+	e := startPhEnv(t, berthdtest.Options{Configure: lazyConfigure(t)})
+	lazyRef := pushLazy(t, e.reg, "lazy/sockets:1")
+	if _, err := e.d.Image.PullImage(berthdtest.Ctx(t), &criapi.PullImageRequest{Image: &criapi.ImageSpec{Image: lazyRef}}); err != nil {
+		t.Fatalf("pull %s: %v", lazyRef, err)
+	}
+	if m := lazyMounts(t, e.d.Root); len(m) == 0 {
+		t.Fatalf("%s was not pulled lazily: no FUSE mount below %s", lazyRef, e.d.Root)
+	}
 	hostNet := &criapi.NamespaceOption{Network: criapi.NamespaceMode_NODE, Pid: criapi.NamespaceMode_CONTAINER, Ipc: criapi.NamespaceMode_POD}
 	pod, podID := e.runPod(t, "hostnet-sockets", hostNet)
 	id := e.runContainer(t, podID, pod, e.container("prober", hostNet))
-	// A second pod with its own network: its shim.sock too.
+	// A second pod with its own network, on the lazy image: its
+	// shim.sock too, and berth-lazy serving its layers.
 	ownNet := &criapi.NamespaceOption{Pid: criapi.NamespaceMode_CONTAINER}
 	pod2, podID2 := e.runPod(t, "ownnet-sockets", ownNet)
-	e.runContainer(t, podID2, pod2, e.container("other", ownNet))
+	lazyCtr := e.container("other", ownNet)
+	lazyCtr.Image.Image = lazyRef
+	lazyID := e.runContainer(t, podID2, pod2, lazyCtr)
+	if out, code := e.sh(t, lazyID, "cat /data/hello"); code != 0 || strings.TrimSpace(out) != lazyContent {
+		t.Fatalf("the lazy image's container reading its file: exit %d, %q", code, out)
+	}
 
 	// berth's processes and every unix socket they hold.
 	pids := map[string][]int{"berthd": {e.d.Pid()}}
 	pids["keeper"] = berthdtest.ShimPids(e.d.State, "keeper")
 	pids["monitor"] = berthdtest.ShimPids(e.d.State, "monitor")
-	if len(pids["monitor"]) == 0 {
-		t.Fatalf("no monitor found for %s", e.d.State)
+	pids["berth-lazy"] = lazyServerPids(e.d.State)
+	for _, who := range []string{"monitor", "berth-lazy"} {
+		if len(pids[who]) == 0 {
+			t.Fatalf("no %s found for %s", who, e.d.State)
+		}
 	}
 	unixSockets := procNetUnix(t, fmt.Sprintf("/proc/%d/net/unix", e.d.Pid()))
-	held := 0
+	held := map[string]int{}
 	for who, ps := range pids {
 		for _, pid := range ps {
 			for _, inode := range socketInodes(t, pid) {
@@ -184,31 +283,41 @@ func TestBerthSocketsUnreachableFromHostNetworkAndHostUsers(t *testing.T) {
 				if !ok {
 					continue // not a unix socket
 				}
-				held++
+				held[who]++
 				if strings.HasPrefix(name, "@") {
 					t.Errorf("%s (pid %d) holds the abstract unix socket %q", who, pid, name)
 				}
 			}
 		}
 	}
-	if held == 0 {
-		t.Fatal("found no unix socket held by berth's processes: the test sees nothing")
+	if held["berthd"] == 0 || held["berth-lazy"] == 0 {
+		t.Fatalf("unix sockets held: %v; the test sees nothing of berthd's or berth-lazy's", held)
 	}
 
-	// The sockets on disk: berth.sock, node.sock and every shim.sock.
+	// The sockets on disk: berth.sock, node.sock, lazy.sock and every
+	// shim.sock. lazy.sock is root's alone: 0600 root:root.
+	lazySock := filepath.Join(e.d.Root, "lazy.sock")
+	fi, err := os.Lstat(lazySock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st := fi.Sys().(*syscall.Stat_t); fi.Mode().Type() != fs.ModeSocket || fi.Mode().Perm() != 0o600 || st.Uid != 0 || st.Gid != 0 {
+		t.Errorf("%s: %v owned by %d:%d, want a socket 0600 root:root", lazySock, fi.Mode(), st.Uid, st.Gid)
+	}
 	var paths []string
 	for _, top := range []string{e.d.State, e.d.Root, filepath.Dir(e.d.Socket)} {
 		_ = filepath.WalkDir(top, func(p string, de fs.DirEntry, err error) error {
-			if err == nil && de.Type() == fs.ModeSocket && (de.Name() == "node.sock" || de.Name() == "shim.sock" || p == e.d.Socket) {
+			if err == nil && de.Type() == fs.ModeSocket && (de.Name() == "node.sock" || de.Name() == "shim.sock" || p == e.d.Socket || p == lazySock) && !slices.Contains(paths, p) {
 				paths = append(paths, p)
 			}
 			return nil
 		})
 	}
-	var sawNode, sawShim bool
+	var sawNode, sawShim, sawLazy bool
 	for _, p := range paths {
 		sawNode = sawNode || filepath.Base(p) == "node.sock"
 		sawShim = sawShim || filepath.Base(p) == "shim.sock"
+		sawLazy = sawLazy || p == lazySock
 		if err := dialUnixAs(0, 0, p); err != nil {
 			t.Errorf("root cannot connect to %s: %v", p, err)
 		}
@@ -220,8 +329,8 @@ func TestBerthSocketsUnreachableFromHostNetworkAndHostUsers(t *testing.T) {
 			t.Errorf("a hostNetwork container sees %s: %q", p, out)
 		}
 	}
-	if !sawNode || !sawShim {
-		t.Fatalf("found node.sock %v, shim.sock %v among %v", sawNode, sawShim, paths)
+	if !sawNode || !sawShim || !sawLazy {
+		t.Fatalf("found node.sock %v, shim.sock %v, lazy.sock %v among %v", sawNode, sawShim, sawLazy, paths)
 	}
 	// The container shares the host's network namespace, so it sees the
 	// host's unix sockets in /proc/net/unix: none of berth's is abstract.
