@@ -32,6 +32,7 @@ import (
 	"github.com/berthcri/berth/internal/nri"
 	"github.com/berthcri/berth/internal/oci"
 	"github.com/berthcri/berth/internal/sandbox"
+	"github.com/berthcri/berth/internal/sockbind"
 	"github.com/berthcri/berth/internal/stats"
 	"github.com/berthcri/berth/internal/streaming"
 	"github.com/berthcri/berth/internal/systemd"
@@ -275,39 +276,18 @@ func trimPID(b []byte) string {
 	return s
 }
 
-// listenUnix creates the socket's parent directory, replaces a stale socket
-// left by a crashed daemon (safe: we hold the root lock) and sets mode 0660.
-// The socket is bound in a private (0700) directory beside path, made 0660
-// there and only then renamed into place: bound at path directly it would
-// exist, for a moment, with the mode the umask gives (0777 under umask 0),
-// and a host user connecting then would keep a root-equivalent connection.
-// (syscall.Umask would do too, but it is process-wide and goroutines run.)
+// listenUnix creates the socket's parent directory and listens at path
+// (0660), replacing a stale socket, and a stale private dir, left by a
+// crashed daemon (safe: we hold the root lock). sockbind binds it so that
+// it never exists at path with a wider mode: a host user connecting then
+// would keep a root-equivalent connection.
 func listenUnix(path string) (net.Listener, error) {
 	if err := os.MkdirAll(filepath.Dir(path), 0o711); err != nil {
 		return nil, fmt.Errorf("create socket dir %s: %w", filepath.Dir(path), err)
 	}
-	if err := os.Remove(path); err != nil && !os.IsNotExist(err) {
-		return nil, fmt.Errorf("remove stale socket %s: %w", path, err)
-	}
-	private, err := os.MkdirTemp(filepath.Dir(path), ".bind-")
+	ln, err := sockbind.Listen(path, 0o660)
 	if err != nil {
-		return nil, fmt.Errorf("create a private dir to bind %s: %w", path, err)
-	}
-	defer os.RemoveAll(private)
-	bound := filepath.Join(private, "s")
-	ln, err := net.Listen("unix", bound)
-	if err != nil {
-		return nil, fmt.Errorf("listen on %s: %w", path, err)
-	}
-	// Close must not unlink by the old name; the daemon removes path.
-	ln.(*net.UnixListener).SetUnlinkOnClose(false)
-	if err := os.Chmod(bound, 0o660); err != nil {
-		ln.Close()
-		return nil, fmt.Errorf("chmod socket %s: %w", path, err)
-	}
-	if err := os.Rename(bound, path); err != nil {
-		ln.Close()
-		return nil, fmt.Errorf("move socket into place at %s: %w", path, err)
+		return nil, err // not a typed nil in the interface: close checks it
 	}
 	return ln, nil
 }

@@ -7,11 +7,11 @@ import (
 	"io"
 	"net"
 	"os"
-	"path/filepath"
 	"time"
 
 	"github.com/berthcri/berth/internal/lazy"
 	"github.com/berthcri/berth/internal/lazy/lazysrv"
+	"github.com/berthcri/berth/internal/sockbind"
 )
 
 // The range socket (decision 3600, S4): berth-lazy asks berthd, on
@@ -55,36 +55,15 @@ func (s *Store) listenRanges() {
 }
 
 // openRangeSocket listens at path (0600), replacing what a previous
-// berthd left there. Only root's: the answers are registry content
-// fetched with the pulls' credentials, and path's directory (berthd's
-// root) is one others may traverse. So the socket is bound in a private
-// (0700) directory beside path, made 0600 there and only then renamed
-// into place: bound at path it would exist, for a moment, with the mode
-// the umask gives (0777 under umask 0), and a host user connecting then
-// would keep the connection (as the CRI socket, daemon.listenUnix).
+// berthd left there (the socket, a stale private dir). Only root's: the
+// answers are registry content fetched with the pulls' credentials, and
+// path's directory (berthd's root) is one others may traverse; sockbind
+// binds it so that it never exists at path with a wider mode (as the CRI
+// socket, daemon.listenUnix).
 func openRangeSocket(path string) (*rangeSocket, error) {
-	if err := os.Remove(path); err != nil && !os.IsNotExist(err) {
-		return nil, fmt.Errorf("lazy range socket %s: %w", path, err)
-	}
-	private, err := os.MkdirTemp(filepath.Dir(path), ".bind-")
-	if err != nil {
-		return nil, fmt.Errorf("lazy range socket %s: a private dir to bind it in: %w", path, err)
-	}
-	defer os.RemoveAll(private)
-	bound := filepath.Join(private, "s")
-	ln, err := net.Listen("unix", bound)
+	ln, err := sockbind.Listen(path, 0o600)
 	if err != nil {
 		return nil, fmt.Errorf("lazy range socket: %w", err)
-	}
-	// Close must not unlink by the bound name; closeRanges removes path.
-	ln.(*net.UnixListener).SetUnlinkOnClose(false)
-	if err := os.Chmod(bound, 0o600); err != nil {
-		ln.Close()
-		return nil, fmt.Errorf("lazy range socket %s: %w", path, err)
-	}
-	if err := os.Rename(bound, path); err != nil {
-		ln.Close()
-		return nil, fmt.Errorf("lazy range socket: move it into place at %s: %w", path, err)
 	}
 	return &rangeSocket{ln: ln, path: path, done: make(chan struct{})}, nil
 }

@@ -160,6 +160,14 @@ func TestLazySocketNeverOpenToHostUsers(t *testing.T) {
 			if err := os.Mkdir(root, 0o711); err != nil {
 				t.Fatal(err)
 			}
+			// What a berthd killed between bind and rename leaves (now,
+			// and before sockbind named the dir for its socket): gone
+			// once berthd is up.
+			for _, stale := range []string{".bind-lazy.sock", ".bind-4242"} {
+				if err := os.MkdirAll(filepath.Join(root, stale, "s"), 0o700); err != nil {
+					t.Fatal(err)
+				}
+			}
 		},
 		StartProcess: func(cmd *exec.Cmd) error {
 			in, err := unix.InotifyInit1(unix.IN_CLOEXEC | unix.IN_NONBLOCK)
@@ -191,6 +199,11 @@ func TestLazySocketNeverOpenToHostUsers(t *testing.T) {
 	}
 	if err := dialUnixAs(socketNobody, socketNobody, sock); !errors.Is(err, unix.EACCES) {
 		t.Errorf("nobody connecting to %s: %v, want EACCES", sock, err)
+	}
+	for _, stale := range []string{".bind-lazy.sock", ".bind-4242"} {
+		if _, err := os.Lstat(filepath.Join(d.Root, stale)); !os.IsNotExist(err) {
+			t.Errorf("a stale private dir %s left in berthd's root: %v", stale, err)
+		}
 	}
 	events := readSocketEvents(t, inFD, filepath.Base(sock))
 	if slices.Contains(events, "IN_CREATE") {

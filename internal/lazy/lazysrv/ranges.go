@@ -149,33 +149,67 @@ func (b *rangeBody) Close() error {
 	return b.conn.Close()
 }
 
-// readLine reads one JSON line of at most maxRangeLine bytes into v.
+// readLine reads one JSON line of at most maxRangeLine bytes into v. A
+// line cut short (no newline before EOF or the read deadline) is an
+// error, not a line: bufio's ReadLine would hand it over as one.
 func readLine(br *bufio.Reader, v any) error {
 	var line []byte
 	for {
-		part, isPrefix, err := br.ReadLine()
-		if err != nil {
-			return err
-		}
+		part, err := br.ReadSlice('\n')
 		line = append(line, part...)
+		if err == nil {
+			line = line[:len(line)-1]
+		}
 		if len(line) > maxRangeLine {
 			return fmt.Errorf("line over %d bytes", maxRangeLine)
 		}
-		if !isPrefix {
+		if err == nil {
 			break
+		}
+		if err != bufio.ErrBufferFull {
+			if len(line) > 0 {
+				return fmt.Errorf("line cut short after %d bytes: %w", len(line), noEOF(err))
+			}
+			return err
 		}
 	}
 	return json.Unmarshal(line, v)
 }
 
-// rangeReadTimeout bounds how long berthd waits for a request line.
-const rangeReadTimeout = 10 * time.Second
+// noEOF: a line cut short by EOF is io.ErrUnexpectedEOF.
+func noEOF(err error) error {
+	if err == io.EOF {
+		return io.ErrUnexpectedEOF
+	}
+	return err
+}
 
-// ServeRanges answers range requests on ln (berthd's side) until ln is
-// closed: source names the blob of a layer it serves (false: not one, or
-// not yet), whose OpenRange reads the registry, retrying as configured:
-// its failure is final for the server.
+// RangeReadTimeout bounds how long berthd waits for a request line, by
+// default (RangeServer.ReadTimeout).
+const RangeReadTimeout = 10 * time.Second
+
+// RangeServer answers range requests (berthd's side), each connection on
+// a goroutine of its own.
+type RangeServer struct {
+	// Source names the blob of a layer berthd serves (false: not one, or
+	// not yet), whose OpenRange reads the registry, retrying as
+	// configured: its failure is final for the server.
+	Source func(layer string) (lazy.Source, bool)
+	Log    *slog.Logger
+	// ReadTimeout bounds the wait for a connection's request line; 0:
+	// RangeReadTimeout.
+	ReadTimeout time.Duration
+}
+
+// ServeRanges answers range requests on ln with a RangeServer of source
+// until ln is closed.
 func ServeRanges(ctx context.Context, ln net.Listener, log *slog.Logger, source func(layer string) (lazy.Source, bool)) error {
+	return (&RangeServer{Source: source, Log: log}).Serve(ctx, ln)
+}
+
+// Serve answers range requests on ln until ln is closed; cancelling ctx
+// ends the answers under way (their connections are closed).
+func (rs *RangeServer) Serve(ctx context.Context, ln net.Listener) error {
 	for {
 		conn, err := ln.Accept()
 		if err != nil {
@@ -184,27 +218,37 @@ func ServeRanges(ctx context.Context, ln net.Listener, log *slog.Logger, source 
 			}
 			return fmt.Errorf("lazy range socket: %w", err)
 		}
-		go serveRange(ctx, conn, log, source)
+		go rs.serve(ctx, conn)
 	}
 }
 
-func serveRange(ctx context.Context, conn net.Conn, log *slog.Logger, source func(string) (lazy.Source, bool)) {
+func (rs *RangeServer) serve(ctx context.Context, conn net.Conn) {
 	defer conn.Close()
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	_ = conn.SetReadDeadline(time.Now().Add(rangeReadTimeout))
-	br := bufio.NewReaderSize(conn, maxRangeLine)
-	var req RangeRequest
-	if err := readLine(br, &req); err != nil {
-		log.Warn("lazy range socket: bad request", "error", err)
-		return
+	// A client that stops reading would otherwise hold its goroutine
+	// (and the registry's body) past berthd's Close.
+	defer context.AfterFunc(ctx, func() { conn.Close() })()
+	timeout := rs.ReadTimeout
+	if timeout <= 0 {
+		timeout = RangeReadTimeout
 	}
+	_ = conn.SetReadDeadline(time.Now().Add(timeout))
 	answer := func(a rangeAnswer) bool {
 		line, _ := json.Marshal(a)
 		_, err := conn.Write(append(line, '\n'))
 		return err == nil
 	}
-	src, ok := source(req.Layer)
+	br := bufio.NewReaderSize(conn, maxRangeLine)
+	var req RangeRequest
+	if err := readLine(br, &req); err != nil {
+		if !errors.Is(err, io.EOF) {
+			rs.Log.Warn("lazy range socket: bad request", "error", err)
+			answer(rangeAnswer{Error: "bad request: " + err.Error()})
+		}
+		return
+	}
+	src, ok := rs.Source(req.Layer)
 	switch {
 	case !ok:
 		answer(rangeAnswer{Error: "no such lazy layer"})
@@ -226,6 +270,6 @@ func serveRange(ctx context.Context, conn net.Conn, log *slog.Logger, source fun
 	}
 	// A short body leaves the server short: it retries.
 	if _, err := io.CopyN(conn, body, req.End-req.Start); err != nil {
-		log.Warn("lazy range socket: send range", "layer", req.Layer, "error", err)
+		rs.Log.Warn("lazy range socket: send range", "layer", req.Layer, "error", err)
 	}
 }
