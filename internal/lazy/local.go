@@ -64,6 +64,24 @@ func removeTempFiles(dir string) error {
 // files (Materialize has completed).
 func (l *Layer) LocalFiles() bool { return l.files.Load() != nil }
 
+// UseWrittenFiles serves reads from the layer's files if an earlier
+// Materialize wrote them (the files dir is renamed into place only when
+// whole) and reports whether it does: the cheap half of Materialize.
+func (l *Layer) UseWrittenFiles() bool {
+	if l.LocalFiles() {
+		return true
+	}
+	if l.local.Load() == nil || l.Corrupt() {
+		return false
+	}
+	final := filepath.Join(l.opts.CacheDir, filesDir)
+	if st, err := os.Stat(final); err != nil || !st.IsDir() {
+		return false
+	}
+	l.useFiles(final)
+	return true
+}
+
 // Materialize writes the layer's regular files into <cache>/files from
 // the local blob (UseLocal first) or the chunks already cached, each
 // chunk checked against its TOC digest, and then serves reads from them
@@ -75,7 +93,7 @@ func (l *Layer) LocalFiles() bool { return l.files.Load() != nil }
 // chunks; a chunk that fails its digest marks the layer corrupt, as a
 // read would.
 func (l *Layer) Materialize(ctx context.Context, limit int64) (err error) {
-	if l.LocalFiles() {
+	if l.UseWrittenFiles() {
 		return nil
 	}
 	if l.local.Load() == nil {
@@ -85,10 +103,6 @@ func (l *Layer) Materialize(ctx context.Context, limit int64) (err error) {
 		return fmt.Errorf("materialize lazy layer: %w", ErrCorrupt)
 	}
 	final := filepath.Join(l.opts.CacheDir, filesDir)
-	if st, err := os.Stat(final); err == nil && st.IsDir() {
-		l.useFiles(final)
-		return nil
-	}
 	tmp, err := os.MkdirTemp(l.opts.CacheDir, filesTmpPrefix)
 	if err != nil {
 		return fmt.Errorf("materialize lazy layer: %w", err)
