@@ -100,7 +100,14 @@ func TestCRISocketClosedToHostUsers(t *testing.T) {
 	var sock string
 	inFD := -1
 	d := berthdtest.Start(t, berthdtest.Options{
-		Configure: func(c *config.Config) { sock = c.SocketPath() },
+		Configure: func(c *config.Config) {
+			sock = c.SocketPath()
+			// Others may search it, as /run: only the socket's own mode
+			// stands between the host user and it.
+			if err := os.Chmod(filepath.Dir(c.Root), 0o711); err != nil {
+				t.Fatal(err)
+			}
+		},
 		StartProcess: func(cmd *exec.Cmd) error {
 			in, err := unix.InotifyInit1(unix.IN_CLOEXEC | unix.IN_NONBLOCK)
 			if err != nil {
