@@ -31,7 +31,7 @@ import (
 // anyone who reaches it.
 const lazyContent = "a file of a lazily pulled layer"
 
-// lazyConfigure turns lazy pulling on (off by default, decision 3600)
+// lazyConfigure turns lazy pulling on (the default, decision 3600)
 // and opens the scratch dir above root and state to traversal, as /var/lib
 // is on a node: a host user's EACCES then comes from berth's own modes,
 // not from the test's 0700 scratch dir.
@@ -46,8 +46,10 @@ func lazyConfigure(t *testing.T) func(*config.Config) {
 
 // pushLazy pushes to reg, as repoTag, an all-eStargz image of busybox and
 // a data layer holding /data/hello, and returns its reference. Whole GETs
-// of the data layer wait until the test ends, so it stays lazy: its
-// chunks come by range requests, through lazy.sock.
+// of every layer wait until the test ends, so both stay lazy (their
+// chunks come by range requests, through lazy.sock) and their dirs do
+// not change under the test: a layer that completes writes its files
+// out and drops its chunk cache.
 func pushLazy(t *testing.T, reg *testimages.Registry, repoTag string) string {
 	t.Helper()
 	img, err := testimages.Build([][]testimages.File{{
@@ -59,24 +61,26 @@ func pushLazy(t *testing.T, reg *testimages.Registry, repoTag string) string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	data, err := layers[len(layers)-1].Digest()
-	if err != nil {
-		t.Fatal(err)
-	}
 	hold := make(chan struct{})
 	var once sync.Once
 	t.Cleanup(func() { once.Do(func() { close(hold) }) })
-	reg.ServeBlobWith(t, data.String(), func(w http.ResponseWriter, req *http.Request, body []byte) {
-		if req.Header.Get("Range") == "" {
-			select {
-			case <-hold:
-			case <-req.Context().Done():
-				return
-			}
+	for _, layer := range layers {
+		dg, err := layer.Digest()
+		if err != nil {
+			t.Fatal(err)
 		}
-		start, end, _ := testimages.RangeOf(w, req, len(body))
-		_, _ = w.Write(body[start:end])
-	})
+		reg.ServeBlobWith(t, dg.String(), func(w http.ResponseWriter, req *http.Request, body []byte) {
+			if req.Header.Get("Range") == "" {
+				select {
+				case <-hold:
+				case <-req.Context().Done():
+					return
+				}
+			}
+			start, end, _ := testimages.RangeOf(w, req, len(body))
+			_, _ = w.Write(body[start:end])
+		})
+	}
 	reg.Push(t, repoTag, img)
 	return reg.Ref(repoTag)
 }
