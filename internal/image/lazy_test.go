@@ -21,6 +21,7 @@ import (
 	"github.com/berthcri/berth/internal/lazy"
 	"github.com/berthcri/berth/internal/lazy/fuseconn"
 	"github.com/berthcri/berth/internal/lazy/lazysrv"
+	"github.com/berthcri/berth/internal/testutil/mounttest"
 	"github.com/berthcri/berth/internal/testutil/testimages"
 )
 
@@ -137,7 +138,7 @@ func newLazyRig(t *testing.T) *lazyRig {
 	r.ref = r.reg.Ref("lazy/img:1")
 	t.Cleanup(func() {
 		// Whatever a failed test left mounted.
-		for _, m := range fuseMountsBelow(t, r.dir) {
+		for _, m := range mounttest.FUSEBelow(t, r.dir) {
 			_ = unix.Unmount(m, unix.MNT_DETACH)
 		}
 	})
@@ -152,26 +153,6 @@ func (r *lazyRig) open(t *testing.T, h LazyHolder) *Store {
 	}
 	t.Cleanup(s.Close)
 	return s
-}
-
-// fuseMountsBelow are the FUSE mounts under dir.
-func fuseMountsBelow(t *testing.T, dir string) []string {
-	t.Helper()
-	data, err := os.ReadFile("/proc/self/mountinfo")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var out []string
-	for _, line := range strings.Split(string(data), "\n") {
-		f := strings.Fields(line)
-		if len(f) < 10 || !strings.HasPrefix(f[4], dir+"/") {
-			continue
-		}
-		if i := slices.Index(f, "-"); i > 0 && i+1 < len(f) && strings.HasPrefix(f[i+1], "fuse") {
-			out = append(out, f[4])
-		}
-	}
-	return out
 }
 
 // catFile reads path in a process of its own.
@@ -225,8 +206,8 @@ func TestLazyLayerHandedToHolder(t *testing.T) {
 		t.Fatalf("held %v, want the image's layers %v", got, img.ChainIDs)
 	}
 	dirs := layerDirsWith(t, s, lazysrv.MetaFile)
-	if len(dirs) != 2 || len(fuseMountsBelow(t, r.dir)) != 2 {
-		t.Fatalf("lazy layer dirs %v, mounts %v", dirs, fuseMountsBelow(t, r.dir))
+	if len(dirs) != 2 || len(mounttest.FUSEBelow(t, r.dir)) != 2 {
+		t.Fatalf("lazy layer dirs %v, mounts %v", dirs, mounttest.FUSEBelow(t, r.dir))
 	}
 	for _, d := range dirs {
 		for _, f := range []string{lazysrv.SettingsFile, lazysrv.TOCFile} {
@@ -287,7 +268,7 @@ func TestLazyLayerHandedToHolder(t *testing.T) {
 	if err := s.Remove(r.ref); err != nil {
 		t.Fatal(err)
 	}
-	if m := fuseMountsBelow(t, r.dir); len(m) != 0 || len(h.list()) != 0 || len(layerDirsWith(t, s, lazysrv.MetaFile)) != 0 {
+	if m := mounttest.FUSEBelow(t, r.dir); len(m) != 0 || len(h.list()) != 0 || len(layerDirsWith(t, s, lazysrv.MetaFile)) != 0 {
 		t.Fatalf("after removal: mounts %v, held %v", m, h.list())
 	}
 }
@@ -315,7 +296,7 @@ func TestLazyLayerPulledWholeWithoutAHolder(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if m := fuseMountsBelow(t, r.dir); len(m) != 0 {
+			if m := mounttest.FUSEBelow(t, r.dir); len(m) != 0 {
 				t.Fatalf("lazy mounts: %v", m)
 			}
 			for _, dg := range r.digests {
@@ -356,7 +337,7 @@ func TestLazyLayerCorruptMarkRemovesTheImage(t *testing.T) {
 	if n := s.LazyCorruptChunks(); n != 1 {
 		t.Fatalf("corrupt layers counted: %d, want 1", n)
 	}
-	if m := fuseMountsBelow(t, r.dir); len(m) != 0 || len(h.list()) != 0 {
+	if m := mounttest.FUSEBelow(t, r.dir); len(m) != 0 || len(h.list()) != 0 {
 		t.Fatalf("after the corrupt mark: mounts %v, held %v", m, h.list())
 	}
 }
@@ -376,7 +357,7 @@ func TestLazyLayerTakenUpAtStart(t *testing.T) {
 		t.Fatal(err)
 	}
 	s.Close()
-	if m := fuseMountsBelow(t, r.dir); len(m) != 2 {
+	if m := mounttest.FUSEBelow(t, r.dir); len(m) != 2 {
 		t.Fatalf("mounts after Close: %v, want both layers kept", m)
 	}
 	top := s.LayerDiffDir(img.ChainIDs[1])
@@ -409,7 +390,7 @@ func TestLazyLayerTakenUpAtStart(t *testing.T) {
 	if _, err := s.Get(r.ref); err == nil {
 		t.Fatal("image with unheld lazy layers kept")
 	}
-	if m := fuseMountsBelow(t, r.dir); len(m) != 0 || len(layerDirsWith(t, s, lazysrv.MetaFile)) != 0 {
+	if m := mounttest.FUSEBelow(t, r.dir); len(m) != 0 || len(layerDirsWith(t, s, lazysrv.MetaFile)) != 0 {
 		t.Fatalf("after a start with nothing held: mounts %v", m)
 	}
 }

@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/berthcri/berth/internal/testutil/berthdtest"
+	"github.com/berthcri/berth/internal/testutil/mounttest"
 	"github.com/berthcri/berth/internal/testutil/testimages"
 )
 
@@ -45,7 +46,7 @@ func TestLazyPullMeasureMemory(t *testing.T) {
 	e := lazyCtrEnv(t, d, reg, "lazy-mem")
 	t.Cleanup(func() { stopRemove(t, d, e.pod) })
 	report := func(layers int, state string) {
-		if n := len(lazyMountsBelow(t, d.Root)); n != layers {
+		if n := len(mounttest.FUSEBelow(t, d.Root)); n != layers {
 			t.Fatalf("%d lazy mounts, want %d", n, layers)
 		}
 		lazyKiB := "not running"

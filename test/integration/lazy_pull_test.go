@@ -28,6 +28,7 @@ import (
 	"github.com/berthcri/berth/internal/image/estargzconv"
 	"github.com/berthcri/berth/internal/testutil/berthdtest"
 	"github.com/berthcri/berth/internal/testutil/leakcheck"
+	"github.com/berthcri/berth/internal/testutil/mounttest"
 	"github.com/berthcri/berth/internal/testutil/testimages"
 )
 
@@ -142,26 +143,6 @@ func (l *rangeLog) of(digest string) []string {
 	return slices.Clone(l.ranges[digest])
 }
 
-// lazyMountsBelow are the FUSE mounts of lazy layers under dir.
-func lazyMountsBelow(t *testing.T, dir string) []string {
-	t.Helper()
-	data, err := os.ReadFile("/proc/self/mountinfo")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var out []string
-	for _, line := range strings.Split(string(data), "\n") {
-		f := strings.Fields(line)
-		if len(f) < 10 || !strings.HasPrefix(f[4], dir+"/") {
-			continue
-		}
-		if i := slices.Index(f, "-"); i > 0 && i+1 < len(f) && strings.HasPrefix(f[i+1], "fuse") {
-			out = append(out, f[4])
-		}
-	}
-	return out
-}
-
 // blobPath is where d's store keeps the blob digest.
 func blobPath(d *berthdtest.Daemon, digest string) string {
 	return filepath.Join(d.Root, "images", "blobs", "sha256", strings.TrimPrefix(digest, "sha256:"))
@@ -272,7 +253,7 @@ func TestLazyPullRunsBeforeTheLayerArrives(t *testing.T) {
 
 	ref := reg.Ref("lazy/run:1")
 	pull(t, d, ref, nil)
-	if m := lazyMountsBelow(t, d.Root); len(m) != 2 {
+	if m := mounttest.FUSEBelow(t, d.Root); len(m) != 2 {
 		t.Fatalf("lazy mounts after the pull: %q, want both layers", m)
 	}
 	for _, dg := range digests {
@@ -306,7 +287,7 @@ func TestLazyPullRunsBeforeTheLayerArrives(t *testing.T) {
 	}
 	requireNoBlob(t, d, digests[1])
 	removeImage(t, d, ref)
-	if m := lazyMountsBelow(t, d.Root); len(m) != 0 {
+	if m := mounttest.FUSEBelow(t, d.Root); len(m) != 0 {
 		t.Fatalf("lazy mounts after RemoveImage: %q", m)
 	}
 	leakcheck.CheckSettled(t, scope, before, leakcheck.Take(t, scope))
@@ -358,7 +339,7 @@ func TestLazyPullCorruptChunkIsEIOAndImageNotKept(t *testing.T) {
 	// Not kept: the image goes (the container keeps its layers meanwhile).
 	lazyWait(t, func() bool { return imageStatus(t, d, ref) == nil })
 	stopRemove(t, d, e.pod)
-	lazyWait(t, func() bool { return len(lazyMountsBelow(t, d.Root)) == 0 })
+	lazyWait(t, func() bool { return len(mounttest.FUSEBelow(t, d.Root)) == 0 })
 	leakcheck.CheckSettled(t, scope, before, leakcheck.Take(t, scope))
 	// Pulled again, it is fetched again (and is as corrupt).
 	pull(t, d, ref, nil)
@@ -410,7 +391,7 @@ func TestLazyPullMixedLayers(t *testing.T) {
 	d, scope, before := lazyDaemon(t, berthdtest.Options{})
 	ref := reg.Ref("lazy/mixed:1")
 	pull(t, d, ref, nil)
-	if m := lazyMountsBelow(t, d.Root); len(m) != 1 {
+	if m := mounttest.FUSEBelow(t, d.Root); len(m) != 1 {
 		t.Fatalf("lazy mounts: %q, want the top layer's only", m)
 	}
 	requireNoBlob(t, d, topDigest)
@@ -432,7 +413,7 @@ func TestLazyPullOffPullsWhole(t *testing.T) {
 	reg.Push(t, "lazy/off:1", img)
 	d := berthdtest.Start(t, berthdtest.Options{Configure: func(c *config.Config) { c.ImageLazyPull.Enable = false }})
 	pull(t, d, reg.Ref("lazy/off:1"), nil)
-	if m := lazyMountsBelow(t, d.Root); len(m) != 0 {
+	if m := mounttest.FUSEBelow(t, d.Root); len(m) != 0 {
 		t.Fatalf("lazy mounts with lazy pulling off: %q", m)
 	}
 	for i := range 2 {
@@ -656,7 +637,7 @@ func TestLazyPullImageRemovedWhileFetchRuns(t *testing.T) {
 	dataDigest, log, d, scope, before, ref := p.dataDigest, p.log, p.d, p.scope, p.before, p.ref
 	lazyWait(t, func() bool { return slices.Contains(log.of(dataDigest), "") })
 	removeImage(t, d, ref)
-	if m := lazyMountsBelow(t, d.Root); len(m) != 0 {
+	if m := mounttest.FUSEBelow(t, d.Root); len(m) != 0 {
 		t.Fatalf("lazy mounts after RemoveImage: %q", m)
 	}
 	if e := dirEntries(t, d, "ingest"); len(e) != 0 {

@@ -18,6 +18,7 @@ import (
 	"github.com/berthcri/berth/internal/config"
 	"github.com/berthcri/berth/internal/image"
 	"github.com/berthcri/berth/internal/testutil/berthdtest"
+	"github.com/berthcri/berth/internal/testutil/mounttest"
 	"github.com/berthcri/berth/internal/testutil/testimages"
 )
 
@@ -82,7 +83,7 @@ func TestLazyPullBerthdKilledKeepsItsLazyLayers(t *testing.T) {
 	t.Parallel()
 	p := pullLazy(t, "lazy/killed", true, berthdtest.Options{})
 	reg, log, d, scope, before, ref := p.reg, p.log, p.d, p.scope, p.before, p.ref
-	if m := lazyMountsBelow(t, d.Root); len(m) != 2 {
+	if m := mounttest.FUSEBelow(t, d.Root); len(m) != 2 {
 		t.Fatalf("lazy mounts: %q", m)
 	}
 	e := lazyCtrEnv(t, d, reg, "lazy-killed")
@@ -94,7 +95,7 @@ func TestLazyPullBerthdKilledKeepsItsLazyLayers(t *testing.T) {
 	if st := imageStatus(t, d, ref); st == nil {
 		t.Fatal("image with lazy layers not listed after berthd's restart")
 	}
-	if m := lazyMountsBelow(t, d.Root); len(m) != 2 {
+	if m := mounttest.FUSEBelow(t, d.Root); len(m) != 2 {
 		t.Fatalf("lazy mounts after the restart: %q", m)
 	}
 	// Never read before: its chunk comes through the new berthd.

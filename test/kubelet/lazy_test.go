@@ -5,7 +5,6 @@ import (
 	"crypto/rand"
 	"crypto/sha256"
 	"encoding/hex"
-	"io"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -21,6 +20,7 @@ import (
 	"github.com/berthcri/berth/internal/config"
 	"github.com/berthcri/berth/internal/testutil/berthdtest"
 	"github.com/berthcri/berth/internal/testutil/leakcheck"
+	"github.com/berthcri/berth/internal/testutil/mounttest"
 	"github.com/berthcri/berth/internal/testutil/testimages"
 )
 
@@ -160,7 +160,7 @@ func TestKubeletLazyPull(t *testing.T) {
 	if len(layerDirs) != len(mf.Layers) {
 		t.Fatalf("lazy layer dirs %q, want one per layer (%d)", layerDirs, len(mf.Layers))
 	}
-	if m := fuseMountsBelow(t, d.Root); len(m) != len(mf.Layers) {
+	if m := mounttest.FUSEBelow(t, d.Root); len(m) != len(mf.Layers) {
 		t.Fatalf("FUSE mounts below berthd's root: %q, want one per layer", m)
 	}
 	requireIncomplete(t, layerDirs)
@@ -197,7 +197,7 @@ func TestKubeletLazyPull(t *testing.T) {
 	// mounted (a berthd that dropped them removed the image, and the
 	// pod's reads failed until its liveness probe restarted it).
 	imageSize(t, d)
-	if m := fuseMountsBelow(t, d.Root); len(m) != len(mf.Layers) {
+	if m := mounttest.FUSEBelow(t, d.Root); len(m) != len(mf.Layers) {
 		t.Fatalf("FUSE mounts below berthd's root after its restart: %q, want one per layer", m)
 	}
 	waitFor(t, "exec through the kubelet to work again", time.Minute, func() bool {
@@ -323,31 +323,4 @@ func requireIncomplete(t *testing.T, dirs []string) {
 			t.Fatalf("lazy layer %s complete while its fetch is held", dir)
 		}
 	}
-}
-
-// fuseMountsBelow are the FUSE mounts under dir in this mount namespace.
-func fuseMountsBelow(t *testing.T, dir string) []string {
-	t.Helper()
-	f, err := os.Open("/proc/self/mountinfo")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	data, err := io.ReadAll(f)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var out []string
-	for _, line := range strings.Split(string(data), "\n") {
-		fields := strings.Fields(line)
-		if len(fields) < 10 || !strings.HasPrefix(fields[4], dir+"/") {
-			continue
-		}
-		for i, f := range fields {
-			if f == "-" && i+1 < len(fields) && strings.HasPrefix(fields[i+1], "fuse") {
-				out = append(out, fields[4])
-			}
-		}
-	}
-	return out
 }

@@ -20,6 +20,7 @@ import (
 	"github.com/berthcri/berth/internal/config"
 	"github.com/berthcri/berth/internal/testutil/berthdtest"
 	"github.com/berthcri/berth/internal/testutil/leakcheck"
+	"github.com/berthcri/berth/internal/testutil/mounttest"
 	"github.com/berthcri/berth/internal/testutil/testimages"
 )
 
@@ -85,26 +86,6 @@ func pushLazy(t *testing.T, reg *testimages.Registry, repoTag string) string {
 	return reg.Ref(repoTag)
 }
 
-// lazyMounts are the FUSE mounts below dir.
-func lazyMounts(t *testing.T, dir string) []string {
-	t.Helper()
-	data, err := os.ReadFile("/proc/self/mountinfo")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var out []string
-	for _, line := range strings.Split(string(data), "\n") {
-		f := strings.Fields(line)
-		if len(f) < 10 || !strings.HasPrefix(f[4], dir+"/") {
-			continue
-		}
-		if i := slices.Index(f, "-"); i > 0 && i+1 < len(f) && strings.HasPrefix(f[i+1], "fuse") {
-			out = append(out, f[4])
-		}
-	}
-	return out
-}
-
 // lazyServerPids are the berth-lazy processes of the berthd whose state
 // dir is state.
 func lazyServerPids(state string) []int {
@@ -151,7 +132,7 @@ func TestLazyLayerClosedToHostUsersAndContainers(t *testing.T) {
 	if _, err := e.d.Image.PullImage(berthdtest.Ctx(t), &criapi.PullImageRequest{Image: &criapi.ImageSpec{Image: ref}}); err != nil {
 		t.Fatalf("pull %s: %v", ref, err)
 	}
-	mounts := lazyMounts(t, e.d.Root)
+	mounts := mounttest.FUSEBelow(t, e.d.Root)
 	if len(mounts) != 2 {
 		t.Fatalf("lazy mounts after the pull: %q, want both layers'", mounts)
 	}
@@ -237,7 +218,7 @@ func TestLazyLayerClosedToHostUsersAndContainers(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitUntil(t, "the lazy mounts and berth-lazy to go", func() bool {
-		return len(lazyMounts(t, e.d.Root)) == 0 && len(lazyServerPids(e.d.State)) == 0
+		return len(mounttest.FUSEBelow(t, e.d.Root)) == 0 && len(lazyServerPids(e.d.State)) == 0
 	})
 	leakcheck.CheckSettled(t, scope, before, leakcheck.Take(t, scope))
 }

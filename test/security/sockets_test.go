@@ -20,6 +20,7 @@ import (
 
 	"github.com/berthcri/berth/internal/config"
 	"github.com/berthcri/berth/internal/testutil/berthdtest"
+	"github.com/berthcri/berth/internal/testutil/mounttest"
 )
 
 // socketNobody is the unprivileged host user the socket tests play.
@@ -267,7 +268,7 @@ func TestBerthSocketsUnreachableFromHostNetworkAndHostUsers(t *testing.T) {
 	if _, err := e.d.Image.PullImage(berthdtest.Ctx(t), &criapi.PullImageRequest{Image: &criapi.ImageSpec{Image: lazyRef}}); err != nil {
 		t.Fatalf("pull %s: %v", lazyRef, err)
 	}
-	if m := lazyMounts(t, e.d.Root); len(m) == 0 {
+	if m := mounttest.FUSEBelow(t, e.d.Root); len(m) == 0 {
 		t.Fatalf("%s was not pulled lazily: no FUSE mount below %s", lazyRef, e.d.Root)
 	}
 	hostNet := &criapi.NamespaceOption{Network: criapi.NamespaceMode_NODE, Pid: criapi.NamespaceMode_CONTAINER, Ipc: criapi.NamespaceMode_POD}

@@ -14,6 +14,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/berthcri/berth/internal/testutil/mounttest"
 )
 
 // CleanupNode removes everything a test daemon rooted at dir may have left:
@@ -148,7 +150,7 @@ func MountsBelow(dir string) ([]string, error) {
 		if len(fields) < 5 {
 			continue
 		}
-		mp := unescapeMountPath(fields[4])
+		mp := mounttest.Unescape(fields[4])
 		if mp == dir || strings.HasPrefix(mp, dir+"/") {
 			mounts = append(mounts, mp)
 		}
@@ -176,25 +178,6 @@ func UnmountBelow(dir string) error {
 		}
 	}
 	return errors.Join(errs...)
-}
-
-// unescapeMountPath undoes mountinfo's octal escapes (\040 for space).
-func unescapeMountPath(s string) string {
-	if !strings.Contains(s, `\`) {
-		return s
-	}
-	var b strings.Builder
-	for i := 0; i < len(s); i++ {
-		if s[i] == '\\' && i+3 < len(s) {
-			if n, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
-				b.WriteByte(byte(n))
-				i += 3
-				continue
-			}
-		}
-		b.WriteByte(s[i])
-	}
-	return b.String()
 }
 
 func removeCgroups(parent string) error {
