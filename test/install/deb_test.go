@@ -65,7 +65,7 @@ func TestDebPackageContents(t *testing.T) {
 	slices.Sort(got)
 	want := []string{
 		"etc/berth/berth.toml",
-		"usr/bin/berth-pause", "usr/bin/berth-shim", "usr/bin/berthctl", "usr/bin/berthd",
+		"usr/bin/berth-lazy", "usr/bin/berth-pause", "usr/bin/berth-shim", "usr/bin/berthctl", "usr/bin/berthd",
 		"usr/lib/systemd/system/berthd.service",
 		"usr/share/doc/berth/README.md", "usr/share/doc/berth/operations.md",
 	}

@@ -30,7 +30,7 @@ var root = func() string {
 	return r
 }()
 
-var binaries = []string{"berthd", "berth-shim", "berth-pause", "berthctl"}
+var binaries = []string{"berthd", "berth-shim", "berth-lazy", "berth-pause", "berthctl"}
 
 var (
 	binOnce sync.Once
@@ -38,7 +38,7 @@ var (
 	binErr  error
 )
 
-// bin is $BERTH_BIN_DIR (make test) or a directory the four binaries are
+// bin is $BERTH_BIN_DIR (make test) or a directory the binaries are
 // built into once.
 func bin(t *testing.T) string {
 	t.Helper()
@@ -51,9 +51,11 @@ func bin(t *testing.T) string {
 			return
 		}
 		for _, name := range binaries {
-			if name == "berth-shim" {
+			switch name {
+			case "berth-lazy": // built beside berth-shim by BuildShim
+			case "berth-shim":
 				_, binErr = berthdtest.BuildShim(binDir)
-			} else {
+			default:
 				_, binErr = berthdtest.BuildCommand(binDir, name)
 			}
 			if binErr != nil {
