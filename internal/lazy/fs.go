@@ -263,13 +263,16 @@ func (n *node) Listxattr(ctx context.Context, dest []byte) (uint32, syscall.Errn
 // HeldOptions are the options of a layer's filesystem on a connection
 // that outlives its server (fuseconn, decision 3600 S4): the mount
 // (fuseconn.Mount, with its MountOptions) and every server of it
-// (fuseconn.Serve) must use the same, or the server is refused. They are
-// Mount's, but for the direct-mount fields, which fuseconn does itself.
+// (fuseconn.Serve) must use the same, or the server is refused. Mount
+// adds the direct-mount fields, which fuseconn does itself.
 func HeldOptions() *fs.Options {
 	ttl := cacheTTL
 	return &fs.Options{
 		MountOptions: fuse.MountOptions{
-			AllowOther:       true,
+			AllowOther: true,
+			// Read-only; nosuid,nodev as berth's other mounts where
+			// nothing needs otherwise (overlayfs recognizes a whiteout by
+			// its type, not by opening it).
 			DirectMountFlags: unix.MS_RDONLY | unix.MS_NOSUID | unix.MS_NODEV,
 			FsName:           "berth-lazy",
 			Name:             "berth",
@@ -297,25 +300,10 @@ func Mount(dir string, l *Layer) (*Mounted, error) {
 		return nil, fmt.Errorf("mount lazy layer at %s: the TOC has no root", dir)
 	}
 	root := &rootNode{node: node{l: l, ent: rootEnt}}
-	ttl := cacheTTL
-	srv, err := fs.Mount(dir, root, &fs.Options{
-		MountOptions: fuse.MountOptions{
-			AllowOther:        true,
-			DirectMount:       true,
-			DirectMountStrict: true,
-			// Read-only; nosuid,nodev as berth's other mounts where
-			// nothing needs otherwise (overlayfs recognizes a whiteout by
-			// its type, not by opening it).
-			DirectMountFlags: unix.MS_RDONLY | unix.MS_NOSUID | unix.MS_NODEV,
-			FsName:           "berth-lazy",
-			Name:             "berth",
-			Options:          []string{"default_permissions"},
-			MaxReadAhead:     1 << 20,
-		},
-		EntryTimeout:    &ttl,
-		AttrTimeout:     &ttl,
-		NegativeTimeout: &ttl,
-	})
+	opts := HeldOptions()
+	opts.DirectMount = true
+	opts.DirectMountStrict = true
+	srv, err := fs.Mount(dir, root, opts)
 	if err != nil {
 		return nil, fmt.Errorf("mount lazy layer at %s: %w", dir, err)
 	}
