@@ -13,6 +13,8 @@ import (
 	"path/filepath"
 	"time"
 
+	"golang.org/x/net/netutil"
+
 	"github.com/berthcri/berth/internal/lazy"
 )
 
@@ -184,9 +186,19 @@ func noEOF(err error) error {
 	return err
 }
 
-// RangeReadTimeout bounds how long berthd waits for a request line, by
-// default (RangeServer.ReadTimeout).
-const RangeReadTimeout = 10 * time.Second
+// Defaults of a RangeServer's bounds.
+const (
+	// RangeReadTimeout bounds how long berthd waits for a request line.
+	RangeReadTimeout = 10 * time.Second
+	// RangeWriteTimeout bounds how long one write of an answer may wait
+	// for the client to read: a client that stops reading mid-body is
+	// dropped, not kept with its registry body open.
+	RangeWriteTimeout = 30 * time.Second
+	// RangeMaxConns bounds the connections served at once; more wait in
+	// the socket's backlog. berth-lazy opens one per chunk it reads, far
+	// fewer than this.
+	RangeMaxConns = 1024
+)
 
 // RangeServer answers range requests (berthd's side), each connection on
 // a goroutine of its own.
@@ -199,6 +211,10 @@ type RangeServer struct {
 	// ReadTimeout bounds the wait for a connection's request line; 0:
 	// RangeReadTimeout.
 	ReadTimeout time.Duration
+	// WriteTimeout bounds each write to the client; 0: RangeWriteTimeout.
+	WriteTimeout time.Duration
+	// MaxConns bounds the connections served at once; 0: RangeMaxConns.
+	MaxConns int
 }
 
 // ServeRanges answers range requests on ln with a RangeServer of source
@@ -210,6 +226,12 @@ func ServeRanges(ctx context.Context, ln net.Listener, log *slog.Logger, source 
 // Serve answers range requests on ln until ln is closed; cancelling ctx
 // ends the answers under way (their connections are closed).
 func (rs *RangeServer) Serve(ctx context.Context, ln net.Listener) error {
+	maxConns := rs.MaxConns
+	if maxConns <= 0 {
+		maxConns = RangeMaxConns
+	}
+	// Accept waits for a free slot: a closed connection frees its own.
+	ln = netutil.LimitListener(ln, maxConns)
 	for {
 		conn, err := ln.Accept()
 		if err != nil {
@@ -234,9 +256,14 @@ func (rs *RangeServer) serve(ctx context.Context, conn net.Conn) {
 		timeout = RangeReadTimeout
 	}
 	_ = conn.SetReadDeadline(time.Now().Add(timeout))
+	writeTimeout := rs.WriteTimeout
+	if writeTimeout <= 0 {
+		writeTimeout = RangeWriteTimeout
+	}
+	out := deadlineWriter{conn: conn, timeout: writeTimeout}
 	answer := func(a rangeAnswer) bool {
 		line, _ := json.Marshal(a)
-		_, err := conn.Write(append(line, '\n'))
+		_, err := out.Write(append(line, '\n'))
 		return err == nil
 	}
 	br := bufio.NewReaderSize(conn, maxRangeLine)
@@ -269,7 +296,22 @@ func (rs *RangeServer) serve(ctx context.Context, conn net.Conn) {
 		return
 	}
 	// A short body leaves the server short: it retries.
-	if _, err := io.CopyN(conn, body, req.End-req.Start); err != nil {
+	if _, err := io.CopyN(out, body, req.End-req.Start); err != nil {
 		rs.Log.Warn("lazy range socket: send range", "layer", req.Layer, "error", err)
 	}
+}
+
+// deadlineWriter writes to conn, each write bounded by timeout from its
+// start (a body of MaxRange is many writes, each of which may wait on
+// the registry before it, so one deadline for the whole would be wrong).
+type deadlineWriter struct {
+	conn    net.Conn
+	timeout time.Duration
+}
+
+func (w deadlineWriter) Write(p []byte) (int, error) {
+	if err := w.conn.SetWriteDeadline(time.Now().Add(w.timeout)); err != nil {
+		return 0, err
+	}
+	return w.conn.Write(p)
 }

@@ -10,6 +10,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"os"
 	"path/filepath"
 	"strings"
 	"syscall"
@@ -62,19 +63,23 @@ func (r *patternReader) Read(b []byte) (int, error) {
 // serveRanges serves goodLayer on a new socket until the test ends.
 func serveRanges(t *testing.T, readTimeout time.Duration) string {
 	t.Helper()
+	return serveRangesWith(t, lazysrv.RangeServer{ReadTimeout: readTimeout})
+}
+
+// serveRangesWith serves goodLayer with rs's bounds on a new socket until
+// the test ends.
+func serveRangesWith(t *testing.T, rs lazysrv.RangeServer) string {
+	t.Helper()
 	sock := filepath.Join(t.TempDir(), "lazy.sock")
 	ln, err := net.Listen("unix", sock)
 	if err != nil {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	rs := &lazysrv.RangeServer{
-		Source: func(layer string) (lazy.Source, bool) {
-			return patternSource{blobSize}, layer == goodLayer
-		},
-		Log:         slog.New(slog.DiscardHandler),
-		ReadTimeout: readTimeout,
+	rs.Source = func(layer string) (lazy.Source, bool) {
+		return patternSource{blobSize}, layer == goodLayer
 	}
+	rs.Log = slog.New(slog.DiscardHandler)
 	done := make(chan error, 1)
 	go func() { done <- rs.Serve(ctx, ln) }()
 	t.Cleanup(func() {
@@ -292,4 +297,49 @@ func TestServeRangesAnswersBesideManyIdleConnections(t *testing.T) {
 		}
 	}
 	askGood(t, sock)
+}
+
+// TestServeRangesDropsAClientThatStopsReading: a client that asks for
+// MaxRange bytes and reads none of them is dropped at the write timeout,
+// freeing its slot: with one connection allowed, a good request after it
+// is answered, and the stalled client gets far less than it asked for.
+func TestServeRangesDropsAClientThatStopsReading(t *testing.T) {
+	sock := serveRangesWith(t, lazysrv.RangeServer{MaxConns: 1, WriteTimeout: 200 * time.Millisecond})
+	stalled := dial(t, sock)
+	if err := json.NewEncoder(stalled).Encode(lazysrv.RangeRequest{Layer: goodLayer, Start: 0, End: lazysrv.MaxRange}); err != nil {
+		t.Fatal(err)
+	}
+	askGood(t, sock)
+	_ = stalled.SetReadDeadline(time.Now().Add(hangGuard))
+	got, err := io.Copy(io.Discard, stalled)
+	if err != nil && !errors.Is(err, syscall.ECONNRESET) {
+		t.Fatalf("the stalled client's read: %v", err)
+	}
+	if got >= lazysrv.MaxRange {
+		t.Errorf("the stalled client got %d bytes; want it dropped before the %d it asked for", got, lazysrv.MaxRange)
+	}
+}
+
+// TestServeRangesBoundsConnectionsAtOnce: with MaxConns held by idle
+// clients, one more is not served (it waits in the backlog, its request
+// unread) until one of them goes; then it is.
+func TestServeRangesBoundsConnectionsAtOnce(t *testing.T) {
+	const maxConns = 4
+	sock := serveRangesWith(t, lazysrv.RangeServer{MaxConns: maxConns, ReadTimeout: time.Hour})
+	var idle []net.Conn
+	for range maxConns {
+		idle = append(idle, dial(t, sock))
+	}
+	extra := dial(t, sock)
+	if _, err := io.WriteString(extra, `{"layer":"sha256:none","start":0,"end":1}`+"\n"); err != nil {
+		t.Fatal(err)
+	}
+	_ = extra.SetReadDeadline(time.Now().Add(200 * time.Millisecond))
+	if n, err := extra.Read(make([]byte, 1)); !errors.Is(err, os.ErrDeadlineExceeded) {
+		t.Fatalf("connection %d of %d allowed: read %d, %v; want it not served yet", maxConns+1, maxConns, n, err)
+	}
+	idle[0].Close()
+	if a := readAnswer(t, extra); a.Error != "no such lazy layer" {
+		t.Errorf("once a slot freed: answer %+v, want no such lazy layer", a)
+	}
 }
