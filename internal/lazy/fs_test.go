@@ -18,12 +18,8 @@ import (
 	"testing"
 
 	"github.com/containerd/stargz-snapshotter/estargz"
-	"github.com/google/go-containerregistry/pkg/v1/empty"
-	"github.com/google/go-containerregistry/pkg/v1/mutate"
-	"github.com/google/go-containerregistry/pkg/v1/types"
 	"golang.org/x/sys/unix"
 
-	"github.com/berthcri/berth/internal/image/estargzconv"
 	"github.com/berthcri/berth/internal/lazy"
 	"github.com/berthcri/berth/internal/testutil/testimages"
 )
@@ -66,7 +62,7 @@ var weights = func() []byte {
 // its TOC digest.
 func testLayer(t *testing.T) ([]byte, string) {
 	t.Helper()
-	l, err := testimages.Layer([]testimages.File{
+	return testimages.EStargzLayer(t, []testimages.File{
 		{Name: "etc", Dir: true},
 		{Name: "etc/conf", Data: []byte("prefetched=1\n")},
 		{Name: "data", Dir: true},
@@ -79,36 +75,7 @@ func testLayer(t *testing.T) ([]byte, string) {
 		{Name: "opq/new", Data: []byte("new\n")},
 		{Name: "bin", Dir: true},
 		{Name: "bin/tool", Mode: 0o4755, Data: []byte("#!/bin/sh\n"), UID: 7, GID: 8},
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	img, err := mutate.AppendLayers(mutate.MediaType(empty.Image, types.OCIManifestSchema1), l)
-	if err != nil {
-		t.Fatal(err)
-	}
-	res, err := estargzconv.Convert(context.Background(), img, estargzconv.Options{Prioritized: []string{"etc/conf"}, ChunkSize: 64 << 10, TempDir: t.TempDir()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	mf, err := res.Image.Manifest()
-	if err != nil {
-		t.Fatal(err)
-	}
-	layers, err := res.Image.Layers()
-	if err != nil {
-		t.Fatal(err)
-	}
-	rc, err := layers[0].Compressed()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer rc.Close()
-	blob, err := io.ReadAll(rc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return blob, mf.Layers[0].Annotations[estargzconv.TOCDigestAnnotation]
+	}, 64<<10, "etc/conf")
 }
 
 func requireFUSE(t *testing.T) {

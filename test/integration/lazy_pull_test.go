@@ -77,23 +77,23 @@ func layerOf(t *testing.T, img v1.Image, i int) ([]byte, string, map[string]stri
 	return blob, mf.Layers[i].Digest.String(), mf.Layers[i].Annotations
 }
 
-// rangeLog records the Range header of every GET of some blobs. While
-// hold is open, a GET of a whole blob (the background fetch) waits.
+// rangeLog records the Range header of every GET of some blobs. With a
+// hold, a GET of a whole blob (the background fetch) waits.
 type rangeLog struct {
 	mu     sync.Mutex
 	ranges map[string][]string // digest → Range headers ("" for a whole GET)
-	hold   chan struct{}
-	once   sync.Once
+	hold   *testimages.WholeHold
 	gone   bool // every GET fails
 }
 
 // holdWhole makes whole-blob GETs wait until release or the test's end.
-func (l *rangeLog) holdWhole(t *testing.T) {
-	l.hold = make(chan struct{})
-	t.Cleanup(l.release)
-}
+func (l *rangeLog) holdWhole(t *testing.T) { l.hold = testimages.NewWholeHold(t) }
 
-func (l *rangeLog) release() { l.once.Do(func() { close(l.hold) }) }
+func (l *rangeLog) release() {
+	if l.hold != nil {
+		l.hold.Release()
+	}
+}
 
 func (l *rangeLog) setGone(gone bool) {
 	l.mu.Lock()
@@ -111,12 +111,8 @@ func (l *rangeLog) watch(t *testing.T, reg *testimages.Registry, digest string, 
 		}
 		l.ranges[digest] = append(l.ranges[digest], req.Header.Get("Range"))
 		l.mu.Unlock()
-		if l.hold != nil && req.Header.Get("Range") == "" {
-			select {
-			case <-l.hold:
-			case <-req.Context().Done():
-				return
-			}
+		if l.hold != nil && !l.hold.Wait(req) {
+			return
 		}
 		l.mu.Lock()
 		gone := l.gone

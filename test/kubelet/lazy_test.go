@@ -5,11 +5,9 @@ import (
 	"crypto/rand"
 	"crypto/sha256"
 	"encoding/hex"
-	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -61,39 +59,6 @@ const (
 	lazyLater = "read on demand"
 )
 
-// holdWhole makes the registry's whole-blob GETs (the lazy layers'
-// background fetch) wait until release; range GETs (the layers' reads)
-// are answered at once. whole counts the whole GETs that came.
-type holdWhole struct {
-	mu    sync.Mutex
-	hold  chan struct{}
-	once  sync.Once
-	whole int
-}
-
-func (h *holdWhole) release() { h.once.Do(func() { close(h.hold) }) }
-
-func (h *holdWhole) wholeGets() int {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	return h.whole
-}
-
-func (h *holdWhole) serve(w http.ResponseWriter, req *http.Request, body []byte) {
-	if req.Header.Get("Range") == "" {
-		h.mu.Lock()
-		h.whole++
-		h.mu.Unlock()
-		select {
-		case <-h.hold:
-		case <-req.Context().Done():
-			return
-		}
-	}
-	start, end, _ := testimages.RangeOf(w, req, len(body))
-	_, _ = w.Write(body[start:end])
-}
-
 // TestKubeletLazyPull runs a pod through the kubelet on an all-eStargz
 // image that berthd pulled lazily (issue 36, decision 3600), while the
 // registry holds the layers' background fetch: the pod gets Ready with
@@ -125,11 +90,10 @@ func TestKubeletLazyPull(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	// Lazy pulling is off by default (decision 3600): this berthd turns
-	// it on.
+	// Lazy pulling is on by default (decision 3600); this berthd says so
+	// anyway, so the test keeps testing it if the default changes.
 	e := newEnv(t, bins, envOptions{Berthd: berthdtest.Options{Configure: func(c *config.Config) { c.ImageLazyPull.Enable = true }}})
-	hold := &holdWhole{hold: make(chan struct{})}
-	t.Cleanup(hold.release)
+	hold := testimages.NewWholeHold(t)
 	rawCfg, err := img.RawConfigFile()
 	if err != nil {
 		t.Fatal(err)
@@ -138,7 +102,7 @@ func TestKubeletLazyPull(t *testing.T) {
 	// before: a lazy layer counts the chunks it holds, decompressed).
 	full := uint64(len(rawCfg))
 	for _, l := range mf.Layers {
-		e.reg.ServeBlobWith(t, l.Digest.String(), hold.serve)
+		e.reg.ServeBlobWith(t, l.Digest.String(), hold.Serve)
 		full += uint64(l.Size)
 	}
 	e.reg.Push(t, strings.TrimPrefix(lazyImageRef, registryHost+"/"), img)
@@ -164,7 +128,7 @@ func TestKubeletLazyPull(t *testing.T) {
 		t.Fatalf("FUSE mounts below berthd's root: %q, want one per layer", m)
 	}
 	requireIncomplete(t, layerDirs)
-	waitFor(t, "the background fetch to ask for the blobs", time.Minute, func() bool { return hold.wholeGets() >= len(mf.Layers) })
+	waitFor(t, "the background fetch to ask for the blobs", time.Minute, func() bool { return hold.WholeGets() >= len(mf.Layers) })
 
 	logsHave := func(what string, n int) {
 		t.Helper()
@@ -185,7 +149,7 @@ func TestKubeletLazyPull(t *testing.T) {
 	// berthd killed and started again while the fetch is held: the
 	// layers stay served by the keeper's berth-lazy meanwhile.
 	logMark := len(k.Log())
-	asked := hold.wholeGets()
+	asked := hold.WholeGets()
 	d.Kill()
 	waitFor(t, "the kubelet to find the runtime down", time.Minute, func() bool {
 		l := k.Log()[logMark:]
@@ -205,7 +169,7 @@ func TestKubeletLazyPull(t *testing.T) {
 		return err == nil && strings.TrimSpace(out) == lazyHello
 	})
 	// The new berthd takes the layers up and fetches them again (held).
-	waitFor(t, "the new berthd's background fetch to ask for the blobs", time.Minute, func() bool { return hold.wholeGets() >= asked+len(mf.Layers) })
+	waitFor(t, "the new berthd's background fetch to ask for the blobs", time.Minute, func() bool { return hold.WholeGets() >= asked+len(mf.Layers) })
 	requireIncomplete(t, layerDirs)
 	// Never read before: its chunks come through the new berthd.
 	if out := k.MustRun(t, "lazy", "reader", "sha256sum", "/data/filler"); !strings.HasPrefix(out, hex.EncodeToString(fillerSum[:])+" ") {
@@ -215,7 +179,7 @@ func TestKubeletLazyPull(t *testing.T) {
 	logsHave("the reader's log to grow after berthd's restart", n+3)
 
 	// The background fetch, resumed by the new berthd, completes.
-	hold.release()
+	hold.Release()
 	waitFor(t, "the lazy layers to complete", 2*time.Minute, func() bool {
 		for _, dir := range layerDirs {
 			if _, err := os.Stat(filepath.Join(dir, "complete.json")); err != nil {

@@ -3,13 +3,11 @@ package security
 import (
 	"errors"
 	"io/fs"
-	"net/http"
 	"os"
 	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -62,26 +60,15 @@ func pushLazy(t *testing.T, reg *testimages.Registry, repoTag string) string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	hold := make(chan struct{})
-	var once sync.Once
-	t.Cleanup(func() { once.Do(func() { close(hold) }) })
+	var digests []string
 	for _, layer := range layers {
 		dg, err := layer.Digest()
 		if err != nil {
 			t.Fatal(err)
 		}
-		reg.ServeBlobWith(t, dg.String(), func(w http.ResponseWriter, req *http.Request, body []byte) {
-			if req.Header.Get("Range") == "" {
-				select {
-				case <-hold:
-				case <-req.Context().Done():
-					return
-				}
-			}
-			start, end, _ := testimages.RangeOf(w, req, len(body))
-			_, _ = w.Write(body[start:end])
-		})
+		digests = append(digests, dg.String())
 	}
+	reg.HoldWhole(t, digests...)
 	reg.Push(t, repoTag, img)
 	return reg.Ref(repoTag)
 }

@@ -409,7 +409,7 @@ func requireFUSE(t *testing.T) {
 // the mount goes and leaves no mount, process or fd behind.
 func TestKilledServerIsReplacedOnTheSameConnection(t *testing.T) {
 	requireFUSE(t)
-	fdsBefore := openFDs(t)
+	fdsBefore := leakcheck.OwnFDs(t)
 
 	r := mount(t)
 	if !r.settings.CanResend() {
@@ -469,10 +469,10 @@ func TestKilledServerIsReplacedOnTheSameConnection(t *testing.T) {
 	if m, err := berthdtest.MountsBelow(r.mnt); err != nil || len(m) > 0 {
 		t.Errorf("mounts left: %v (%v)", m, err)
 	}
-	if kids := children(t); len(kids) > 0 {
+	if kids := leakcheck.Children(t); len(kids) > 0 {
 		t.Errorf("processes left: %v", kids)
 	}
-	if leaked := diffFDs(fdsBefore, openFDs(t)); len(leaked) > 0 {
+	if leaked := leakcheck.NewFDs(fdsBefore, leakcheck.OwnFDs(t)); len(leaked) > 0 {
 		t.Errorf("fds left: %v", leaked)
 	}
 }
@@ -520,57 +520,4 @@ func TestServeRefusesOtherOptionsAndLeavesTheConnection(t *testing.T) {
 		t.Fatalf("unmount: %v", err)
 	}
 	srv.Wait()
-}
-
-// openFDs maps this process's open fds to what they are. The runtime's
-// poller is started first, so that it does not count as a leak.
-func openFDs(t *testing.T) map[string]string {
-	t.Helper()
-	r, w, err := os.Pipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	r.Close()
-	w.Close()
-	ents, err := os.ReadDir("/proc/self/fd")
-	if err != nil {
-		t.Fatal(err)
-	}
-	out := map[string]string{}
-	for _, e := range ents {
-		if target, err := os.Readlink(filepath.Join("/proc/self/fd", e.Name())); err == nil {
-			out[e.Name()] = target
-		}
-	}
-	return out
-}
-
-func diffFDs(before, after map[string]string) []string {
-	var out []string
-	for fd, target := range after {
-		if before[fd] != target && !strings.HasPrefix(target, "/proc/") {
-			out = append(out, fd+" → "+target)
-		}
-	}
-	return out
-}
-
-// children is the processes whose parent is this test.
-func children(t *testing.T) []int {
-	t.Helper()
-	ents, err := os.ReadDir("/proc")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var out []int
-	for _, e := range ents {
-		var pid int
-		if _, err := fmt.Sscan(e.Name(), &pid); err != nil {
-			continue
-		}
-		if leakcheck.ParentPid(pid) == os.Getpid() {
-			out = append(out, pid)
-		}
-	}
-	return out
 }

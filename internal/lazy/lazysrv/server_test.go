@@ -22,12 +22,8 @@ import (
 	"time"
 
 	"github.com/containerd/stargz-snapshotter/estargz"
-	"github.com/google/go-containerregistry/pkg/v1/empty"
-	"github.com/google/go-containerregistry/pkg/v1/mutate"
-	"github.com/google/go-containerregistry/pkg/v1/types"
 	"golang.org/x/sys/unix"
 
-	"github.com/berthcri/berth/internal/image/estargzconv"
 	"github.com/berthcri/berth/internal/lazy"
 	"github.com/berthcri/berth/internal/lazy/fuseconn"
 	"github.com/berthcri/berth/internal/lazy/lazysrv"
@@ -142,41 +138,12 @@ const chunk = 64 << 10
 // testLayer is an eStargz layer's blob and its TOC digest.
 func testLayer(t *testing.T) ([]byte, string) {
 	t.Helper()
-	l, err := testimages.Layer([]testimages.File{
+	return testimages.EStargzLayer(t, []testimages.File{
 		{Name: "etc", Dir: true},
 		{Name: "etc/conf", Data: []byte("conf=1\n")},
 		{Name: "data", Dir: true},
 		{Name: "data/weights", Data: weights},
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	img, err := mutate.AppendLayers(mutate.MediaType(empty.Image, types.OCIManifestSchema1), l)
-	if err != nil {
-		t.Fatal(err)
-	}
-	res, err := estargzconv.Convert(context.Background(), img, estargzconv.Options{ChunkSize: chunk, TempDir: t.TempDir()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	mf, err := res.Image.Manifest()
-	if err != nil {
-		t.Fatal(err)
-	}
-	layers, err := res.Image.Layers()
-	if err != nil {
-		t.Fatal(err)
-	}
-	rc, err := layers[0].Compressed()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer rc.Close()
-	blob, err := io.ReadAll(rc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return blob, mf.Layers[0].Annotations[estargzconv.TOCDigestAnnotation]
+	}, chunk)
 }
 
 // berthd stands in for berthd's side: the range socket, answering from
@@ -429,7 +396,7 @@ func (r *rig) wantWeights(t *testing.T, off int64, n int) {
 // complete, the server writes its files out and reads need nobody. The
 // mount then goes and leaves no process, mount or fd.
 func TestServerOutlivesItsDeathOnAHeldConnection(t *testing.T) {
-	fdsBefore := openFDs(t)
+	fdsBefore := leakcheck.OwnFDs(t)
 	r := newRig(t)
 	s1 := r.startServer(t)
 
@@ -511,11 +478,11 @@ func TestServerOutlivesItsDeathOnAHeldConnection(t *testing.T) {
 	if m := mountsAt(t, r.mnt); len(m) > 0 {
 		t.Errorf("still mounted: %v", m)
 	}
-	for _, pid := range children(t) {
+	for _, pid := range leakcheck.Children(t) {
 		t.Errorf("process %d left", pid)
 	}
 	r.dev.Close()
-	if d := diffFDs(fdsBefore, openFDs(t)); len(d) > 0 {
+	if d := leakcheck.NewFDs(fdsBefore, leakcheck.OwnFDs(t)); len(d) > 0 {
 		t.Errorf("fds left: %v", d)
 	}
 }
@@ -623,7 +590,7 @@ func TestServerOpenFileOutlivesItsServer(t *testing.T) {
 		{name: "cached", openBefore: true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			fdsBefore := openFDs(t)
+			fdsBefore := leakcheck.OwnFDs(t)
 			r := newRig(t)
 			s := r.startServer(t)
 			if !tc.openBefore {
@@ -672,35 +639,15 @@ func TestServerOpenFileOutlivesItsServer(t *testing.T) {
 				t.Fatalf("unmount: %v", err)
 			}
 			s.stop(t)
-			for _, pid := range children(t) {
+			for _, pid := range leakcheck.Children(t) {
 				t.Errorf("process %d left", pid)
 			}
 			r.dev.Close()
-			if d := diffFDs(fdsBefore, openFDs(t)); len(d) > 0 {
+			if d := leakcheck.NewFDs(fdsBefore, leakcheck.OwnFDs(t)); len(d) > 0 {
 				t.Errorf("fds left: %v", d)
 			}
 		})
 	}
-}
-
-// children is the processes whose parent is this test.
-func children(t *testing.T) []int {
-	t.Helper()
-	ents, err := os.ReadDir("/proc")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var out []int
-	for _, e := range ents {
-		var pid int
-		if _, err := fmt.Sscan(e.Name(), &pid); err != nil {
-			continue
-		}
-		if leakcheck.ParentPid(pid) == os.Getpid() {
-			out = append(out, pid)
-		}
-	}
-	return out
 }
 
 // A layer whose dir no server can serve (here its FUSE settings are not
@@ -722,35 +669,9 @@ func TestServerAbortsALayerItCannotServe(t *testing.T) {
 		t.Fatalf("read of a layer no server can serve: %v, want ECONNABORTED, ENOTCONN or ENOENT", err)
 	}
 	s.stop(t)
-	for _, pid := range children(t) {
+	for _, pid := range leakcheck.Children(t) {
 		t.Errorf("process %d left", pid)
 	}
-}
-
-// openFDs is this process's fds and what they name.
-func openFDs(t *testing.T) map[string]string {
-	t.Helper()
-	ents, err := os.ReadDir("/proc/self/fd")
-	if err != nil {
-		t.Fatal(err)
-	}
-	out := map[string]string{}
-	for _, e := range ents {
-		if target, err := os.Readlink(filepath.Join("/proc/self/fd", e.Name())); err == nil {
-			out[e.Name()] = target
-		}
-	}
-	return out
-}
-
-func diffFDs(before, after map[string]string) []string {
-	var out []string
-	for fd, target := range after {
-		if before[fd] != target && !strings.HasPrefix(target, "/proc/") {
-			out = append(out, fd+" → "+target)
-		}
-	}
-	return out
 }
 
 // mountsAt is the mount entries whose mount point is dir.

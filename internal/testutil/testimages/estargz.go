@@ -2,9 +2,13 @@ package testimages
 
 import (
 	"context"
+	"io"
 	"testing"
 
 	v1 "github.com/google/go-containerregistry/pkg/v1"
+	"github.com/google/go-containerregistry/pkg/v1/empty"
+	"github.com/google/go-containerregistry/pkg/v1/mutate"
+	"github.com/google/go-containerregistry/pkg/v1/types"
 
 	"github.com/berthcri/berth/internal/image/estargzconv"
 )
@@ -15,10 +19,47 @@ import (
 // of t until the test ends.
 func EStargz(t testing.TB, img v1.Image, prioritized ...string) v1.Image {
 	t.Helper()
-	res, err := estargzconv.Convert(context.Background(), img, estargzconv.Options{
-		Prioritized: prioritized,
-		TempDir:     t.TempDir(),
-	})
+	return convertEStargz(t, img, estargzconv.Options{Prioritized: prioritized})
+}
+
+// EStargzLayer is files as one eStargz layer in chunks of at most
+// chunkSize bytes (0: the converter's default), the prioritized files
+// first: its blob and the TOC digest its manifest names, for tests of
+// the lazy filesystem below the image store.
+func EStargzLayer(t testing.TB, files []File, chunkSize int, prioritized ...string) (blob []byte, tocDigest string) {
+	t.Helper()
+	l, err := Layer(files)
+	if err != nil {
+		t.Fatal(err)
+	}
+	img, err := mutate.AppendLayers(mutate.MediaType(empty.Image, types.OCIManifestSchema1), l)
+	if err != nil {
+		t.Fatal(err)
+	}
+	img = convertEStargz(t, img, estargzconv.Options{Prioritized: prioritized, ChunkSize: chunkSize})
+	mf, err := img.Manifest()
+	if err != nil {
+		t.Fatal(err)
+	}
+	layers, err := img.Layers()
+	if err != nil {
+		t.Fatal(err)
+	}
+	rc, err := layers[0].Compressed()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rc.Close()
+	if blob, err = io.ReadAll(rc); err != nil {
+		t.Fatal(err)
+	}
+	return blob, mf.Layers[0].Annotations[estargzconv.TOCDigestAnnotation]
+}
+
+func convertEStargz(t testing.TB, img v1.Image, opts estargzconv.Options) v1.Image {
+	t.Helper()
+	opts.TempDir = t.TempDir()
+	res, err := estargzconv.Convert(context.Background(), img, opts)
 	if err != nil {
 		t.Fatalf("convert test image to eStargz: %v", err)
 	}

@@ -115,6 +115,69 @@ func (r *Registry) serveHeld(h *BlobHold, inner http.Handler, w http.ResponseWri
 	}
 }
 
+// WholeHold answers the GETs of lazy layers' blobs the way a test of lazy
+// pulling wants them: a range GET (a read of the mounted layer) at once,
+// a whole GET (the layer's background fetch) only after Release or the
+// test's end, so the layer stays lazy as long as the test needs.
+type WholeHold struct {
+	hold  chan struct{}
+	once  sync.Once
+	mu    sync.Mutex
+	whole int
+}
+
+// NewWholeHold is a hold released at the latest when t ends.
+func NewWholeHold(t testing.TB) *WholeHold {
+	h := &WholeHold{hold: make(chan struct{})}
+	t.Cleanup(h.Release)
+	return h
+}
+
+// HoldWhole serves the blobs with these digests through a new WholeHold.
+func (r *Registry) HoldWhole(t testing.TB, digests ...string) *WholeHold {
+	h := NewWholeHold(t)
+	for _, dg := range digests {
+		r.ServeBlobWith(t, dg, h.Serve)
+	}
+	return h
+}
+
+// Release lets held and future whole GETs go on.
+func (h *WholeHold) Release() { h.once.Do(func() { close(h.hold) }) }
+
+// WholeGets is how many whole GETs have come so far.
+func (h *WholeHold) WholeGets() int {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.whole
+}
+
+// Wait counts req if it is a whole GET and holds it until Release; false
+// means the client went away first and nothing is to be written.
+func (h *WholeHold) Wait(req *http.Request) bool {
+	if req.Header.Get("Range") != "" {
+		return true
+	}
+	h.mu.Lock()
+	h.whole++
+	h.mu.Unlock()
+	select {
+	case <-h.hold:
+		return true
+	case <-req.Context().Done():
+		return false
+	}
+}
+
+// Serve is a BlobServer: Wait, then the range asked for or the whole blob.
+func (h *WholeHold) Serve(w http.ResponseWriter, req *http.Request, body []byte) {
+	if !h.Wait(req) {
+		return
+	}
+	start, end, _ := RangeOf(w, req, len(body))
+	_, _ = w.Write(body[start:end])
+}
+
 // Option configures a Registry.
 type Option func(*Registry)
 
