@@ -221,7 +221,20 @@ type ImageLazyPull struct {
 	// Enable mounts a layer whose manifest names its eStargz TOC
 	// before it has arrived; off, every layer is pulled whole.
 	Enable bool `toml:"enable" json:"enable"`
+	// BackgroundFetchQuiet is how long the node's lazy layers must have
+	// had no read from a registry before a lazy layer's background fetch
+	// starts (30 s after its pull at the latest); 0 starts it at once.
+	BackgroundFetchQuiet Duration `toml:"background_fetch_quiet" json:"background_fetch_quiet"`
 }
+
+// DefaultLazyBackgroundFetchQuiet leaves a container starting on a
+// lazily pulled image its first seconds of reads without the image's
+// background fetch beside them (decision 3600).
+const DefaultLazyBackgroundFetchQuiet = 2 * time.Second
+
+// maxLazyBackgroundFetchQuiet bounds the setting: past the 30 s limit of
+// the wait it would change nothing.
+const maxLazyBackgroundFetchQuiet = 30 * time.Second
 
 // ImageRangeFetch configures parallel range requests within one layer.
 type ImageRangeFetch struct {
@@ -390,7 +403,7 @@ func Default() *Config {
 		// On: lazy layers are held by the node's keeper and outlive
 		// berthd and their server (decision 3600); only layers whose
 		// manifest names an eStargz TOC are served lazily.
-		ImageLazyPull: ImageLazyPull{Enable: true},
+		ImageLazyPull: ImageLazyPull{Enable: true, BackgroundFetchQuiet: Duration(DefaultLazyBackgroundFetchQuiet)},
 		ImageRangeFetch: ImageRangeFetch{
 			Enable: true, MinLayerSize: DefaultImageRangeMinLayerSize, ChunkSize: DefaultImageRangeChunkSize,
 			Parallel: DefaultImageRangeParallel, Retries: DefaultImageRangeRetries,
@@ -517,6 +530,9 @@ func (c *Config) Validate() error {
 	}
 	if err := c.ImageRangeFetch.validate(); err != nil {
 		return err
+	}
+	if q := time.Duration(c.ImageLazyPull.BackgroundFetchQuiet); q < 0 || q > maxLazyBackgroundFetchQuiet {
+		return fmt.Errorf("image_lazy_pull.background_fetch_quiet %v must be between 0 and %v", q, maxLazyBackgroundFetchQuiet)
 	}
 	if err := c.ImageLimits.validate(); err != nil {
 		return err

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"path/filepath"
+	"time"
 
 	"google.golang.org/grpc"
 
@@ -102,12 +103,13 @@ func (d *Daemon) openImages(context.Context) (err error) {
 		Settings: func() image.PullSettings {
 			live := d.live.Load()
 			return image.PullSettings{
-				RegistryConfigDir: live.Config.RegistryConfigDir,
-				ProgressTimeout:   live.PullProgressTimeout(),
-				SignaturePolicy:   live.ImageSignaturePolicy(),
-				RangeFetch:        rangeFetch(live.Config.ImageRangeFetch),
-				LazyPull:          live.Config.ImageLazyPull.Enable,
-				Limits:            limits,
+				RegistryConfigDir:   live.Config.RegistryConfigDir,
+				ProgressTimeout:     live.PullProgressTimeout(),
+				SignaturePolicy:     live.ImageSignaturePolicy(),
+				RangeFetch:          rangeFetch(live.Config.ImageRangeFetch),
+				LazyPull:            live.Config.ImageLazyPull.Enable,
+				LazyBackgroundQuiet: time.Duration(live.Config.ImageLazyPull.BackgroundFetchQuiet),
+				Limits:              limits,
 			}
 		},
 	})

@@ -63,6 +63,9 @@ type lazyLayers struct {
 	mu      sync.Mutex
 	entries map[string]*lazyEntry
 	corrupt atomic.Int64
+	// lastRead is when (Unix ns) a lazy layer was last read from its
+	// registry, or a background fetch last began to wait (lazyquiet.go).
+	lastRead atomic.Int64
 }
 
 // lazyEntry is one lazy layer: its dir, its mount, where its bytes come
@@ -103,6 +106,7 @@ func (z *lazyLayers) source(chainID string) (lazy.Source, bool) {
 	if e == nil || e.src == nil {
 		return nil, false
 	}
+	z.touch()
 	return e.src, true
 }
 

@@ -45,6 +45,9 @@ func (s *Store) backgroundFetch(ctx context.Context, lr layerMeta, rb registryBl
 	if c, err := lazysrv.LoadComplete(e.dir); err == nil && c != nil {
 		return
 	}
+	if !s.lazy.waitQuiet(ctx, rb.lazyQuiet, backgroundQuietMax) {
+		return
+	}
 	delay := backgroundRetryFirst
 	for {
 		unpacked, err := s.fetchWholeBlob(ctx, lr, rb, rb.lazyTimeout, filepath.Join(e.dir, PartialBlobFile))

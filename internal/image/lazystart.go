@@ -262,7 +262,7 @@ func (s *Store) registryOf(ctx context.Context, lr layerMeta) (registryBlobs, er
 				errs = append(errs, fmt.Errorf("%s: %w", ep, err))
 				continue
 			}
-			return registryBlobs{c: rc, set: set.RangeFetch, lazy: true, lazyTimeout: lazyTimeoutOf(set)}, nil
+			return registryBlobs{c: rc, set: set.RangeFetch, lazy: true, lazyTimeout: lazyTimeoutOf(set), lazyQuiet: set.LazyBackgroundQuiet}, nil
 		}
 	}
 	if len(errs) == 0 {

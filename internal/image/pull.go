@@ -201,7 +201,7 @@ func (s *Store) pullFrom(ctx context.Context, ep endpoint, n, asked Named, names
 		return nil, classify(err)
 	}
 	names = append(slices.Clone(names), n.Repo()+"@"+desc.Digest.String())
-	return s.commit(ctx, img, names, registryBlobs{c: rc, set: ranges, lazy: set.LazyPull, lazyTimeout: lazyTimeoutOf(set)}, w)
+	return s.commit(ctx, img, names, registryBlobs{c: rc, set: ranges, lazy: set.LazyPull, lazyTimeout: lazyTimeoutOf(set), lazyQuiet: set.LazyBackgroundQuiet}, w)
 }
 
 // pickManifest chooses linux/GOARCH from an index, or its only image

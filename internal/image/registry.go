@@ -256,6 +256,9 @@ type registryBlobs struct {
 	// request bounded by lazyTimeout.
 	lazy        bool
 	lazyTimeout time.Duration
+	// lazyQuiet delays each lazy layer's background fetch until reads
+	// have stopped this long (lazyquiet.go).
+	lazyQuiet time.Duration
 }
 
 func (b registryBlobs) open(ctx context.Context, lr layerMeta) (io.ReadCloser, error) {

@@ -58,6 +58,10 @@ type Options struct {
 	RangeFetch RangeFetch
 	// LazyPull serves eStargz layers lazily (when Settings is nil).
 	LazyPull bool
+	// LazyBackgroundQuiet is how long lazy layers' reads must have
+	// stopped before a background fetch starts (when Settings is nil;
+	// lazyquiet.go).
+	LazyBackgroundQuiet time.Duration
 	// LazyHolder keeps lazy layers' connections outside berthd (the
 	// node's keeper); nil: eStargz layers are pulled whole.
 	LazyHolder LazyHolder
@@ -92,6 +96,9 @@ type PullSettings struct {
 	Limits Limits
 	// LazyPull serves eStargz layers lazily (decision 3600).
 	LazyPull bool
+	// LazyBackgroundQuiet is how long lazy layers' reads must have
+	// stopped before a lazy layer's background fetch starts (0: at once).
+	LazyBackgroundQuiet time.Duration
 }
 
 // Limits bound what one image may make berthd unpack (decision 3420,
@@ -223,7 +230,7 @@ func newStore(opts Options) *Store {
 		s.lazySock = filepath.Join(opts.Root, "lazy.sock")
 	}
 	if s.settings == nil {
-		static := PullSettings{RegistryConfigDir: opts.RegistryConfigDir, ProgressTimeout: opts.PullProgressTimeout, RangeFetch: opts.RangeFetch, Limits: opts.Limits, LazyPull: opts.LazyPull}
+		static := PullSettings{RegistryConfigDir: opts.RegistryConfigDir, ProgressTimeout: opts.PullProgressTimeout, RangeFetch: opts.RangeFetch, Limits: opts.Limits, LazyPull: opts.LazyPull, LazyBackgroundQuiet: opts.LazyBackgroundQuiet}
 		s.settings = func() PullSettings { return static }
 	}
 	s.index = &imageIndex{
