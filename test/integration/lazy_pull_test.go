@@ -57,24 +57,7 @@ func lazyLayerFiles(t *testing.T) []testimages.File {
 // layerOf is img's layer i: its blob, digest and descriptor annotations.
 func layerOf(t *testing.T, img v1.Image, i int) ([]byte, string, map[string]string) {
 	t.Helper()
-	mf, err := img.Manifest()
-	if err != nil {
-		t.Fatal(err)
-	}
-	layers, err := img.Layers()
-	if err != nil {
-		t.Fatal(err)
-	}
-	rc, err := layers[i].Compressed()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer rc.Close()
-	blob, err := io.ReadAll(rc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return blob, mf.Layers[i].Digest.String(), mf.Layers[i].Annotations
+	return testimages.LayerBlob(t, img, i)
 }
 
 // rangeLog records the Range header of every GET of some blobs. With a

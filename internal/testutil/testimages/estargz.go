@@ -37,6 +37,14 @@ func EStargzLayer(t testing.TB, files []File, chunkSize int, prioritized ...stri
 		t.Fatal(err)
 	}
 	img = convertEStargz(t, img, estargzconv.Options{Prioritized: prioritized, ChunkSize: chunkSize})
+	blob, _, annotations := LayerBlob(t, img, 0)
+	return blob, annotations[estargzconv.TOCDigestAnnotation]
+}
+
+// LayerBlob is img's layer i as a registry serves it: its compressed
+// blob, its digest and its descriptor's annotations.
+func LayerBlob(t testing.TB, img v1.Image, i int) (blob []byte, digest string, annotations map[string]string) {
+	t.Helper()
 	mf, err := img.Manifest()
 	if err != nil {
 		t.Fatal(err)
@@ -45,7 +53,7 @@ func EStargzLayer(t testing.TB, files []File, chunkSize int, prioritized ...stri
 	if err != nil {
 		t.Fatal(err)
 	}
-	rc, err := layers[0].Compressed()
+	rc, err := layers[i].Compressed()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -53,7 +61,7 @@ func EStargzLayer(t testing.TB, files []File, chunkSize int, prioritized ...stri
 	if blob, err = io.ReadAll(rc); err != nil {
 		t.Fatal(err)
 	}
-	return blob, mf.Layers[0].Annotations[estargzconv.TOCDigestAnnotation]
+	return blob, mf.Layers[i].Digest.String(), mf.Layers[i].Annotations
 }
 
 func convertEStargz(t testing.TB, img v1.Image, opts estargzconv.Options) v1.Image {
