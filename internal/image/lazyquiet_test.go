@@ -28,47 +28,26 @@ func TestLazyWaitQuiet(t *testing.T) {
 	t.Run("reads push it back", func(t *testing.T) {
 		t.Parallel()
 		var z lazyLayers
-		stop := make(chan struct{})
-		readsEnd := make(chan time.Time, 1)
-		go func() {
-			tick := time.NewTicker(50 * time.Millisecond)
-			defer tick.Stop()
-			for range 10 {
-				<-tick.C
-				z.touch()
-			}
-			readsEnd <- time.Now()
-			close(stop)
-		}()
+		readsEnd := reading(&z, 10, nil)
 		if !z.waitQuiet(ctx, quiet, time.Minute) {
 			t.Fatal("waitQuiet: false without a cancel")
 		}
+		var end time.Time
 		select {
-		case <-stop:
+		case end = <-readsEnd:
 		default:
 			t.Fatal("returned while reads went on")
 		}
-		if since := time.Since(<-readsEnd); since < quiet-50*time.Millisecond {
+		if since := time.Since(end); since < quiet-50*time.Millisecond {
 			t.Fatalf("returned %v after the last read, before the quiet period %v", since, quiet)
 		}
 	})
 	t.Run("bounded while reads never stop", func(t *testing.T) {
 		t.Parallel()
 		var z lazyLayers
-		done := make(chan struct{})
-		defer close(done)
-		go func() {
-			tick := time.NewTicker(50 * time.Millisecond)
-			defer tick.Stop()
-			for {
-				select {
-				case <-tick.C:
-					z.touch()
-				case <-done:
-					return
-				}
-			}
-		}()
+		stop := make(chan struct{})
+		defer close(stop)
+		reading(&z, -1, stop)
 		const limit = 2 * time.Second
 		start := time.Now()
 		if !z.waitQuiet(ctx, quiet, limit) {
@@ -96,4 +75,24 @@ func TestLazyWaitQuiet(t *testing.T) {
 			t.Fatal("quiet 0 waited or failed")
 		}
 	})
+}
+
+// reading marks a read of z every 50 ms, n times (until stop closes when
+// n < 0), then sends the time of its last read.
+func reading(z *lazyLayers, n int, stop <-chan struct{}) <-chan time.Time {
+	last := make(chan time.Time, 1)
+	go func() {
+		tick := time.NewTicker(50 * time.Millisecond)
+		defer tick.Stop()
+		for i := 0; n < 0 || i < n; i++ {
+			select {
+			case <-tick.C:
+				z.touch()
+			case <-stop:
+				return
+			}
+		}
+		last <- time.Now()
+	}()
+	return last
 }

@@ -17,6 +17,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/berthcri/berth/internal/lazy"
+	"github.com/berthcri/berth/internal/testutil/leakcheck"
 )
 
 // unpackedSize is the length of blob's decompressed stream, as the
@@ -52,13 +53,9 @@ func localBlob(t *testing.T, blob []byte) *os.File {
 // openBelow are the files this process has open under dir.
 func openBelow(t *testing.T, dir string) []string {
 	t.Helper()
-	es, err := os.ReadDir("/proc/self/fd")
-	if err != nil {
-		t.Fatal(err)
-	}
 	var out []string
-	for _, e := range es {
-		if target, err := os.Readlink(filepath.Join("/proc/self/fd", e.Name())); err == nil && strings.HasPrefix(target, dir+"/") {
+	for _, target := range leakcheck.OwnFDs(t) {
+		if strings.HasPrefix(target, dir+"/") {
 			out = append(out, target)
 		}
 	}
